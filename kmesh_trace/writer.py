@@ -1,0 +1,171 @@
+"""Writing trace directories: atomic Parquet parts and per-engine metadata.
+
+Layout: `TRACE/<table>/engine=<engine_id>/part-NNNNN.parquet` (Hive-partitioned, so DuckDB,
+polars, Spark and Trino read it as is), `TRACE/engines/<engine_id>.json` (the engine partition's
+metadata) and `TRACE/kmesh_trace.json` (marks the directory as a trace). Every file is written
+under a temporary name and renamed into place, so a reader never sees a half-written part, and a
+writer killed at any instant leaves every completed part readable.
+
+Imports only pyarrow and the schema: the capture hook uses it inside the engine process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kmesh_trace import schema
+from kmesh_trace.errors import KmeshTraceError
+
+MARKER = "kmesh_trace.json"
+ENGINES_DIR = "engines"
+_PART_RE = re.compile(r"^part-(\d+)\.parquet$")
+_ENGINE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    _atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+def default_engine_id(engine_index: int = 0) -> str:
+    host = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname()) or "host"
+    return f"{host}-{os.getpid()}-{engine_index}"
+
+
+def to_contract(table_name: str, data: pa.Table | pa.RecordBatch | Mapping[str, Any]) -> pa.Table:
+    """Cast data to the contract's schema for `table_name`; unknown columns or nulls in required ones fail."""
+    t = schema.table(table_name)
+    target = t.arrow_schema()
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if isinstance(data, pa.Table):
+        cols = {name: data.column(name) for name in data.column_names}
+    else:
+        cols = dict(data)
+    unknown = set(cols) - set(t.column_names)
+    if unknown:
+        raise KmeshTraceError(f"table {table_name} has no column(s) {', '.join(sorted(unknown))}.")
+    n = None
+    for v in cols.values():
+        n = len(v)
+        break
+    n = n or 0
+    arrays = []
+    for c in t.columns:
+        if c.name in cols:
+            v = cols[c.name]
+            arr = v if isinstance(v, (pa.Array, pa.ChunkedArray)) else pa.array(v, type=c.type)
+            if arr.type != c.type:
+                arr = arr.cast(c.type)
+        else:
+            if not c.nullable:
+                raise KmeshTraceError(f"table {table_name}: required column {c.name} is missing.")
+            arr = pa.nulls(n, type=c.type)
+        if not c.nullable and arr.null_count:
+            raise KmeshTraceError(f"table {table_name}: required column {c.name} has {arr.null_count} null value(s).")
+        arrays.append(arr)
+    return pa.Table.from_arrays(arrays, schema=target)
+
+
+class TraceWriter:
+    """Writes one engine partition of a trace directory.
+
+    `write(table, data)` writes one Parquet part per call (callers batch); `update_metadata`
+    rewrites the partition's metadata file; `close()` marks the partition complete.
+    """
+
+    def __init__(self, root: str | os.PathLike, engine_id: str | None = None, metadata: Mapping[str, Any] | None = None,
+                 *, source: str = "capture", compression: str = "zstd"):
+        self.root = Path(root)
+        self.engine_id = engine_id or default_engine_id()
+        if not _ENGINE_ID_RE.match(self.engine_id):
+            raise KmeshTraceError(f"engine id {self.engine_id!r} may only hold letters, digits, '_', '.' and '-'.")
+        self.compression = compression
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / ENGINES_DIR).mkdir(exist_ok=True)
+        marker = self.root / MARKER
+        if marker.exists():
+            schema.check_version(json.loads(marker.read_text()).get("schema_version"), str(marker))
+        else:
+            write_json_atomic(marker, {"format": "kmesh-trace", "schema_version": schema.SCHEMA_VERSION})
+        self._next_part: dict[str, int] = {}
+        self.num_rows: dict[str, int] = {name: 0 for name in schema.TABLES}
+        self.metadata: dict[str, Any] = {
+            "engine_id": self.engine_id,
+            "source": source,
+            "schema_version": schema.SCHEMA_VERSION,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "wall_anchor_ns": time.time_ns(),
+            "mono_anchor_ns": time.monotonic_ns(),
+            "num_dropped_events": {name: 0 for name in schema.TABLES},
+            "complete": False,
+        }
+        self.metadata.update(metadata or {})
+        self._write_metadata()
+
+    @property
+    def metadata_path(self) -> Path:
+        return self.root / ENGINES_DIR / f"{self.engine_id}.json"
+
+    def partition_dir(self, table_name: str) -> Path:
+        return self.root / table_name / f"engine={self.engine_id}"
+
+    def _part_number(self, table_name: str, directory: Path) -> int:
+        if table_name not in self._next_part:
+            existing = [int(m.group(1)) for p in directory.iterdir() if (m := _PART_RE.match(p.name))]
+            self._next_part[table_name] = max(existing, default=-1) + 1
+        n = self._next_part[table_name]
+        self._next_part[table_name] = n + 1
+        return n
+
+    def write(self, table_name: str, data: pa.Table | pa.RecordBatch | Mapping[str, Any]) -> Path | None:
+        """Write `data` as one new part of `table_name`; returns its path (None for no rows)."""
+        tbl = to_contract(table_name, data)
+        if tbl.num_rows == 0:
+            return None
+        directory = self.partition_dir(table_name)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"part-{self._part_number(table_name, directory):05d}.parquet"
+        tmp = directory / f".{path.name}.tmp-{os.getpid()}"
+        pq.write_table(tbl, tmp, compression=self.compression)
+        os.replace(tmp, path)
+        self.num_rows[table_name] += tbl.num_rows
+        return path
+
+    def update_metadata(self, **fields: Any) -> None:
+        self.metadata.update(fields)
+        self._write_metadata()
+
+    def count_dropped(self, table_name: str, n: int) -> None:
+        self.metadata["num_dropped_events"][table_name] = self.metadata["num_dropped_events"].get(table_name, 0) + n
+
+    def _write_metadata(self) -> None:
+        write_json_atomic(self.metadata_path, self.metadata)
+
+    def close(self) -> None:
+        self.update_metadata(complete=True)
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._write_metadata()
