@@ -47,10 +47,15 @@ def default_engine_id(engine_index: int = 0) -> str:
     return f"{host}-{os.getpid()}-{engine_index}"
 
 
-def to_contract(table_name: str, data: pa.Table | pa.RecordBatch | Mapping[str, Any]) -> pa.Table:
-    """Cast data to the contract's schema for `table_name`; unknown columns or nulls in required ones fail."""
+def to_contract(table_name: str, data: pa.Table | pa.RecordBatch | Mapping[str, Any] | list[Mapping[str, Any]]) -> pa.Table:
+    """Cast data (a table, columns, or a list of row dicts) to the contract's schema for `table_name`.
+
+    Unknown columns, or nulls in required ones, fail."""
     t = schema.table(table_name)
     target = t.arrow_schema()
+    if isinstance(data, list):
+        keys = {k for row in data for k in row}
+        data = {k: [row.get(k) for row in data] for k in t.column_names if k in keys} | {k: [] for k in keys - set(t.column_names)}
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if isinstance(data, pa.Table):
@@ -134,7 +139,7 @@ class TraceWriter:
         self._next_part[table_name] = n + 1
         return n
 
-    def write(self, table_name: str, data: pa.Table | pa.RecordBatch | Mapping[str, Any]) -> Path | None:
+    def write(self, table_name: str, data: pa.Table | pa.RecordBatch | Mapping[str, Any] | list[Mapping[str, Any]]) -> Path | None:
         """Write `data` as one new part of `table_name`; returns its path (None for no rows)."""
         tbl = to_contract(table_name, data)
         if tbl.num_rows == 0:

@@ -1,0 +1,138 @@
+"""Importer (and a generator, for tests) of the Alibaba Qwen/Bailian trace format (JSONL).
+
+Each line: `chat_id`, `parent_chat_id` (-1 for a root), `timestamp` (seconds), `input_length`,
+`output_length`, `type`, `turn`, `hash_ids` (one id per 16-token block, NOT chained: equal ids
+at different positions of different prompts name equal block contents, not equal prefixes).
+The importer re-chains them into prefix hashes (h_i = H(h_{i-1}, id_i)) so that two blocks share
+a hash only when their whole prefixes are equal, which is what a prefix cache can reuse.
+`parent_chat_id` becomes a declared lineage edge; a family is the root of the parent chain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Callable
+
+from kmesh_trace.datasets.importer import (
+    ROWS_PER_PART,
+    ImportReport,
+    RecordError,
+    iter_records,
+    require_hash_list,
+    require_int,
+    require_number,
+)
+from kmesh_trace.writer import TraceWriter
+
+BLOCK_SIZE = 16
+FORMAT = "bailian"
+_ROOT = -1
+
+
+def chain_hashes(block_ids: list[int]) -> list[int]:
+    """Prefix hashes of a sequence of unchained block ids (64-bit BLAKE2b of parent hash + id)."""
+    out = []
+    parent = b"\0" * 8
+    for bid in block_ids:
+        parent = hashlib.blake2b(parent + bid.to_bytes(8, "little"), digest_size=8).digest()
+        out.append(int.from_bytes(parent, "little"))
+    return out
+
+
+def import_bailian(src: str | Path, out: str | Path, *, engine_id: str = "import-bailian",
+                   on_bytes: Callable[[int], None] | None = None) -> ImportReport:
+    src = Path(src)
+    report = ImportReport(FORMAT, str(src), str(out), engine_id)
+    writer = TraceWriter(out, engine_id, {"block_size": BLOCK_SIZE, "engine": "bailian trace",
+                                          "capture_config": {"format": FORMAT, "source_file": src.name}},
+                         source=f"import:{FORMAT}")
+    rows: list[dict] = []
+    family_of: dict[str, str] = {}  # chat id -> root chat id, for parents already seen
+    seen: set[str] = set()
+    edges: list[dict] = []
+    seq = 0
+    for where, rec in iter_records(src, report, on_bytes):
+        try:
+            chat_id = require_int(rec, "chat_id")
+            parent = require_int(rec, "parent_chat_id", minimum=_ROOT)
+            ts = require_number(rec, "timestamp")
+            n_in = require_int(rec, "input_length", minimum=1)
+            n_out = require_int(rec, "output_length")
+            ids = require_hash_list(rec, "hash_ids")
+            if len(ids) != -(-n_in // BLOCK_SIZE):
+                raise RecordError(f"hash_ids has {len(ids)} entries but input_length {n_in} needs {-(-n_in // BLOCK_SIZE)}")
+            if str(chat_id) in seen:
+                raise RecordError(f"chat_id {chat_id} repeats an earlier line")
+        except RecordError as e:
+            report.malformed(where, str(e))
+            continue
+        cid = str(chat_id)
+        seen.add(cid)
+        pid = None if parent == _ROOT else str(parent)
+        family = cid if pid is None else family_of.get(pid, pid)
+        family_of[cid] = family
+        rows.append({"request_id": cid, "seq": seq, "family_id": family, "parent_id": pid,
+                     "num_prompt_tokens": n_in, "num_output_tokens": n_out,
+                     "prompt_block_hashes": chain_hashes(ids), "arrival_ns": int(round(ts * 1e9))})
+        if pid is not None:
+            edges.append({"child_request_id": cid, "parent_request_id": pid if pid in seen else None,
+                          "declared_parent_id": pid, "family_id": family, "edge_kind": "declared"})
+        seq += 1
+        report.num_block_hashes += len(ids)
+        if len(rows) >= ROWS_PER_PART:
+            writer.write("invocations", rows)
+            rows.clear()
+    if rows:
+        writer.write("invocations", rows)
+    if edges:
+        writer.write("lineage", edges)
+    report.num_invocations = seq
+    report.num_lineage_edges = len(edges)
+    writer.update_metadata(num_malformed_lines=report.num_malformed_lines, malformed_lines=report.malformed_lines)
+    writer.close()
+    return report
+
+
+def generate_bailian(path: str | Path, *, num_sessions: int = 20, max_turns: int = 4, seed: int = 0,
+                     malformed_every: int = 0) -> dict:
+    """Write a synthetic file in the Bailian format: multi-turn sessions whose turns extend the last.
+
+    Each turn's blocks are the previous turn's blocks plus new ones, so the re-chained prefix hashes
+    of a child repeat its parent's. Block ids are drawn from a small pool so that equal ids at
+    different prefixes occur (the importer must keep those distinct). With `malformed_every` = k,
+    every k-th line is replaced by a broken one. Returns the expected counts.
+    """
+    rng = random.Random(seed)
+    lines: list[str] = []
+    chat_id = 0
+    t = 0.0
+    expected = {"invocations": 0, "edges": 0, "blocks": 0, "malformed": 0}
+    for _ in range(num_sessions):
+        parent = _ROOT
+        ids: list[int] = []
+        for turn in range(1, rng.randint(1, max_turns) + 1):
+            ids = ids + [rng.randrange(64) for _ in range(rng.randint(1, 6))]
+            n_in = (len(ids) - 1) * BLOCK_SIZE + rng.randint(1, BLOCK_SIZE)
+            t += rng.random()
+            rec = {"chat_id": chat_id, "parent_chat_id": parent, "timestamp": round(t, 3), "input_length": n_in,
+                   "output_length": rng.randint(1, 64), "type": "text", "turn": turn, "hash_ids": ids}
+            lines.append(json.dumps(rec))
+            expected["invocations"] += 1
+            expected["edges"] += parent != _ROOT
+            expected["blocks"] += len(ids)
+            parent = chat_id
+            chat_id += 1
+    if malformed_every:
+        broken = ['{"chat_id": ', "[1, 2, 3]", '{"chat_id": "x"}']
+        out: list[str] = []
+        for i, line in enumerate(lines, 1):
+            out.append(line)
+            if i % malformed_every == 0:
+                out.append(broken[(i // malformed_every) % len(broken)])
+                expected["malformed"] += 1
+        lines = out
+    Path(path).write_text("\n".join(lines) + "\n")
+    return expected

@@ -1,0 +1,118 @@
+"""What every importer shares: reading JSONL without losing a line, and writing one engine partition.
+
+A malformed line (invalid UTF-8, broken JSON, a value that is not an object, a record missing a
+field or holding one of the wrong type) is counted with its `file:line` and skipped; the import
+goes on and the counts land in the trace metadata (`num_malformed_lines`, `malformed_lines`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from kmesh_trace.errors import InputFormatError
+
+#: At most this many malformed locations are listed (all are counted).
+MAX_LISTED_MALFORMED = 1000
+#: Invocations per Parquet part.
+ROWS_PER_PART = 200_000
+
+
+class RecordError(ValueError):
+    """A JSON object that does not have the fields a format needs."""
+
+
+@dataclass
+class ImportReport:
+    format: str
+    source: str
+    out: str
+    engine_id: str
+    num_lines: int = 0
+    num_blank_lines: int = 0
+    num_invocations: int = 0
+    num_block_hashes: int = 0
+    num_lineage_edges: int = 0
+    num_malformed_lines: int = 0
+    malformed_lines: list[str] = field(default_factory=list)
+    malformed_reasons: dict[str, int] = field(default_factory=dict)
+
+    def malformed(self, where: str, reason: str) -> None:
+        self.num_malformed_lines += 1
+        self.malformed_reasons[reason] = self.malformed_reasons.get(reason, 0) + 1
+        if len(self.malformed_lines) < MAX_LISTED_MALFORMED:
+            self.malformed_lines.append(f"{where}: {reason}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def iter_records(path: Path, report: ImportReport, on_bytes: Callable[[int], None] | None = None) -> Iterator[tuple[str, dict]]:
+    """Yield (`file:line`, record) for every line that holds a JSON object; count every other line."""
+    if not path.is_file():
+        raise InputFormatError(f"{path} is not a readable file.")
+    name = path.name
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            report.num_lines += 1
+            if on_bytes is not None:
+                on_bytes(len(raw))
+            if not raw.strip():
+                report.num_blank_lines += 1
+                continue
+            where = f"{name}:{lineno}"
+            try:
+                obj = json.loads(raw)
+            except UnicodeDecodeError:
+                report.malformed(where, "invalid UTF-8")
+                continue
+            except (json.JSONDecodeError, RecursionError):
+                report.malformed(where, "broken JSON")
+                continue
+            if not isinstance(obj, dict):
+                report.malformed(where, "JSON value is not an object")
+                continue
+            yield where, obj
+
+
+def require_int(rec: dict, key: str, *, minimum: int = 0) -> int:
+    v = rec.get(key)
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        else:
+            raise RecordError(f"field {key} missing or not an integer")
+    if v < minimum:
+        raise RecordError(f"field {key} below {minimum}")
+    return v
+
+
+def require_number(rec: dict, key: str) -> float:
+    v = rec.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+        raise RecordError(f"field {key} missing or not a finite number")
+    return v
+
+
+def require_hash_list(rec: dict, key: str) -> list[int]:
+    v = rec.get(key)
+    if not isinstance(v, list):
+        raise RecordError(f"field {key} missing or not a list")
+    for h in v:
+        if isinstance(h, bool) or not isinstance(h, int) or h < 0 or h >= 1 << 64:
+            raise RecordError(f"field {key} holds a value that is not a 64-bit unsigned integer")
+    return v
+
+
+def default_out_engine(fmt: str) -> str:
+    return f"import-{fmt}"
+
+
+def file_size(path: Path) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
