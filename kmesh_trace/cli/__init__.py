@@ -18,6 +18,7 @@ app = typer.Typer(
 _COMMAND_MODULES = [
     "kmesh_trace.cli.core",  # schema, info, sql
     "kmesh_trace.cli.imports",  # import
+    "kmesh_trace.cli.export",  # export perfetto
 ]
 
 for _name in _COMMAND_MODULES:

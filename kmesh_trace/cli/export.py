@@ -1,0 +1,58 @@
+"""`export`: a trace in other tools' formats. `export perfetto` writes a timeline for ui.perfetto.dev."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table as RichTable
+
+from kmesh_trace.cli.common import err, handles_errors, out, print_json
+
+export_app = typer.Typer(help="Export a trace in other tools' formats.", no_args_is_help=True)
+
+_SUMMARY_ROWS = (
+    ("num_events", "trace events"),
+    ("num_requests", "requests"),
+    ("num_request_slices", "request slices (queued, prefill, decode)"),
+    ("num_skipped_slices", "slices skipped (times out of order)"),
+    ("num_families", "families"),
+    ("num_free_block_samples", "free-block counter samples"),
+    ("num_held_block_samples", "held-block counter samples"),
+    ("num_evictions", "evictions"),
+    ("num_clears", "prefix-cache clears"),
+    ("num_transfers", "transfers"),
+    ("num_skipped_transfers", "transfers skipped (no start or finish)"),
+    ("num_bytes", "file bytes"),
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(export_app, name="export")
+
+
+@export_app.command("perfetto")
+@handles_errors
+def perfetto_cmd(
+    trace: Path = typer.Argument(..., help="Trace directory."),
+    out_path: Path = typer.Option(..., "--out", "-o", help="JSON file to write (FILE.json, or FILE.json.gz for gzip)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable summary."),
+) -> None:
+    """Write the trace as Chrome trace-event JSON: open it in ui.perfetto.dev or chrome://tracing."""
+    from kmesh_trace.perfetto import export_perfetto
+    from kmesh_trace.trace import open_trace
+
+    with open_trace(trace) as t:
+        summary = export_perfetto(t, out_path)
+    if as_json:
+        print_json(summary)
+        return
+    rt = RichTable(title=f"perfetto timeline {summary['path']}", title_justify="left", show_header=False)
+    rt.add_column("what")
+    rt.add_column("count", justify="right")
+    for key, label in _SUMMARY_ROWS:
+        rt.add_row(label, f"{summary[key]:,}")
+    rt.add_row("engines", ", ".join(summary["engines"]) or "none")
+    rt.add_row("clock", summary["clock"])
+    out.print(rt)
+    err.print("Open it at https://ui.perfetto.dev (Open trace file) or in chrome://tracing.", style="dim")
