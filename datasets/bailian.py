@@ -54,7 +54,7 @@ def import_bailian(src: str | Path, out: str | Path, *, engine_id: str = "import
     seen: set[str] = set()
     edges: list[dict] = []
     seq = 0
-    for where, rec in iter_records(src, report, on_bytes):
+    for lineno, rec in iter_records(src, report, on_bytes):
         try:
             chat_id = require_int(rec, "chat_id")
             parent = require_int(rec, "parent_chat_id", minimum=_ROOT)
@@ -67,7 +67,7 @@ def import_bailian(src: str | Path, out: str | Path, *, engine_id: str = "import
             if str(chat_id) in seen:
                 raise RecordError(f"chat_id {chat_id} repeats an earlier line")
         except RecordError as e:
-            report.malformed(where, str(e))
+            report.malformed(f"{src.name}:{lineno}", str(e))
             continue
         cid = str(chat_id)
         seen.add(cid)

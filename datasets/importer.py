@@ -50,11 +50,12 @@ class ImportReport:
         return dict(self.__dict__)
 
 
-def iter_records(path: Path, report: ImportReport, on_bytes: Callable[[int], None] | None = None) -> Iterator[tuple[str, dict]]:
-    """Yield (`file:line`, record) for every line that holds a JSON object; count every other line."""
+def iter_records(path: Path, report: ImportReport, on_bytes: Callable[[int], None] | None = None) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, record) for every line that holds a JSON object; count every other line."""
     if not path.is_file():
         raise InputFormatError(f"{path} is not a readable file.")
     name = path.name
+    loads = json.loads
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             report.num_lines += 1
@@ -63,23 +64,24 @@ def iter_records(path: Path, report: ImportReport, on_bytes: Callable[[int], Non
             if not raw.strip():
                 report.num_blank_lines += 1
                 continue
-            where = f"{name}:{lineno}"
             try:
-                obj = json.loads(raw)
+                obj = loads(raw.decode("utf-8"))
             except UnicodeDecodeError:
-                report.malformed(where, "invalid UTF-8")
+                report.malformed(f"{name}:{lineno}", "invalid UTF-8")
                 continue
             except (json.JSONDecodeError, RecursionError):
-                report.malformed(where, "broken JSON")
+                report.malformed(f"{name}:{lineno}", "broken JSON")
                 continue
-            if not isinstance(obj, dict):
-                report.malformed(where, "JSON value is not an object")
+            if type(obj) is not dict:
+                report.malformed(f"{name}:{lineno}", "JSON value is not an object")
                 continue
-            yield where, obj
+            yield lineno, obj
 
 
 def require_int(rec: dict, key: str, *, minimum: int = 0) -> int:
     v = rec.get(key)
+    if type(v) is int and v >= minimum:  # the common case, first
+        return v
     if isinstance(v, bool) or not isinstance(v, int):
         if isinstance(v, float) and v.is_integer():
             v = int(v)

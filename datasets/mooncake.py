@@ -29,14 +29,13 @@ FORMAT = "mooncake"
 
 
 class _Columns:
-    """Invocation columns accumulated in plain lists; hashes flattened with offsets (no list of lists)."""
+    """One batch of invocation columns in plain lists; hashes flattened with offsets (no list of lists)."""
 
     def __init__(self) -> None:
         self.clear()
 
     def clear(self) -> None:
-        self.request_id: list[str] = []
-        self.seq: list[int] = []
+        self.lineno: list[int] = []  # input line of each row, to name a bad row
         self.num_prompt_tokens: list[int] = []
         self.num_output_tokens: list[int] = []
         self.arrival_ns: list[int] = []
@@ -44,13 +43,39 @@ class _Columns:
         self.hashes: list[int] = []
 
     def __len__(self) -> int:
-        return len(self.seq)
+        return len(self.lineno)
 
-    def table(self) -> dict:
+    def row_hashes(self, i: int) -> list[int]:
+        return self.hashes[self.offsets[i]:self.offsets[i + 1]]
+
+    def bad_rows(self) -> list[int]:
+        """Rows whose hashes are not all 64-bit unsigned integers (the plain, per-value check)."""
+        bad = []
+        for i in range(len(self)):
+            try:
+                require_hash_list({"hash_ids": self.row_hashes(i)}, "hash_ids")
+            except RecordError:
+                bad.append(i)
+        return bad
+
+    def drop(self, rows: list[int]) -> None:
+        drop = set(rows)
+        keep = [i for i in range(len(self)) if i not in drop]
+        hashes, offsets = [], [0]
+        for i in keep:
+            hashes.extend(self.row_hashes(i))
+            offsets.append(len(hashes))
+        for name in ("lineno", "num_prompt_tokens", "num_output_tokens", "arrival_ns"):
+            col = getattr(self, name)
+            setattr(self, name, [col[i] for i in keep])
+        self.hashes, self.offsets = hashes, offsets
+
+    def table(self, first_seq: int) -> dict:
         hashes = pa.ListArray.from_arrays(pa.array(self.offsets, pa.int32()), pa.array(self.hashes, pa.uint64()))
+        seq = list(range(first_seq, first_seq + len(self)))
         return {
-            "request_id": self.request_id,
-            "seq": self.seq,
+            "request_id": [str(i) for i in seq],
+            "seq": seq,
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_output_tokens": self.num_output_tokens,
             "prompt_block_hashes": hashes,
@@ -66,33 +91,46 @@ def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "impor
                                           "capture_config": {"format": FORMAT, "source_file": src.name}},
                          source=f"import:{FORMAT}")
     cols = _Columns()
-    seq = 0
-    for where, rec in iter_records(src, report, on_bytes):
+
+    def flush() -> None:
+        # Fast path: Arrow checks every hash of the batch at once; only a failing batch is re-checked
+        # value by value to name its bad lines.
+        try:
+            table = cols.table(report.num_invocations)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+            bad = cols.bad_rows()
+            for i in bad:
+                report.malformed(f"{src.name}:{cols.lineno[i]}", "field hash_ids holds a value that is not a 64-bit unsigned integer")
+            cols.drop(bad)
+            table = cols.table(report.num_invocations)
+        writer.write("invocations", table)
+        report.num_invocations += len(cols)
+        report.num_block_hashes += len(cols.hashes)
+        cols.clear()
+
+    for lineno, rec in iter_records(src, report, on_bytes):
         try:
             ts = require_number(rec, "timestamp")
             n_in = require_int(rec, "input_length", minimum=1)
             n_out = require_int(rec, "output_length")
-            hashes = require_hash_list(rec, "hash_ids")
+            hashes = rec.get("hash_ids")
+            if type(hashes) is not list:
+                raise RecordError("field hash_ids missing or not a list")
             if len(hashes) != -(-n_in // BLOCK_SIZE):
                 raise RecordError(f"hash_ids has {len(hashes)} entries but input_length {n_in} needs {-(-n_in // BLOCK_SIZE)}")
         except RecordError as e:
-            report.malformed(where, str(e))
+            report.malformed(f"{src.name}:{lineno}", str(e))
             continue
-        cols.request_id.append(str(seq))
-        cols.seq.append(seq)
+        cols.lineno.append(lineno)
         cols.num_prompt_tokens.append(n_in)
         cols.num_output_tokens.append(n_out)
         cols.arrival_ns.append(int(ts * 1_000_000))
         cols.hashes.extend(hashes)
         cols.offsets.append(len(cols.hashes))
-        seq += 1
-        report.num_block_hashes += len(hashes)
         if len(cols) >= ROWS_PER_PART:
-            writer.write("invocations", cols.table())
-            cols.clear()
+            flush()
     if len(cols):
-        writer.write("invocations", cols.table())
-    report.num_invocations = seq
+        flush()
     writer.update_metadata(num_malformed_lines=report.num_malformed_lines, malformed_lines=report.malformed_lines)
     writer.close()
     return report

@@ -87,6 +87,26 @@ def to_contract(table_name: str, data: pa.Table | pa.RecordBatch | Mapping[str, 
     return pa.Table.from_arrays(arrays, schema=target)
 
 
+def _encodings(t: schema.Table) -> dict[str, Any]:
+    """Parquet encodings per column: dictionaries for strings, delta packing for integers.
+
+    Integer columns (sequence numbers, clocks, prefix hashes, token ids) are mostly runs and small
+    steps; delta packing + zstd stores Mooncake's block hashes in under one byte each."""
+    dictionary, encoding = [], {}
+    for c in t.columns:
+        typ, path = c.type, c.name
+        if pa.types.is_list(typ):
+            typ, path = typ.value_type, f"{c.name}.list.element"
+        if pa.types.is_string(typ):
+            dictionary.append(path)
+        elif pa.types.is_integer(typ) and typ.bit_width >= 32:
+            encoding[path] = "DELTA_BINARY_PACKED"
+    return {"use_dictionary": dictionary, "column_encoding": encoding}
+
+
+_ENCODINGS = {name: _encodings(t) for name, t in schema.TABLES.items()}
+
+
 class TraceWriter:
     """Writes one engine partition of a trace directory.
 
@@ -148,7 +168,7 @@ class TraceWriter:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"part-{self._part_number(table_name, directory):05d}.parquet"
         tmp = directory / f".{path.name}.tmp-{os.getpid()}"
-        pq.write_table(tbl, tmp, compression=self.compression)
+        pq.write_table(tbl, tmp, compression=self.compression, **_ENCODINGS[table_name])
         os.replace(tmp, path)
         self.num_rows[table_name] += tbl.num_rows
         return path

@@ -18,7 +18,7 @@ err = Console(stderr=True)  # progress, decoration, errors
 
 def fail(message: str, code: int = 1) -> None:
     """Print one `Error: ...` line on stderr and exit with `code`."""
-    err.print(f"Error: {message}", markup=False, highlight=False)
+    err.print(f"Error: {message}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -41,8 +41,9 @@ def schema_cmd(
     out.print(f"kmesh-trace schema {schema.SCHEMA_VERSION}", style="bold")
     for t in schema.TABLES.values():
         rt = RichTable(title=f"{t.name}: {t.doc}", title_justify="left", expand=False)
-        for h in ("column", "type", "unit", "null", "meaning"):
-            rt.add_column(h, overflow="fold")
+        for h in ("column", "type", "unit", "null"):
+            rt.add_column(h, no_wrap=True)
+        rt.add_column("meaning", overflow="fold")
         for c in t.columns:
             rt.add_row(c.name, schema.type_name(c.type), c.unit or "", "yes" if c.nullable else "no", c.doc)
         out.print(rt)

@@ -1,0 +1,31 @@
+"""Shared fixtures: the public-data location and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+
+def datasets_dir() -> Path:
+    env = os.environ.get("KMESH_DATASETS")
+    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+
+
+@pytest.fixture
+def shared_datasets() -> Path:
+    d = datasets_dir()
+    if not d.is_dir():
+        pytest.skip(f"public datasets not found at {d} (set KMESH_DATASETS to their directory)")
+    return d
+
+
+@pytest.fixture
+def cli():
+    """Invoke the CLI in-process: cli(args) -> result with exit_code, stdout, stderr."""
+    from kmesh_trace.cli import app
+
+    runner = CliRunner()
+    return lambda args: runner.invoke(app, [str(a) for a in args])

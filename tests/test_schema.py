@@ -1,0 +1,62 @@
+"""The contract itself: every column documented, typed, and the version guard."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from kmesh_trace import schema
+from kmesh_trace.errors import SchemaVersionError
+from kmesh_trace.writer import TraceWriter
+
+
+def test_every_table_of_the_contract_is_declared():
+    assert set(schema.TABLES) == {"invocations", "lineage", "block_events", "transfers"}
+
+
+def test_every_column_has_type_nullability_and_a_sentence():
+    for t in schema.TABLES.values():
+        assert t.doc.endswith(".")
+        names = [c.name for c in t.columns]
+        assert len(names) == len(set(names)), t.name
+        for c in t.columns:
+            assert isinstance(c.type, pa.DataType)
+            assert c.doc.endswith("."), (t.name, c.name)
+            if c.name.endswith("_ns"):
+                assert c.unit == "ns" and c.type == pa.int64(), c.name
+            if c.name.startswith("num_") and c.name.endswith("_tokens"):
+                assert c.unit == "tokens", c.name
+
+
+def test_invocations_hold_token_ids_and_block_hashes():
+    inv = schema.INVOCATIONS
+    assert inv.column("prompt_token_ids").type == pa.list_(pa.int32())
+    assert inv.column("prompt_block_hashes").type == pa.list_(pa.uint64())
+    assert "block_size" in schema.METADATA_FIELDS
+
+
+def test_json_form_shape():
+    d = schema.as_dict()
+    assert d["schema_version"] == schema.SCHEMA_VERSION
+    col = d["tables"]["block_events"]["columns"][0]
+    assert set(col) == {"name", "type", "unit", "nullable", "doc"}
+    json.dumps(d)
+
+
+def test_parts_carry_the_schema_version(tmp_path):
+    w = TraceWriter(tmp_path / "t", "e0")
+    p = w.write("lineage", {"child_request_id": ["c"], "edge_kind": ["declared"]})
+    md = pq.read_schema(p).metadata
+    assert md[schema.VERSION_KEY] == schema.SCHEMA_VERSION.encode()
+    assert md[schema.TABLE_KEY] == b"lineage"
+
+
+@pytest.mark.parametrize("version", ["2.0", "0.9", None, "x"])
+def test_unknown_major_version_is_refused(version):
+    with pytest.raises(SchemaVersionError):
+        schema.check_version(version, "somewhere")
+
+
+def test_minor_versions_are_read():
+    schema.check_version("1.7", "somewhere")
