@@ -1,0 +1,103 @@
+"""The built-in `hold-stress` scenario (issue 5): one family whose hold competes with unrelated reuse.
+
+Sequential requests, each run to completion and freed before the next, on a pool of 129 physical
+blocks (vLLM's null block + 128 usable) of 16 tokens, 8 generated tokens per request:
+request 0 is the parent (512-token prompt); requests 1-4 are four unrelated 497-token prompts and
+requests 5-8 repeat them (the second pass); request 9 is the child, whose prompt is the parent's 512
+prompt tokens + its 8 generated tokens + a distinct 64-token tail. `scale=2` doubles every token size
+(block size 32, prompts 1024/994, tail 128, 16 generated tokens) with the same 129 blocks: the
+variant a CPU engine can run (its attention needs block sizes that are multiples of 32); the replay is
+block-for-block the same.
+
+What it yields under the vLLM block-pool model (`kmesh_trace.oracle.pressure.what_if`, checked
+against vLLM's real `KVCacheManager` in tests/test_blockpool_vllm.py), in tokens at scale 1:
+- stock: the first pass evicts the parent's blocks; the second pass hits 31 x 16 = 496 tokens... see
+  `EXPECTED` below, the numbers a test pins exactly.
+
+Token ids stay below 1000 so the prompts fit the tiny test model's 1024-token vocabulary. The
+parent's generated tokens are placeholders: a live run puts the parent's real output in the child's
+prompt (`parent_output`); no other request shares that block, so the replay does not depend on it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from kmesh_trace.oracle.stream import RequestBlocks
+
+NAME = "hold-stress"
+NUM_PHYSICAL_BLOCKS = 129  # including vLLM's null block
+FAMILY_ID = "hold-stress"
+
+
+@dataclass(frozen=True)
+class ScenarioRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    num_output_tokens: int
+    output_token_ids: list[int] | None = None
+    family_id: str | None = None
+    parent_index: int | None = None
+    num_expected_children: int | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    block_size: int
+    num_physical_blocks: int
+    requests: list[ScenarioRequest]
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_physical_blocks - 1
+
+    def request_blocks(self) -> list[RequestBlocks]:
+        """The access stream (no times: each request is freed before the next one starts)."""
+        return [
+            RequestBlocks(
+                index=i, request_id=q.request_id, num_prompt_tokens=len(q.prompt_token_ids),
+                num_output_tokens=q.num_output_tokens,
+                prompt_hashes=token_block_hashes(q.prompt_token_ids, self.block_size),
+                output_hashes=token_block_hashes(q.prompt_token_ids + (q.output_token_ids or []),
+                                                 self.block_size)[len(q.prompt_token_ids) // self.block_size:]
+                if q.output_token_ids else [],
+                family_id=q.family_id, parent_index=q.parent_index,
+                num_expected_children=q.num_expected_children,
+            )
+            for i, q in enumerate(self.requests)
+        ]
+
+
+def token_block_hashes(token_ids: list[int], block_size: int) -> list[int]:
+    """Chained prefix hash of each full block (equal hashes <=> equal token prefixes, as in vLLM)."""
+    out: list[int] = []
+    prev = 0
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        prev = hash((prev, tuple(token_ids[start:start + block_size])))
+        out.append(prev)
+    return out
+
+
+def hold_stress(scale: int = 1, parent_output: list[int] | None = None, seed: int = 0) -> Scenario:
+    """The scenario at `scale` (1: 16-token blocks; 2: every token size doubled, 32-token blocks)."""
+    if scale not in (1, 2):
+        raise ValueError("hold-stress exists at scale 1 (16-token blocks) and 2 (32-token blocks)")
+    rng = random.Random(seed)
+    block_size, num_out = 16 * scale, 8 * scale
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(1, 1000) for _ in range(n)]
+
+    parent = prompt(512 * scale)
+    gen = list(parent_output) if parent_output is not None else [1000 - 1 - k for k in range(num_out)]
+    if len(gen) != num_out:
+        raise ValueError(f"parent_output must hold {num_out} tokens")
+    others = [prompt(497 * scale) for _ in range(4)]
+    tail = prompt(64 * scale)
+    reqs = [ScenarioRequest("parent", parent, num_out, gen, FAMILY_ID, None, 1)]
+    for p in (1, 2):
+        reqs += [ScenarioRequest(f"other{k}-pass{p}", o, num_out) for k, o in enumerate(others)]
+    reqs.append(ScenarioRequest("child", parent + gen + tail, num_out, None, FAMILY_ID, 0, None))
+    return Scenario(NAME, block_size, NUM_PHYSICAL_BLOCKS, reqs)

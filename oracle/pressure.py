@@ -1,0 +1,265 @@
+"""Retention pressure: what holding a family's ancestor in the engine saves, and what it displaces.
+
+It owns the family-hold what-if (DESIGN.md "Family hold", "Tradeoff"): the same access stream replayed
+twice through the vLLM block-pool model (`kmesh_trace.oracle.blockpool`), `stock` and `held` (family
+holds per `HoldPolicy`), and the tradeoff between them. A *child* is a request with a parent edge;
+every other request (parents included) is *other*. Per request, held hits minus stock hits:
+`saved_child_tokens` sums it over children, `displaced_hit_tokens` sums its negation over the others,
+and `net_cached_tokens` = saved - displaced = all held hits - all stock hits.
+
+Edges: `declared` uses each request's `parent_index` (and `num_expected_children` when declared: a
+hold is released after that many child admissions, else after all the children the edges list);
+`inferred` uses exact-prefix edges given as `lineage` (child index -> parent index, e.g. the trace's
+lineage rows with edge_kind 'exact_prefix') or, when none are given, infers them from block hashes
+(`infer_exact_prefix_edges`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.blockpool import HoldPolicy, PoolResult, replay_pool
+from kmesh_trace.oracle.stream import RequestBlocks
+
+__all__ = ["FamilyRow", "PressureResult", "SweepPoint", "what_if", "sweep", "hold_policy",
+           "infer_exact_prefix_edges"]
+
+EDGE_MODES = ("declared", "inferred")
+
+
+@dataclass
+class FamilyRow:
+    """One parent's hold and the children it was meant for."""
+
+    parent_index: int
+    parent_request_id: str
+    family: str
+    child_indices: list[int]
+    hold_status: str  # taken, refused_blocks, refused_families, empty, not_needed, never_finished
+    num_held_blocks: int
+    release_reason: str | None
+    num_children_served: int
+    child_hit_tokens_stock: int
+    child_hit_tokens_held: int
+
+    @property
+    def saved_child_tokens(self) -> int:
+        return self.child_hit_tokens_held - self.child_hit_tokens_stock
+
+    def to_dict(self) -> dict:
+        return {
+            "parent_index": self.parent_index, "parent_request_id": self.parent_request_id,
+            "family": self.family, "num_children": len(self.child_indices), "hold_status": self.hold_status,
+            "num_held_blocks": self.num_held_blocks, "release_reason": self.release_reason,
+            "num_children_served": self.num_children_served,
+            "child_hit_tokens_stock": self.child_hit_tokens_stock,
+            "child_hit_tokens_held": self.child_hit_tokens_held,
+            "saved_child_tokens": self.saved_child_tokens,
+        }
+
+
+@dataclass
+class PressureResult:
+    block_size: int
+    capacity_blocks: int
+    edges: str
+    stock: PoolResult
+    held: PoolResult
+    child_indices: list[int]
+    families: list[FamilyRow]
+    request_ids: list[str] = field(default_factory=list)
+
+    def _arm(self, res: PoolResult) -> dict:
+        children = set(self.child_indices)
+        child = sum(res.hit_tokens[i] for i in children)
+        return {
+            "child_hit_tokens": child,
+            "other_hit_tokens": res.total_hit_tokens - child,
+            "hit_tokens": res.total_hit_tokens,
+            "prefill_tokens": res.prefill_tokens,
+            "evictions": res.total_evictions,
+            "num_not_admitted": res.admitted.count(False),
+            "num_deferred": res.num_deferred,
+        }
+
+    @property
+    def saved_child_tokens(self) -> int:
+        return sum(self.held.hit_tokens[i] - self.stock.hit_tokens[i] for i in self.child_indices)
+
+    @property
+    def net_cached_tokens(self) -> int:
+        return self.held.total_hit_tokens - self.stock.total_hit_tokens
+
+    @property
+    def displaced_hit_tokens(self) -> int:
+        return self.saved_child_tokens - self.net_cached_tokens
+
+    @property
+    def num_holds(self) -> int:
+        return sum(1 for h in self.held.holds if h.status == "taken")
+
+    @property
+    def unused_holds(self) -> int:
+        return sum(1 for h in self.held.holds if h.unused)
+
+    @property
+    def refused_holds(self) -> int:
+        return sum(1 for h in self.held.holds if h.status.startswith("refused"))
+
+    def per_request(self) -> list[dict]:
+        children = set(self.child_indices)
+        return [
+            {"index": i, "request_id": self.request_ids[i] if self.request_ids else str(i),
+             "role": "child" if i in children else "other",
+             "hit_tokens_stock": self.stock.hit_tokens[i], "hit_tokens_held": self.held.hit_tokens[i],
+             "evictions_stock": self.stock.num_evictions[i], "evictions_held": self.held.num_evictions[i]}
+            for i in range(len(self.stock.hit_tokens))
+        ]
+
+    def to_dict(self, *, per_request: bool = False) -> dict:
+        d = {
+            "block_size": self.block_size,
+            "capacity_blocks": self.capacity_blocks,
+            "edges": self.edges,
+            "num_requests": len(self.stock.hit_tokens),
+            "num_children": len(self.child_indices),
+            "arms": {"stock": self._arm(self.stock), "held": self._arm(self.held)},
+            "saved_child_tokens": self.saved_child_tokens,
+            "displaced_hit_tokens": self.displaced_hit_tokens,
+            "net_cached_tokens": self.net_cached_tokens,
+            "num_holds": self.num_holds,
+            "unused_holds": self.unused_holds,
+            "refused_holds": self.refused_holds,
+            "held_block_steps": self.held.held_block_steps,
+            "held_block_seconds": self.held.held_block_seconds,
+            "families": [f.to_dict() for f in self.families],
+        }
+        if per_request:
+            d["requests"] = self.per_request()
+        return d
+
+
+@dataclass
+class SweepPoint:
+    capacity_blocks: int
+    saved_child_tokens: int
+    displaced_hit_tokens: int
+    net_cached_tokens: int
+    stock_hit_tokens: int
+    held_hit_tokens: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def infer_exact_prefix_edges(requests: list[RequestBlocks], block_size: int) -> dict[int, int]:
+    """child index -> parent index: the latest earlier request whose whole cached chain (full prompt
+    blocks, then the full generated blocks the stream identifies) is a proper prefix of the child's
+    prompt blocks. Block-granular: a parent's partial tail block is not compared."""
+    by_first: dict[int, list[int]] = {}  # first block hash -> requests starting with it, in order
+    chains: list[list[int]] = []
+    edges: dict[int, int] = {}
+    for r in requests:
+        n_full = r.num_full_prompt_blocks(block_size)
+        chain = list(r.prompt_hashes[:n_full])
+        if len(chain) == n_full:
+            chain += r.output_hashes
+        chains.append(chain)
+        mine = r.prompt_hashes[:n_full]
+        if mine:
+            for p in reversed(by_first.get(mine[0], ())):
+                c = chains[p]
+                if len(c) < len(mine) and mine[len(c) - 1] == c[-1] and mine[:len(c)] == c:
+                    edges[r.index] = p
+                    break
+            by_first.setdefault(mine[0], []).append(r.index)
+    return edges
+
+
+def hold_policy(requests: list[RequestBlocks], edges: dict[int, int], *, expiry_s: float | None = None,
+                max_held_blocks: int | None = None, max_families: int | None = None,
+                use_declared_counts: bool = True) -> HoldPolicy:
+    """The holds a controller would apply for `edges` (child index -> parent index)."""
+    counts: dict[int, int] = {}
+    for c, p in edges.items():
+        counts[p] = counts.get(p, 0) + 1
+    release_after = {}
+    for p, n in counts.items():
+        declared = requests[p].num_expected_children if use_declared_counts else None
+        release_after[p] = declared if declared is not None and declared > 0 else n
+    family_of = {p: requests[p].family_id or f"parent-{requests[p].request_id}" for p in counts}
+    return HoldPolicy(
+        release_after=release_after, parent_of=dict(edges), family_of=family_of,
+        expiry_ns=None if expiry_s is None else int(expiry_s * 1e9),
+        max_held_blocks=max_held_blocks, max_families=max_families,
+    )
+
+
+def _edges(requests: list[RequestBlocks], mode: str, block_size: int, lineage: dict[int, int] | None) -> dict[int, int]:
+    if mode not in EDGE_MODES:
+        raise KmeshTraceError(f"Unknown edge mode {mode!r}; use one of {', '.join(EDGE_MODES)}.")
+    if mode == "declared":
+        edges = {r.index: r.parent_index for r in requests if r.parent_index is not None}
+    elif lineage is not None:
+        edges = dict(lineage)
+    else:
+        edges = infer_exact_prefix_edges(requests, block_size)
+    for c, p in edges.items():
+        if not 0 <= p < c < len(requests):
+            raise KmeshTraceError(f"Edge {p} -> {c} does not point from an earlier request to a later one; "
+                                  "check the trace's lineage.")
+    return edges
+
+
+def what_if(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks: int,
+            edges: str = "declared", lineage: dict[int, int] | None = None, expiry_s: float | None = None,
+            max_held_blocks: int | None = None, max_families: int | None = None,
+            timed: bool | None = None) -> PressureResult:
+    """Replay `requests` stock and with family holds; see the module docstring."""
+    for i, r in enumerate(requests):
+        if r.index != i:
+            raise KmeshTraceError("Requests must be in arrival order with index 0, 1, 2, ...; rebuild the stream.")
+    e = _edges(requests, edges, block_size, lineage)
+    if not e:
+        raise KmeshTraceError(f"The stream has no {edges} parent-child edges, so there is nothing to hold; "
+                              "try --edges inferred or a trace with declared lineage.")
+    policy = hold_policy(requests, e, expiry_s=expiry_s, max_held_blocks=max_held_blocks, max_families=max_families)
+    stock = replay_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, timed=timed)
+    held = replay_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, holds=policy, timed=timed)
+    return PressureResult(
+        block_size=block_size, capacity_blocks=num_usable_blocks, edges=edges, stock=stock, held=held,
+        child_indices=sorted(e), families=_families(requests, e, policy, stock, held),
+        request_ids=[r.request_id for r in requests],
+    )
+
+
+def _families(requests, edges, policy, stock: PoolResult, held: PoolResult) -> list[FamilyRow]:
+    children: dict[int, list[int]] = {}
+    for c, p in sorted(edges.items()):
+        children.setdefault(p, []).append(c)
+    rec = {h.parent_index: h for h in held.holds}
+    rows = []
+    for p in sorted(children):
+        h = rec.get(p)
+        cs = children[p]
+        rows.append(FamilyRow(
+            parent_index=p, parent_request_id=requests[p].request_id, family=policy.family_of[p],
+            child_indices=cs, hold_status=h.status if h else "never_finished",
+            num_held_blocks=h.num_blocks if h and h.status == "taken" else 0,
+            release_reason=h.release_reason if h else None,
+            num_children_served=h.num_children_served if h else 0,
+            child_hit_tokens_stock=sum(stock.hit_tokens[c] for c in cs),
+            child_hit_tokens_held=sum(held.hit_tokens[c] for c in cs),
+        ))
+    return rows
+
+
+def sweep(requests: list[RequestBlocks], *, block_size: int, capacities: list[int], **kwargs) -> list[SweepPoint]:
+    """`what_if` at each capacity (usable blocks); same keyword options."""
+    out = []
+    for cap in capacities:
+        r = what_if(requests, block_size=block_size, num_usable_blocks=cap, **kwargs)
+        out.append(SweepPoint(cap, r.saved_child_tokens, r.displaced_hit_tokens, r.net_cached_tokens,
+                              r.stock.total_hit_tokens, r.held.total_hit_tokens))
+    return out
