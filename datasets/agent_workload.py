@@ -1,0 +1,81 @@
+"""The built-in agent workload of `kmesh-trace demo`: request families interleaved with competitors.
+
+A family is an ancestor request (a long document prompt) followed by 2 to 8 children whose
+prompts are the ancestor's exact prompt + generated output + a private tail, so each child can
+reuse the ancestor's KV only while it stays resident. Some families release their children right
+after the parent finishes, others after a delay (in engine steps) during which unrelated
+competing requests push on the KV pool. Children's prompts depend on the parent's output, which
+is only known once it ran: the plan says what to send and when, and the driver
+(`kmesh_trace.capture.workload`) fills the prompts in as parents finish.
+
+Token ids are drawn from a seeded generator, so a plan is reproducible; two random 32-token
+blocks never coincide in practice, so prefixes are shared only where the plan says they are.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    name: str  # the caller's request id
+    max_tokens: int
+    prompt: tuple[int, ...] = ()  # whole prompt of a root or competitor; for a child, its private tail
+    family: str | None = None
+    parent: str | None = None  # caller id of the parent; the child's prompt = parent prompt + output + `prompt`
+    num_children: int | None = None  # declared on parents
+    release_step: int = 0  # roots and competitors: engine step at which the request is sent
+    delay_steps: int = 0  # children: steps after the parent finished
+
+
+@dataclass
+class AgentWorkload:
+    block_size: int
+    num_gpu_blocks: int  # physical KV blocks of the engine (including vLLM's null block)
+    max_model_len: int
+    requests: list[PlannedRequest] = field(default_factory=list)
+
+    @property
+    def families(self) -> list[str]:
+        return sorted({r.family for r in self.requests if r.family})
+
+
+VOCAB_SIZE = 1024
+
+
+def _tokens(rng: random.Random, n: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(1, VOCAB_SIZE) for _ in range(n))
+
+
+def agent_workload(*, size: str = "full", seed: int = 7) -> AgentWorkload:
+    """The demo's workload. `size="small"` is the reduced version the test suite runs."""
+    rng = random.Random(seed)
+    small = size == "small"
+    block_size = 32
+    if small:
+        fanouts, delays = [2, 4], [0, 6]
+        ancestor_blocks, num_competitors = (6, 10), 6
+    else:
+        fanouts, delays = [2, 3, 4, 5, 6, 8], [0, 8, 0, 16, 4, 24]
+        ancestor_blocks, num_competitors = (8, 20), 24
+    w = AgentWorkload(block_size=block_size, num_gpu_blocks=49 if small else 97, max_model_len=1024)
+    step = 0
+    for f, (fanout, delay) in enumerate(zip(fanouts, delays)):
+        fam = f"fam{f}"
+        n_anc = rng.randint(*ancestor_blocks) * block_size + rng.randint(0, block_size - 1)
+        w.requests.append(PlannedRequest(
+            name=f"{fam}-parent", max_tokens=rng.randint(8, 16), prompt=_tokens(rng, n_anc),
+            family=fam, num_children=fanout, release_step=step))
+        for c in range(fanout):
+            w.requests.append(PlannedRequest(
+                name=f"{fam}-child{c}", max_tokens=rng.randint(4, 12), prompt=_tokens(rng, rng.randint(16, 96)),
+                family=fam, parent=f"{fam}-parent", delay_steps=delay + c))
+        step += rng.randint(6, 14)
+    for k in range(num_competitors):
+        n = rng.randint(5, 14) * block_size + rng.randint(0, block_size - 1)
+        w.requests.append(PlannedRequest(name=f"other{k}", max_tokens=rng.randint(4, 12),
+                                         prompt=_tokens(rng, n), release_step=rng.randint(0, step + 40)))
+    w.requests.sort(key=lambda r: (r.parent is not None, r.release_step, r.name))
+    return w
