@@ -1,0 +1,102 @@
+"""The one small interface every cache policy implements, and the replay result they return.
+
+A policy replays a `Workload` (the requests and/or their flat `AccessStream`) at a capacity in
+blocks and returns, per request, how many of its prompt blocks were served from the cache. Token
+counts and ratios are derived here, once, from those per-request hits, so every policy follows
+the same engine rules: a request's hit tokens are its hit blocks times the block size, capped so
+the last prompt token is always computed; prefill tokens are the rest of its prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, Sequence
+
+import numpy as np
+
+from kmesh_trace.oracle.stream import AccessStream, RequestBlocks
+
+
+@dataclass
+class Workload:
+    """What a policy replays: the requests (needed by the block-pool model) and their access stream."""
+
+    block_size: int
+    requests: Sequence[RequestBlocks] | None = None
+    _stream: AccessStream | None = field(default=None, repr=False)
+
+    @property
+    def stream(self) -> AccessStream:
+        if self._stream is None:
+            assert self.requests is not None
+            self._stream = AccessStream.from_requests(self.requests, self.block_size)
+        return self._stream
+
+    @classmethod
+    def of_stream(cls, stream: AccessStream) -> "Workload":
+        return cls(stream.block_size, None, stream)
+
+
+@dataclass
+class Replay:
+    """One policy at one capacity: per-request hit blocks, and the totals derived from them."""
+
+    policy: str
+    capacity_blocks: int | None
+    block_size: int
+    hit_blocks_per_request: np.ndarray  # int64
+    num_prompt_tokens: np.ndarray  # int64 per request
+    num_reads: int  # every prompt block hash the trace lists
+    num_evictions: int | None = None
+
+    @property
+    def hit_tokens_per_request(self) -> np.ndarray:
+        return np.minimum(self.hit_blocks_per_request * self.block_size, np.maximum(self.num_prompt_tokens - 1, 0))
+
+    @property
+    def hit_blocks(self) -> int:
+        return int(self.hit_blocks_per_request.sum())
+
+    @property
+    def hit_tokens(self) -> int:
+        return int(self.hit_tokens_per_request.sum())
+
+    @property
+    def prefill_tokens(self) -> int:
+        return int(self.num_prompt_tokens.sum()) - self.hit_tokens
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hit_blocks / self.num_reads if self.num_reads else 0.0
+
+    def to_dict(self) -> dict:
+        return {"policy": self.policy, "capacity_blocks": self.capacity_blocks, "hit_blocks": self.hit_blocks,
+                "hit_tokens": self.hit_tokens, "prefill_tokens": self.prefill_tokens, "hit_ratio": self.hit_ratio}
+
+
+def replay_of(policy: str, capacity: int | None, stream: AccessStream, hits: np.ndarray,
+              num_evictions: int | None = None) -> Replay:
+    return Replay(policy, capacity, stream.block_size, hits.astype(np.int64, copy=False), stream.num_prompt_tokens,
+                  int(stream.num_reads.sum()), num_evictions)
+
+
+class Policy(Protocol):
+    name: str
+    #: One line on what the policy counts as a hit (shown by `kmesh-trace headroom --help`).
+    summary: str
+    #: False for policies whose result does not depend on capacity (infinite).
+    needs_capacity: bool
+
+    def replay(self, workload: Workload, capacity_blocks: int | None) -> Replay: ...
+
+
+# ---- plain reference semantics, shared by the reference implementations ------------------------
+
+def reference_accesses(requests: Sequence[RequestBlocks], block_size: int) -> Iterator[list[tuple[int, bool]]]:
+    """Per request, its simulated accesses as (hash, hit-eligible), written plainly from the
+    contract in stream.py: eligible prompt reads first, then the writes. Tests and reference
+    implementations use it; the fast paths use AccessStream instead."""
+    for r in requests:
+        full = r.prompt_hashes[:r.num_full_prompt_blocks(block_size)]
+        elig = r.max_hit_blocks(block_size)
+        yield [(h, i < elig) for i, h in enumerate(full)] + [(h, False) for h in r.output_hashes]

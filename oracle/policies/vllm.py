@@ -1,0 +1,29 @@
+"""`vllm`: the stock engine's cache, by wrapping the vLLM V1 block-pool model of
+`kmesh_trace.oracle.blockpool` (its docstring says what it copies from vLLM, rule by rule).
+
+Hits are vLLM's: a prefix lookup that stops at the first miss, over blocks that survived the free
+queue's eviction order, with running requests' blocks pinned; capacity is the pool's usable blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.policies.base import Replay, Workload, replay_of
+
+
+class VLLM:
+    name = "vllm"
+    summary = "model of vLLM V1's block pool: free-queue order, prefix lookup, running requests pinned"
+    needs_capacity = True
+
+    def replay(self, workload: Workload, capacity_blocks: int | None) -> Replay:
+        assert capacity_blocks is not None
+        if workload.requests is None:
+            raise KmeshTraceError("the vllm policy replays requests, not a bare access stream; build the workload from a trace.")
+        from kmesh_trace.oracle.blockpool import replay_pool
+
+        res = replay_pool(list(workload.requests), block_size=workload.block_size, num_usable_blocks=int(capacity_blocks))
+        return replay_of(self.name, capacity_blocks, workload.stream, np.asarray(res.hit_blocks, np.int64),
+                         res.total_evictions)

@@ -1,0 +1,250 @@
+"""The block access stream every simulator reads: one `RequestBlocks` per invocation, in arrival order.
+
+Contract shared by the policies (lru, belady, infinite) and the vLLM block-pool model:
+- `prompt_hashes` lists one chained prefix hash per prompt block the trace knows, in order. For
+  token-id traces these are computed here from exact token ids (full blocks only, since a
+  partial block has no identity in vLLM); imported traces list their own hashes, whose last
+  block may be partial (`num_prompt_tokens % block_size != 0`).
+- `num_full_prompt_blocks` = num_prompt_tokens // block_size; only these can ever be reused.
+- The engine always computes the last prompt token, so a lookup considers at most
+  `max_hit_blocks` = (num_prompt_tokens - 1) // block_size blocks.
+- `output_hashes` continue the chain over the full blocks that generation completes (writes).
+  vLLM holds KV for prompt + output - 1 tokens when a request finishes (the last sampled token is
+  never fed back), so only the full blocks of those tokens are ever cached.
+
+This module also owns `AccessStream`: the same workload flattened into numpy arrays (one row per
+simulated block access) with each access's next use precomputed, as libCacheSim's oracle traces
+do, so that no policy ever scans ahead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from kmesh_trace.errors import KmeshTraceError
+
+
+@dataclass(slots=True)
+class RequestBlocks:
+    index: int  # arrival order, from 0
+    request_id: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    prompt_hashes: list[int]
+    output_hashes: list[int] = field(default_factory=list)
+    arrival_ns: int | None = None
+    finish_ns: int | None = None
+    family_id: str | None = None
+    parent_index: int | None = None  # index of the parent request (declared edge), when known
+    num_expected_children: int | None = None
+    stock_cached_tokens: int | None = None  # engine-measured local hit tokens (captures)
+    # Exact token ids, when the trace has them (captures, built-in workloads); the vLLM pool
+    # model's validation drives the real KVCacheManager with them. None for hash-only imports.
+    prompt_token_ids: list[int] | None = None
+    output_token_ids: list[int] | None = None
+
+    def num_full_prompt_blocks(self, block_size: int) -> int:
+        return self.num_prompt_tokens // block_size
+
+    def max_hit_blocks(self, block_size: int) -> int:
+        return max(self.num_prompt_tokens - 1, 0) // block_size
+
+
+# ---- hashing token ids ---------------------------------------------------------------------------
+
+_ROOT_PARENT = b"\0" * 8
+
+
+def chain_block_hashes(token_ids: Sequence[int], block_size: int, num_blocks: int) -> list[int]:
+    """Chained 64-bit hashes of the first `num_blocks` full blocks of `token_ids`.
+
+    Each hash covers the parent's hash and the block's exact token ids, so equal hashes mean an
+    equal whole prefix (as vLLM's prefix cache requires). Stable across processes (blake2b).
+    """
+    toks = np.asarray(token_ids, dtype="<i8")
+    parent = _ROOT_PARENT
+    out = []
+    for b in range(num_blocks):
+        digest = hashlib.blake2b(parent + toks[b * block_size:(b + 1) * block_size].tobytes(), digest_size=8).digest()
+        out.append(int.from_bytes(digest, "little"))
+        parent = digest
+    return out
+
+
+def num_cached_blocks(num_prompt_tokens: int, num_output_tokens: int, block_size: int) -> int:
+    """Full blocks vLLM has cached when the request finishes: KV exists for prompt + output - 1 tokens."""
+    return (num_prompt_tokens + max(num_output_tokens - 1, 0)) // block_size
+
+
+def token_block_hashes(prompt: Sequence[int], output: Sequence[int] | None, block_size: int) -> tuple[list[int], list[int]]:
+    """(prompt full-block hashes, hashes of the full blocks generation completes)."""
+    output = list(output or [])
+    n_prompt = len(prompt) // block_size
+    n_total = num_cached_blocks(len(prompt), len(output), block_size)
+    hashes = chain_block_hashes(list(prompt) + output, block_size, max(n_total, n_prompt))
+    return hashes[:n_prompt], hashes[n_prompt:n_total]
+
+
+# ---- building RequestBlocks ----------------------------------------------------------------------
+
+_COLUMNS = ("request_id", "caller_request_id", "seq", "family_id", "parent_id", "num_expected_children",
+            "num_prompt_tokens", "num_output_tokens", "prompt_token_ids", "output_token_ids",
+            "prompt_block_hashes", "arrival_ns", "finish_ns", "num_cached_tokens")
+
+
+def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[RequestBlocks]:
+    """RequestBlocks from invocation rows (dicts with contract column names), in the order given."""
+    if not block_size or block_size <= 0:
+        raise KmeshTraceError("the trace has no block size; its engine metadata must give `block_size`.")
+    reqs: list[RequestBlocks] = []
+    by_id: dict[str, int] = {}
+    parents: list[str | None] = []
+    for i, row in enumerate(rows):
+        n_prompt = int(row["num_prompt_tokens"])
+        n_out = int(row.get("num_output_tokens") or 0)
+        prompt_ids = row.get("prompt_token_ids")
+        output_ids = row.get("output_token_ids")
+        listed = row.get("prompt_block_hashes")
+        if listed is not None:
+            prompt_hashes, output_hashes = [int(h) for h in listed], []
+            if prompt_ids is not None:
+                _, output_hashes = token_block_hashes(prompt_ids, output_ids, block_size)
+        elif prompt_ids is not None:
+            prompt_hashes, output_hashes = token_block_hashes(prompt_ids, output_ids, block_size)
+        else:
+            raise KmeshTraceError(
+                f"invocation {row.get('request_id')!r} has neither prompt_token_ids nor prompt_block_hashes; "
+                "the oracle needs one of them to know which blocks repeat.")
+        rid = str(row["request_id"])
+        reqs.append(RequestBlocks(
+            index=i, request_id=rid, num_prompt_tokens=n_prompt, num_output_tokens=n_out,
+            prompt_hashes=prompt_hashes, output_hashes=output_hashes,
+            arrival_ns=row.get("arrival_ns"), finish_ns=row.get("finish_ns"), family_id=row.get("family_id"),
+            num_expected_children=row.get("num_expected_children"),
+            stock_cached_tokens=row.get("num_cached_tokens"),
+            prompt_token_ids=None if prompt_ids is None else list(prompt_ids),
+            output_token_ids=None if output_ids is None else list(output_ids),
+        ))
+        # A declared parent id is the caller's id; fall back to the engine's.
+        for key in (row.get("caller_request_id"), rid):
+            if key is not None:
+                by_id.setdefault(str(key), i)
+        parents.append(row.get("parent_id"))
+    for r, parent in zip(reqs, parents):
+        if parent is not None and str(parent) in by_id:
+            r.parent_index = by_id[str(parent)]
+    return reqs
+
+
+def request_blocks(trace, engine: str | None = None) -> list[RequestBlocks]:
+    """The trace's invocations as RequestBlocks, ordered by arrival_ns then seq."""
+    import polars as pl
+
+    if engine is None and len(trace.engines) > 1:
+        raise KmeshTraceError(
+            f"the trace has {len(trace.engines)} engine partitions ({', '.join(trace.engines)}); each has its own "
+            "cache, so pick one with --engine.")
+    if engine is not None and engine not in trace.engines:
+        raise KmeshTraceError(f"the trace has no engine {engine!r}; its engines are {', '.join(trace.engines)}.")
+    meta = trace.engines[engine] if engine is not None else trace.metadata
+    block_size = meta.get("block_size")
+    lf = trace.scan("invocations")
+    if engine is not None:
+        lf = lf.filter(pl.col("engine") == engine)
+    df = lf.select(_COLUMNS).sort(["arrival_ns", "seq"], nulls_last=True).collect()
+    return requests_from_rows(df.iter_rows(named=True), block_size)
+
+
+# ---- the flat access stream ----------------------------------------------------------------------
+
+#: next_use value of an access whose object is never read again as a counted (hit-eligible) read.
+NEVER = np.iinfo(np.int64).max
+
+
+@dataclass
+class AccessStream:
+    """One row per simulated block access, requests back to back, each request's accesses in order:
+    its hit-eligible prompt reads (the first `max_hit_blocks` blocks), then its writes (the
+    remaining full prompt blocks, then the full output blocks). Partial prompt blocks are never
+    cached, so they are not accesses; they count only in `num_reads` (the hit-ratio denominator).
+
+    `next_use[t]` is the position of the next access of the same object if that access is a
+    hit-eligible read, else NEVER: a block whose next access is a write is recomputed there for
+    free, so keeping it until then can earn nothing.
+    """
+
+    block_size: int
+    obj: np.ndarray  # int64 dense object id per access
+    eligible: np.ndarray  # bool: a prompt read whose hit would count
+    next_use: np.ndarray  # int64 position of the next eligible read of obj, or NEVER
+    req_start: np.ndarray  # int64 offsets, len = num_requests + 1
+    num_prompt_tokens: np.ndarray  # int64 per request
+    num_reads: np.ndarray  # int64 per request: every listed prompt block hash (partial included)
+    num_objects: int
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.num_prompt_tokens)
+
+    def __len__(self) -> int:
+        return len(self.obj)
+
+    @classmethod
+    def from_requests(cls, requests: Sequence[RequestBlocks], block_size: int) -> "AccessStream":
+        n_req = len(requests)
+        prompt_tokens = np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n_req)
+        num_reads = np.fromiter((len(r.prompt_hashes) for r in requests), np.int64, n_req)
+        n_full = np.minimum(num_reads, prompt_tokens // block_size)
+        n_elig = np.minimum(num_reads, np.maximum(prompt_tokens - 1, 0) // block_size)
+        n_out = np.fromiter((len(r.output_hashes) for r in requests), np.int64, n_req)
+        per_req = n_full + n_out
+        req_start = np.zeros(n_req + 1, np.int64)
+        np.cumsum(per_req, out=req_start[1:])
+        hashes = np.fromiter(
+            (h for r, nf in zip(requests, n_full.tolist()) for h in (*r.prompt_hashes[:nf], *r.output_hashes)),
+            np.uint64, int(req_start[-1]))
+        # Position of each access within its request decides eligibility (the first n_elig).
+        pos = np.arange(len(hashes), dtype=np.int64) - np.repeat(req_start[:-1], per_req)
+        eligible = pos < np.repeat(n_elig, per_req)
+        return cls.from_arrays(block_size, hashes, eligible, req_start, prompt_tokens, num_reads)
+
+    @classmethod
+    def from_arrays(cls, block_size: int, hashes: np.ndarray, eligible: np.ndarray, req_start: np.ndarray,
+                    num_prompt_tokens: np.ndarray, num_reads: np.ndarray) -> "AccessStream":
+        uniq, obj = np.unique(hashes, return_inverse=True)
+        obj = obj.astype(np.int64, copy=False)
+        return cls(block_size, obj, eligible.astype(bool, copy=False), next_uses(obj, eligible),
+                   req_start.astype(np.int64), num_prompt_tokens.astype(np.int64), num_reads.astype(np.int64),
+                   len(uniq))
+
+    def tile(self, times: int) -> "AccessStream":
+        """The stream repeated `times` times with fresh object ids per copy (a longer, equally shaped workload)."""
+        n = len(self)
+        k = np.repeat(np.arange(times, dtype=np.int64), n)
+        nu = np.tile(self.next_use, times)
+        finite = nu != NEVER
+        nu[finite] += k[finite] * n
+        del finite
+        obj = np.tile(self.obj, times) + k * self.num_objects
+        del k
+        starts = (self.req_start[:-1][None, :] + (np.arange(times, dtype=np.int64) * n)[:, None]).ravel()
+        return AccessStream(self.block_size, obj, np.tile(self.eligible, times), nu,
+                            np.append(starts, times * n), np.tile(self.num_prompt_tokens, times),
+                            np.tile(self.num_reads, times), self.num_objects * times)
+
+
+def next_uses(obj: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+    """Vectorised next-use: for each access, the position of the next access of the same object
+    when that access is eligible, else NEVER."""
+    n = len(obj)
+    order = np.argsort(obj, kind="stable")
+    nxt = np.full(n, NEVER, np.int64)
+    same = obj[order[1:]] == obj[order[:-1]]
+    src, dst = order[:-1][same], order[1:][same]
+    keep = eligible[dst]
+    nxt[src[keep]] = dst[keep]
+    return nxt
