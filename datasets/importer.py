@@ -7,6 +7,7 @@ goes on and the counts land in the trace metadata (`num_malformed_lines`, `malfo
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from dataclasses import dataclass, field
@@ -64,6 +65,8 @@ def iter_records(path: Path, report: ImportReport, on_bytes: Callable[[int], Non
             if not raw.strip():
                 report.num_blank_lines += 1
                 continue
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]  # a UTF-8 byte-order mark opens the file, not the record
             try:
                 obj = loads(raw.decode("utf-8"))
             except UnicodeDecodeError:

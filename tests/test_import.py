@@ -7,7 +7,7 @@ import pytest
 
 from kmesh_trace import open_trace
 from kmesh_trace.datasets.bailian import chain_hashes, generate_bailian, import_bailian
-from kmesh_trace.datasets.mooncake import import_mooncake
+from kmesh_trace.datasets.mooncake import _fast_table, import_mooncake
 
 
 def write_lines(path, lines):
@@ -120,3 +120,45 @@ def test_import_cli(tmp_path, cli):
     assert r.exit_code == 1 and r.stderr == f"Error: {tmp_path / 'missing.jsonl'} is not a readable file.\n"
     r = cli(["import", "nosuch", tmp_path / "g.jsonl", "--out", tmp_path / "t3"])
     assert r.exit_code == 2
+
+
+def mooncake_tables(tmp_path, src):
+    out = {}
+    for fast in (True, False):
+        rep = import_mooncake(src, tmp_path / f"t{fast}", fast=fast)
+        out[fast] = (rep.to_dict() | {"out": None}, open_trace(tmp_path / f"t{fast}").frame("invocations").drop("engine").sort("seq"))
+    return out
+
+
+def test_mooncake_fast_path_equals_the_plain_path(tmp_path):
+    lines = [json.dumps({"timestamp": i * 0.5, "input_length": 100 + 300 * i, "output_length": i, "extra": "x",
+                         "hash_ids": list(range(i, i + -(-(100 + 300 * i) // 512)))}) for i in range(50)]
+    src = write_lines(tmp_path / "m.jsonl", ["\ufeff" + lines[0]] + lines[1:10] + ["", "   "] + lines[10:])
+    assert _fast_table(src.read_bytes()) is not None  # the fast path really runs here
+    got = mooncake_tables(tmp_path, src)
+    assert got[True][0] == got[False][0]
+    assert got[True][1].equals(got[False][1])
+    assert got[True][0]["num_lines"] == 52 and got[True][0]["num_blank_lines"] == 2
+
+
+@pytest.mark.parametrize("bad", ['{"timestamp": NaN, "input_length": 1, "output_length": 1, "hash_ids": [1]}',
+                                 '{"timestamp": 1, "input_length": 1, "input_length": 1, "output_length": 1, "hash_ids": [1]}',
+                                 '{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1.0]}',
+                                 '{"timestamp": 1, "input_length": 1, "output_length": 1}'])
+def test_mooncake_fast_path_hands_doubtful_files_to_the_plain_path(tmp_path, bad):
+    good = json.dumps({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [5]})
+    src = write_lines(tmp_path / "m.jsonl", [good, bad, good])
+    assert _fast_table(src.read_bytes()) is None
+    got = mooncake_tables(tmp_path, src)
+    assert got[True][0] == got[False][0]
+    assert got[True][1].equals(got[False][1])
+
+
+@pytest.mark.shared_data
+def test_mooncake_fast_path_equals_plain_on_shared_data(tmp_path, shared_datasets):
+    src = shared_datasets / "mooncake" / "synthetic_trace.jsonl"
+    if not src.is_file():
+        pytest.skip(f"{src} is absent")
+    got = mooncake_tables(tmp_path, src)
+    assert got[True][0] == got[False][0]
+    assert got[True][1].equals(got[False][1])
