@@ -1,0 +1,193 @@
+"""The ctypes binding of the native replay engine (native/replay.c, built by setup.py).
+
+It owns loading the shared object, the C structures (chunks in, samples out) and `Ring`, a context
+manager over one engine instance (rings, registered buffers, the optional GPU copy hook). Nothing here
+decides what to read or checks payloads; that is kmesh_trace.native.runner's job.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import importlib.machinery
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kmesh_trace.errors import KmeshTraceError, MissingDependencyError
+
+_HERE = Path(__file__).resolve().parent
+
+# One chunk in (struct kr_chunk) and one sample out (struct kr_sample), as numpy records so a whole
+# restore crosses the boundary as two arrays and results become Parquet columns without a Python loop.
+CHUNK_DTYPE = np.dtype([("fd", "<i4"), ("buf_index", "<i4"), ("file_offset", "<i8"), ("size", "<i8"),
+                        ("buf_offset", "<i8")])
+SAMPLE_DTYPE = np.dtype([("submit_ns", "<i8"), ("complete_ns", "<i8"), ("result", "<i8"), ("worker", "<i4"),
+                         ("num_sqes", "<i4"), ("copy_result", "<i4"), ("pad", "<i4")])
+
+
+class NativeError(KmeshTraceError):
+    """The native engine refused an operation (the message names the errno)."""
+
+
+def _find_library() -> Path | None:
+    override = os.environ.get("KMESH_NATIVE_LIB")
+    if override:
+        return Path(override)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        p = _HERE / f"_kmesh_replay{suffix}"
+        if p.exists():
+            return p
+    found = sorted(_HERE.glob("_kmesh_replay*.so"))
+    return found[0] if found else None
+
+
+_lib: ctypes.CDLL | None = None
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded engine; raises MissingDependencyError with the build command when it was not built."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    path = _find_library()
+    if path is None:
+        raise MissingDependencyError(
+            "the native replay engine is not built; run `pip install -e .` (or `pip install .`) in the "
+            "kmesh-trace checkout with a C compiler available")
+    L = ctypes.CDLL(str(path))
+    vp, i32, u32, i64, u64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64
+    p64 = ctypes.POINTER(ctypes.c_int64)
+    sigs = {
+        "kr_cuda_load": ([], i32),
+        "kr_cuda_host_register": ([vp, ctypes.c_size_t], i32),
+        "kr_cuda_host_unregister": ([vp], i32),
+        "kr_now_ns": ([], i64),
+        "kr_probe_io_uring": ([], i32),
+        "kr_open": ([u32, u32, ctypes.POINTER(vp)], i32),
+        "kr_register_buffers": ([vp, ctypes.POINTER(vp), ctypes.POINTER(u64), u32], i32),
+        "kr_unregister_buffers": ([vp], i32),
+        "kr_register_sparse": ([vp, u32], i32),
+        "kr_register_dmabuf": ([vp, u32, i32, i32, u64], i32),
+        "kr_attach_cuda": ([vp, u64, vp], i32),
+        "kr_detach_cuda": ([vp], None),
+        "kr_close": ([vp], None),
+        "kr_restore": ([vp, vp, u32, vp, p64], i32),
+        "kr_ring_state": ([vp, p64, p64, p64, p64], None),
+    }
+    for name, (args, res) in sigs.items():
+        fn = getattr(L, name)
+        fn.argtypes = args
+        fn.restype = res
+    _lib = L
+    return L
+
+
+def strerror(rc: int) -> str:
+    """`-errno` from the engine as text (EINVAL: Invalid argument)."""
+    n = -rc
+    return f"{errno.errorcode.get(n, str(n))}: {os.strerror(n)}"
+
+
+def _check(rc: int, what: str) -> None:
+    if rc < 0:
+        raise NativeError(f"{what} failed ({strerror(rc)})")
+
+
+def now_ns() -> int:
+    """CLOCK_MONOTONIC in ns, the same clock the engine stamps samples with."""
+    return lib().kr_now_ns()
+
+
+def probe_io_uring() -> int:
+    """0 when io_uring rings and IORING_OP_READ_FIXED work here, else -errno."""
+    return lib().kr_probe_io_uring()
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Drained-ownership proof: every slot acquired was released and the kernel owns nothing."""
+
+    num_acquired: int
+    num_released: int
+    num_inflight: int
+    num_cq_pending: int
+
+    @property
+    def drained(self) -> bool:
+        return self.num_acquired == self.num_released and self.num_inflight == 0 and self.num_cq_pending == 0
+
+
+class Ring:
+    """One engine instance: `num_workers` io_uring rings of `depth` entries each."""
+
+    def __init__(self, depth: int = 8, num_workers: int = 1):
+        self._L = lib()
+        self._ctx = ctypes.c_void_p()
+        _check(self._L.kr_open(depth, num_workers, ctypes.byref(self._ctx)), "io_uring setup")
+        self.depth, self.num_workers = depth, num_workers
+
+    def register_buffers(self, addrs: list[int], lens: list[int]) -> None:
+        n = len(addrs)
+        a = (ctypes.c_void_p * n)(*addrs)
+        sz = (ctypes.c_uint64 * n)(*lens)
+        _check(self._L.kr_register_buffers(self._ctx, a, sz, n), "registering fixed buffers with io_uring")
+
+    def unregister_buffers(self) -> None:
+        _check(self._L.kr_unregister_buffers(self._ctx), "unregistering fixed buffers")
+
+    def register_sparse(self, n: int) -> int:
+        return self._L.kr_register_sparse(self._ctx, n)
+
+    def register_dmabuf(self, slot: int, dmabuf_fd: int, target_fd: int, length: int) -> int:
+        return self._L.kr_register_dmabuf(self._ctx, slot, dmabuf_fd, target_fd, length)
+
+    def attach_cuda(self, dev_base: int, stream: int) -> int:
+        return self._L.kr_attach_cuda(self._ctx, dev_base, ctypes.c_void_p(stream))
+
+    def detach_cuda(self) -> None:
+        self._L.kr_detach_cuda(self._ctx)
+
+    def restore(self, chunks: np.ndarray) -> tuple[np.ndarray, int]:
+        """Read every chunk; returns (samples, io_done_ns). Per-chunk failures are in samples['result']."""
+        assert chunks.dtype == CHUNK_DTYPE and chunks.flags.c_contiguous
+        samples = np.zeros(len(chunks), dtype=SAMPLE_DTYPE)
+        done = ctypes.c_int64()
+        rc = self._L.kr_restore(self._ctx, chunks.ctypes.data, len(chunks), samples.ctypes.data, ctypes.byref(done))
+        _check(rc, "io_uring restore")
+        return samples, done.value
+
+    def ownership(self) -> Ownership:
+        v = [ctypes.c_int64() for _ in range(4)]
+        self._L.kr_ring_state(self._ctx, *[ctypes.byref(x) for x in v])
+        return Ownership(*(x.value for x in v))
+
+    def close(self) -> None:
+        if self._ctx:
+            self._L.kr_close(self._ctx)
+            self._ctx = ctypes.c_void_p()
+
+    def __enter__(self) -> "Ring":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class HostArena:
+    """Page-aligned anonymous memory (mmap), viewed as a numpy uint8 array; the io_uring destination."""
+
+    def __init__(self, num_bytes: int):
+        import mmap
+
+        self.num_bytes = num_bytes
+        self._map = mmap.mmap(-1, max(num_bytes, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.array = np.frombuffer(self._map, dtype=np.uint8, count=num_bytes)
+        self.address = self.array.ctypes.data
+        assert self.address % mmap.PAGESIZE == 0
+
+    def close(self) -> None:
+        self.array = None
+        self._map.close()

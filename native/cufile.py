@@ -1,0 +1,171 @@
+"""The `cufile` route: GPUDirect Storage reads (cuFile, or its compatibility mode) into the GPU arena.
+
+libcufile is loaded with ctypes at run time (from the system, the CUDA toolkit or the `nvidia-cufile`
+wheel). Its probe opens the driver and registers an O_DIRECT file handle in the store's directory, the
+step that fails on hosts without the nvidia-fs module or udev data for the disk (see NOTES-gpu.md).
+cuFileRead is synchronous, so `depth` threads keep that many reads in flight.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from kmesh_trace.native._lib import SAMPLE_DTYPE, Ownership, now_ns
+from kmesh_trace.native.gpu import GpuArena, RouteUnavailable
+from kmesh_trace.native.routes import GPU_POISON, Probe, Restored, Route, cuda_driver_step, run_steps, torch_cuda_step
+from kmesh_trace.native.store import ALIGNMENT
+
+_OPAQUE_FD = 1  # CU_FILE_HANDLE_TYPE_OPAQUE_FD
+
+
+class _Status(ctypes.Structure):
+    _fields_ = [("err", ctypes.c_int), ("cu_err", ctypes.c_int)]  # CUfileError_t
+
+
+class _Handle(ctypes.Union):
+    _fields_ = [("fd", ctypes.c_int), ("handle", ctypes.c_void_p)]
+
+
+class _Descr(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("handle", _Handle), ("fs_ops", ctypes.c_void_p)]  # CUfileDescr_t
+
+
+def _candidates() -> list[str]:
+    names = ["libcufile.so.0", "libcufile.so"]
+    try:
+        import nvidia.cufile as wheel  # the nvidia-cufile wheel ships the library
+
+        for base in list(getattr(wheel, "__path__", [])):
+            names += [str(Path(base) / "lib" / n) for n in ("libcufile.so.0", "libcufile.so")]
+    except ImportError:
+        pass
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    return names + [f"{cuda_home}/lib64/libcufile.so.0", f"{cuda_home}/targets/x86_64-linux/lib/libcufile.so.0"]
+
+
+_cf: ctypes.CDLL | None = None
+
+
+def load() -> ctypes.CDLL:
+    global _cf
+    if _cf is not None:
+        return _cf
+    errors = []
+    for name in _candidates():
+        try:
+            L = ctypes.CDLL(name)
+            break
+        except OSError as e:
+            errors.append(str(e))
+    else:
+        raise RouteUnavailable("libcufile not found (install the CUDA toolkit's GDS or `pip install nvidia-cufile`)")
+    for fn in ("cuFileDriverOpen", "cuFileHandleRegister", "cuFileBufRegister", "cuFileBufDeregister"):
+        getattr(L, fn).restype = _Status
+    L.cuFileHandleRegister.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_Descr)]
+    L.cuFileBufRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    L.cuFileBufDeregister.argtypes = [ctypes.c_void_p]
+    L.cuFileHandleDeregister.argtypes = [ctypes.c_void_p]
+    L.cuFileHandleDeregister.restype = None
+    L.cuFileRead.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_int64]
+    L.cuFileRead.restype = ctypes.c_ssize_t
+    _cf = L
+    return L
+
+
+def _ok(st: _Status, what: str) -> None:
+    if st.err:
+        cu = f", CUresult {st.cu_err}" if st.cu_err else ""
+        raise RouteUnavailable(f"{what} failed (cuFile error {st.err}{cu})")
+
+
+def driver_open() -> str:
+    _ok(load().cuFileDriverOpen(), "cuFileDriverOpen")
+    return "driver opened (GDS or compatibility mode)"
+
+
+def register_fd(fd: int) -> ctypes.c_void_p:
+    d = _Descr(_OPAQUE_FD, _Handle(fd=fd), None)
+    h = ctypes.c_void_p()
+    _ok(load().cuFileHandleRegister(ctypes.byref(h), ctypes.byref(d)), "cuFileHandleRegister of an O_DIRECT file")
+    return h
+
+
+def probe(directory: Path) -> Probe:
+    def handle_step() -> str:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".kmesh-probe-")
+        try:
+            os.write(fd, b"\0" * ALIGNMENT)
+            os.close(fd)
+            d = os.open(name, os.O_RDONLY | os.O_DIRECT)
+            try:
+                load().cuFileHandleDeregister(register_fd(d))
+            finally:
+                os.close(d)
+        finally:
+            os.unlink(name)
+        return f"file handle registered in {directory}"
+
+    return run_steps(Probe("cufile"), [("CUDA driver", cuda_driver_step), ("PyTorch CUDA", torch_cuda_step),
+                                       ("libcufile", lambda: load()._name), ("cuFileDriverOpen", driver_open),
+                                       ("cuFileHandleRegister", handle_step)])
+
+
+class CufileRoute(Route):
+    name = "cufile"
+    gpu = True
+
+    def __init__(self, max_bytes: int, depth: int = 8, num_workers: int = 1):
+        self.max_bytes, self.depth = max_bytes, depth
+        self.arena = GpuArena(max_bytes)
+        driver_open()
+        _ok(load().cuFileBufRegister(self.arena.address, max_bytes, 0), "cuFileBufRegister of the arena")
+        self.handles: dict[int, ctypes.c_void_p] = {}
+        self.pool = ThreadPoolExecutor(max_workers=depth)
+        self.num_acquired = self.num_released = 0
+
+    def poison(self, n: int) -> None:
+        self.arena.poison(n, GPU_POISON)
+
+    def _read(self, s: np.ndarray, i: int, fh, size: int, file_offset: int, buf_offset: int) -> None:
+        s["submit_ns"][i] = now_ns()
+        s["result"][i] = load().cuFileRead(fh, self.arena.address, size, file_offset, buf_offset)
+        s["complete_ns"][i] = now_ns()
+        s["num_sqes"][i] = 1
+
+    def restore(self, chunks: np.ndarray) -> Restored:
+        for fd in np.unique(chunks["fd"]):
+            if int(fd) not in self.handles:
+                self.handles[int(fd)] = register_fd(int(fd))
+        s = np.zeros(len(chunks), dtype=SAMPLE_DTYPE)
+        t0 = now_ns()
+        self.num_acquired += len(chunks)
+        futs = [self.pool.submit(self._read, s, i, self.handles[int(c["fd"])], int(c["size"]), int(c["file_offset"]),
+                                 int(c["buf_offset"])) for i, c in enumerate(chunks)]
+        for f in futs:
+            f.result()
+        self.num_released += len(chunks)
+        io_done = now_ns()
+        r = Restored(s, t0, io_done)
+        r.consumer_done_ns, total = self.arena.consume(int(chunks["size"].sum()))
+        r.consumer_sum = int(total.item())
+        return r
+
+    def fetch(self, n: int) -> np.ndarray:
+        return self.arena.fetch(n)
+
+    def ownership(self) -> Ownership:
+        return Ownership(self.num_acquired, self.num_released, 0, 0)
+
+    def close(self) -> Ownership:
+        self.pool.shutdown(wait=True)
+        for h in self.handles.values():
+            load().cuFileHandleDeregister(h)
+        load().cuFileBufDeregister(self.arena.address)
+        self.arena.close()
+        return self.ownership()
