@@ -9,10 +9,18 @@ prompt tokens + its 8 generated tokens + a distinct 64-token tail. `scale=2` dou
 variant a CPU engine can run (its attention needs block sizes that are multiples of 32); the replay is
 block-for-block the same.
 
-What it yields under the vLLM block-pool model (`kmesh_trace.oracle.pressure.what_if`, checked
-against vLLM's real `KVCacheManager` in tests/test_blockpool_vllm.py), in tokens at scale 1:
-- stock: the first pass evicts the parent's blocks; the second pass hits 31 x 16 = 496 tokens... see
-  `EXPECTED` below, the numbers a test pins exactly.
+What it yields under the vLLM block-pool model (`kmesh_trace.oracle.pressure.what_if`), pinned by
+tests/test_blockpool_vllm.py against vLLM's real `KVCacheManager`; tokens at scale 1 (double them all
+at scale 2; blocks and evictions are the same):
+- stock: the parent's 32 full blocks are freed tail first to the LRU end; the first pass fills the
+  whole pool, so its fourth request evicts 29 of them (the chain's tail) and 3 survive. Per request
+  hits 0 x 5, then 496 x 4 (second pass: 31 blocks each, the most a 497-token prompt can hit), child 48;
+  evictions 29 (request 4) + 33 (child) = 62; 2,032 hit tokens.
+- held: the parent's 32 full blocks are held from its finish to the child's admission, leaving 96
+  blocks to four 32-block requests per pass: each second-pass request hits only 32 tokens, the child
+  hits all 512; evictions 29 x 5 + 4 = 149; 640 hit tokens.
+- tradeoff: saved_child_tokens 464, displaced_hit_tokens 1,856, net_cached_tokens -1,392 (the hold
+  loses); held_block_steps 288 (32 blocks x 9 request boundaries).
 
 Token ids stay below 1000 so the prompts fit the tiny test model's 1024-token vocabulary. The
 parent's generated tokens are placeholders: a live run puts the parent's real output in the child's
@@ -40,6 +48,8 @@ class ScenarioRequest:
     family_id: str | None = None
     parent_index: int | None = None
     num_expected_children: int | None = None
+    arrival_ns: int | None = None
+    finish_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,7 @@ class Scenario:
         return self.num_physical_blocks - 1
 
     def request_blocks(self) -> list[RequestBlocks]:
-        """The access stream (no times: each request is freed before the next one starts)."""
+        """The access stream (without times, each request is freed before the next one starts)."""
         return [
             RequestBlocks(
                 index=i, request_id=q.request_id, num_prompt_tokens=len(q.prompt_token_ids),
@@ -65,6 +75,7 @@ class Scenario:
                 if q.output_token_ids else [],
                 family_id=q.family_id, parent_index=q.parent_index,
                 num_expected_children=q.num_expected_children,
+                arrival_ns=q.arrival_ns, finish_ns=q.finish_ns,
             )
             for i, q in enumerate(self.requests)
         ]
