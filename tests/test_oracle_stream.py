@@ -1,0 +1,124 @@
+"""The access stream: token hashing, which blocks are reads and writes, next uses, trace order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.policies.base import reference_accesses
+from kmesh_trace.oracle.stream import (NEVER, AccessStream, RequestBlocks, chain_block_hashes, request_blocks,
+                                       requests_from_rows, token_block_hashes)
+from kmesh_trace.trace import open_trace
+from kmesh_trace.writer import TraceWriter
+
+
+def test_chain_hashes_identify_whole_prefixes():
+    a = chain_block_hashes([1, 2, 3, 4, 5, 6], 2, 3)
+    b = chain_block_hashes([1, 2, 9, 9, 5, 6], 2, 3)
+    assert a[0] == b[0] and a[1] != b[1]
+    assert a[2] != b[2]  # same tokens, different ancestor: a different block
+    assert a == chain_block_hashes([1, 2, 3, 4, 5, 6, 7], 2, 3)  # stable, and only full blocks
+    assert all(0 <= h < 2**64 for h in a)
+
+
+def test_generated_blocks_stop_before_the_last_sampled_token():
+    prompt = list(range(10))  # 2 full blocks of 4, 2 tokens over
+    # 6 generated tokens: KV exists for 10 + 5 = 15 tokens -> 3 full blocks, one of them from generation.
+    p, o = token_block_hashes(prompt, [100, 101, 102, 103, 104, 105], 4)
+    assert len(p) == 2 and len(o) == 1
+    # 7 generated tokens: 16 tokens of KV -> the 4th block completes.
+    p, o = token_block_hashes(prompt, [100, 101, 102, 103, 104, 105, 106], 4)
+    assert len(o) == 2
+    assert o == chain_block_hashes(prompt + [100, 101, 102, 103, 104, 105, 106], 4, 4)[2:]
+    # No output: the prompt's full blocks only.
+    assert token_block_hashes(list(range(8)), [], 4)[1] == []
+
+
+def _import_reqs():
+    # Hash-list trace, 4-token blocks: partial last blocks, and a prompt that fills its last block.
+    return [
+        RequestBlocks(0, "a", 9, 3, [1, 2, 3]),  # 2 full (both eligible) + 1 partial
+        RequestBlocks(1, "b", 8, 3, [1, 2]),  # 2 full, only the first eligible (8 - 1) // 4 = 1
+        RequestBlocks(2, "c", 12, 0, [1, 5, 6]),  # 3 full, 2 eligible
+    ]
+
+
+def test_stream_reads_writes_and_next_uses_exactly():
+    s = AccessStream.from_requests(_import_reqs(), 4)
+    uniq = {1: 0, 2: 1, 5: 2, 6: 3}
+    assert s.obj.tolist() == [uniq[h] for h in (1, 2, 1, 2, 1, 5, 6)]
+    assert s.eligible.tolist() == [True, True, True, False, True, True, False]
+    assert s.req_start.tolist() == [0, 2, 4, 7]
+    assert s.num_reads.tolist() == [3, 2, 3]  # the partial block counts as a read
+    # Block 2's next access (in request b) is past its eligible reads: a free recompute, so NEVER.
+    assert s.next_use.tolist() == [2, NEVER, 4, NEVER, NEVER, NEVER, NEVER]
+
+
+def test_stream_matches_plain_reference_and_scan_on_random_requests():
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        reqs = _random_token_requests(rng, bs=2)
+        s = AccessStream.from_requests(reqs, 2)
+        flat = [a for acc in reference_accesses(reqs, 2) for a in acc]
+        assert [e for _, e in flat] == s.eligible.tolist()
+        ids = [h for h, _ in flat]
+        for t in range(len(flat)):
+            later = [u for u in range(t + 1, len(flat)) if ids[u] == ids[t]]
+            want = later[0] if later and flat[later[0]][1] else NEVER
+            assert s.next_use[t] == want
+
+
+def test_tile_keeps_copies_independent():
+    s = AccessStream.from_requests(_import_reqs(), 4)
+    t = s.tile(3)
+    assert len(t) == 3 * len(s) and t.num_objects == 3 * s.num_objects
+    assert t.req_start.tolist() == [0, 2, 4, 7, 9, 11, 14, 16, 18, 21]
+    fresh = AccessStream.from_arrays(4, t.obj.astype(np.uint64), t.eligible, t.req_start, t.num_prompt_tokens,
+                                     t.num_reads)
+    assert fresh.next_use.tolist() == t.next_use.tolist()
+
+
+def _random_token_requests(rng, bs, n_req=None, vocab=2, max_prompt=7, max_out=3):
+    rows = []
+    for i in range(n_req or int(rng.integers(1, 6))):
+        p = int(rng.integers(1, max_prompt + 1))
+        o = int(rng.integers(0, max_out + 1))
+        rows.append({"request_id": str(i), "num_prompt_tokens": p, "num_output_tokens": o,
+                     "prompt_token_ids": rng.integers(0, vocab, p).tolist(),
+                     "output_token_ids": rng.integers(0, vocab, o).tolist()})
+    return requests_from_rows(rows, bs)
+
+
+def test_request_blocks_orders_by_arrival_then_seq(tmp_path):
+    with TraceWriter(tmp_path / "t", "e0", {"block_size": 2, "num_usable_blocks": 10}) as w:
+        w.write("invocations", {
+            "request_id": ["r0", "r1", "r2", "r3"], "seq": [0, 1, 2, 3],
+            "caller_request_id": ["c0", "c1", "c2", "c3"],
+            "parent_id": [None, None, "c3", None],
+            "num_prompt_tokens": [4, 5, 3, 2], "num_output_tokens": [1, 2, 1, 1],
+            "prompt_token_ids": [[1, 2, 3, 4], [1, 2, 3, 4, 5], [7, 7, 7], [9, 9]],
+            "output_token_ids": [[5], [6, 6], [1], [0]],
+            "arrival_ns": [30, 10, 20, 10], "finish_ns": [40, 15, 25, 12],
+            "num_cached_tokens": [2, 0, 0, 0],
+        })
+    reqs = request_blocks(open_trace(tmp_path / "t"))
+    assert [r.request_id for r in reqs] == ["r1", "r3", "r2", "r0"]
+    assert [r.index for r in reqs] == [0, 1, 2, 3]
+    assert reqs[2].parent_index == 1  # c3 is r3, now at index 1
+    assert reqs[3].stock_cached_tokens == 2
+    # r1: 5 prompt + 2 output -> KV for 6 tokens: blocks 0, 1 from the prompt, block 2 from generation.
+    assert len(reqs[0].prompt_hashes) == 2 and len(reqs[0].output_hashes) == 1
+    assert reqs[3].prompt_hashes == reqs[0].prompt_hashes  # same first 4 tokens
+
+
+def test_request_blocks_refuses_blockless_rows_and_engine_ambiguity(tmp_path):
+    with pytest.raises(KmeshTraceError, match="neither prompt_token_ids nor prompt_block_hashes"):
+        requests_from_rows([{"request_id": "x", "num_prompt_tokens": 3}], 2)
+    for e in ("e0", "e1"):
+        with TraceWriter(tmp_path / "t", e, {"block_size": 2}) as w:
+            w.write("invocations", {"request_id": ["a"], "seq": [0], "num_prompt_tokens": [2],
+                                    "prompt_block_hashes": [[5]]})
+    with pytest.raises(KmeshTraceError, match="pick one with --engine"):
+        request_blocks(open_trace(tmp_path / "t"))
+    assert [r.prompt_hashes for r in request_blocks(open_trace(tmp_path / "t"), "e1")] == [[5]]
