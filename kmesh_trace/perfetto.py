@@ -14,6 +14,7 @@ users can tell a broken export from a strange trace.
 from __future__ import annotations
 
 import gzip
+import heapq
 import json
 import math
 import os
@@ -23,6 +24,7 @@ from typing import Any, Iterator
 
 import polars as pl
 
+from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.trace import Trace
 
 #: Request phases in the order they happen: (slice name, start column, end column).
@@ -107,18 +109,17 @@ def _meta(ph_name: str, pid: int, tid: int | None, args: dict) -> dict:
 
 
 def _lanes(intervals: list[tuple[int, int]]) -> list[int]:
-    """Greedy interval partitioning: the lane of each (start, end) so that no lane overlaps (input sorted by start)."""
-    lane_ends: list[int] = []
+    """The lane of each (start, end), input sorted by start: no two intervals of a lane overlap, and
+    each takes the lowest free lane, so the fewest lanes are used (greedy interval partitioning)."""
+    busy: list[tuple[int, int]] = []  # (end, lane)
+    free: list[int] = []
     out = []
     for start, end in intervals:
-        for i, lane_end in enumerate(lane_ends):
-            if lane_end <= start:
-                lane_ends[i] = end
-                out.append(i)
-                break
-        else:
-            lane_ends.append(end)
-            out.append(len(lane_ends) - 1)
+        while busy and busy[0][0] <= start:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        lane = heapq.heappop(free) if free else len(busy) + len(free)
+        heapq.heappush(busy, (end, lane))
+        out.append(lane)
     return out
 
 
@@ -269,6 +270,8 @@ def export_perfetto(trace: Trace, out_path: str | os.PathLike) -> dict[str, Any]
     in memory as one JSON document and a reader never sees half a file.
     """
     out_path = Path(out_path)
+    if not out_path.parent.is_dir():
+        raise KmeshTraceError(f"cannot write {out_path}: the directory {out_path.parent} does not exist; create it first.")
     builder = _Builder(trace)
     # One encoder call per chunk of events (C speed), not one per event; the list's brackets are dropped.
     encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode

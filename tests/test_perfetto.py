@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 
 import pytest
 from typer.testing import CliRunner
 
 from kmesh_trace.cli import app
-from kmesh_trace.perfetto import PHASES, build_trace_events, export_perfetto, validate_trace_events
+from kmesh_trace.perfetto import PHASES, _lanes, build_trace_events, export_perfetto, validate_trace_events
 from kmesh_trace.trace import open_trace
 from kmesh_trace.writer import TraceWriter
 
@@ -164,6 +165,20 @@ def test_pool_counters_instants_and_transfer_lanes(trace):
     ]
 
 
+def test_transfer_lanes_are_fewest_and_never_overlap():
+    assert _lanes([(0, 10), (1, 5), (2, 3), (3, 4), (5, 20), (10, 11), (11, 12)]) == [0, 1, 2, 2, 1, 0, 0]
+    assert _lanes([(0, 10), (4, 4), (4, 4), (4, 6)]) == [0, 1, 1, 1]  # zero-length transfers share a lane
+    rng = random.Random(7)
+    for _ in range(200):
+        iv = sorted((s, s + rng.randrange(1, 20)) for s in (rng.randrange(0, 50) for _ in range(rng.randrange(1, 30))))
+        lanes = _lanes(iv)
+        for i, (s1, e1) in enumerate(iv):
+            for j in range(i):
+                assert lanes[i] != lanes[j] or iv[j][1] <= s1  # same lane: the earlier one ends before the next starts
+        depth = max(sum(1 for s, e in iv if s <= t < e) for t in range(80))
+        assert len(set(lanes)) == max(depth, 1)
+
+
 def test_export_file_streams_valid_json_and_summary(trace, tmp_path):
     summary = export_perfetto(trace, tmp_path / "t.json")
     obj = json.loads((tmp_path / "t.json").read_text())
@@ -262,3 +277,7 @@ def test_cli_export_perfetto(trace, tmp_path):
     assert res.exit_code == 1
     assert res.stderr.startswith("Error: ") and len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "z.json").exists()
+
+    res = runner.invoke(app, ["export", "perfetto", str(trace.path), "--out", str(tmp_path / "no" / "z.json")])
+    assert res.exit_code == 1
+    assert res.stderr == f"Error: cannot write {tmp_path / 'no' / 'z.json'}: the directory {tmp_path / 'no'} does not exist; create it first.\n"
