@@ -147,6 +147,17 @@ def host_description() -> dict:
     return d
 
 
+def schedule(cfg: RunConfig) -> list[tuple[int, int, str, str]]:
+    """(pair, position, route, kind) of every timed restore: A B, then B A, ...; each arm opens with warm-ups."""
+    per_pair = [cfg.restores // cfg.pairs + (1 if p < cfg.restores % cfg.pairs else 0) for p in range(cfg.pairs)]
+    plan = []
+    for p in range(cfg.pairs):
+        order = cfg.routes if p % 2 == 0 else cfg.routes[::-1]
+        for pos, name in enumerate(order):
+            plan += [(p, pos, name, "warmup" if k < cfg.warmup else "measured") for k in range(cfg.warmup + per_pair[p])]
+    return plan
+
+
 def run(store_path: Path, cfg: RunConfig, on_progress: Callable[[int, int], None] | None = None,
         out: Path | None = None) -> RunResult:
     cfg.check()
@@ -161,7 +172,6 @@ def run(store_path: Path, cfg: RunConfig, on_progress: Callable[[int, int], None
     picks = np.random.default_rng(cfg.seed).choice(len(chunks_all), cfg.corrupt, replace=False)
     corrupt = [chunks_all[i] for i in sorted(picks)]
     rids = sorted(store.restores)
-    per_pair = [cfg.restores // cfg.pairs + (1 if p < cfg.restores % cfg.pairs else 0) for p in range(cfg.pairs)]
     total = len(cfg.routes) * (cfg.restores + cfg.pairs * cfg.warmup + cfg.corrupt)
     max_bytes = max(store.restore_bytes(r) for r in rids)
 
@@ -228,13 +238,10 @@ def run(store_path: Path, cfg: RunConfig, on_progress: Callable[[int, int], None
     try:
         for name in cfg.routes:
             routes[name] = make_route(name, max_bytes, cfg.depth, cfg.workers, store.path)
-        for p in range(cfg.pairs):
-            order = cfg.routes if p % 2 == 0 else cfg.routes[::-1]
-            for pos, name in enumerate(order):
-                for k in range(cfg.warmup + per_pair[p]):
-                    rid = rids[counters[name] % len(rids)]
-                    counters[name] += 1
-                    one(routes[name], rid, "warmup" if k < cfg.warmup else "measured", p, pos)
+        for pair, pos, name, kind in schedule(cfg):
+            rid = rids[counters[name] % len(rids)]  # every route sees the same sequence of restores
+            counters[name] += 1
+            one(routes[name], rid, kind, pair, pos)
         for name in cfg.routes:
             for c in corrupt:
                 fds, paths, _ = files.corrupted(c)
@@ -308,6 +315,7 @@ def _summary(store: Store, cfg: RunConfig, rows: list[dict], ownership: dict, co
 def write_results(result: RunResult, out: Path) -> None:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    result.summary["results"] = str(out)
     pq.write_table(result.restores, out / "restores.parquet")
     pq.write_table(result.reads, out / "reads.parquet")
     (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str) + "\n")

@@ -20,6 +20,7 @@ _COMMAND_MODULES = [
     "kmesh_trace.cli.imports",  # import
     "kmesh_trace.cli.headroom",  # headroom
     "kmesh_trace.cli.export",  # export perfetto
+    "kmesh_trace.cli.replay",  # replay probe|prepare|run
 ]
 
 for _name in _COMMAND_MODULES:
