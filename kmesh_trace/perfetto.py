@@ -141,7 +141,7 @@ class _Builder:
         }
 
     def _label(self, engine: str, name: str) -> str:
-        return f"engine {engine} · {name}" if self.multi else name
+        return f"engine {engine}: {name}" if self.multi else name
 
     def _process(self, engine: str, name: str) -> tuple[int, list[dict]]:
         pid = self.next_pid
@@ -239,7 +239,7 @@ class _Builder:
             yield from meta
             for r in families[family]:
                 self.counts["num_requests"] += 1
-                name = r["request_id"] + (f" ← {r['parent_id']}" if r["parent_id"] is not None else "")
+                name = r["request_id"] + (f" (parent {r['parent_id']})" if r["parent_id"] is not None else "")
                 tid, meta = self._thread(pid, name, r["seq"])
                 yield from meta
                 # Unknown values are left out (viewers drop nulls anyway; large exports shrink).
@@ -274,6 +274,7 @@ def export_perfetto(trace: Trace, out_path: str | os.PathLike) -> dict[str, Any]
         raise KmeshTraceError(f"cannot write {out_path}: the directory {out_path.parent} does not exist; create it first.")
     builder = _Builder(trace)
     # One encoder call per chunk of events (C speed), not one per event; the list's brackets are dropped.
+    # Raw UTF-8, not \u escapes: Perfetto's JSON tokenizer shows \u sequences literally in names.
     encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
     tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
     opener = gzip.open if out_path.name.endswith(".gz") else open

@@ -136,7 +136,7 @@ def test_families_become_processes_and_requests_threads(trace):
     # The pool first, then families in order of their first request, unrelated requests last.
     assert sorted(procs.values(), key=lambda n: sort_index[by_name[n]]) == ["KV pool", "family A", "family B", "unrelated"]
     request_threads = {name: pid for (pid, _), name in threads.items() if pid != by_name["KV pool"]}
-    assert request_threads == {"r0": by_name["family A"], "r1 ← r0": by_name["family A"], "r2": by_name["unrelated"],
+    assert request_threads == {"r0": by_name["family A"], "r1 (parent r0)": by_name["family A"], "r2": by_name["unrelated"],
                                "r3": by_name["unrelated"], "r4": by_name["family B"], "r5": by_name["family B"]}
     decode_r1 = next(e for e in events if e["ph"] == "X" and e["name"] == "decode" and e["args"]["request_id"] == "r1")
     assert decode_r1["args"] == {"request_id": "r1", "family_id": "A", "parent_id": "r0", "status": "finished",
@@ -206,12 +206,12 @@ def test_two_engines_are_separate_groups_on_one_wall_clock(tmp_path):
     events = build_trace_events(trace)
     assert validate_trace_events(events) == []
     procs, _ = _names(events)
-    assert sorted(procs.values()) == sorted(f"engine {e} · {n}" for e in ("e0", "e1")
+    assert sorted(procs.values()) == sorted(f"engine {e}: {n}" for e in ("e0", "e1")
                                             for n in ("KV pool", "family A", "family B", "unrelated"))
     by_engine = {}
     for e in events:
         if e["ph"] == "X" and e["name"] in ("queued", "prefill", "decode"):
-            engine = procs[e["pid"]].split()[1]
+            engine = procs[e["pid"]].split(":")[0].removeprefix("engine ")
             by_engine.setdefault(engine, set()).add((e["args"]["request_id"], e["name"], e["ts"], e["dur"]))
     assert by_engine["e0"] == by_engine["e1"] == EXPECTED_SLICES
 
