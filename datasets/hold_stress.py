@@ -32,7 +32,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from kmesh_trace.oracle.stream import RequestBlocks
+from kmesh_trace.oracle.stream import RequestBlocks, token_block_hashes
 
 NAME = "hold-stress"
 NUM_PHYSICAL_BLOCKS = 129  # including vLLM's null block
@@ -65,30 +65,20 @@ class Scenario:
 
     def request_blocks(self) -> list[RequestBlocks]:
         """The access stream (without times, each request is freed before the next one starts)."""
-        return [
-            RequestBlocks(
+        out = []
+        for i, q in enumerate(self.requests):
+            prompt_hashes, output_hashes = token_block_hashes(q.prompt_token_ids, q.output_token_ids, self.block_size)
+            out.append(RequestBlocks(
                 index=i, request_id=q.request_id, num_prompt_tokens=len(q.prompt_token_ids),
-                num_output_tokens=q.num_output_tokens,
-                prompt_hashes=token_block_hashes(q.prompt_token_ids, self.block_size),
-                output_hashes=token_block_hashes(q.prompt_token_ids + (q.output_token_ids or []),
-                                                 self.block_size)[len(q.prompt_token_ids) // self.block_size:]
-                if q.output_token_ids else [],
-                family_id=q.family_id, parent_index=q.parent_index,
-                num_expected_children=q.num_expected_children,
+                num_output_tokens=q.num_output_tokens, prompt_hashes=prompt_hashes,
+                # Unknown generated tokens: the pool model gives those blocks keys no lookup matches.
+                output_hashes=output_hashes if q.output_token_ids else [],
+                family_id=q.family_id, parent_index=q.parent_index, num_expected_children=q.num_expected_children,
                 arrival_ns=q.arrival_ns, finish_ns=q.finish_ns,
-            )
-            for i, q in enumerate(self.requests)
-        ]
-
-
-def token_block_hashes(token_ids: list[int], block_size: int) -> list[int]:
-    """Chained prefix hash of each full block (equal hashes <=> equal token prefixes, as in vLLM)."""
-    out: list[int] = []
-    prev = 0
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        prev = hash((prev, tuple(token_ids[start:start + block_size])))
-        out.append(prev)
-    return out
+                prompt_token_ids=list(q.prompt_token_ids),
+                output_token_ids=None if q.output_token_ids is None else list(q.output_token_ids),
+            ))
+        return out
 
 
 def hold_stress(scale: int = 1, parent_output: list[int] | None = None, seed: int = 0) -> Scenario:

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.blockpool import HoldPolicy, PoolResult, replay_pool
-from kmesh_trace.oracle.stream import RequestBlocks
+from kmesh_trace.oracle.stream import RequestBlocks, request_blocks
 
-__all__ = ["FamilyRow", "PressureResult", "SweepPoint", "what_if", "sweep", "hold_policy",
-           "infer_exact_prefix_edges"]
+__all__ = ["FamilyRow", "PressureResult", "SweepPoint", "TraceStream", "what_if", "sweep", "hold_policy",
+           "infer_exact_prefix_edges", "trace_stream"]
 
 EDGE_MODES = ("declared", "inferred")
 
@@ -263,3 +263,34 @@ def sweep(requests: list[RequestBlocks], *, block_size: int, capacities: list[in
         out.append(SweepPoint(cap, r.saved_child_tokens, r.displaced_hit_tokens, r.net_cached_tokens,
                               r.stock.total_hit_tokens, r.held.total_hit_tokens))
     return out
+
+
+@dataclass
+class TraceStream:
+    """What the what-if needs from a trace: the stream, the pool's geometry, exact-prefix edges."""
+
+    requests: list[RequestBlocks]
+    block_size: int
+    num_usable_blocks: int | None
+    lineage: dict[int, int] | None  # the trace's exact_prefix edges; None when it has none
+
+
+def trace_stream(trace, engine: str | None = None) -> TraceStream:
+    """Read an opened trace (`kmesh_trace.trace.open_trace`) for `what_if`."""
+    import polars as pl
+
+    reqs = request_blocks(trace, engine)
+    meta = trace.engines.get(engine, {}) if engine is not None else trace.metadata
+    if not meta.get("block_size"):
+        raise KmeshTraceError("the trace has no block size in its engine metadata; it cannot be analysed.")
+    lf = trace.scan("lineage").filter(pl.col("edge_kind") == "exact_prefix")
+    if engine is not None:
+        lf = lf.filter(pl.col("engine") == engine)
+    rows = lf.select("child_request_id", "parent_request_id").collect()
+    index = {r.request_id: r.index for r in reqs}
+    lineage: dict[int, int] = {}
+    for child, parent in rows.iter_rows():
+        c, p = index.get(child), index.get(parent)
+        if c is not None and p is not None and p < c and p > lineage.get(c, -1):
+            lineage[c] = p  # several exact-prefix ancestors: the nearest one is the parent
+    return TraceStream(reqs, int(meta["block_size"]), meta.get("num_usable_blocks"), lineage or None)
