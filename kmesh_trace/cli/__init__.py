@@ -19,6 +19,7 @@ _COMMAND_MODULES = [
     "kmesh_trace.cli.core",  # schema, info, sql
     "kmesh_trace.cli.imports",  # import
     "kmesh_trace.cli.headroom",  # headroom
+    "kmesh_trace.cli.pressure",  # pressure
     "kmesh_trace.cli.export",  # export perfetto
     "kmesh_trace.cli.replay",  # replay probe|prepare|run
 ]
