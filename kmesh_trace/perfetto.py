@@ -315,6 +315,12 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _ns(us: float) -> int:
+    # Viewers turn microseconds into integer nanoseconds before comparing (Perfetto: llround(us * 1000)),
+    # so slices that touch in nanoseconds must not be reported as overlapping by float addition.
+    return round(us * 1000)
+
+
 def validate_trace_events(obj: Any) -> list[str]:
     """Problems that would make a viewer reject or misdraw `obj` (a parsed trace-event JSON); [] when valid.
 
@@ -338,14 +344,14 @@ def validate_trace_events(obj: Any) -> list[str]:
 
     last_ts: dict[tuple, float] = {}
     open_b: dict[tuple, list[str]] = defaultdict(list)
-    x_stack: dict[tuple, list[float]] = defaultdict(list)  # end times of enclosing X slices per track
+    x_stack: dict[tuple, list[int]] = defaultdict(list)  # end times (ns) of enclosing X slices per track
     for i, ev in enumerate(events):
         where = f"event {i}"
         if not isinstance(ev, dict):
             problems.append(f"{where} is not an object")
             continue
         ph = ev.get("ph")
-        if ph not in KNOWN_PHASES:
+        if not isinstance(ph, str) or ph not in KNOWN_PHASES:
             problems.append(f"{where} has unknown phase {ph!r}")
             continue
         where = f"event {i} ({ph} {ev.get('name')!r})"
@@ -353,9 +359,10 @@ def validate_trace_events(obj: Any) -> list[str]:
             problems.append(f"{where} has no name")
         if not isinstance(ev.get("pid"), int) or isinstance(ev.get("pid"), bool):
             problems.append(f"{where} has no integer pid")
+            continue
         if ph == "M":
             name, args = ev.get("name"), ev.get("args")
-            if name in _METADATA_NAMES:
+            if isinstance(name, str) and name in _METADATA_NAMES:
                 if name.startswith("thread") and not isinstance(ev.get("tid"), int):
                     problems.append(f"{where} has no integer tid")
                 key = "sort_index" if name.endswith("sort_index") else ("labels" if name == "process_labels" else "name")
@@ -367,7 +374,7 @@ def validate_trace_events(obj: Any) -> list[str]:
         if not _number(ev.get("ts")):
             problems.append(f"{where} has no finite numeric ts")
             continue
-        ts = float(ev["ts"])
+        ts = _ns(ev["ts"])
         if ph in _TIMED_TRACK_PHASES:
             if not isinstance(ev.get("tid"), int) or isinstance(ev.get("tid"), bool):
                 problems.append(f"{where} has no integer tid")
@@ -376,13 +383,13 @@ def validate_trace_events(obj: Any) -> list[str]:
             args = ev.get("args")
             if not isinstance(args, dict) or not args or not all(_number(v) for v in args.values()):
                 problems.append(f"{where} needs args with numeric values")
-            track = ("C", ev["pid"], ev.get("name"), ev.get("id"))
+            track = ("C", ev["pid"], repr(ev.get("name")), repr(ev.get("id")))
         elif ph in _TIMED_TRACK_PHASES:
             track = ("T", ev["pid"], ev["tid"])
         else:
             continue
         if track in last_ts and ts < last_ts[track]:
-            problems.append(f"{where} goes back in time on its track ({ts} < {last_ts[track]})")
+            problems.append(f"{where} goes back in time on its track ({ev['ts']} us, after {last_ts[track] / 1000} us)")
         last_ts[track] = max(ts, last_ts.get(track, ts))
         if ph == "X":
             dur = ev.get("dur")
@@ -392,11 +399,12 @@ def validate_trace_events(obj: Any) -> list[str]:
             stack = x_stack[track]
             while stack and stack[-1] <= ts:
                 stack.pop()
-            if stack and ts + dur > stack[-1]:
+            end = ts + _ns(dur)
+            if stack and end > stack[-1]:
                 problems.append(f"{where} overlaps the slice before it on its track without nesting inside it")
-            stack.append(ts + dur)
+            stack.append(end)
         elif ph == "B":
-            open_b[track].append(ev["name"])
+            open_b[track].append(ev.get("name"))
         elif ph == "E":
             if not open_b[track]:
                 problems.append(f"{where} ends a slice that never began on its track")

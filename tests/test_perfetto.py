@@ -8,6 +8,8 @@ import json
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kmesh_trace.cli import app
@@ -255,10 +257,28 @@ def test_validator_accepts_nesting_balanced_pairs_and_other_tracks():
         {"name": "next", "ph": "X", "ts": 10, "dur": 1, "pid": 1, "tid": 1},  # starts as the parent ends
         {"name": "other", "ph": "X", "ts": 1, "dur": 1, "pid": 1, "tid": 2},  # another track may start earlier
         {"name": "b", "ph": "B", "ts": 0, "pid": 2, "tid": 1}, {"ph": "E", "ts": 1, "pid": 2, "tid": 1},
+        # 0.1 + 0.2 > 0.3 in floats, yet these touch exactly in nanoseconds, as viewers compare them.
+        {"name": "q", "ph": "X", "ts": 0.1, "dur": 0.2, "pid": 3, "tid": 1},
+        {"name": "p", "ph": "X", "ts": 0.3, "dur": 1, "pid": 3, "tid": 1},
     ]
     assert validate_trace_events(events) == []
     assert validate_trace_events({"events": []}) == ["the JSON object has no traceEvents list"]
     assert validate_trace_events({"traceEvents": [], "displayTimeUnit": "s"}) == ["displayTimeUnit is 's'; it must be 'ms' or 'ns'"]
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=3),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                     max_leaves=8)
+_EVENT = st.fixed_dictionaries({}, optional={
+    "name": _JSON | st.sampled_from(["thread_name", "process_sort_index"]), "ph": _JSON | st.sampled_from(list("XBEiCM")),
+    "ts": _JSON, "dur": _JSON, "pid": _JSON | st.integers(0, 2), "tid": _JSON | st.integers(0, 2), "args": _JSON, "s": _JSON,
+})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_EVENT | _JSON, max_size=6))
+def test_validator_never_raises_on_malformed_input(events):
+    assert isinstance(validate_trace_events({"traceEvents": events}), list)
 
 
 def test_cli_export_perfetto(trace, tmp_path):
