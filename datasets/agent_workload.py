@@ -73,9 +73,13 @@ def agent_workload(*, size: str = "full", seed: int = 7) -> AgentWorkload:
                 name=f"{fam}-child{c}", max_tokens=rng.randint(4, 12), prompt=_tokens(rng, rng.randint(16, 96)),
                 family=fam, parent=f"{fam}-parent", delay_steps=delay + c))
         step += rng.randint(6, 14)
+    # Competitors: most start with one of a few shared system prompts (their own reuse, which a
+    # family hold can displace), the rest are unique.
+    system_prompts = [_tokens(rng, rng.randint(3, 8) * block_size) for _ in range(2 if small else 3)]
     for k in range(num_competitors):
-        n = rng.randint(5, 14) * block_size + rng.randint(0, block_size - 1)
+        tail = _tokens(rng, rng.randint(2, 8) * block_size + rng.randint(0, block_size - 1))
+        prefix = rng.choice(system_prompts) if rng.random() < 0.7 else ()
         w.requests.append(PlannedRequest(name=f"other{k}", max_tokens=rng.randint(4, 12),
-                                         prompt=_tokens(rng, n), release_step=rng.randint(0, step + 40)))
+                                         prompt=prefix + tail, release_step=rng.randint(0, step + 40)))
     w.requests.sort(key=lambda r: (r.parent is not None, r.release_step, r.name))
     return w

@@ -22,6 +22,8 @@ _COMMAND_MODULES = [
     "kmesh_trace.cli.pressure",  # pressure
     "kmesh_trace.cli.export",  # export perfetto
     "kmesh_trace.cli.replay",  # replay probe|prepare|run
+    "kmesh_trace.cli.demo",  # demo
+    "kmesh_trace.cli.audit",  # audit corpus|capture
 ]
 
 for _name in _COMMAND_MODULES:

@@ -1,0 +1,122 @@
+"""`demo`: the main job. A real CPU vLLM engine under capture, then every analysis, in one report."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import typer
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table as RichTable
+
+from kmesh_trace.cli.common import err, handles_errors, out, print_json
+
+_STAGE_TEXT = {
+    "engine": "starting a tiny vLLM engine on the CPU (capture on)",
+    "workload": "running the agent workload",
+    "audit": "auditing the capture",
+    "headroom": "headroom: stock vs LRU vs Belady",
+    "pressure": "retention pressure: family holds",
+    "timeline": "writing the Perfetto timeline",
+}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo_cmd)
+
+
+@handles_errors
+def demo_cmd(
+    out_dir: Path = typer.Option(Path("demo-out"), "--out", help="Directory for the trace, report.json, plots and timeline."),
+    size: str = typer.Option("full", "--size", help="full (the demo) or small (the reduced run the tests use)."),
+    as_json: bool = typer.Option(False, "--json", help="Print report.json instead of the tables."),
+) -> None:
+    """Capture a real (tiny, CPU) vLLM engine running an agent workload, then analyse the capture."""
+    from kmesh_trace.datasets.agent_workload import agent_workload
+    from kmesh_trace.demo import Progress as Callbacks
+    from kmesh_trace.demo import run_demo
+
+    if size not in ("full", "small"):
+        raise typer.BadParameter("--size must be full or small")
+    warnings.filterwarnings("ignore")
+    total = len(agent_workload(size=size).requests)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=False) as bar:
+        tasks: dict[str, int] = {}
+
+        def stage(name: str) -> None:
+            for t in tasks.values():
+                bar.update(t, completed=bar.tasks[t].total)
+            tasks[name] = bar.add_task(_STAGE_TEXT[name], total=total if name == "workload" else 1)
+
+        def request_done(_name: str) -> None:
+            bar.advance(tasks["workload"])
+
+        report = run_demo(out_dir, size=size, progress=Callbacks(stage=stage, request_done=request_done))
+        for t in tasks.values():
+            bar.update(t, completed=bar.tasks[t].total)
+    if as_json:
+        print_json(report)
+        return
+    render(report)
+
+
+def _table(title: str, columns: list[str], rows: list[list], justify_from: int = 1) -> RichTable:
+    t = RichTable(title=title, title_justify="left")
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="right" if i >= justify_from else "left")
+    for r in rows:
+        t.add_row(*(f"{v:,}" if isinstance(v, int) else (f"{v:.3f}" if isinstance(v, float) else str(v)) for v in r))
+    return t
+
+
+def render(report: dict) -> None:
+    w = report["workload"]
+    out.print(Panel(
+        f"{w['num_requests']} requests: {w['num_families']} families ({w['num_children']} children) and "
+        f"{w['num_competitors']} competing requests; block size {w['block_size']}, "
+        f"{w['num_gpu_blocks']} KV blocks; {w['num_engine_steps']} engine steps.\n"
+        f"Everything below is reproducible from {report['files']['trace']} with the kmesh-trace commands.",
+        title="kmesh-trace demo"))
+    info = report["info"]
+    (eid, meta), = info["engines"].items()
+    drops = sum(meta.get("num_dropped_events", {}).values())
+    out.print(_table("Capture (kmesh-trace info)", ["table", "rows"],
+                     [[k, v] for k, v in info["tables"].items()] + [["dropped events", drops]]))
+    chk = report["capture_check"]
+    out.print(f"Captured tokens and cached tokens match the engine's outputs for all {chk['num_requests']} requests."
+              if chk["ok"] else f"[red]Capture disagrees with the engine's outputs: {chk}[/red]")
+
+    a = report["audit"]
+    rows = [[name, "qualified" if v["qualified"] else "blocked by " + "; ".join(map(str, v["blocked_by"]))]
+            for name, v in a["verdict"].items()]
+    out.print(_table(f"Capture audit (kmesh-trace audit capture): {len(a['problems'])} problem(s)", ["analysis", "verdict"], rows, 9))
+
+    h = report["headroom"]
+    caps = h["capacities"]
+    by = {(r["policy"], r["capacity_blocks"]): r for r in h["results"]}
+    policies = list(dict.fromkeys(r["policy"] for r in h["results"]))
+    for what, fmt in (("hit_ratio", "{:.3f}"), ("prefill_tokens", "{:,}")):
+        rows = [[p] + [fmt.format(by[(p, c)][what]) if (p, c) in by else "" for c in caps] for p in policies]
+        out.print(_table(f"Headroom: {what} by capacity (blocks; stock is the captured engine)",
+                         ["policy"] + [str(c) for c in caps], rows))
+    out.print(f"Headroom at the engine's {h['headroom_capacity_blocks']} blocks: [bold]{h['headroom_tokens']:,}[/bold] "
+              f"prefill tokens (stock from the {h['stock_source']}) that an ideal cache of the same size would have reused.")
+
+    p = report["pressure"]
+    arms = p["arms"]
+    keys = [k for k in ("child_hit_tokens", "other_hit_tokens", "hit_tokens", "prefill_tokens", "num_evictions") if k in arms["stock"]]
+    out.print(_table(f"Retention pressure at {p.get('capacity_blocks')} blocks (declared families)", ["arm"] + keys,
+                     [[arm] + [arms[arm][k] for k in keys] for arm in ("stock", "held")]))
+    out.print(f"Holding each family's ancestor saves [bold]{p['saved_child_tokens']:,}[/bold] child tokens, displaces "
+              f"[bold]{p['displaced_hit_tokens']:,}[/bold] hit tokens of other requests: net "
+              f"[bold]{p['net_cached_tokens']:,}[/bold] cached tokens.")
+    sw = report.get("pressure_sweep", [])
+    if sw:
+        out.print(_table("Net cached tokens of holds by capacity", ["capacity blocks", "saved", "displaced", "net"],
+                         [[s["capacity_blocks"], s["saved_child_tokens"], s["displaced_hit_tokens"], s["net_cached_tokens"]] for s in sw], 0))
+    f = report["files"]
+    t = report["timings"]
+    out.print(f"Wrote {f['report']}, {', '.join(f['plots'])} and {f['timeline']} (open in https://ui.perfetto.dev). "
+              f"Engine start {t.get('engine_start_s', 0):.1f} s, workload {t.get('workload_s', 0):.1f} s, total {t['total_s']:.1f} s.")
