@@ -10,9 +10,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
-from kmesh_trace.cli import app
 from kmesh_trace.perfetto import PHASES, _lanes, build_trace_events, export_perfetto, validate_trace_events
 from kmesh_trace.trace import open_trace
 from kmesh_trace.writer import TraceWriter
@@ -281,23 +279,22 @@ def test_validator_never_raises_on_malformed_input(events):
     assert isinstance(validate_trace_events({"traceEvents": events}), list)
 
 
-def test_cli_export_perfetto(trace, tmp_path):
-    runner = CliRunner()
-    res = runner.invoke(app, ["export", "perfetto", str(trace.path), "--out", str(tmp_path / "x.json"), "--json"])
+def test_cli_export_perfetto(trace, tmp_path, cli):
+    res = cli(["export", "perfetto", str(trace.path), "--out", str(tmp_path / "x.json"), "--json"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert summary["num_request_slices"] == 11 and summary["path"] == str(tmp_path / "x.json")
     assert validate_trace_events(json.loads((tmp_path / "x.json").read_text())) == []
 
-    res = runner.invoke(app, ["export", "perfetto", str(trace.path), "--out", str(tmp_path / "y.json")])
+    res = cli(["export", "perfetto", str(trace.path), "--out", str(tmp_path / "y.json")])
     assert res.exit_code == 0
     assert "request slices (queued, prefill, decode)" in res.stdout and "ui.perfetto.dev" in res.stderr
 
-    res = runner.invoke(app, ["export", "perfetto", str(tmp_path / "missing"), "--out", str(tmp_path / "z.json")])
+    res = cli(["export", "perfetto", str(tmp_path / "missing"), "--out", str(tmp_path / "z.json")])
     assert res.exit_code == 1
     assert res.stderr.startswith("Error: ") and len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "z.json").exists()
 
-    res = runner.invoke(app, ["export", "perfetto", str(trace.path), "--out", str(tmp_path / "no" / "z.json")])
+    res = cli(["export", "perfetto", str(trace.path), "--out", str(tmp_path / "no" / "z.json")])
     assert res.exit_code == 1
     assert res.stderr == f"Error: cannot write {tmp_path / 'no' / 'z.json'}: the directory {tmp_path / 'no'} does not exist; create it first.\n"
