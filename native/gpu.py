@@ -29,6 +29,14 @@ def torch_cuda():
     return torch
 
 
+def ensure_context():
+    """Make PyTorch's (the primary) CUDA context current on this thread; driver API calls need one."""
+    torch = torch_cuda()
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    return torch
+
+
 class GpuArena:
     """`num_bytes` of device memory, aligned to ARENA_ALIGNMENT, with a private stream."""
 

@@ -265,6 +265,9 @@ def torch_cuda_step() -> str:
 
 
 def _pin_step() -> str:
+    from kmesh_trace.native.gpu import ensure_context
+
+    ensure_context()  # cuMemHostRegister needs a current context (CUDA_ERROR_INVALID_CONTEXT, 201, otherwise)
     buf = HostArena(mmap.PAGESIZE)
     rc = _lib.lib().kr_cuda_host_register(buf.address, mmap.PAGESIZE)
     if rc:
