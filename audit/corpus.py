@@ -17,7 +17,6 @@ tooling-only directories and symlinks that leave DIR are warnings.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from kmesh_trace.audit import fields as F
 from kmesh_trace.audit.edges import ContentEdges, SessionRecord, content_edges
 from kmesh_trace.audit.findings import BLOCKING, WARNING, Problem, exit_code
 from kmesh_trace.audit.inventory import ROOT_SOURCE, Inventory, walk
-from kmesh_trace.audit.identity import Place, RecordIndex
+from kmesh_trace.audit.identity import Place, RecordIndex, canonical
 from kmesh_trace.audit.identity import is_timestamp_key_cached as is_ts
 from kmesh_trace.audit.inventory import CorpusUnreadableError
 from kmesh_trace.audit.lines import BLANK, BOM, MALFORMED, RECORD, FileRead, Malformed, classify, iter_physical_lines
@@ -40,9 +39,6 @@ REQUIREMENTS: dict[str, tuple] = {
     "headroom": (F.TOKEN_IDS, F.START_COMPLETION, F.ENGINE_IDENTITY, (F.CACHE_EVENTS, F.CACHED_TOKENS)),
     "retention_pressure": (F.PARENT_LINKS, F.START_COMPLETION, F.ENGINE_IDENTITY, F.TOKEN_IDS, F.CACHE_EVENTS),
 }
-
-_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
-
 
 class CorpusChangedError(CorpusUnreadableError):
     """A file changed between two reads of one audit."""
@@ -208,6 +204,8 @@ class _Pass:
 
     def run(self) -> None:
         for name, files in self.inv.sources.items():
+            if name == ROOT_SOURCE and not files.jsonl:
+                continue  # DIR's own README or tooling: not a source of records
             self.sources[name] = self.audit_source(name, files)
 
     def reread(self, place: Place) -> dict:
@@ -314,7 +312,7 @@ class _Pass:
         session = None
         for k in F.SESSION_KEYS:
             if k in obj and obj[k] is not None:
-                session = (k, obj[k] if isinstance(obj[k], (str, int, float)) else _ENCODE(obj[k]))
+                session = (k, obj[k] if isinstance(obj[k], (str, int, float)) else canonical(obj[k]))
                 break
         inp = next((obj[k] for k in F.INPUT_KEYS if k in obj), None)
         out = next((obj[k] for k in F.OUTPUT_KEYS if k in obj), None)
@@ -390,15 +388,22 @@ def _ancestors(rel: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
+def _coverage(counts: dict[str, int], category: str) -> int:
+    """Records that satisfy `category`: for parent links, records declaring the field, once any link exists."""
+    if category == F.PARENT_LINKS:
+        return counts.get(F.PARENT_FIELDS, 0) if counts.get(F.PARENT_LINKS, 0) else 0
+    return counts.get(category, 0)
+
+
 def _covered(counts: dict[str, int], n: int, need) -> bool:
     options = need if isinstance(need, tuple) else (need,)
-    return n > 0 and any(counts.get(c, 0) == n for c in options)
+    return n > 0 and any(_coverage(counts, c) == n for c in options)
 
 
 def _missing(counts: dict[str, int], n: int, need) -> dict:
     options = need if isinstance(need, tuple) else (need,)
-    best = max(options, key=lambda c: counts.get(c, 0))
-    return {"evidence": " or ".join(options), "records_with": counts.get(best, 0), "of": n}
+    best = max(options, key=lambda c: _coverage(counts, c))
+    return {"evidence": " or ".join(options), "records_with": _coverage(counts, best), "of": n}
 
 
 def verdict(sources: dict[str, SourceReport]) -> dict:

@@ -53,7 +53,10 @@ def extends(prev: Any, cur: Any) -> bool:
     if type(prev) is str and type(cur) is str:
         return len(cur) > len(prev) and cur.startswith(prev)
     if type(prev) is list and type(cur) is list:
-        return len(cur) > len(prev) and cur[: len(prev)] == prev
+        try:
+            return len(cur) > len(prev) and cur[: len(prev)] == prev
+        except RecursionError:  # messages nested beyond what == can compare: no claim
+            return False
     return False
 
 

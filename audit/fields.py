@@ -6,7 +6,8 @@ exact token ids, physical cache events, per-call cached-token counts) and the ke
 for each; the timestamp unit inferred from magnitudes; the JSON type name of a value; and the
 synthetic / hand-crafted labels of a README. Matching is on lower-cased key names. A key counts for
 a category only when its value carries information (not null, not empty, and for token ids a list
-of integers), so `"parent_id": null` is not a parent link.
+of integers), so `"parent_id": null` is not a parent link; it does count as a declared parent field
+(a family's root has none), and links are complete when every record declares the field.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class TimestampStats:
     num_non_integer: int = 0
 
     def add(self, v: float) -> None:
+        if type(v) is float and not math.isfinite(v):
+            return  # 1e999 parses as inf: not a time
         self.num_values += 1
         if v < self.min:
             self.min = v
@@ -99,12 +102,14 @@ OUTPUT_KEYS = ("output", "response", "completion", "answer")
 # ---- evidence categories -----------------------------------------------------------------------
 
 PARENT_LINKS = "explicit_parent_links"
+#: Records that declare a parent field at all (null for a family's root): what makes links complete.
+PARENT_FIELDS = "parent_link_fields"
 START_COMPLETION = "start_completion_times"
 ENGINE_IDENTITY = "engine_identity"
 TOKEN_IDS = "exact_token_ids"
 CACHE_EVENTS = "physical_cache_events"
 CACHED_TOKENS = "cached_token_counts"
-CATEGORIES = (PARENT_LINKS, START_COMPLETION, ENGINE_IDENTITY, TOKEN_IDS, CACHE_EVENTS, CACHED_TOKENS)
+CATEGORIES = (PARENT_LINKS, PARENT_FIELDS, START_COMPLETION, ENGINE_IDENTITY, TOKEN_IDS, CACHE_EVENTS, CACHED_TOKENS)
 
 _START = "start"
 _COMPLETION = "completion"
@@ -149,6 +154,8 @@ def evidence_of(obj: dict, out: dict[str, set[str]], prefix: str = "", depth: in
         cat = EVIDENCE_KEYS.get(k.lower())
         if cat is not None and carries_value(cat, v):
             out.setdefault(cat, set()).add(prefix + k)
+        if cat == PARENT_LINKS:
+            out.setdefault(PARENT_FIELDS, set()).add(prefix + k)
         if type(v) is dict and depth < 2 and v:
             evidence_of(v, out, prefix + k + ".", depth + 1)
 

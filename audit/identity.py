@@ -41,13 +41,40 @@ def timestamp_keys(obj: dict) -> list[str]:
     return [k for k in obj if is_timestamp_key_cached(k)]
 
 
-def _canonical(v: object) -> str:
+def canonical(v: object) -> str:
+    """Canonical JSON of a parsed value: sorted keys, no whitespace, ASCII escapes."""
     try:
         return _ENCODE(v)
     except RecursionError:
-        # Nesting the parser accepted but the encoder cannot re-emit; repr of parsed JSON
-        # values is injective too, and tagged apart from JSON text by its first character.
-        return "\x00" + repr(v)
+        # Nesting the parser accepted but the recursive encoder cannot re-emit (it runs deeper
+        # in the stack): the same text, built with an explicit stack.
+        return _canonical_iterative(v)
+
+
+def _canonical_iterative(v: object) -> str:
+    out: list[str] = []
+    stack: list[tuple[bool, object]] = [(False, v)]
+    while stack:
+        literal, x = stack.pop()
+        if literal:
+            out.append(x)
+        elif type(x) is dict:
+            seq: list[tuple[bool, object]] = [(True, "{")]
+            for i, k in enumerate(sorted(x)):
+                seq += [(True, ("," if i else "") + _ENCODE(k) + ":"), (False, x[k])]
+            seq.append((True, "}"))
+            stack.extend(reversed(seq))
+        elif type(x) is list:
+            seq = [(True, "[")]
+            for i, item in enumerate(x):
+                if i:
+                    seq.append((True, ","))
+                seq.append((False, item))
+            seq.append((True, "]"))
+            stack.extend(reversed(seq))
+        else:
+            out.append(_ENCODE(x))
+    return "".join(out)
 
 
 def prekeys(obj: dict, ts_keys: list[str]) -> tuple[int, int]:
@@ -59,7 +86,7 @@ def prekeys(obj: dict, ts_keys: list[str]) -> tuple[int, int]:
         if type(v) is str:
             sig = (k, len(v), v[:_EDGE], v[-_EDGE:])
         else:
-            sig = (k, _canonical(v))
+            sig = (k, canonical(v))
         (ts_items if k in ts_keys else items).append(sig)
     near = hash((tuple(items), tuple(sorted(ts_keys))))
     return hash((near, tuple(ts_items))), near
@@ -77,7 +104,7 @@ def digests(obj: dict) -> tuple[bytes, bytes]:
             body = v.encode("utf-8", "surrogatepass")
             head = b"%d:%b s%d:" % (len(kb), kb, len(body))
         else:
-            body = _canonical(v).encode("utf-8", "surrogatepass")
+            body = canonical(v).encode("utf-8", "surrogatepass")
             head = b"%d:%b j%d:" % (len(kb), kb, len(body))
         if k in ts_keys:
             ts_pieces += (head, body)

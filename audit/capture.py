@@ -1,0 +1,306 @@
+"""Capture fitness: does a trace directory hold what the analyses need, and is it self-consistent?
+
+`audit_capture(trace)` checks, per engine partition:
+- contract fields: every metadata field a capture must fill (REQUIRED_METADATA), every contract
+  column in every Parquet part, and the nullable columns a row's state requires (FILLED_WHEN);
+- block events, replayed in `seq` order: reference counts never negative; frees only of blocks that
+  were allocated and are still referenced; touches only of blocks once allocated and still cached;
+  evictions only of cached blocks; no allocation of a block whose hash was never evicted; every
+  cached hash held by one block while resident (a warning: vLLM's BlockHashToBlockMap admits
+  several blocks per hash when two requests computed the same block);
+- invocations: `num_cached_tokens` equals the request's touch events times the block size
+  (requests never preempted; KV group 0 or unknown);
+- clocks: block events' `ts_ns` non-decreasing in `seq`, `seq` without gaps, invocations' arrival
+  non-decreasing in `seq` and arrival <= first scheduled <= first token <= finish, transfers'
+  start <= finish;
+- recorded drops are zero and the writer closed cleanly (`complete`).
+Each finding is a `Problem` naming the analyses it stops from qualifying.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from kmesh_trace import schema
+from kmesh_trace.audit.findings import BLOCKING, WARNING, Problem, exit_code
+from kmesh_trace.trace import Trace, open_trace
+
+HEADROOM = "headroom"
+RETENTION = "retention_pressure"
+ANALYSES = (HEADROOM, RETENTION)
+#: Locations listed per problem (all are counted).
+MAX_LOCATIONS = 5
+
+#: Metadata a capture must fill; the rest (null block, capture config, import counts) may be absent.
+REQUIRED_METADATA = ("engine_id", "source", "schema_version", "host", "pid", "engine_index", "engine", "model",
+                     "block_size", "num_usable_blocks", "wall_anchor_ns", "mono_anchor_ns", "num_dropped_events",
+                     "complete")
+
+_ALWAYS = "always"
+_FINISHED = ("finished", "length_capped")
+#: table -> column -> the rows that must have it (beyond the contract's non-nullable columns).
+FILLED_WHEN: dict[str, dict[str, object]] = {
+    "invocations": {
+        "arrival_ns": _ALWAYS,
+        "num_cached_tokens": _ALWAYS,
+        "finish_ns": "status is not null",
+        "first_scheduled_ns": _FINISHED,
+        "first_token_ns": _FINISHED,
+        "output_token_ids": _FINISHED,
+        "num_output_tokens": _FINISHED,
+    },
+    "block_events": {
+        "block_id": "event != cleared",
+        "ref_cnt": "event != cleared",
+        "block_hash": ("cached", "evicted", "touched"),
+    },
+}
+#: Fields whose absence only stops the retention analysis (timing after arrival, outputs).
+_RETENTION_ONLY_FIELDS = {"finish_ns", "first_scheduled_ns", "first_token_ns", "output_token_ids", "num_output_tokens"}
+
+
+@dataclass
+class CaptureAudit:
+    path: str
+    engines: list[str]
+    rows: dict[str, int]
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> dict[str, dict]:
+        out = {}
+        for a in ANALYSES:
+            blockers = sorted({p.code for p in self.problems if p.severity == BLOCKING and a in p.blocks})
+            out[a] = {"qualified": not blockers, "blocked_by": blockers}
+        return out
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.problems)
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "engines": self.engines, "rows": self.rows, "verdict": self.verdict,
+                "problems": [p.to_dict() for p in self.problems]}
+
+
+class _Findings:
+    """Counts findings by (code, severity, blocks) keeping the first few locations."""
+
+    def __init__(self):
+        self._by_key: dict[tuple, Problem] = {}
+
+    def add(self, code: str, message: str, location: str | list[str], *, severity: str = BLOCKING,
+            blocks: tuple[str, ...] = ANALYSES, count: int = 1) -> None:
+        key = (code, message)
+        p = self._by_key.get(key)
+        if p is None:
+            p = self._by_key[key] = Problem(code, severity, 0, message, [], list(blocks) if severity == BLOCKING else [])
+        p.count += count
+        for loc in [location] if isinstance(location, str) else location:
+            if len(p.locations) < MAX_LOCATIONS:
+                p.locations.append(loc)
+
+    def problems(self) -> list[Problem]:
+        return list(self._by_key.values())
+
+
+def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
+    """Audit a trace directory (or an opened Trace) for capture fitness."""
+    t = trace if isinstance(trace, Trace) else open_trace(trace)
+    f = _Findings()
+    _check_metadata(t, f)
+    _check_columns(t, f)
+    rows = t.row_counts()
+    if not rows["invocations"]:
+        f.add("empty_table", "the capture holds no invocations", "invocations")
+    if not rows["block_events"]:
+        f.add("empty_table", "the capture holds no block events", "block_events", blocks=(RETENTION,))
+    inv = t.frame("invocations")
+    ev = t.frame("block_events")
+    _check_filled(inv, "invocations", f)
+    _check_filled(ev, "block_events", f)
+    touches = _replay_block_events(ev, f)
+    _check_cached_tokens(t, inv, touches, f)
+    _check_clocks(t, inv, f)
+    return CaptureAudit(path=str(t.path), engines=sorted(t.engines), rows=rows, problems=f.problems())
+
+
+# ---- metadata and columns --------------------------------------------------------------------
+
+
+def _check_metadata(t: Trace, f: _Findings) -> None:
+    if not t.engines:
+        f.add("missing_field", "the trace has no engine metadata (engines/*.json)", "engines/")
+    for eid, meta in sorted(t.engines.items()):
+        where = f"engines/{eid}.json"
+        for name in REQUIRED_METADATA:
+            if meta.get(name) is None:
+                f.add("missing_field", f"metadata field {name} is missing or null", f"{where}:{name}")
+        dropped = meta.get("num_dropped_events") or {}
+        total = sum(v for v in dropped.values() if isinstance(v, int)) if isinstance(dropped, dict) else 0
+        if total:
+            f.add("dropped_events", "the capture recorded dropped events", f"{where}:num_dropped_events", count=total)
+        if meta.get("complete") is False:
+            f.add("incomplete_capture", "the writer did not close cleanly (complete is false)", f"{where}:complete")
+
+
+def _check_columns(t: Trace, f: _Findings) -> None:
+    for name, parts in t.parts.items():
+        wanted = schema.table(name).column_names
+        for p in parts:
+            have = set(pq.read_schema(p).names)
+            for col in wanted:
+                if col not in have:
+                    f.add("missing_field", f"column {name}.{col} is missing", str(Path(p).relative_to(t.path)))
+
+
+def _check_filled(df, table: str, f: _Findings) -> None:
+    import polars as pl
+
+    if df.height == 0:
+        return
+    for col, when in FILLED_WHEN[table].items():
+        if col not in df.columns:
+            continue
+        if when == _ALWAYS:
+            cond = pl.lit(True)
+        elif when == "status is not null":
+            cond = pl.col("status").is_not_null()
+        elif when == "event != cleared":
+            cond = pl.col("event") != "cleared"
+        elif table == "invocations":
+            cond = pl.col("status").is_in(list(when))
+        else:
+            cond = pl.col("event").is_in(list(when))
+        bad = df.filter(cond & pl.col(col).is_null())
+        if bad.height:
+            key = "request_id" if table == "invocations" else "seq"
+            blocks = (RETENTION,) if col in _RETENTION_ONLY_FIELDS else ANALYSES
+            locations = [f"{table}:{eng}:{k}" for eng, k in bad.select("engine", key).head(MAX_LOCATIONS).iter_rows()]
+            f.add("missing_field", f"column {table}.{col} is null where it must be filled", locations,
+                  blocks=blocks, count=bad.height)
+
+
+# ---- block events --------------------------------------------------------------------------
+
+
+def _replay_block_events(ev, f: _Findings) -> dict[tuple[str, str], int]:
+    """Replay each engine's block events in seq order; returns touches per (engine, request)."""
+    touches: dict[tuple[str, str], int] = {}
+    if ev.height == 0:
+        return touches
+    ev = ev.sort(["engine", "seq"])
+    cols = ("engine", "seq", "ts_ns", "event", "block_id", "ref_cnt", "block_hash", "request_id", "kv_group")
+    state = None
+    for eng, seq, ts, event, block, ref, bhash, req, group in zip(*(ev.get_column(c).to_list() for c in cols)):
+        if state is None or state.engine != eng:
+            state = _PoolState(eng)
+        where = f"block_events:{eng}:{seq}"
+        if state.prev_seq is not None and seq != state.prev_seq + 1:
+            f.add("seq_gap", "block event seq has gaps or repeats", where)
+        if state.prev_ts is not None and ts < state.prev_ts:
+            f.add("clock_not_monotonic", "block event ts_ns goes back in seq order", where)
+        state.prev_seq, state.prev_ts = seq, ts
+        if ref is not None and ref < 0:
+            f.add("negative_ref_cnt", "a block's reference count is negative", where)
+        if event == "cleared":
+            state.resident.clear()
+            state.holder.clear()
+            continue
+        if block is None:
+            continue  # counted as a missing field
+        key = (group, bhash)
+        if event == "allocated":
+            if block in state.resident:
+                f.add("allocated_while_cached", "a block was allocated while its hash was still cached (no eviction)", where)
+                _drop(state, block)
+            state.allocated.add(block)
+        elif event == "touched":
+            if block not in state.allocated:
+                f.add("touch_unallocated", "a touched block was never allocated", where)
+            elif block not in state.resident:
+                f.add("touch_uncached", "a touched block holds no cached hash", where)
+            if req is not None and not group:
+                touches[(eng, req)] = touches.get((eng, req), 0) + 1
+        elif event == "freed":
+            if block not in state.allocated or state.ref.get(block, 0) <= 0:
+                f.add("free_unallocated", "a freed block was not allocated (never, or no reference left)", where)
+        elif event == "cached":
+            if bhash is not None:
+                other = state.holder.get(key)
+                if other is not None and other != block and state.resident.get(other) == key:
+                    f.add("duplicate_resident_hash", "a cached hash is already resident in another block", where,
+                          severity=WARNING)
+                if block in state.resident and state.resident[block] != key:
+                    _drop(state, block)
+                state.resident[block] = key
+                state.holder[key] = block
+        elif event == "evicted":
+            if block not in state.resident:
+                f.add("evict_uncached", "an evicted block held no cached hash", where)
+            else:
+                _drop(state, block)
+        if ref is not None:
+            state.ref[block] = ref
+    return touches
+
+
+class _PoolState:
+    def __init__(self, engine: str):
+        self.engine = engine
+        self.prev_seq = None
+        self.prev_ts = None
+        self.allocated: set[int] = set()
+        self.ref: dict[int, int] = {}
+        #: block -> (kv group, hash) while cached; (kv group, hash) -> the block that last cached it
+        self.resident: dict[int, tuple] = {}
+        self.holder: dict[tuple, int] = {}
+
+
+def _drop(state: _PoolState, block: int) -> None:
+    key = state.resident.pop(block)
+    if state.holder.get(key) == block:
+        del state.holder[key]
+
+
+# ---- invocations ---------------------------------------------------------------------------
+
+
+def _check_cached_tokens(t: Trace, inv, touches: dict[tuple[str, str], int], f: _Findings) -> None:
+    if inv.height == 0:
+        return
+    for eng, rid, cached, preempt in inv.select("engine", "request_id", "num_cached_tokens", "num_preemptions").iter_rows():
+        if cached is None or preempt:
+            continue
+        block_size = t.engines.get(eng, {}).get("block_size")
+        if not block_size:
+            continue  # reported as a missing metadata field
+        expected = touches.get((eng, rid), 0) * block_size
+        if cached != expected:
+            f.add("cached_tokens_mismatch", "num_cached_tokens disagrees with the request's touch events x block size",
+                  f"invocations:{eng}:{rid} ({cached} != {expected})")
+
+
+def _check_clocks(t: Trace, inv, f: _Findings) -> None:
+    if inv.height:
+        inv = inv.sort(["engine", "seq"])
+        prev = (None, None)
+        for eng, seq, rid, arr, sched, first, fin in inv.select(
+                "engine", "seq", "request_id", "arrival_ns", "first_scheduled_ns", "first_token_ns", "finish_ns").iter_rows():
+            where = f"invocations:{eng}:{rid}"
+            if prev[0] == eng and arr is not None and prev[1] is not None and arr < prev[1]:
+                f.add("clock_not_monotonic", "invocation arrival_ns goes back in seq order", where)
+            if arr is not None:
+                prev = (eng, arr)
+            times = [x for x in (arr, sched, first, fin) if x is not None]
+            if any(b < a for a, b in zip(times, times[1:])):
+                f.add("clock_not_monotonic", "an invocation's times are out of order (arrival, scheduled, first token, finish)", where)
+    tr = t.frame("transfers")
+    if tr.height:
+        for eng, rid, start, fin in tr.select("engine", "request_id", "start_ns", "finish_ns").iter_rows():
+            if start is not None and fin is not None and fin < start:
+                f.add("clock_not_monotonic", "a transfer finished before it started", f"transfers:{eng}:{rid}")

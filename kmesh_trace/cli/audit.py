@@ -1,0 +1,128 @@
+"""`audit corpus` and `audit capture`: fitness reports as tables or JSON, and linter-like exit codes.
+
+Exit codes: 0 the audit ran and found nothing blocking; 3 it ran and found blocking problems; 1 it
+could not run. The last line on stderr gives the reason in one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table as RichTable
+
+from kmesh_trace.audit.findings import EXIT_CLEAN, Problem, summary
+from kmesh_trace.cli.common import err, fail, handles_errors, out, print_json, progress
+
+audit_app = typer.Typer(help="Audit agent-trace corpora and captured traces for fitness.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(audit_app, name="audit")
+
+
+def _finish(problems: list[Problem], code: int) -> None:
+    if code == EXIT_CLEAN:
+        err.print(f"OK: {summary(problems)}", markup=False, highlight=False, soft_wrap=True)
+        return
+    fail(f"audit found {summary(problems)}", code)
+
+
+def _problems_table(problems: list[Problem]) -> RichTable:
+    t = RichTable(title="problems", title_justify="left")
+    for h in ("severity", "code", "count", "what", "first locations"):
+        t.add_column(h, overflow="fold")
+    for p in problems:
+        t.add_row(p.severity, p.code, f"{p.count:,}", p.message, ", ".join(p.locations[:3]))
+    return t
+
+
+@audit_app.command("corpus")
+@handles_errors
+def corpus_cmd(
+    directory: Path = typer.Argument(..., help="Corpus directory: one sub-directory per source, JSONL files inside."),
+    as_json: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
+    out_file: Path = typer.Option(None, "--out", help="Also write the JSON report to this file."),
+) -> None:
+    """Inventory, line health, duplicates, field coverage, lineage evidence and a verdict for a JSONL corpus."""
+    from kmesh_trace.audit.corpus import audit_corpus
+    from kmesh_trace.writer import write_json_atomic
+
+    with progress() as bar:
+        task = bar.add_task("auditing", total=None)
+        result = audit_corpus(directory, on_bytes=lambda n: bar.advance(task, n),
+                              on_total=lambda n: bar.update(task, total=n))
+    report = result.to_dict()
+    if out_file is not None:
+        write_json_atomic(out_file, report)
+        err.print(f"report written to {out_file}", markup=False, highlight=False)
+    if as_json:
+        print_json(report)
+    else:
+        _render_corpus(report, result.problems)
+    _finish(result.problems, result.exit_code)
+
+
+def _render_corpus(r: dict, problems: list[Problem]) -> None:
+    out.print(f"corpus {r['root']}: {r['jsonl_files']} JSONL files, {r['bytes']:,} bytes, "
+              f"{r['nonempty_lines']:,} non-empty lines, {r['parsed_records']:,} records "
+              f"({r['unique_records']:,} unique, {r['duplicate_records']:,} duplicate copies, "
+              f"{r['near_duplicate_records']:,} near-duplicates), {r['malformed_lines']:,} malformed lines",
+              markup=False, highlight=False)
+    t = RichTable(title="sources", title_justify="left")
+    for h in ("source", "files", "empty", "bytes", "records", "malformed", "keys", "time unit", "edges (pairs)", "labels"):
+        t.add_column(h, justify="right" if h in ("files", "empty", "bytes", "records", "malformed") else "left", overflow="fold")
+    for name, s in r["sources"].items():
+        e = s["content_edges"]
+        t.add_row(name, str(s["jsonl_files"]), str(len(s["empty_files"])), f"{s['bytes']:,}", f"{s['parsed_records']:,}",
+                  f"{s['malformed_lines']:,}", ", ".join(s["fields"]), s["timestamp_unit"] or "",
+                  f"{e['pairs_with_edge']} ({e['pairs']})" if e else "", ", ".join(sorted(s["labels"])))
+    out.print(t)
+    ev = RichTable(title="lineage evidence (records carrying it)", title_justify="left")
+    for h in ("evidence", "records", "of", "fields recognised"):
+        ev.add_column(h, overflow="fold")
+    for cat, v in r["lineage"]["evidence"].items():
+        ev.add_row(cat, f"{v['records']:,}", f"{v['of']:,}", ", ".join(v["fields"]))
+    ce = r["lineage"]["content_edges"]
+    ev.caption = (f"content-only edges (not lineage): {ce['input_extends_previous']} input extends previous, "
+                  f"{ce['previous_output_in_next_input']} previous output in next input, over {ce['pairs']} pairs "
+                  f"in {ce['sessions']} sessions")
+    out.print(ev)
+    vt = RichTable(title="verdict", title_justify="left")
+    for h in ("analysis", "qualified", "missing evidence", "sources that qualify alone"):
+        vt.add_column(h, overflow="fold")
+    for analysis, v in r["verdict"].items():
+        missing = [f"{m['evidence']} ({m['records_with']}/{m['of']})" for m in v["missing"]]
+        if v["labelled_sources"]:
+            missing.append("labelled: " + ", ".join(v["labelled_sources"]))
+        vt.add_row(analysis, "yes" if v["qualified"] else "no", "; ".join(missing), ", ".join(v["qualified_sources"]) or "none")
+    out.print(vt)
+    if problems:
+        out.print(_problems_table(problems))
+
+
+@audit_app.command("capture")
+@handles_errors
+def capture_cmd(
+    trace: Path = typer.Argument(..., help="Trace directory written by a capture."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Capture fitness: contract fields filled, block events consistent, cached tokens, clocks, drops."""
+    from kmesh_trace.audit.capture import audit_capture
+
+    result = audit_capture(trace)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        rows = ", ".join(f"{k} {v:,}" for k, v in result.rows.items())
+        out.print(f"trace {result.path}: engines {', '.join(result.engines) or 'none'}; rows: {rows}", markup=False, highlight=False)
+        vt = RichTable(title="verdict", title_justify="left")
+        for h in ("analysis", "qualified", "blocked by"):
+            vt.add_column(h)
+        for analysis, v in result.verdict.items():
+            vt.add_row(analysis, "yes" if v["qualified"] else "no", ", ".join(v["blocked_by"]))
+        out.print(vt)
+        if result.problems:
+            out.print(_problems_table(result.problems))
+    _finish(result.problems, result.exit_code)
+

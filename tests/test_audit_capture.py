@@ -1,0 +1,179 @@
+"""Capture-fitness audit: one clean trace and one trace per planted defect, with exact findings.
+
+The traces are written in code with the real TraceWriter (real Parquet), as a capture would. The
+clean story, block size 4, engine e0:
+  r0 (8 prompt tokens) allocates blocks 1 and 2 and caches them (hashes 101, 102), then frees them;
+  r1 (12 prompt tokens) hits both (touches 1 and 2: 8 cached tokens), allocates block 3, caches 103;
+  r2 (8 prompt tokens, new content) needs a block: 3 is evicted (103) and re-allocated, cached as 201;
+  finally the prefix cache is cleared.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kmesh_trace.audit.capture import audit_capture
+from kmesh_trace.writer import TraceWriter
+
+BLOCK = 4
+META = {
+    "engine_index": 0, "engine": "vllm 0.32.0", "model": "tiny", "block_size": BLOCK, "num_usable_blocks": 8,
+    "null_block_id": 0,
+}
+
+
+def clean_events() -> list[dict]:
+    ev = []
+
+    def e(event, block, ref, h=None, req=None):
+        ev.append({"event": event, "block_id": block, "ref_cnt": ref, "block_hash": h, "request_id": req})
+
+    e("allocated", 1, 1, req="r0"); e("allocated", 2, 1, req="r0")
+    e("cached", 1, 1, 101, "r0"); e("cached", 2, 1, 102, "r0")
+    e("freed", 2, 0, 102, "r0"); e("freed", 1, 0, 101, "r0")
+    e("touched", 1, 1, 101, "r1"); e("touched", 2, 1, 102, "r1"); e("allocated", 3, 1, req="r1")
+    e("cached", 3, 1, 103, "r1")
+    e("freed", 3, 0, 103, "r1"); e("freed", 2, 0, 102, "r1"); e("freed", 1, 0, 101, "r1")
+    e("evicted", 3, 0, 103, "r2"); e("allocated", 3, 1, req="r2"); e("cached", 3, 1, 201, "r2")
+    e("freed", 3, 0, 201, "r2")
+    e("cleared", None, None)
+    return ev
+
+
+def clean_invocations() -> list[dict]:
+    rows = []
+    for i, (rid, n, cached) in enumerate((("r0", 8, 0), ("r1", 12, 8), ("r2", 8, 0))):
+        t0 = 1_000 * (i + 1)
+        rows.append({
+            "request_id": rid, "seq": i, "num_prompt_tokens": n, "num_output_tokens": 2,
+            "prompt_token_ids": list(range(n)) if rid != "r2" else list(range(100, 108)),
+            "output_token_ids": [7, 7], "arrival_ns": t0, "first_scheduled_ns": t0 + 10, "first_token_ns": t0 + 20,
+            "finish_ns": t0 + 30, "status": "finished", "num_cached_tokens": cached, "num_preemptions": 0,
+        })
+    return rows
+
+
+def write_trace(path, events=None, invocations=None, meta=None, dropped=0):
+    events = clean_events() if events is None else events
+    cols = {k: [e.get(k) for e in events] for k in ("event", "block_id", "ref_cnt", "block_hash", "request_id")}
+    cols["seq"] = list(range(len(events)))
+    cols["ts_ns"] = [e.get("ts_ns", 100 + 10 * i) for i, e in enumerate(events)]
+    cols["kv_group"] = [None if e["event"] == "cleared" else 0 for e in events]
+    invocations = clean_invocations() if invocations is None else invocations
+    with TraceWriter(path, engine_id="e0", metadata=dict(META if meta is None else meta)) as w:
+        w.write("invocations", {k: [r.get(k) for r in invocations] for k in invocations[0]})
+        w.write("block_events", cols)
+        if dropped:
+            w.count_dropped("block_events", dropped)
+    return path
+
+
+def summary(result) -> list[tuple]:
+    return [(p.code, p.severity, p.count, p.locations) for p in result.problems]
+
+
+def test_clean_trace_has_no_findings(tmp_path):
+    r = audit_capture(write_trace(tmp_path / "t"))
+    assert summary(r) == []
+    assert r.exit_code == 0
+    assert r.verdict == {"headroom": {"qualified": True, "blocked_by": []},
+                         "retention_pressure": {"qualified": True, "blocked_by": []}}
+    assert r.rows == {"invocations": 3, "lineage": 0, "block_events": 18, "transfers": 0}
+    d = r.to_dict()
+    assert d["engines"] == ["e0"] and d["problems"] == []
+
+
+def _edit(events, i, **kw):
+    events[i] = {**events[i], **kw}
+    return events
+
+
+@pytest.mark.parametrize("name, events, expected", [
+    ("negative ref count", lambda: _edit(clean_events(), 5, ref_cnt=-1),
+     [("negative_ref_cnt", "blocking", 1, ["block_events:e0:5"])]),
+    ("free of a never-allocated block", lambda: clean_events()[:6] + [
+        {"event": "freed", "block_id": 6, "ref_cnt": 0, "block_hash": None, "request_id": "r0"}] + clean_events()[6:],
+     [("free_unallocated", "blocking", 1, ["block_events:e0:6"])]),
+    ("double free", lambda: clean_events()[:6] + [
+        {"event": "freed", "block_id": 1, "ref_cnt": 0, "block_hash": 101, "request_id": "r0"}] + clean_events()[6:],
+     [("free_unallocated", "blocking", 1, ["block_events:e0:6"])]),
+    ("eviction of an uncached block", lambda: clean_events()[:9] + [
+        {"event": "evicted", "block_id": 3, "ref_cnt": 1, "block_hash": 103, "request_id": "r1"}] + clean_events()[9:],
+     [("evict_uncached", "blocking", 1, ["block_events:e0:9"])]),
+    ("touch of a never-allocated block", lambda: _edit(clean_events(), 7, block_id=5),
+     # r1's free of block 2 then finds block 2 unreferenced (its touch went to block 5).
+     [("touch_unallocated", "blocking", 1, ["block_events:e0:7"]),
+      ("free_unallocated", "blocking", 1, ["block_events:e0:11"])]),
+    ("duplicate resident hash", lambda: _edit(clean_events(), 15, block_hash=101),
+     [("duplicate_resident_hash", "warning", 1, ["block_events:e0:15"])]),
+    ("allocation of a block still cached", lambda: [e for i, e in enumerate(clean_events()) if i != 13],
+     [("allocated_while_cached", "blocking", 1, ["block_events:e0:13"])]),
+    ("non-monotonic clock", lambda: _edit(clean_events(), 4, ts_ns=105),
+     [("clock_not_monotonic", "blocking", 1, ["block_events:e0:4"])]),
+])
+def test_planted_block_event_defect(tmp_path, name, events, expected):
+    r = audit_capture(write_trace(tmp_path / "t", events=events()))
+    assert summary(r) == expected, name
+    blocking = [p for p in expected if p[1] == "blocking"]
+    assert r.exit_code == (3 if blocking else 0)
+    want = sorted({p[0] for p in blocking})
+    assert r.verdict["headroom"] == {"qualified": not want, "blocked_by": want}
+
+
+def test_cached_token_mismatch(tmp_path):
+    inv = clean_invocations()
+    inv[1]["num_cached_tokens"] = 4
+    r = audit_capture(write_trace(tmp_path / "t", invocations=inv))
+    assert summary(r) == [("cached_tokens_mismatch", "blocking", 1, ["invocations:e0:r1 (4 != 8)"])]
+    assert r.exit_code == 3
+
+
+def test_preempted_request_is_not_compared(tmp_path):
+    inv = clean_invocations()
+    inv[1]["num_cached_tokens"] = 4
+    inv[1]["num_preemptions"] = 1
+    assert summary(audit_capture(write_trace(tmp_path / "t", invocations=inv))) == []
+
+
+def test_invocation_times_out_of_order(tmp_path):
+    inv = clean_invocations()
+    inv[2]["first_token_ns"] = inv[2]["finish_ns"] + 1
+    inv[1]["arrival_ns"] = 500  # before r0's arrival at 1000
+    r = audit_capture(write_trace(tmp_path / "t", invocations=inv))
+    assert [(p.code, p.count, p.locations) for p in r.problems] == [
+        ("clock_not_monotonic", 1, ["invocations:e0:r1"]),
+        ("clock_not_monotonic", 1, ["invocations:e0:r2"]),
+    ]
+
+
+def test_dropped_events(tmp_path):
+    r = audit_capture(write_trace(tmp_path / "t", dropped=2))
+    assert summary(r) == [("dropped_events", "blocking", 2, ["engines/e0.json:num_dropped_events"])]
+    assert r.verdict["retention_pressure"] == {"qualified": False, "blocked_by": ["dropped_events"]}
+
+
+def test_missing_metadata_field(tmp_path):
+    meta = {k: v for k, v in META.items() if k != "model"}
+    r = audit_capture(write_trace(tmp_path / "t", meta=meta))
+    assert summary(r) == [("missing_field", "blocking", 1, ["engines/e0.json:model"])]
+    assert r.problems[0].message == "metadata field model is missing or null"
+
+
+def test_missing_filled_column_blocks_retention_only(tmp_path):
+    inv = clean_invocations()
+    inv[0]["first_token_ns"] = None
+    r = audit_capture(write_trace(tmp_path / "t", invocations=inv))
+    assert summary(r) == [("missing_field", "blocking", 1, ["invocations:e0:r0"])]
+    assert r.verdict == {"headroom": {"qualified": True, "blocked_by": []},
+                         "retention_pressure": {"qualified": False, "blocked_by": ["missing_field"]}}
+
+
+def test_incomplete_capture(tmp_path):
+    path = write_trace(tmp_path / "t")
+    meta_path = path / "engines" / "e0.json"
+    meta = json.loads(meta_path.read_text())
+    meta["complete"] = False
+    meta_path.write_text(json.dumps(meta))
+    assert summary(audit_capture(path)) == [("incomplete_capture", "blocking", 1, ["engines/e0.json:complete"])]
