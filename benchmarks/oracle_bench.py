@@ -190,8 +190,9 @@ def main() -> None:
     if scale:
         print(f"scaling (tiled, capacity {args.scale_capacity:,} blocks; ns per access; peak RSS of the process)")
         for s in scale:
-            line = (f"  {s['accesses']:>12,} accesses: belady {s['belady_s']:7.2f} s ({1e9 * s['belady_s'] / s['accesses']:5.1f} ns)"
-                    f"  lru {s['lru_s']:7.2f} s ({1e9 * s['lru_s'] / s['accesses']:5.1f} ns)"
+            ns = {k: 1e9 * s[f"{k}_s"] / s["accesses"] for k in ("belady", "lru")}
+            line = (f"  {s['accesses']:>12,} accesses: belady {s['belady_s']:7.2f} s ({ns['belady']:5.1f} ns)"
+                    f"  lru {s['lru_s']:7.2f} s ({ns['lru']:5.1f} ns)"
                     f"  peak RSS {s['peak_rss_bytes'] / 2**30:5.2f} GiB")
             if "libcachesim_Belady_s" in s:
                 line += (f"  libCacheSim Belady {s['libcachesim_Belady_s']:.2f} s, LRU {s['libcachesim_LRU_s']:.2f} s")

@@ -90,8 +90,9 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
     captured = bool(requests) and all(r.stock_cached_tokens is not None for r in requests)
     if captured and num_usable_blocks:
         cap = int(num_usable_blocks)
-        hits = np.fromiter((r.stock_cached_tokens // block_size for r in requests), np.int64, len(requests))
-        stock, source = replay_of("stock", cap, workload.stream, hits), "capture"
+        tokens = np.fromiter((r.stock_cached_tokens for r in requests), np.int64, len(requests))
+        stock, source = replay_of("stock", cap, workload.stream, tokens // block_size), "capture"
+        stock.measured_hit_tokens = tokens
     else:
         cap = int(num_usable_blocks) if num_usable_blocks in caps else caps[0]
         if captured:

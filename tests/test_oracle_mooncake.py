@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kmesh_trace.oracle.headroom import headroom
-from kmesh_trace.oracle.policies import POLICIES, Workload
+from kmesh_trace.oracle.policies import Workload
 from kmesh_trace.oracle.policies.belady import belady_hits, belady_reference
 from kmesh_trace.oracle.policies.infinite import infinite_hits, infinite_reference
 from kmesh_trace.oracle.policies.lru import lru_hits, lru_reference

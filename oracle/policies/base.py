@@ -48,9 +48,13 @@ class Replay:
     num_prompt_tokens: np.ndarray  # int64 per request
     num_reads: int  # every prompt block hash the trace lists
     num_evictions: int | None = None
+    #: Hit tokens the engine reported (stock from a capture); None: derived from the hit blocks.
+    measured_hit_tokens: np.ndarray | None = None
 
     @property
     def hit_tokens_per_request(self) -> np.ndarray:
+        if self.measured_hit_tokens is not None:
+            return self.measured_hit_tokens
         return np.minimum(self.hit_blocks_per_request * self.block_size, np.maximum(self.num_prompt_tokens - 1, 0))
 
     @property
@@ -78,6 +82,24 @@ def replay_of(policy: str, capacity: int | None, stream: AccessStream, hits: np.
               num_evictions: int | None = None) -> Replay:
     return Replay(policy, capacity, stream.block_size, hits.astype(np.int64, copy=False), stream.num_prompt_tokens,
                   int(stream.num_reads.sum()), num_evictions)
+
+
+class StreamPolicy:
+    """A policy simulated by a kernel over the access stream: `kernel(stream, capacity) ->
+    (per-request hit blocks, evictions or None)`; replay adds the totals."""
+
+    name: str
+    summary: str
+    needs_capacity = True
+
+    @staticmethod
+    def kernel(stream: AccessStream, capacity: int) -> tuple[np.ndarray, int | None]:
+        raise NotImplementedError
+
+    def replay(self, workload: Workload, capacity_blocks: int | None) -> Replay:
+        assert capacity_blocks is not None or not self.needs_capacity
+        hits, evictions = self.kernel(workload.stream, capacity_blocks)
+        return replay_of(self.name, capacity_blocks, workload.stream, hits, evictions)
 
 
 class Policy(Protocol):

@@ -18,7 +18,7 @@ from typing import Sequence
 import numba
 import numpy as np
 
-from kmesh_trace.oracle.policies.base import Replay, Workload, reference_accesses, replay_of
+from kmesh_trace.oracle.policies.base import StreamPolicy, reference_accesses
 from kmesh_trace.oracle.stream import NEVER, AccessStream, RequestBlocks
 
 
@@ -150,12 +150,7 @@ def belady_reference(requests: Sequence[RequestBlocks], block_size: int, capacit
     return hits
 
 
-class Belady:
+class Belady(StreamPolicy):
     name = "belady"
     summary = "optimal eviction knowing the future; keeps any full block, ignores pins (the headroom bound)"
-    needs_capacity = True
-
-    def replay(self, workload: Workload, capacity_blocks: int | None) -> Replay:
-        assert capacity_blocks is not None
-        hits, evictions = belady_hits(workload.stream, capacity_blocks)
-        return replay_of(self.name, capacity_blocks, workload.stream, hits, evictions)
+    kernel = staticmethod(belady_hits)

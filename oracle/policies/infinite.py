@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kmesh_trace.oracle.policies.base import Replay, Workload, reference_accesses, replay_of
+from kmesh_trace.oracle.policies.base import StreamPolicy, reference_accesses
 from kmesh_trace.oracle.stream import AccessStream, RequestBlocks
 
 
@@ -30,10 +30,11 @@ def infinite_reference(requests: Sequence[RequestBlocks], block_size: int) -> li
     return hits
 
 
-class Infinite:
+class Infinite(StreamPolicy):
     name = "infinite"
     summary = "every block ever written stays; a read hits if its block was written before"
     needs_capacity = False
 
-    def replay(self, workload: Workload, capacity_blocks: int | None) -> Replay:
-        return replay_of(self.name, capacity_blocks, workload.stream, infinite_hits(workload.stream))
+    @staticmethod
+    def kernel(stream: AccessStream, capacity: int | None) -> tuple[np.ndarray, None]:
+        return infinite_hits(stream), None

@@ -16,7 +16,7 @@ from typing import Sequence
 import numba
 import numpy as np
 
-from kmesh_trace.oracle.policies.base import Replay, Workload, reference_accesses, replay_of
+from kmesh_trace.oracle.policies.base import StreamPolicy, reference_accesses
 from kmesh_trace.oracle.stream import AccessStream, RequestBlocks
 
 
@@ -96,12 +96,7 @@ def lru_reference(requests: Sequence[RequestBlocks], block_size: int, capacity: 
     return hits, evictions
 
 
-class LRU:
+class LRU(StreamPolicy):
     name = "lru"
     summary = "block-level LRU; a request's hits stop at its first miss (prefix lookup)"
-    needs_capacity = True
-
-    def replay(self, workload: Workload, capacity_blocks: int | None) -> Replay:
-        assert capacity_blocks is not None
-        hits, evictions = lru_hits(workload.stream, capacity_blocks)
-        return replay_of(self.name, capacity_blocks, workload.stream, hits, evictions)
+    kernel = staticmethod(lru_hits)
