@@ -1,0 +1,94 @@
+"""The main job end to end (reduced size): a real CPU vLLM engine under capture, then the report.
+
+The report must agree with the same analyses run separately on the captured trace, and the
+Perfetto timeline must validate and match the invocations table.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kmesh_trace import open_trace
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
+    # A subprocess, as a user runs it: the engine and its capture live and end with the command.
+    proc = subprocess.run([sys.executable, "-m", "kmesh_trace.cli", "demo", "--out", str(out), "--size", "small"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_demo_writes_every_artifact(demo):
+    out, proc = demo
+    for name in ("report.json", "headroom.png", "headroom.svg", "timeline.json", "trace/kmesh_trace.json"):
+        assert (out / name).is_file(), name
+    assert (out / "headroom.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Headroom at the engine's" in proc.stdout and "Retention pressure" in proc.stdout
+
+
+def test_capture_is_complete_and_matches_the_engine(demo):
+    out, _ = demo
+    report = json.loads((out / "report.json").read_text())
+    assert report["capture_check"]["ok"], report["capture_check"]
+    trace = open_trace(out / "trace")
+    (meta,) = trace.engines.values()
+    assert meta["complete"] is True
+    assert sum(meta["num_dropped_events"].values()) == 0
+    assert trace.row_counts() == report["info"]["tables"]
+    assert report["info"]["tables"]["invocations"] == report["workload"]["num_requests"]
+    # The pool was small enough to evict.
+    assert trace.sql("SELECT count(*) AS n FROM block_events WHERE event = 'evicted'")["n"][0] > 0
+
+
+def test_report_agrees_with_separate_analyses(demo):
+    from kmesh_trace.audit.capture import audit_capture
+    from kmesh_trace.oracle.headroom import headroom
+    from kmesh_trace.oracle.pressure import trace_stream, what_if
+
+    out, _ = demo
+    report = json.loads((out / "report.json").read_text())
+    trace = open_trace(out / "trace")
+    assert audit_capture(trace).to_dict()["verdict"] == report["audit"]["verdict"]
+    caps = report["headroom"]["capacities"]
+    hr = headroom(trace, caps, ["lru", "vllm", "belady"]).to_dict()
+    assert hr["results"] == report["headroom"]["results"]
+    assert hr["headroom_tokens"] == report["headroom"]["headroom_tokens"]
+    ts = trace_stream(trace)
+    pr = what_if(ts.requests, block_size=ts.block_size, num_usable_blocks=trace.num_usable_blocks, edges="declared")
+    got = pr.to_dict()
+    for key in ("saved_child_tokens", "displaced_hit_tokens", "net_cached_tokens", "arms"):
+        assert got[key] == report["pressure"][key], key
+    # Belady is a bound: never more prefill than what the engine did.
+    stock = next(r for r in report["headroom"]["results"] if r["policy"] == "stock")
+    bound = next(r for r in report["headroom"]["results"]
+                 if r["policy"] == "belady" and r["capacity_blocks"] == stock["capacity_blocks"])
+    assert bound["prefill_tokens"] <= stock["prefill_tokens"]
+
+
+def test_timeline_validates_and_matches_invocations(demo):
+    from kmesh_trace.perfetto import validate_trace_events
+
+    out, _ = demo
+    events = json.loads((out / "timeline.json").read_text())
+    assert validate_trace_events(events) == []
+    inv = open_trace(out / "trace").frame("invocations")
+    phases = {("queued", "arrival_ns", "first_scheduled_ns"), ("prefill", "first_scheduled_ns", "first_token_ns"),
+              ("decode", "first_token_ns", "finish_ns")}
+    slices = {(e["name"], e["args"]["request_id"]): e for e in events["traceEvents"] if e.get("ph") == "X" and "request_id" in e.get("args", {})}
+    for name, start, end in phases:
+        for row in inv.to_dicts():
+            e = slices[(name, row["request_id"])]
+            assert e["dur"] == pytest.approx((row[end] - row[start]) / 1000, abs=1e-3)
+    # Starts on one axis: each request's prefill begins where its queued slice ends.
+    for rid in inv["request_id"].to_list():
+        q, p = slices[("queued", rid)], slices[("prefill", rid)]
+        assert q["ts"] + q["dur"] == pytest.approx(p["ts"], abs=1e-3)
