@@ -32,7 +32,7 @@ def test_host_fixed_end_to_end(ddir):  # noqa: F811
     assert (f["num_measured"], f["num_warmup"], f["num_rejected"], f["consumer_mismatches"]) == (4, 2, 1, 0)
     assert f["timer2"]["p50_ms"] >= f["timer1"]["p50_ms"] > 0
     assert f["ownership"]["drained"] and f["ownership"]["num_acquired"] == (4 + 2 + 1) * 4
-    assert sm["ok"] and sm["corruptions_rejected"] == 1
+    assert sm["ok"] and (sm["corruptions_rejected"], sm["corruption_checks"]) == (2, 2)  # one per route
     assert [(p["pair"], p["route"], p["position"]) for p in sm["pairs"]] == [
         (0, "host", 0), (1, "host", 1), (0, "host_fixed", 1), (1, "host_fixed", 0)]
 
