@@ -169,9 +169,7 @@ def main() -> None:
     scale = []
     if args.scale_to:
         n = len(stream)
-        for target in sorted({max(1, args.scale_to // 8), max(1, args.scale_to // 4), max(1, args.scale_to // 2),
-                              args.scale_to}):
-            times = max(1, round(target / n))
+        for times in sorted({max(1, round(args.scale_to / d / n)) for d in (8, 4, 2, 1)}):
             cmd = [sys.executable, __file__, "--src", str(args.src), "--_child", str(times),
                    "--scale-capacity", str(args.scale_capacity)] + (["--scale-libcachesim"] if args.scale_libcachesim else [])
             res = subprocess.run(cmd, capture_output=True, text=True, check=True, env=os.environ)

@@ -120,10 +120,14 @@ def plot_headroom(result: HeadroomResult, path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(r.policy for r in result.results):
         rows = sorted((r for r in result.results if r.policy == name), key=lambda r: r.capacity_blocks)
-        ax.plot([r.capacity_blocks for r in rows], [r.hit_ratio for r in rows], marker="o", label=name)
+        ax.plot([r.capacity_blocks for r in rows], [r.hit_ratio for r in rows], marker="o", label=name,
+                linestyle="--" if name == "infinite" else "-")
     if result.stock is not None and result.stock_source == "capture":
         ax.scatter([result.stock.capacity_blocks], [result.stock.hit_ratio], marker="*", s=160, color="black",
                    zorder=5, label="stock (capture)")
+    caps = [r.capacity_blocks for r in result.results]
+    if caps and max(caps) >= 8 * min(caps):  # capacities usually double: equal steps on a log axis
+        ax.set_xscale("log", base=2)
     ax.set_xlabel(f"capacity (blocks of {result.block_size} tokens)")
     ax.set_ylabel("hit ratio (hit block reads / block reads)")
     ax.set_ylim(0, 1)
