@@ -210,24 +210,39 @@ class PoolModel:
 
     def get_new_blocks(self, n: int) -> tuple[list[int], int]:
         """Pop n blocks from the head; returns them and how many cached blocks were evicted."""
+        return self.allocate([None] * n)
+
+    def allocate(self, keys: list) -> tuple[list[int], int]:
+        """Pop one block per key from the head (evicting its old hash), then cache it under the key
+        (None: a block left partial, not cached). `get_new_blocks` then `cache_full_blocks`, fused
+        because this is the replay's hot loop."""
         free, ref, key, cached = self.free, self.ref_cnt, self.block_key, self.cached
+        popleft = free.popitem
         out = []
         num_evicted = 0
-        for _ in range(n):
-            b = free.popitem(last=False)[0]
-            k = key[b]
-            if k is not None:
+        for k in keys:
+            b = popleft(last=False)[0]
+            old = key[b]
+            if old is not None:
                 num_evicted += 1
-                key[b] = None
-                if k.__class__ is not _PrivateKey:
-                    v = cached[k]
+                if old.__class__ is not _PrivateKey:
+                    v = cached[old]
                     if v.__class__ is int:
-                        del cached[k]
+                        del cached[old]
                     else:
                         v.remove(b)
                         if len(v) == 1:
-                            cached[k] = v[0]
+                            cached[old] = v[0]
             ref[b] = 1
+            key[b] = k
+            if k is not None and k.__class__ is not _PrivateKey:
+                v = cached.get(k)
+                if v is None:
+                    cached[k] = b
+                elif v.__class__ is int:
+                    cached[k] = [v, b]
+                else:
+                    v.append(b)
             out.append(b)
         return out, num_evicted
 
@@ -281,10 +296,11 @@ _PRIVATE = _PrivateKey()
 
 
 class _Hold:
-    __slots__ = ("record", "blocks", "family", "remaining")
+    __slots__ = ("record", "blocks", "family", "remaining", "taken_boundary")
 
-    def __init__(self, record: HoldRecord, blocks: list[int], family: str, remaining: int):
+    def __init__(self, record: HoldRecord, blocks: list[int], family: str, remaining: int, taken_boundary: int):
         self.record, self.blocks, self.family, self.remaining = record, blocks, family, remaining
+        self.taken_boundary = taken_boundary
 
 
 class _Replay:
@@ -307,6 +323,7 @@ class _Replay:
         self.family_refs: dict[str, int] = {}
         self.children_admitted: dict[int, int] = {}
         self.now = 0
+        self.num_boundaries = 0  # request boundaries passed; a hold is charged one step per boundary
 
     # -- one request's admission and finish ------------------------------------------------------
 
@@ -334,20 +351,20 @@ class _Replay:
                 return  # larger than the whole pool: not admitted
         self.num_deferred += deferred
         pool.touch(hits)
-        new, num_evicted = pool.get_new_blocks(num_blocks - len(hits))
-        blocks = hits + new
         n_hit = len(hits)
-        if num_full > n_hit:
-            keys = r.prompt_hashes
-            n_prompt_full = min(r.num_full_prompt_blocks(bs), len(keys))
+        n_prompt_full = r.num_full_prompt_blocks(bs)
+        # Keys of the new blocks: prompt hashes, then generated ones (private when unknown), then
+        # None for the partial tail block, which vLLM leaves uncached.
+        keys = r.prompt_hashes[n_hit:min(num_full, n_prompt_full)]
+        if len(keys) < num_full - n_hit:
             out = r.output_hashes
-            for j in range(n_hit, num_full):
-                if j < n_prompt_full:
-                    k = keys[j]
-                else:
-                    o = j - r.num_full_prompt_blocks(bs)
-                    k = out[o] if 0 <= o < len(out) else _PRIVATE
-                pool.cache_block(blocks[j], k)
+            for j in range(n_hit + len(keys), num_full):
+                o = j - n_prompt_full
+                keys.append(out[o] if 0 <= o < len(out) else _PRIVATE)
+        if num_blocks > num_full:
+            keys.append(None)
+        new, num_evicted = pool.allocate(keys)
+        blocks = hits + new
         self.req_blocks[i] = blocks
         self.hit_blocks[i] = n_hit
         self.num_evictions[i] = num_evicted
@@ -385,7 +402,7 @@ class _Replay:
             return
         rec.taken_ns = self.now if self.timed else None
         self.pool.touch(full_blocks)
-        self.active[p] = _Hold(rec, list(full_blocks), family, remaining)
+        self.active[p] = _Hold(rec, list(full_blocks), family, remaining, self.num_boundaries)
         self.num_held_refs += len(full_blocks)
         self.family_refs[family] = self.family_refs.get(family, 0) + 1
 
@@ -393,6 +410,7 @@ class _Replay:
         h = self.active.pop(p)
         h.record.release_reason = reason
         h.record.released_ns = self.now if self.timed else None
+        h.record.held_block_steps = len(h.blocks) * (self.num_boundaries - h.taken_boundary)
         self.num_held_refs -= len(h.blocks)
         n = self.family_refs[h.family] - 1
         if n:
@@ -414,14 +432,16 @@ class _Replay:
         if h.remaining <= 0:
             self._release(p, "children")
 
-    def _boundary(self, i: int) -> None:
-        """A request boundary: expire holds, then charge every active hold one step."""
-        pol = self.policy
-        if pol.expiry_ns is not None:
-            for p in [p for p, h in self.active.items() if h.record.taken_ns + pol.expiry_ns <= self.now]:
+    def _boundary(self) -> None:
+        """A request boundary: expire holds (oldest first: holds are taken in time order), then count it."""
+        expiry = self.policy.expiry_ns
+        if expiry is not None:
+            while self.active:
+                p, h = next(iter(self.active.items()))
+                if h.record.taken_ns + expiry > self.now:
+                    break
                 self._release(p, "expiry")
-        for h in self.active.values():
-            h.record.held_block_steps += len(h.blocks)
+        self.num_boundaries += 1
 
     # -- the stream -----------------------------------------------------------------------------
 
@@ -435,7 +455,7 @@ class _Replay:
                     self._finish(heapq.heappop(running)[1])
                 self.now = max(self.now, r.arrival_ns)
                 if with_holds:
-                    self._boundary(i)
+                    self._boundary()
                 self.admit(i, running)
                 if self.admitted[i]:
                     heapq.heappush(running, (max(r.finish_ns, r.arrival_ns), i))
@@ -444,7 +464,7 @@ class _Replay:
         else:
             for i in range(len(reqs)):
                 if with_holds:
-                    self._boundary(i)
+                    self._boundary()
                 self.admit(i, None)
                 if self.admitted[i]:
                     self._finish(i)

@@ -154,26 +154,28 @@ class SweepPoint:
 
 
 def infer_exact_prefix_edges(requests: list[RequestBlocks], block_size: int) -> dict[int, int]:
-    """child index -> parent index: the latest earlier request whose whole cached chain (full prompt
-    blocks, then the full generated blocks the stream identifies) is a proper prefix of the child's
-    prompt blocks. Block-granular: a parent's partial tail block is not compared."""
-    by_first: dict[int, list[int]] = {}  # first block hash -> requests starting with it, in order
+    """child index -> parent index: the earlier request with the longest cached chain (its full prompt
+    blocks, then the full generated blocks the stream identifies) that is a proper prefix of the
+    child's full prompt blocks; the latest such request on ties. Block-granular: a parent's partial
+    tail block is not compared. Hashes are chained, so equal hashes at a position mean equal prefixes
+    (checked anyway on a match)."""
     chains: list[list[int]] = []
+    by_end: dict[int, int] = {}  # last hash of a chain -> latest request whose chain ends there
     edges: dict[int, int] = {}
     for r in requests:
         n_full = r.num_full_prompt_blocks(block_size)
-        chain = list(r.prompt_hashes[:n_full])
+        mine = r.prompt_hashes[:n_full]
+        for j in range(len(mine) - 2, -1, -1):
+            p = by_end.get(mine[j])
+            if p is not None and len(chains[p]) == j + 1 and chains[p] == mine[:j + 1]:
+                edges[r.index] = p
+                break
+        chain = list(mine)
         if len(chain) == n_full:
             chain += r.output_hashes
         chains.append(chain)
-        mine = r.prompt_hashes[:n_full]
-        if mine:
-            for p in reversed(by_first.get(mine[0], ())):
-                c = chains[p]
-                if len(c) < len(mine) and mine[len(c) - 1] == c[-1] and mine[:len(c)] == c:
-                    edges[r.index] = p
-                    break
-            by_first.setdefault(mine[0], []).append(r.index)
+        if chain:
+            by_end[chain[-1]] = r.index
     return edges
 
 

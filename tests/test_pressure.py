@@ -122,3 +122,16 @@ def test_cli_on_a_trace_declared_and_inferred(tmp_path):
         # 300 blocks: the parent's 256 cached blocks survive each child's 33 new ones in both arms.
         assert (d["num_children"], d["arms"]["stock"]["child_hit_tokens"], d["net_cached_tokens"]) == (5, 5 * 4096, 0)
         assert d["held_block_seconds"] == pytest.approx(256 * 0.05)  # parent done at 10 ms, last child in at 60 ms
+
+
+def test_inferred_parent_is_the_longest_prefix_chain():
+    from kmesh_trace.oracle.stream import RequestBlocks
+
+    def r(i, hashes, tokens):
+        return RequestBlocks(i, f"r{i}", tokens, 1, hashes)
+
+    reqs = [r(0, [1, 2], 9), r(1, [1, 2, 3], 13), r(2, [1, 2, 3, 4], 16), r(3, [1, 2, 3, 4], 16), r(4, [1, 2, 9], 12),
+            r(5, [1, 2], 8)]
+    # r2 extends r1 (longest), r3 repeats r2 (not an edge) and extends r1, r4 extends only r0; r5 is
+    # r0's prompt again, with no room for a tail.
+    assert infer_exact_prefix_edges(reqs, 4) == {1: 0, 2: 1, 3: 1, 4: 0}
