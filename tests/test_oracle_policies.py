@@ -127,3 +127,14 @@ def test_belady_bounds_the_vllm_pool_model():
         w = Workload(2, reqs)
         for cap in (4, 8, 16):
             assert POLICIES["vllm"].replay(w, cap).hit_blocks <= POLICIES["belady"].replay(w, cap).hit_blocks
+
+
+def test_tiled_stream_scales_hits_exactly():
+    # Fresh ids per copy: neither kernel can carry a hit across copies, and stale blocks never cost one.
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        s = AccessStream.from_requests(_random_requests(rng, bs=2, vocab=3), 2)
+        t = s.tile(4)
+        for cap in (1, 3, 8):
+            assert lru_hits(t, cap)[0].tolist() == lru_hits(s, cap)[0].tolist() * 4
+            assert belady_hits(t, cap)[0].tolist() == belady_hits(s, cap)[0].tolist() * 4
