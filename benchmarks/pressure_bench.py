@@ -20,12 +20,13 @@ import argparse
 import os
 import random
 import tempfile
-import time
 from pathlib import Path
+from time import perf_counter
 
 from kmesh_trace.oracle.blockpool import replay_pool
 from kmesh_trace.oracle.pressure import hold_policy, infer_exact_prefix_edges
 from kmesh_trace.oracle.stream import RequestBlocks
+from oracle_bench import best_of  # same folder: the script's directory is on sys.path
 
 DATASETS = Path(os.environ.get("KMESH_DATASETS", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
 DEFAULT_SRC = DATASETS / "mooncake" / "conversation_trace.jsonl"
@@ -98,29 +99,20 @@ def synthetic(min_reads: int, block_size: int = 16, seed: int = 0) -> list[Reque
     return reqs
 
 
-def best_of(repeat: int, fn) -> tuple[float, object]:
-    best, res = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        res = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, res
-
-
 def bench(name: str, reqs: list[RequestBlocks], block_size: int, capacity: int, edges: dict[int, int] | None,
           repeat: int) -> None:
     reads = sum(len(r.prompt_hashes) for r in reqs)
-    t0 = time.perf_counter()
+    t0 = perf_counter()
     if edges is None:
         edges = infer_exact_prefix_edges(reqs, block_size)
         kind = "inferred"
     else:
         kind = "declared"
     policy = hold_policy(reqs, edges)
-    t_policy = time.perf_counter() - t0
-    t_stock, stock = best_of(repeat, lambda: replay_pool(reqs, block_size=block_size, num_usable_blocks=capacity))
-    t_held, held = best_of(repeat, lambda: replay_pool(reqs, block_size=block_size, num_usable_blocks=capacity,
-                                                       holds=policy))
+    t_policy = perf_counter() - t0
+    t_stock, stock = best_of(lambda: replay_pool(reqs, block_size=block_size, num_usable_blocks=capacity), repeat)
+    t_held, held = best_of(lambda: replay_pool(reqs, block_size=block_size, num_usable_blocks=capacity, holds=policy),
+                           repeat)
     holds = sum(1 for h in held.holds if h.status == "taken")
     print(f"{name}: {len(reqs):,} requests, {reads:,} block reads, {block_size}-token blocks, capacity {capacity:,} "
           f"blocks, {len(edges):,} {kind} edges, {holds:,} holds taken")

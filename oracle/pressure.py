@@ -12,18 +12,23 @@ hold is released after that many child admissions, else after all the children t
 `inferred` uses exact-prefix edges given as `lineage` (child index -> parent index, e.g. the trace's
 lineage rows with edge_kind 'exact_prefix') or, when none are given, infers them from block hashes
 (`infer_exact_prefix_edges`).
+
+To predict a captured run: `res = what_if_trace("TRACE_DIR")` (the trace's block size, usable blocks,
+times and declared lineage); `res.stock.hit_tokens` / `res.held.hit_tokens` are the per-request hit
+tokens of each arm, in arrival order (`res.request_ids`), `res.to_dict()` the JSON of `kmesh-trace pressure`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.blockpool import HoldPolicy, PoolResult, replay_pool
 from kmesh_trace.oracle.stream import RequestBlocks, request_blocks
 
-__all__ = ["FamilyRow", "PressureResult", "SweepPoint", "TraceStream", "what_if", "sweep", "hold_policy",
-           "infer_exact_prefix_edges", "trace_stream"]
+__all__ = ["FamilyRow", "PressureResult", "SweepPoint", "TraceStream", "what_if", "what_if_trace", "sweep",
+           "hold_policy", "infer_exact_prefix_edges", "trace_stream"]
 
 EDGE_MODES = ("declared", "inferred")
 
@@ -296,3 +301,22 @@ def trace_stream(trace, engine: str | None = None) -> TraceStream:
         if c is not None and p is not None and p < c and p > lineage.get(c, -1):
             lineage[c] = p  # several exact-prefix ancestors: the nearest one is the parent
     return TraceStream(reqs, int(meta["block_size"]), meta.get("num_usable_blocks"), lineage or None)
+
+
+def what_if_trace(trace, *, engine: str | None = None, capacity_blocks: int | None = None, **kwargs) -> PressureResult:
+    """`what_if` over a trace (a path or an opened `Trace`), at its own usable blocks unless
+    `capacity_blocks` is given; other keywords as `what_if` (the trace's exact-prefix lineage rows
+    serve `edges="inferred"`)."""
+    from kmesh_trace.trace import open_trace
+
+    if isinstance(trace, (str, Path)):
+        with open_trace(trace) as t:
+            ts = trace_stream(t, engine)
+    else:
+        ts = trace_stream(trace, engine)
+    usable = capacity_blocks if capacity_blocks is not None else ts.num_usable_blocks
+    if usable is None:
+        raise KmeshTraceError("the trace does not record the engine's usable blocks (imported traces cannot); "
+                              "pass --capacity-blocks N.")
+    kwargs.setdefault("lineage", ts.lineage)
+    return what_if(ts.requests, block_size=ts.block_size, num_usable_blocks=usable, **kwargs)

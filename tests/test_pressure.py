@@ -135,3 +135,17 @@ def test_inferred_parent_is_the_longest_prefix_chain():
     # r2 extends r1 (longest), r3 repeats r2 (not an edge) and extends r1, r4 extends only r0; r5 is
     # r0's prompt again, with no room for a tail.
     assert infer_exact_prefix_edges(reqs, 4) == {1: 0, 2: 1, 3: 1, 4: 0}
+
+
+def test_what_if_trace_uses_the_trace_geometry(tmp_path):
+    from kmesh_trace.oracle.pressure import what_if_trace
+
+    trace = write_fork_tree(tmp_path / "fork", num_usable_blocks=289)
+    res = what_if_trace(trace)
+    assert (res.block_size, res.capacity_blocks, res.request_ids[0], res.stock.timed) == (16, 289, "parent", True)
+    # 289 blocks fit one child (4,615 computed tokens). Each child from the second on evicts the
+    # previous child's 32 tail blocks (freed tail first, the LRU end) and never the ancestor, which
+    # every child touches: the hold changes nothing here.
+    assert res.stock.hit_tokens == res.held.hit_tokens == [0] + [4096] * 5
+    assert res.stock.num_evictions == res.held.num_evictions == [0, 0, 32, 32, 32, 32]
+    assert what_if_trace(trace, capacity_blocks=288).stock.admitted == [True] + [False] * 5
