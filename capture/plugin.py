@@ -1,0 +1,78 @@
+"""The vLLM plugin entry point (`vllm.general_plugins`: `kmesh_trace = kmesh_trace.capture.plugin:register`).
+
+vLLM calls `register()` once in every process it starts (front end, engine core, workers). It does
+nothing unless `KMESH_TRACE_DIR` is set. Enabled on a supported vLLM, it wraps the scheduler's
+constructor so that each engine core builds a recorder for its own scheduler (one trace partition
+per engine process), and remembers each request's caller id (vLLM keeps only an id with a random
+suffix). On any other vLLM it logs one line and leaves the engine untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+from kmesh_trace.capture.recorder import ENV_DIR
+from kmesh_trace.capture.version import unsupported_reason
+
+log = logging.getLogger("kmesh_trace.capture")
+
+_installed = False
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(ENV_DIR))
+
+
+def register() -> bool:
+    """Install the capture hooks if capture is enabled; True when they are (or already were) installed."""
+    global _installed
+    if _installed:
+        return True
+    if not enabled():
+        return False
+    reason = unsupported_reason()
+    if reason is not None:
+        _warn(f"kmesh-trace: {reason}")
+        return False
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
+
+    orig_init = Scheduler.__init__
+
+    @functools.wraps(orig_init)
+    def __init__(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        out_dir = os.environ.get(ENV_DIR)
+        if out_dir and getattr(self, "_kmesh_recorder", None) is None:
+            from kmesh_trace.capture import hooks
+
+            try:
+                hooks.install(self, out_dir)
+            except Exception:  # a capture that cannot start must not stop the engine
+                log.exception("kmesh-trace: could not start the capture; the engine runs uncaptured")
+
+    orig_from_ecr = Request.from_engine_core_request.__func__
+
+    @classmethod
+    @functools.wraps(orig_from_ecr)
+    def from_engine_core_request(cls, request, *args, **kwargs):
+        req = orig_from_ecr(cls, request, *args, **kwargs)
+        req._kmesh_caller_id = getattr(request, "external_req_id", None)
+        return req
+
+    Scheduler.__init__ = __init__
+    Request.from_engine_core_request = from_engine_core_request
+    _installed = True
+    return True
+
+
+def _warn(line: str) -> None:
+    # vLLM's logger is configured in every vLLM process; fall back to ours outside vLLM.
+    try:
+        from vllm.logger import init_logger
+
+        init_logger("kmesh_trace.capture").warning(line)
+    except Exception:
+        log.warning(line)

