@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from kmesh_trace.audit.findings import BLOCKING, WARNING, Problem, exit_code
 
 from kmesh_trace import schema
-from kmesh_trace.audit.findings import BLOCKING, WARNING, Problem, exit_code
 from kmesh_trace.trace import Trace, open_trace
 
 HEADROOM = "headroom"

@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from kmesh_trace.audit import fields as F
 from kmesh_trace.audit.edges import ContentEdges, SessionRecord, content_edges
 from kmesh_trace.audit.findings import BLOCKING, WARNING, Problem, exit_code
-from kmesh_trace.audit.inventory import ROOT_SOURCE, Inventory, walk
 from kmesh_trace.audit.identity import Place, RecordIndex, canonical
 from kmesh_trace.audit.identity import is_timestamp_key_cached as is_ts
-from kmesh_trace.audit.inventory import CorpusUnreadableError
+from kmesh_trace.audit.inventory import ROOT_SOURCE, CorpusUnreadableError, Inventory, walk
 from kmesh_trace.audit.lines import BLANK, BOM, MALFORMED, RECORD, FileRead, Malformed, classify, iter_physical_lines
 
 #: At most this many locations are listed per kind (all are counted).
@@ -346,7 +345,7 @@ class _Pass:
         """Directories (not DIR) whose subtree holds tooling files and no parsed records; outermost only."""
         tooling: dict[str, int] = {}
         records: dict[str, int] = {}
-        for name, files in self.inv.sources.items():
+        for files in self.inv.sources.values():
             for rel in files.tooling:
                 for d in _ancestors(rel):
                     tooling[d] = tooling.get(d, 0) + 1
@@ -435,7 +434,7 @@ def verdict(sources: dict[str, SourceReport]) -> dict:
 
 def _problems(a: _Pass, dup_groups, dups, near_groups, near, tooling_only, v: dict) -> list[Problem]:
     ps: list[Problem] = []
-    total = lambda attr: sum(getattr(s, attr) for s in a.sources.values())  # noqa: E731
+    total = lambda attr: sum(getattr(s, attr) for s in a.sources.values())
     if not total("jsonl_files"):
         ps.append(Problem("no_jsonl_files", BLOCKING, 0, "no .jsonl or .ndjson file was found"))
     if a.unreadable_files or a.inv.unreadable_dirs:

@@ -41,7 +41,7 @@ class ContentEdges:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def combine(cls, parts: list["ContentEdges"]) -> "ContentEdges":
+    def combine(cls, parts: list[ContentEdges]) -> ContentEdges:
         total = cls()
         for p in parts:
             for f in fields(cls):

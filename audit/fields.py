@@ -56,10 +56,8 @@ class TimestampStats:
         if type(v) is float and not math.isfinite(v):
             return  # 1e999 parses as inf: not a time
         self.num_values += 1
-        if v < self.min:
-            self.min = v
-        if v > self.max:
-            self.max = v
+        self.min = min(self.min, v)
+        self.max = max(self.max, v)
         u = unit_of(v)
         self.by_unit[u] = self.by_unit.get(u, 0) + 1
         if type(v) is int:

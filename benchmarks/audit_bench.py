@@ -74,8 +74,8 @@ def main() -> int:
         fn()
         return time.perf_counter() - t
 
-    run_base = lambda: baseline(paths, loads, error)  # noqa: E731
-    run_audit = lambda: audit_corpus(args.dir)  # noqa: E731
+    run_base = lambda: baseline(paths, loads, error)
+    run_audit = lambda: audit_corpus(args.dir)
     run_base(), run_audit()  # warm-up: page cache, imports
     base_s, audit_s = [], []
     for i in range(args.repeats):

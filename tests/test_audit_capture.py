@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from kmesh_trace.audit.capture import audit_capture
+
 from kmesh_trace.writer import TraceWriter
 
 BLOCK = 4
@@ -183,9 +183,8 @@ def test_incomplete_capture(tmp_path):
 def test_real_engine_capture_is_fit(tmp_path):
     """A real vLLM engine (in-process, tiny model, a pool small enough to evict) captured by the hook
     must pass every check: the audit's rules hold for what vLLM actually does, not only for fixtures."""
-    from test_capture_engine import engine_env, family_workload, make_llm, write_model  # tests/ is on sys.path
-
     from kmesh_trace.capture.session import capture_in_process
+    from test_capture_engine import engine_env, family_workload, make_llm, write_model  # tests/ is on sys.path
 
     engine_env(multiprocess=False)
     with capture_in_process(tmp_path / "trace"):

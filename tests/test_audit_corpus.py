@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from kmesh_trace.audit.corpus import audit_corpus
 from kmesh_trace.audit.inventory import CorpusUnreadableError
 

@@ -11,10 +11,18 @@ import io
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from kmesh_trace.audit.corpus import audit_corpus
-from kmesh_trace.audit.lines import (BLANK, BOM, MALFORMED, RECORD, FileRead, Malformed, classify,
-                                     count_physical_lines, iter_physical_lines)
+from kmesh_trace.audit.lines import (
+    BLANK,
+    BOM,
+    MALFORMED,
+    RECORD,
+    FileRead,
+    Malformed,
+    classify,
+    count_physical_lines,
+    iter_physical_lines,
+)
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -72,7 +80,7 @@ blobs = st.lists(st.one_of(st.sampled_from(_PIECES), st.binary(max_size=40)), ma
 
 
 def _expected_lines(data: bytes) -> int:
-    return count_physical_lines(data[len(BOM):] if data.startswith(BOM) else data)
+    return count_physical_lines(data.removeprefix(BOM))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
