@@ -374,9 +374,9 @@ class _Replay:
 
     def _finish(self, i: int) -> None:
         blocks = self.req_blocks.pop(i)
+        if self.timed:
+            self.now = max(self.now, self.requests[i].finish_ns)
         if self.policy is not None and i in self.policy.release_after:
-            if self.timed:
-                self.now = max(self.now, self.requests[i].finish_ns)
             self._take(i, blocks[: self._needs(self.requests[i])[1]])
         blocks.reverse()
         self.pool.free_blocks(blocks)

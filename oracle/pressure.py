@@ -74,6 +74,7 @@ class PressureResult:
     child_indices: list[int]
     families: list[FamilyRow]
     request_ids: list[str] = field(default_factory=list)
+    edge_source: str = "declared"  # declared (parent_index), lineage (given exact-prefix rows), block_hashes
 
     def _arm(self, res: PoolResult) -> dict:
         children = set(self.child_indices)
@@ -127,6 +128,8 @@ class PressureResult:
             "block_size": self.block_size,
             "capacity_blocks": self.capacity_blocks,
             "edges": self.edges,
+            "edge_source": self.edge_source,
+            "timed": self.stock.timed,
             "num_requests": len(self.stock.hit_tokens),
             "num_children": len(self.child_indices),
             "arms": {"stock": self._arm(self.stock), "held": self._arm(self.held)},
@@ -203,20 +206,21 @@ def hold_policy(requests: list[RequestBlocks], edges: dict[int, int], *, expiry_
     )
 
 
-def _edges(requests: list[RequestBlocks], mode: str, block_size: int, lineage: dict[int, int] | None) -> dict[int, int]:
+def _edges(requests: list[RequestBlocks], mode: str, block_size: int,
+           lineage: dict[int, int] | None) -> tuple[dict[int, int], str]:
     if mode not in EDGE_MODES:
         raise KmeshTraceError(f"Unknown edge mode {mode!r}; use one of {', '.join(EDGE_MODES)}.")
     if mode == "declared":
-        edges = {r.index: r.parent_index for r in requests if r.parent_index is not None}
+        edges, source = {r.index: r.parent_index for r in requests if r.parent_index is not None}, "declared"
     elif lineage is not None:
-        edges = dict(lineage)
+        edges, source = dict(lineage), "lineage"
     else:
-        edges = infer_exact_prefix_edges(requests, block_size)
+        edges, source = infer_exact_prefix_edges(requests, block_size), "block_hashes"
     for c, p in edges.items():
         if not 0 <= p < c < len(requests):
             raise KmeshTraceError(f"Edge {p} -> {c} does not point from an earlier request to a later one; "
                                   "check the trace's lineage.")
-    return edges
+    return edges, source
 
 
 def what_if(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks: int,
@@ -227,7 +231,7 @@ def what_if(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks
     for i, r in enumerate(requests):
         if r.index != i:
             raise KmeshTraceError("Requests must be in arrival order with index 0, 1, 2, ...; rebuild the stream.")
-    e = _edges(requests, edges, block_size, lineage)
+    e, source = _edges(requests, edges, block_size, lineage)
     if not e:
         raise KmeshTraceError(f"The stream has no {edges} parent-child edges, so there is nothing to hold; "
                               "try --edges inferred or a trace with declared lineage.")
@@ -237,7 +241,7 @@ def what_if(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks
     return PressureResult(
         block_size=block_size, capacity_blocks=num_usable_blocks, edges=edges, stock=stock, held=held,
         child_indices=sorted(e), families=_families(requests, e, policy, stock, held),
-        request_ids=[r.request_id for r in requests],
+        request_ids=[r.request_id for r in requests], edge_source=source,
     )
 
 

@@ -69,9 +69,9 @@ class RealPool:
     def _finish(self, i: int) -> None:
         q, req = self.sc.requests[i], self.reqs.pop(i)
         pol = self.policy
+        if self.timed:
+            self.now = max(self.now, q.finish_ns)
         if pol is not None and i in pol.release_after:
-            if self.timed:
-                self.now = max(self.now, q.finish_ns)
             num_full = (len(q.prompt_token_ids) + q.num_output_tokens - 1) // self.bs
             blocks = list(self.m.get_blocks(req.request_id).blocks[0][:num_full])
             family = pol.family_of.get(i, str(i))

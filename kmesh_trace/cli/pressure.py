@@ -73,6 +73,10 @@ def pressure_cmd(
         with open_trace(trace) as t:
             ts = trace_stream(t, engine)
         reqs, block_size, usable, lineage = ts.requests, ts.block_size, ts.num_usable_blocks, ts.lineage
+    num_timed = sum(r.arrival_ns is not None and r.finish_ns is not None for r in reqs)
+    if 0 < num_timed < len(reqs):
+        err.print(f"note: {len(reqs) - num_timed:,} of {len(reqs):,} requests lack arrival or finish times, so "
+                  "the replay is sequential (each request freed before the next)")
     if capacity_blocks is not None:
         if capacity_blocks <= 0:
             raise KmeshTraceError("--capacity-blocks must be a positive block count.")
