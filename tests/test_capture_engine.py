@@ -88,8 +88,9 @@ def as_json(outs) -> list[dict]:
 
 def _script(mode: str, out: Path) -> None:
     engine_env(multiprocess=(mode == "mp"))
-    os.environ["KMESH_TRACE_DIR"] = str(out / "trace")
-    os.environ["KMESH_TRACE_FLUSH_S"] = "0.2"
+    if mode != "cli":  # `kmesh-trace capture` sets it for the cli mode
+        os.environ["KMESH_TRACE_DIR"] = str(out / "trace")
+        os.environ["KMESH_TRACE_FLUSH_S"] = "0.2"
     llm = make_llm(write_model(out / "model"))
     if mode == "mp":
         outs = family_workload(llm)
@@ -99,6 +100,8 @@ def _script(mode: str, out: Path) -> None:
     # kill: finish some requests, let the writer flush them, then wait to be SIGKILLed.
     outs = generate(llm, [[1 + i for i in range(100)], [7] * 90], params())
     (out / "outputs.json").write_text(json.dumps({"pid": os.getpid(), "outputs": as_json(outs)}))
+    if mode == "cli":
+        return  # the capture closes at exit
     print("READY", flush=True)
     time.sleep(600)
 
@@ -376,3 +379,20 @@ def test_sigkilled_capture_leaves_readable_parts(tmp_path):
     assert {k: r["output_token_ids"] for k, r in rows.items()} == {o["request_id"]: o["output"] for o in data["outputs"]}
     ev = trace.frame("block_events").sort("seq")
     assert ev["seq"].to_list() == list(range(ev.height)) and ev.height > 0
+
+
+def test_cli_capture_runs_a_command_under_the_plugin(tmp_path, cli):
+    import sys as _sys
+
+    from kmesh_trace.trace import open_trace
+
+    result = cli(["capture", "--out", tmp_path / "trace", "--json", "--", _sys.executable, HERE, "cli", tmp_path])
+    assert result.exit_code == 0, result.output[-3000:]
+    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    (eid,) = summary["engines"]
+    assert summary["engines"][eid]["complete"] is True and summary["engines"][eid]["num_dropped_events"] == 0
+    assert summary["engines"][eid]["rows"]["invocations"] == 2 and summary["exit_code"] == 0
+    data = json.loads((tmp_path / "outputs.json").read_text())
+    rows = _by_caller(open_trace(tmp_path / "trace"))
+    assert {k: r["output_token_ids"] for k, r in rows.items()} == {o["request_id"]: o["output"] for o in data["outputs"]}
+

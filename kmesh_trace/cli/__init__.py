@@ -18,6 +18,7 @@ app = typer.Typer(
 _COMMAND_MODULES = [
     "kmesh_trace.cli.core",  # schema, info, sql
     "kmesh_trace.cli.imports",  # import
+    "kmesh_trace.cli.capture",  # capture
     "kmesh_trace.cli.headroom",  # headroom
     "kmesh_trace.cli.pressure",  # pressure
     "kmesh_trace.cli.export",  # export perfetto

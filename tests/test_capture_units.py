@@ -1,0 +1,118 @@
+"""Capture pieces that need no engine: bounded buffers, drop accounting, lineage inference, version guard, CLI errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kmesh_trace.capture.buffers import RowBuffer
+from kmesh_trace.capture.lineage import HEAD, LineageIndex, edges_for
+from kmesh_trace.capture.recorder import Recorder
+
+
+def test_row_buffer_is_bounded_and_counts_drops():
+    buf = RowBuffer("transfers", capacity=3)
+    for i in range(5):
+        buf.append((f"r{i}",))
+    assert buf.num_dropped == 2
+    assert buf.drain() == [("r0",), ("r1",), ("r2",)]
+    assert buf.drain() == []
+    buf.append(("r5",))
+    assert buf.drain() == [("r5",)] and buf.num_dropped == 2
+
+
+def _block_row(seq):
+    return (seq, 1000 + seq, 1, "allocated", seq + 1, 1, None, None, "r", 10 - seq, 0)
+
+
+def test_recorder_writes_rows_and_reports_drops_in_metadata(tmp_path):
+    from kmesh_trace.trace import open_trace
+
+    rec = Recorder(tmp_path / "t", metadata={"block_size": 16}, config={"max_buffered_events": 2, "flush_interval_s": 60})
+    for s in range(5):
+        rec.block_events.append(_block_row(s))
+    rec.flush()
+    meta = json.loads(rec.writer.metadata_path.read_text())
+    assert meta["num_dropped_events"]["block_events"] == 3 and meta["complete"] is False
+    rec.block_events.append(_block_row(5))
+    rec.close()
+    trace = open_trace(tmp_path / "t")
+    assert trace.frame("block_events")["seq"].to_list() == [0, 1, 5]
+    (meta,) = trace.engines.values()
+    assert meta["complete"] is True and meta["num_dropped_events"]["block_events"] == 3
+    assert meta["capture_config"]["max_buffered_events"] == 2 and meta["block_size"] == 16
+
+
+def test_a_second_engine_in_one_process_gets_its_own_partition(tmp_path):
+    a = Recorder(tmp_path, config={"flush_interval_s": 60})
+    b = Recorder(tmp_path, config={"flush_interval_s": 60})
+    a.close()
+    b.close()
+    assert b.engine_id == a.engine_id + "-2"
+
+
+def test_exact_prefix_parent_is_the_longest_earlier_finished_prefix():
+    idx = LineageIndex(window=10)
+    base = list(range(1, 40))
+    idx.add("a", base[:20], finish_ns=10)
+    idx.add("b", base[:30], finish_ns=20)
+    idx.add("short", [1, 2, 3], finish_ns=5)  # shorter than HEAD: indexed by all its tokens
+    idx.add("late", base[:35], finish_ns=1000)  # finished after the child arrived: not a parent
+    assert idx.exact_prefix_parent("c", base + [99], arrival_ns=100) == ("b", 30)
+    assert idx.exact_prefix_parent("c", [1, 2, 3, 4], arrival_ns=100) == ("short", 3)
+    assert idx.exact_prefix_parent("c", [1, 2, 4], arrival_ns=100) is None
+    assert idx.exact_prefix_parent("b", base[:30], arrival_ns=100) == ("a", 20)  # never itself
+    assert HEAD < 20
+
+
+def test_lineage_window_forgets_the_oldest():
+    idx = LineageIndex(window=2)
+    idx.add("a", [5] * 20, None)
+    idx.add("b", [6] * 20, None)
+    idx.add("c", [7] * 20, None)
+    assert idx.sequence("a") is None and idx.exact_prefix_parent("x", [5] * 25, None) is None
+    assert idx.exact_prefix_parent("x", [7] * 25, None) == ("c", 20)
+
+
+def test_declared_edge_resolves_the_caller_id_and_counts_shared_tokens():
+    idx = LineageIndex(window=10)
+    idx.add("p-1234abcd", [1, 2, 3, 4, 5], None)
+    row = {"request_id": "c-00000000", "prompt_token_ids": [1, 2, 3, 9], "parent_id": "p", "family_id": "f",
+           "arrival_ns": None}
+    assert edges_for(idx, row, {"p": "p-1234abcd"}) == [{
+        "child_request_id": "c-00000000", "parent_request_id": "p-1234abcd", "declared_parent_id": "p",
+        "family_id": "f", "edge_kind": "declared", "num_shared_tokens": 3}]
+    row["parent_id"] = "unknown"
+    assert edges_for(idx, row, {})[0]["parent_request_id"] is None
+
+
+def test_version_guard_leaves_an_unsupported_vllm_untouched(monkeypatch):
+    pytest.importorskip("vllm")
+    import vllm
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from kmesh_trace.capture import plugin
+    from kmesh_trace.capture.version import unsupported_reason
+
+    assert unsupported_reason("0.32.0") is None
+    assert unsupported_reason("0.1.0") == ("vLLM 0.1.0 is not a version the capture hooks support "
+                                           "(0.32.0, 0.33.0); the engine runs uncaptured.")
+    lines = []
+    monkeypatch.setattr(plugin, "_installed", False)
+    monkeypatch.setattr(plugin, "_warn", lines.append)
+    monkeypatch.setattr(vllm, "__version__", "0.1.0")
+    monkeypatch.delenv("KMESH_TRACE_DIR", raising=False)
+    init = Scheduler.__init__
+    assert plugin.register() is False and lines == []  # disabled: silent
+    monkeypatch.setenv("KMESH_TRACE_DIR", "/nonexistent")
+    assert plugin.register() is False
+    assert lines == ["kmesh-trace: vLLM 0.1.0 is not a version the capture hooks support (0.32.0, 0.33.0); "
+                     "the engine runs uncaptured."]
+    assert Scheduler.__init__ is init
+
+
+def test_cli_capture_reports_a_missing_command(tmp_path, cli):
+    result = cli(["capture", "--out", tmp_path / "t", "--", "no-such-command-kmesh"])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines()[-1] == "Error: command not found: no-such-command-kmesh; check the command after `--`."
