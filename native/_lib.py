@@ -190,4 +190,7 @@ class HostArena:
 
     def close(self) -> None:
         self.array = None
-        self._map.close()
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # a caller still holds a view (fetched bytes); the mapping goes with the last view

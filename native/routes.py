@@ -152,6 +152,7 @@ class HostRoute(Route):
         own = self.ring.ownership()
         self.ring.unregister_buffers()
         self.ring.close()
+        self.host.close()
         return own
 
 
