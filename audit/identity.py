@@ -83,10 +83,15 @@ def prekeys(obj: dict, ts_keys: list[str]) -> tuple[int, int]:
     ts_items = []
     for k in sorted(obj):
         v = obj[k]
-        if type(v) is str:
+        t = type(v)
+        if t is str:
             sig = (k, len(v), v[:_EDGE], v[-_EDGE:])
-        else:
+        elif t is dict or t is list:
             sig = (k, canonical(v))
+        else:
+            # Numbers, booleans, null: the value itself. 1, 1.0 and true share a Python hash and
+            # compare equal, so they may share a pre-key (a re-read), never split equal records.
+            sig = (k, v)
         (ts_items if k in ts_keys else items).append(sig)
     near = hash((tuple(items), tuple(sorted(ts_keys))))
     return hash((near, tuple(ts_items))), near

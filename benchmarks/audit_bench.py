@@ -5,7 +5,9 @@ parse each with the fastest JSON parser installed (orjson when present, else the
 module; malformed lines are caught and skipped). The audit is `audit_corpus(DIR)` in full: walk,
 SHA-256 of every file, line classification, duplicates, field coverage, evidence, content edges.
 Runs alternate (baseline, audit, audit, baseline, ...) after one warm-up of each, so both see the
-same page cache and machine load; the ratio is of the medians. Goal: ratio <= 2.0.
+same page cache; each adjacent (baseline, audit) pair gives one ratio, so a load spike on a shared
+machine skews one pair, not the figure. Reported: the median of the pair ratios (the figure the
+goal applies to) and min(audit)/min(baseline). Goal: ratio <= 2.0.
 
     .venv/bin/python benchmarks/audit_bench.py [DIR] [--repeats N] [--json]
 
@@ -88,7 +90,7 @@ def main() -> int:
         "parser": name, "repeats": args.repeats,
         "baseline_s": {"median": statistics.median(base_s), "min": min(base_s), "samples": base_s},
         "audit_s": {"median": statistics.median(audit_s), "min": min(audit_s), "samples": audit_s},
-        "ratio_median": statistics.median(audit_s) / statistics.median(base_s),
+        "ratio_median": statistics.median(a / b for a, b in zip(audit_s, base_s)),
         "ratio_min": min(audit_s) / min(base_s),
         "goal": GOAL,
     }
@@ -100,7 +102,7 @@ def main() -> int:
               f"min {result['baseline_s']['min'] * 1e3:.1f} ms")
         print(f"audit corpus:                  median {result['audit_s']['median'] * 1e3:.1f} ms, "
               f"min {result['audit_s']['min'] * 1e3:.1f} ms")
-        print(f"ratio audit/baseline: median {result['ratio_median']:.2f}, min/min {result['ratio_min']:.2f} "
+        print(f"ratio audit/baseline: median of pairs {result['ratio_median']:.2f}, min/min {result['ratio_min']:.2f} "
               f"(goal <= {GOAL})")
     return 0
 
