@@ -1,17 +1,18 @@
 """The corpus audit: one pass over every JSONL line of a directory, and the verdict it supports.
 
 `audit_corpus(DIR)` walks DIR (see `inventory`), reads each JSONL file once (hashing it as it
-goes, on a worker thread), classifies every physical line (see `lines`), and for each record:
-digests its identity so that equal digests mean equal canonical JSON (sorted keys, no whitespace),
-to find exact duplicates across the whole corpus, and records that differ only in the values of
-timestamp keys (near-duplicates); counts keys,
-value types and timestamp magnitudes per source; and notes which lineage evidence it carries. After
-each source it derives content-only edges (see `edges`) and forgets the record content.
+goes), classifies every physical line (see `lines`), and for each record: finds exact duplicates
+across the whole corpus (equal canonical JSON: sorted keys, no whitespace) and near-duplicates
+(records that differ only in the values of timestamp keys; see `identity`); counts keys, value
+types and timestamp magnitudes per source; and notes which lineage evidence it carries (see
+`fields`). After each source it derives content-only edges (see `edges`).
 
-The result holds counts, key names, hashes and `file:line` locations only, never a prompt or an
-answer. Duplicates, malformed lines and unreadable files are blocking problems; so is an analysis
-the evidence cannot qualify. Empty files, near-duplicates, README labels (synthetic, hand-crafted),
-tooling-only directories and symlinks that leave DIR are warnings.
+Memory: a small entry per record, plus the inputs and outputs of the source being read (content
+edges need them), released after each source. The result holds counts, key names, hashes and
+`file:line` locations only, never a prompt or an answer. Duplicates, malformed lines and
+unreadable files are blocking problems; so is an analysis the evidence cannot qualify. Empty
+files, near-duplicates, README labels (synthetic, hand-crafted), tooling-only directories,
+symlinks that leave DIR and byte-order marks are warnings.
 """
 
 from __future__ import annotations

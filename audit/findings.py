@@ -41,4 +41,8 @@ def summary(problems: list[Problem]) -> str:
     if not blocking:
         n = len(problems)
         return "nothing blocking" + (f" ({n} warning{'s' if n != 1 else ''})" if n else "")
-    return f"{len(blocking)} blocking problem{'s' if len(blocking) != 1 else ''}: " + ", ".join(p.code for p in blocking)
+    codes: dict[str, int] = {}
+    for p in blocking:
+        codes[p.code] = codes.get(p.code, 0) + 1
+    names = ", ".join(c if n == 1 else f"{c} (x{n})" for c, n in codes.items())
+    return f"{len(blocking)} blocking problem{'s' if len(blocking) != 1 else ''}: {names}"

@@ -198,3 +198,13 @@ def test_real_engine_capture_is_fit(tmp_path):
 
     kinds = dict(open_trace(tmp_path / "trace").sql("select event, count(*) from block_events group by 1").iter_rows())
     assert kinds.get("touched", 0) > 0 and kinds.get("evicted", 0) > 0  # the checks had something to check
+
+
+def test_summary_line_groups_codes():
+    from kmesh_trace.audit.findings import Problem, summary
+
+    ps = [Problem("missing_field", "blocking", 1, "x"), Problem("missing_field", "blocking", 3, "y"),
+          Problem("empty_table", "blocking", 1, "z"), Problem("duplicate_resident_hash", "warning", 1, "w")]
+    assert summary(ps) == "3 blocking problems: missing_field (x2), empty_table"
+    assert summary(ps[3:]) == "nothing blocking (1 warning)"
+    assert summary([]) == "nothing blocking"
