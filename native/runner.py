@@ -147,6 +147,15 @@ def host_description() -> dict:
     return d
 
 
+def _verify(chunks: list[Chunk], data: np.ndarray, starts: np.ndarray, ref: _Reference) -> list[tuple[bool, bool]]:
+    """(every byte equal to the reference, SHA-256 equal to the journal's) for each chunk of a restore."""
+    out = []
+    for i, c in enumerate(chunks):
+        got = data[starts[i]: starts[i + 1]]
+        out.append((bool(np.array_equal(got, ref.get(c))), hashlib.sha256(got).hexdigest() == c.sha256))
+    return out
+
+
 def schedule(cfg: RunConfig) -> list[tuple[int, int, str, str]]:
     """(pair, position, route, kind) of every timed restore: A B, then B A, ...; each arm opens with warm-ups."""
     per_pair = [cfg.restores // cfg.pairs + (1 if p < cfg.restores % cfg.pairs else 0) for p in range(cfg.pairs)]
@@ -201,16 +210,10 @@ def run(store_path: Path, cfg: RunConfig, on_progress: Callable[[int, int], None
         # ---- outside timing: every byte, every digest
         data = route.fetch(n)
         starts = np.cumsum([0] + [c.size_bytes for c in chunks])
-        bad, io_errors = [], 0
-        owner = np.searchsorted(starts, arr["buf_offset"], side="right") - 1
-        chunk_ok = []
-        for i, c in enumerate(chunks):
-            got = data[starts[i]: starts[i + 1]]
-            bytes_ok = bool(np.array_equal(got, ref.get(c)))
-            sha_ok = hashlib.sha256(got).hexdigest() == c.sha256
-            chunk_ok.append((bytes_ok, sha_ok))
-            if not (bytes_ok and sha_ok):
-                bad.append(c.chunk_key)
+        chunk_ok = _verify(chunks, data, starts, ref)
+        bad = [c.chunk_key for c, ok in zip(chunks, chunk_ok) if not all(ok)]
+        owner = np.searchsorted(starts, arr["buf_offset"], side="right") - 1  # reads may split chunks
+        io_errors = 0
         for j, s in enumerate(r.samples):
             ci = int(owner[j])
             expect = int(arr["size"][j])
