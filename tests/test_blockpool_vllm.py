@@ -249,29 +249,34 @@ def random_policy(sc: Scenario, rng: random.Random, timed: bool) -> HoldPolicy:
                        max_families=rng.choice([None, None, 1, 2]))
 
 
-def fork_tree(capacity: int, aligned: bool = True) -> Scenario:
-    """Issue 4's fork tree: a 4,096-token ancestor and five distinct 512-token tails (non-aligned:
-    4,101 and 509), 16-token blocks."""
-    rng = random.Random(7)
-    anc = [rng.randrange(1, 30000) for _ in range(4096 if aligned else 4101)]
-    reqs = [ScenarioRequest("ancestor", anc, 4, [1, 2, 3, 4])]
-    for k in range(5):
-        tail = [rng.randrange(1, 30000) for _ in range(512 if aligned else 509)]
-        reqs.append(ScenarioRequest(f"child{k}", anc + tail, 4, [5, 6, 7, 8], "fork", 0, 5))
-    return Scenario("fork-tree", 16, capacity + 1, reqs)
+def as_scenario(reqs, block_size: int, capacity: int, timed: bool) -> Scenario:
+    """A RequestBlocks stream that carries token ids, as a Scenario the real pool can run."""
+    return Scenario("stream", block_size, capacity + 1, [
+        ScenarioRequest(r.request_id, r.prompt_token_ids, r.num_output_tokens, r.output_token_ids, r.family_id,
+                        r.parent_index, r.num_expected_children, r.arrival_ns if timed else None,
+                        r.finish_ns if timed else None) for r in reqs])
 
 
-@pytest.mark.parametrize("capacity", [288, 300, 416, 1696])
+@pytest.mark.parametrize("capacity", [288, 300, 416, 430, 1696])
 @pytest.mark.parametrize("aligned", [True, False])
-def test_fork_tree_matches_real_pool(capacity, aligned):
-    assert_same(fork_tree(capacity, aligned))
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_fork_tree_matches_real_pool(capacity, aligned, concurrent):
+    """Issue 4's fork tree (datasets/fork_tree.py): sequential, and timed with all children at once
+    (pinned side by side: below 256 + 5 x 33 blocks some must wait)."""
+    from kmesh_trace.datasets.fork_tree import BLOCK_SIZE, fork_tree_requests
+
+    reqs = fork_tree_requests(aligned=aligned, concurrent_children=concurrent)
+    assert_same(as_scenario(reqs, BLOCK_SIZE, capacity, timed=concurrent), timed=concurrent)
 
 
 def test_fork_tree_hits():
-    res = replay_pool(fork_tree(1696).request_blocks(), block_size=16, num_usable_blocks=1696)
-    assert res.hit_tokens == [0] + [4096] * 5
-    res = replay_pool(fork_tree(1696, aligned=False).request_blocks(), block_size=16, num_usable_blocks=1696)
-    assert res.hit_tokens == [0] + [4096] * 5  # 4,101 - 5 boundary tokens recomputed per child
+    from kmesh_trace.datasets.fork_tree import fork_tree_requests
+
+    for aligned in (True, False):  # non-aligned: 4,101 - 4,096 = 5 boundary tokens recomputed per child
+        res = replay_pool(fork_tree_requests(aligned=aligned), block_size=16, num_usable_blocks=1696)
+        assert res.hit_tokens == [0] + [4096] * 5
+    res = replay_pool(fork_tree_requests(concurrent_children=True), block_size=16, num_usable_blocks=300)
+    assert (res.hit_tokens, res.num_deferred) == ([0] + [4096] * 5, 4)  # one child at a time fits
 
 
 def test_random_family_workloads_match_real_pool():
