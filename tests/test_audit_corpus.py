@@ -278,3 +278,48 @@ def test_shared_lmcache_corpus(shared_datasets):
     assert "hand-crafted" in d["sources"]["pyCodeAGI"]["labels"]
     assert d["verdict"]["headroom"]["qualified"] is False and d["verdict"]["retention_pressure"]["qualified"] is False
     assert r.exit_code == 3
+
+
+# ---- record identity against a plain reference ---------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from kmesh_trace.audit.fields import is_timestamp_key  # noqa: E402
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([0.5, 1.0, -0.0, 1e300]),
+                     st.text(alphabet="ab\u00e9\u2603\"\\", max_size=4), st.sampled_from(["x" * 70, "x" * 34 + "y" + "x" * 35]))  # same pre-key, different records
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.sampled_from("pq"), inner, max_size=2),
+                       max_leaves=4)
+_records = st.dictionaries(st.sampled_from(["timestamp", "ts", "a", "b"]), _values, max_size=3)
+
+
+def _serialise(obj: dict, style: int) -> bytes:
+    if style == 0:
+        return json.dumps(obj).encode()
+    if style == 1:
+        return json.dumps(dict(reversed(list(obj.items()))), ensure_ascii=False, separators=(" ,", ": ")).encode()
+    return b"  " + json.dumps(obj, sort_keys=True, indent=None).encode() + b"\r"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(records=st.lists(st.tuples(_records, st.integers(0, 2)), min_size=1, max_size=12))
+def test_fuzz_duplicates_match_plain_canonical_json(tmp_path_factory, records):
+    root = tmp_path_factory.mktemp("ident")
+    (root / "s").mkdir()
+    half = len(records) // 2
+    (root / "s" / "one.jsonl").write_bytes(b"\n".join(_serialise(o, s) for o, s in records[:half]))
+    (root / "s" / "two.jsonl").write_bytes(b"\n".join(_serialise(o, s) for o, s in records[half:]))
+    canon = [json.dumps(o, sort_keys=True, separators=(",", ":")) for o, _ in records]
+    unique = list(dict.fromkeys(canon))
+    near: dict[str, int] = {}
+    for c in unique:
+        o = json.loads(c)
+        ts = sorted(k for k in o if is_timestamp_key(k))
+        if ts:
+            key = json.dumps({k: v for k, v in o.items() if k not in ts}, sort_keys=True) + repr(ts)
+            near[key] = near.get(key, 0) + 1
+    d = audit_corpus(root).to_dict()
+    assert d["parsed_records"] == len(records)
+    assert d["duplicate_records"] == len(canon) - len(unique)
+    assert d["near_duplicate_records"] == sum(n - 1 for n in near.values())
