@@ -282,11 +282,6 @@ def test_shared_lmcache_corpus(shared_datasets):
 
 # ---- record identity against a plain reference ---------------------------------------------------
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from kmesh_trace.audit.fields import is_timestamp_key  # noqa: E402
-
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([0.5, 1.0, -0.0, 1e300]),
                      st.text(alphabet="ab\u00e9\u2603\"\\", max_size=4), st.sampled_from(["x" * 70, "x" * 34 + "y" + "x" * 35]))  # same pre-key, different records
 _values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.sampled_from("pq"), inner, max_size=2),
