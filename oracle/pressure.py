@@ -39,7 +39,7 @@ class FamilyRow:
 
     parent_index: int
     parent_request_id: str
-    family: str
+    family: str | None  # the declared family id, if any
     child_indices: list[int]
     hold_status: str  # taken, refused_blocks, refused_families, empty, not_needed, never_finished
     num_held_blocks: int
@@ -255,7 +255,7 @@ def _families(requests, edges, policy, stock: PoolResult, held: PoolResult) -> l
         h = rec.get(p)
         cs = children[p]
         rows.append(FamilyRow(
-            parent_index=p, parent_request_id=requests[p].request_id, family=policy.family_of[p],
+            parent_index=p, parent_request_id=requests[p].request_id, family=requests[p].family_id,
             child_indices=cs, hold_status=h.status if h else "never_finished",
             num_held_blocks=h.num_blocks if h and h.status == "taken" else 0,
             release_reason=h.release_reason if h else None,

@@ -128,7 +128,7 @@ def _render(d: dict) -> None:
     for h in ("family", "parent", "children", "hold", "blocks", "released", "stock", "held", "saved"):
         ft.add_column(h, justify="left" if h in ("family", "parent", "hold", "released") else "right")
     for f in fams[:MAX_FAMILY_ROWS]:
-        ft.add_row(f["family"], f["parent_request_id"], f"{f['num_children']:,}", f["hold_status"],
+        ft.add_row(f["family"] or "-", f["parent_request_id"], f"{f['num_children']:,}", f["hold_status"],
                    f"{f['num_held_blocks']:,}", f["release_reason"] or "-", f"{f['child_hit_tokens_stock']:,}",
                    f"{f['child_hit_tokens_held']:,}", f"{f['saved_child_tokens']:,}")
     out.print(ft)
