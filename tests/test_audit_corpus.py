@@ -15,7 +15,11 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from kmesh_trace.audit.corpus import audit_corpus
+from kmesh_trace.audit.fields import is_timestamp_key
 from kmesh_trace.audit.inventory import CorpusUnreadableError
 
 PROMPT = "You are a helper. Q1"
