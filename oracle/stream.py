@@ -109,12 +109,12 @@ def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[
         prompt_ids = row.get("prompt_token_ids")
         output_ids = row.get("output_token_ids")
         listed = row.get("prompt_block_hashes")
-        if listed is not None:
-            prompt_hashes, output_hashes = [int(h) for h in listed], []
-            if prompt_ids is not None:
-                _, output_hashes = token_block_hashes(prompt_ids, output_ids, block_size)
-        elif prompt_ids is not None:
+        # Exact tokens win: prompt and output blocks are then hashed one way, so a child whose prompt
+        # repeats its parent's output finds the parent's generated blocks.
+        if prompt_ids is not None:
             prompt_hashes, output_hashes = token_block_hashes(prompt_ids, output_ids, block_size)
+        elif listed is not None:
+            prompt_hashes, output_hashes = [int(h) for h in listed], []
         else:
             raise KmeshTraceError(
                 f"invocation {row.get('request_id')!r} has neither prompt_token_ids nor prompt_block_hashes; "
@@ -178,7 +178,7 @@ class AccessStream:
     """
 
     block_size: int
-    obj: np.ndarray  # int64 dense object id per access
+    obj: np.ndarray  # dense object id per access (int32 while the ids fit)
     eligible: np.ndarray  # bool: a prompt read whose hit would count
     next_use: np.ndarray  # int64 position of the next eligible read of obj, or NEVER
     req_start: np.ndarray  # int64 offsets, len = num_requests + 1
@@ -216,25 +216,28 @@ class AccessStream:
     def from_arrays(cls, block_size: int, hashes: np.ndarray, eligible: np.ndarray, req_start: np.ndarray,
                     num_prompt_tokens: np.ndarray, num_reads: np.ndarray) -> "AccessStream":
         uniq, obj = np.unique(hashes, return_inverse=True)
-        obj = obj.astype(np.int64, copy=False)
+        obj = obj.astype(np.int32 if len(uniq) < 2**31 else np.int64)
         return cls(block_size, obj, eligible.astype(bool, copy=False), next_uses(obj, eligible),
                    req_start.astype(np.int64), num_prompt_tokens.astype(np.int64), num_reads.astype(np.int64),
                    len(uniq))
 
     def tile(self, times: int) -> "AccessStream":
-        """The stream repeated `times` times with fresh object ids per copy (a longer, equally shaped workload)."""
-        n = len(self)
-        k = np.repeat(np.arange(times, dtype=np.int64), n)
-        nu = np.tile(self.next_use, times)
-        finite = nu != NEVER
-        nu[finite] += k[finite] * n
-        del finite
-        obj = np.tile(self.obj, times) + k * self.num_objects
-        del k
+        """The stream repeated `times` times with fresh object ids per copy (a longer, equally shaped
+        workload). Built copy by copy in place, so the peak memory is the result's."""
+        n, m = len(self), self.num_objects
+        dtype = np.int32 if m * times < 2**31 else np.int64
+        obj = np.empty(n * times, dtype)
+        nu = np.empty(n * times, np.int64)
+        finite = self.next_use != NEVER
+        for i in range(times):
+            seg = slice(i * n, (i + 1) * n)
+            np.add(self.obj, i * m, out=obj[seg], casting="unsafe")
+            nu[seg] = self.next_use
+            nu[seg][finite] += i * n
         starts = (self.req_start[:-1][None, :] + (np.arange(times, dtype=np.int64) * n)[:, None]).ravel()
         return AccessStream(self.block_size, obj, np.tile(self.eligible, times), nu,
                             np.append(starts, times * n), np.tile(self.num_prompt_tokens, times),
-                            np.tile(self.num_reads, times), self.num_objects * times)
+                            np.tile(self.num_reads, times), m * times)
 
 
 def next_uses(obj: np.ndarray, eligible: np.ndarray) -> np.ndarray:

@@ -122,3 +122,15 @@ def test_request_blocks_refuses_blockless_rows_and_engine_ambiguity(tmp_path):
     with pytest.raises(KmeshTraceError, match="pick one with --engine"):
         request_blocks(open_trace(tmp_path / "t"))
     assert [r.prompt_hashes for r in request_blocks(open_trace(tmp_path / "t"), "e1")] == [[5]]
+
+
+def test_a_child_finds_its_parents_generated_blocks():
+    parent = {"request_id": "p", "num_prompt_tokens": 5, "num_output_tokens": 4,
+              "prompt_token_ids": [1, 2, 3, 4, 5], "output_token_ids": [6, 7, 8, 9],
+              "prompt_block_hashes": [11, 12]}  # tokens win over listed hashes
+    child = {"request_id": "c", "parent_id": "p", "num_prompt_tokens": 10, "num_output_tokens": 1,
+             "prompt_token_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "output_token_ids": [0]}
+    p, c = requests_from_rows([parent, child], 4)
+    # The parent's KV covers 5 + 3 tokens: block 1 (tokens 5-8) is completed by generation.
+    assert len(p.prompt_hashes) == 1 and len(p.output_hashes) == 1
+    assert c.prompt_hashes[:2] == p.prompt_hashes + p.output_hashes and c.parent_index == 0
