@@ -2,7 +2,8 @@
 
 `audit_capture(trace)` checks, per engine partition:
 - contract fields: every metadata field a capture must fill (REQUIRED_METADATA), every contract
-  column in every Parquet part, and the nullable columns a row's state requires (FILLED_WHEN);
+  column in every Parquet part, the nullable columns a row's state requires (FILLED_WHEN), and
+  enumerated columns holding only their vocabulary (ALLOWED_VALUES);
 - block events, replayed in `seq` order: reference counts never negative; frees only of blocks that
   were allocated and are still referenced; touches only of blocks once allocated and still cached;
   evictions only of cached blocks; no allocation of a block whose hash was never evicted; every
@@ -58,6 +59,15 @@ FILLED_WHEN: dict[str, dict[str, object]] = {
         "ref_cnt": "event != cleared",
         "block_hash": ("cached", "evicted", "touched"),
     },
+}
+#: Enumerated columns and their allowed values. The schema exports the event, edge and direction
+#: vocabularies; the two status vocabularies are only in its column docs, so they are restated here.
+ALLOWED_VALUES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("block_events", "event"): schema.BLOCK_EVENT_KINDS,
+    ("lineage", "edge_kind"): schema.EDGE_KINDS,
+    ("transfers", "direction"): schema.TRANSFER_DIRECTIONS,
+    ("invocations", "status"): ("finished", "length_capped", "aborted", "error"),
+    ("transfers", "status"): ("ok", "failed", "incomplete"),
 }
 #: Fields whose absence only stops the retention analysis (timing after arrival, outputs).
 _RETENTION_ONLY_FIELDS = {"finish_ns", "first_scheduled_ns", "first_token_ns", "output_token_ids", "num_output_tokens"}
@@ -123,6 +133,7 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     ev = t.frame("block_events")
     _check_filled(inv, "invocations", f)
     _check_filled(ev, "block_events", f)
+    _check_values({"invocations": inv, "block_events": ev, "lineage": t.frame("lineage"), "transfers": t.frame("transfers")}, f)
     touches = _replay_block_events(ev, f)
     _check_cached_tokens(t, inv, touches, f)
     _check_clocks(t, inv, f)
@@ -183,6 +194,20 @@ def _check_filled(df, table: str, f: _Findings) -> None:
             locations = [f"{table}:{eng}:{k}" for eng, k in bad.select("engine", key).head(MAX_LOCATIONS).iter_rows()]
             f.add("missing_field", f"column {table}.{col} is null where it must be filled", locations,
                   blocks=blocks, count=bad.height)
+
+
+def _check_values(frames: dict, f: _Findings) -> None:
+    import polars as pl
+
+    for (table, col), allowed in ALLOWED_VALUES.items():
+        df = frames[table]
+        if df.height == 0 or col not in df.columns:
+            continue
+        bad = df.filter(pl.col(col).is_not_null() & ~pl.col(col).is_in(list(allowed)))
+        if bad.height:
+            values = sorted(set(bad.get_column(col).to_list()))[:MAX_LOCATIONS]
+            f.add("invalid_value", f"column {table}.{col} holds values outside {', '.join(allowed)}",
+                  [f"{table}.{col}={v!r}" for v in values], count=bad.height)
 
 
 # ---- block events --------------------------------------------------------------------------

@@ -208,3 +208,8 @@ def test_summary_line_groups_codes():
     assert summary(ps) == "3 blocking problems: missing_field (x2), empty_table"
     assert summary(ps[3:]) == "nothing blocking (1 warning)"
     assert summary([]) == "nothing blocking"
+
+
+def test_unknown_event_kind(tmp_path):
+    r = audit_capture(write_trace(tmp_path / "t", events=_edit(clean_events(), 16, event="dropped")))
+    assert summary(r) == [("invalid_value", "blocking", 1, ["block_events.event='dropped'"])]
