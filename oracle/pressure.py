@@ -66,6 +66,8 @@ class FamilyRow:
 
 @dataclass
 class PressureResult:
+    """Both arms of one what-if and the tradeoff between them (`to_dict` is the JSON of the CLI)."""
+
     block_size: int
     capacity_blocks: int
     edges: str

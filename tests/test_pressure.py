@@ -84,6 +84,13 @@ def test_cli_scenario_json():
     assert (d["block_size"], d["saved_child_tokens"], d["net_cached_tokens"]) == (32, 928, -2784)
 
 
+def test_cli_per_request_rows():
+    r = runner.invoke(app, ["pressure", "--scenario", "hold-stress", "--per-request", "--json"])
+    rows = json.loads(r.stdout)["requests"]
+    assert [(q["request_id"], q["role"], q["hit_tokens_held"], q["evictions_held"]) for q in rows[8:]] == [
+        ("other3-pass2", "other", 32, 29), ("child", "child", 512, 4)]
+
+
 def test_cli_human_output():
     r = runner.invoke(app, ["pressure", "--scenario", "hold-stress"])
     assert r.exit_code == 0, r.output

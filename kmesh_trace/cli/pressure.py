@@ -51,6 +51,7 @@ def pressure_cmd(
     sweep_capacity: Optional[str] = typer.Option(None, "--sweep-capacity", help="Capacities to sweep, comma-separated (a table of net tokens)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="With --sweep-capacity: write net tokens against capacity to FILE.png or FILE.svg."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
+    per_request: bool = typer.Option(False, "--per-request", help="Also list every request's hits and evictions in each arm."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Replay the trace stock and with family holds through the vLLM block-pool model; report the tradeoff."""
@@ -104,7 +105,7 @@ def pressure_cmd(
         raise KmeshTraceError("the trace does not record the engine's usable blocks (imported traces cannot); "
                               "pass --capacity-blocks N.")
     res = what_if(reqs, block_size=block_size, num_usable_blocks=usable, **opts)
-    d = res.to_dict()
+    d = res.to_dict(per_request=per_request)
     if as_json:
         print_json(d)
         return
@@ -134,6 +135,14 @@ def _render(d: dict) -> None:
     out.print(ft)
     if len(fams) > MAX_FAMILY_ROWS:
         err.print(f"({len(fams) - MAX_FAMILY_ROWS:,} more families; --json lists them all)")
+    if "requests" in d:
+        rt = RichTable(title="requests (hit tokens and evictions, stock then held)", title_justify="left")
+        for h in ("index", "request", "role", "hits_stock", "hits_held", "evict_stock", "evict_held"):
+            rt.add_column(h, justify="left" if h in ("request", "role") else "right")
+        for r in d["requests"]:
+            rt.add_row(str(r["index"]), r["request_id"], r["role"], f"{r['hit_tokens_stock']:,}",
+                       f"{r['hit_tokens_held']:,}", f"{r['evictions_stock']:,}", f"{r['evictions_held']:,}")
+        out.print(rt)
     secs = d["held_block_seconds"]
     out.print(f"saved_child_tokens {d['saved_child_tokens']:,}  displaced_hit_tokens {d['displaced_hit_tokens']:,}  "
               f"net_cached_tokens {d['net_cached_tokens']:,}")
