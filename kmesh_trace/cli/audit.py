@@ -14,7 +14,11 @@ from rich.table import Table as RichTable
 from kmesh_trace.audit.findings import EXIT_CLEAN, Problem, summary
 from kmesh_trace.cli.common import err, fail, handles_errors, out, print_json, progress
 
-audit_app = typer.Typer(help="Audit agent-trace corpora and captured traces for fitness.", no_args_is_help=True)
+audit_app = typer.Typer(
+    help="Audit agent-trace corpora and captured traces for fitness. "
+         "Exit codes: 0 nothing blocking, 3 blocking problems found, 1 the audit could not run.",
+    no_args_is_help=True,
+)
 
 
 def register(app: typer.Typer) -> None:
