@@ -156,3 +156,24 @@ def test_what_if_trace_uses_the_trace_geometry(tmp_path):
     assert res.stock.hit_tokens == res.held.hit_tokens == [0] + [4096] * 5
     assert res.stock.num_evictions == res.held.num_evictions == [0, 0, 32, 32, 32, 32]
     assert what_if_trace(trace, capacity_blocks=288).stock.admitted == [True] + [False] * 5
+
+
+def test_inferred_edges_come_from_the_traces_exact_prefix_rows(tmp_path):
+    from kmesh_trace.datasets.fork_tree import BLOCK_SIZE, fork_tree_rows
+    from kmesh_trace.oracle.pressure import what_if_trace
+    from kmesh_trace.writer import TraceWriter
+
+    rows = fork_tree_rows()
+    lineage = [
+        {"child_request_id": "child-0", "parent_request_id": "parent", "edge_kind": "exact_prefix"},
+        {"child_request_id": "child-3", "parent_request_id": "parent", "edge_kind": "exact_prefix"},
+        {"child_request_id": "child-1", "parent_request_id": "parent", "edge_kind": "declared"},  # not used
+    ]
+    with TraceWriter(tmp_path / "t", "e0", {"block_size": BLOCK_SIZE, "num_usable_blocks": 600}) as w:
+        w.write("invocations", {k: [r[k] for r in rows] for k in rows[0]})
+        w.write("lineage", {k: [r.get(k) for r in lineage] for k in
+                            ("child_request_id", "parent_request_id", "declared_parent_id", "family_id", "edge_kind",
+                             "num_shared_tokens")})
+    res = what_if_trace(tmp_path / "t", edges="inferred")
+    assert (res.edge_source, res.child_indices) == ("lineage", [1, 4])
+    assert what_if_trace(tmp_path / "t").edge_source == "declared"
