@@ -84,7 +84,8 @@ class Trace:
         parts = self.parts[name]
         if not parts:
             return pl.from_arrow(self._empty(name)).lazy()
-        return pl.scan_parquet([str(p) for p in parts], hive_partitioning=True)
+        # The partition column is an id, never a number: "007" must stay "007".
+        return pl.scan_parquet([str(p) for p in parts], hive_partitioning=True, hive_schema={"engine": pl.String})
 
     def frame(self, name: str) -> pl.DataFrame:
         return self.scan(name).collect()
@@ -107,7 +108,7 @@ class Trace:
         for name, parts in self.parts.items():
             if parts:
                 files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in parts)
-                con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{files}], hive_partitioning = true)")
+                con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{files}], hive_partitioning = true, hive_types = {{'engine': VARCHAR}})")
             else:
                 empty = self._empty(name)  # noqa: F841 (referenced by name from SQL)
                 con.execute(f"CREATE TABLE {name} AS SELECT * FROM empty")

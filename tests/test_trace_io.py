@@ -152,3 +152,12 @@ def test_sql_refuses_writes_attach_extensions_and_outside_reads(tmp_path, query,
     assert r.stdout == ""
     assert r.stderr.startswith("Error: query refused") and r.stderr.count("\n") == 1
     assert sorted(p for p in tmp_path.rglob("*")) == before
+
+
+def test_engine_ids_stay_strings(tmp_path):
+    w = TraceWriter(tmp_path / "t", "007")
+    w.write("lineage", {"child_request_id": ["c"], "edge_kind": ["declared"]})
+    t = open_trace(tmp_path / "t")
+    assert t.frame("lineage")["engine"].to_list() == ["007"]
+    assert t.sql("SELECT engine FROM lineage")["engine"].to_list() == ["007"]
+    assert list(t.engines) == ["007"]
