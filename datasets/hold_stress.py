@@ -10,8 +10,9 @@ variant a CPU engine can run (its attention needs block sizes that are multiples
 block-for-block the same.
 
 What it yields under the vLLM block-pool model (`kmesh_trace.oracle.pressure.what_if`), pinned by
-tests/test_blockpool_vllm.py against vLLM's real `KVCacheManager`; tokens at scale 1 (double them all
-at scale 2; blocks and evictions are the same):
+tests/test_blockpool_vllm.py against vLLM's real `KVCacheManager` (both arms) and, for the stock arm
+at scale 2, by tests/test_pressure_engine.py against a real CPU engine; tokens at scale 1 (double
+them all at scale 2; blocks and evictions are the same):
 - stock: the parent's 32 full blocks are freed tail first to the LRU end; the first pass fills the
   whole pool, so its fourth request evicts 29 of them (the chain's tail) and 3 survive. Per request
   hits 0 x 5, then 496 x 4 (second pass: 31 blocks each, the most a 497-token prompt can hit), child 48;
