@@ -93,6 +93,26 @@ def close_recorder(rec: Recorder) -> None:
         log.exception("kmesh-trace: closing the capture failed")
 
 
+def _attach(rec: Recorder, obj, wrappers: dict) -> None:
+    for name, fn in wrappers.items():
+        setattr(obj, name, fn)
+    rec.wrappers.append((obj, wrappers))
+
+
+def set_recording(rec: Recorder, on: bool) -> None:
+    """Detach (or re-attach) every wrapper, so the engine runs vLLM's own methods only.
+
+    For A/B measurements (benchmarks/capture_overhead.py). Requests that arrive or finish while
+    detached are not recorded; detach only between workloads, with no request in flight.
+    """
+    for obj, wrappers in rec.wrappers:
+        for name, fn in wrappers.items():
+            if on:
+                setattr(obj, name, fn)
+            else:
+                obj.__dict__.pop(name, None)
+
+
 # ---- block pool ----------------------------------------------------------------------------------
 
 def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
@@ -119,6 +139,14 @@ def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
         else:
             buf.num_dropped += 1
 
+    def emit_all(new):
+        room = cap - len(rows)
+        if room >= len(new):
+            rows.extend(new)
+        else:
+            rows.extend(new[:max(room, 0)])
+            buf.num_dropped += len(new) - max(room, 0)
+
     def maybe_evict(block):
         key = block._block_hash
         evicted = orig_evict(block)
@@ -143,17 +171,24 @@ def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
         step = rec.step
         req = rec.ctx_req
         s = rec.seq
+        if not scratch:  # no eviction: the common case, one comprehension
+            new = [(s + i, ts, step, "allocated", b.block_id, b.ref_cnt, None, None, req, free - i - 1, single_group)
+                   for i, b in enumerate(ret)]
+            rec.seq = s + len(new)
+            emit_all(new)
+            return ret
+        new = []
         for b in ret:
             free -= 1
-            if scratch:
-                key = scratch.pop(b.block_id, None)
-                if key is not None:
-                    emit((s, ts, step, "evicted", b.block_id, 0, hash64(key), None, req, free, group_of(key)))
-                    s += 1
-            emit((s, ts, step, "allocated", b.block_id, b.ref_cnt, None, None, req, free, single_group))
+            key = scratch.pop(b.block_id, None)
+            if key is not None:
+                new.append((s, ts, step, "evicted", b.block_id, 0, hash64(key), None, req, free, group_of(key)))
+                s += 1
+            new.append((s, ts, step, "allocated", b.block_id, b.ref_cnt, None, None, req, free, single_group))
             s += 1
         rec.seq = s
         scratch.clear()
+        emit_all(new)
         return ret
 
     def touch(blocks):
@@ -163,6 +198,7 @@ def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
         step = rec.step
         req = rec.ctx_req
         s = rec.seq
+        new = []
         for b in blocks:
             if b.is_null:
                 continue
@@ -170,10 +206,11 @@ def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
             if rc == 1:
                 free -= 1
             key = b._block_hash
-            emit((s, ts, step, "touched", b.block_id, rc, hash64(key) if key is not None else None, None, req,
-                  free, group_of(key) if key is not None else single_group))
+            new.append((s, ts, step, "touched", b.block_id, rc, hash64(key) if key is not None else None, None, req,
+                        free, group_of(key) if key is not None else single_group))
             s += 1
         rec.seq = s
+        emit_all(new)
 
     def free_blocks(ordered_blocks):
         blocks = list(ordered_blocks)
@@ -183,6 +220,7 @@ def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
         step = rec.step
         req = rec.ctx_req
         s = rec.seq
+        new = []
         for b in blocks:
             if b.is_null or (b.pool is not None and b.pool is not pool):
                 continue
@@ -190,10 +228,11 @@ def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
             if rc == 0:
                 free += 1
             key = b._block_hash
-            emit((s, ts, step, "freed", b.block_id, rc, hash64(key) if key is not None else None, None, req,
-                  free, group_of(key) if key is not None else single_group))
+            new.append((s, ts, step, "freed", b.block_id, rc, hash64(key) if key is not None else None, None, req,
+                        free, group_of(key) if key is not None else single_group))
             s += 1
         rec.seq = s
+        emit_all(new)
 
     def cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id,
                           block_mask=None):
@@ -231,12 +270,9 @@ def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
             emit((s, mono(), rec.step, "cleared", None, None, None, None, rec.ctx_req, fq.num_free_blocks, None))
         return ok
 
-    pool._maybe_evict_cached_block = maybe_evict
-    pool.get_new_blocks = get_new_blocks
-    pool.touch = touch
-    pool.free_blocks = free_blocks
-    pool.cache_full_blocks = cache_full_blocks
-    pool.reset_prefix_cache = reset_prefix_cache
+    _attach(rec, pool, {"_maybe_evict_cached_block": maybe_evict, "get_new_blocks": get_new_blocks, "touch": touch,
+                        "free_blocks": free_blocks, "cache_full_blocks": cache_full_blocks,
+                        "reset_prefix_cache": reset_prefix_cache})
     pool._kmesh_recorder = rec
 
 
@@ -282,9 +318,7 @@ def _install_manager(rec: Recorder, mgr) -> None:
         finally:
             rec.ctx_req = prev
 
-    mgr.allocate_slots = allocate_slots
-    mgr.free = free
-    mgr.remove_skipped_blocks = remove_skipped_blocks
+    _attach(rec, mgr, {"allocate_slots": allocate_slots, "free": free, "remove_skipped_blocks": remove_skipped_blocks})
 
 
 # ---- scheduler (invocations, steps, shutdown) -----------------------------------------------------
@@ -366,8 +400,5 @@ def _install_scheduler(rec: Recorder, scheduler) -> None:
         finally:
             close_recorder(rec)
 
-    scheduler.add_request = add_request
-    scheduler.schedule = schedule
-    scheduler.update_from_output = update_from_output
-    scheduler._free_request = _free_request
-    scheduler.shutdown = shutdown
+    _attach(rec, scheduler, {"add_request": add_request, "schedule": schedule, "update_from_output": update_from_output,
+                             "_free_request": _free_request, "shutdown": shutdown})

@@ -80,6 +80,7 @@ class Recorder:
         self.awaiting_first_token: set = set()
         self.after_step: list[Callable[[], None]] = []  # called after each update_from_output
         self.before_close: list[Callable[[], None]] = []  # called once, before the final flush
+        self.wrappers: list[tuple[Any, dict]] = []  # (object, {method name: wrapper}) the hooks attached
         # Read by the writer thread; plain dict operations are atomic under the GIL.
         self.caller_to_rid: dict[str, str] = {}
         self._lineage = LineageIndex(int(self.config["lineage_window"]))
