@@ -329,18 +329,26 @@ def _install_manager(rec: Recorder, mgr) -> None:
 def invocation_row(request, finish_ns: int | None, status: str | None) -> tuple:
     st = request._kmesh
     extra = getattr(request.sampling_params, "extra_args", None) or {}
-    children = extra.get("kmesh_children")
+    children = _as_int(extra.get("kmesh_children"))
     prompt = request.prompt_token_ids
     output = list(request.output_token_ids)
     return (
         request.request_id, caller_id_of(request), st[0],
         None if extra.get("kmesh_family") is None else str(extra["kmesh_family"]),
         None if extra.get("kmesh_parent") is None else str(extra["kmesh_parent"]),
-        None if children is None else int(children),
+        children,
         request.num_prompt_tokens, len(output),
         list(prompt) if prompt is not None else None, output, None,
         st[1], st[2], st[3], finish_ns, status, st[4], st[5], request.num_preemptions,
     )
+
+
+def _as_int(value) -> int | None:
+    # Callers declare through JSON (vllm_xargs); a value that is not a count is ignored, never raised.
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def unfinished_row(request) -> tuple:
@@ -391,7 +399,13 @@ def _install_scheduler(rec: Recorder, scheduler) -> None:
             rec.ctx_req = prev
         if rec.live.pop(request.request_id, None) is not None:
             rec.awaiting_first_token.discard(request)
-            inv.append(invocation_row(request, mono(), _STATUS.get(request.status.name, "error")))
+            try:
+                row = invocation_row(request, mono(), _STATUS.get(request.status.name, "error"))
+            except Exception:  # never let a malformed request take the engine down; count it
+                inv.num_dropped += 1
+                log.exception("kmesh-trace: could not record request %s", request.request_id)
+            else:
+                inv.append(row)
         return ret
 
     def shutdown():

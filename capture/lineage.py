@@ -98,7 +98,8 @@ def edges_for(index: LineageIndex, row: dict[str, Any], caller_to_rid: dict[str,
     prompt = row["prompt_token_ids"] or []
     declared = row["parent_id"]
     if declared is not None:
-        parent_rid = caller_to_rid.get(declared)
+        # The completions API suffixes the response id with the prompt index ("cmpl-X-0").
+        parent_rid = caller_to_rid.get(declared) or caller_to_rid.get(f"{declared}-0")
         if parent_rid is None and index.sequence(declared) is not None:
             parent_rid = declared  # the caller named the engine's own id
         parent_seq = index.sequence(parent_rid) if parent_rid is not None else None
