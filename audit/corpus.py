@@ -40,6 +40,28 @@ REQUIREMENTS: dict[str, tuple] = {
     "retention_pressure": (F.PARENT_LINKS, F.START_COMPLETION, F.ENGINE_IDENTITY, F.TOKEN_IDS, F.CACHE_EVENTS),
 }
 
+#: Distinct key sets whose plans are cached (records of one source usually share a handful).
+MAX_PLANS = 10_000
+_TYPE_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null",
+               dict: "object", list: "array"}
+
+
+class _KeyPlan:
+    """What the audit needs to know about one key set, worked out once: which keys are timestamps,
+    which may carry evidence, which name the session, the input and the output, their sorted order."""
+
+    __slots__ = ("items", "ts_keys", "sorted_keys", "session_keys", "input_key", "output_key")
+
+    def __init__(self, keys: tuple[str, ...]):
+        self.items = [(k, is_ts(k), F.EVIDENCE_KEYS.get(k.lower())) for k in keys]
+        self.ts_keys = [k for k, ts, _ in self.items if ts]
+        self.sorted_keys = sorted(keys)
+        present = set(keys)
+        self.session_keys = [k for k in F.SESSION_KEYS if k in present]
+        self.input_key = next((k for k in F.INPUT_KEYS if k in present), None)
+        self.output_key = next((k for k in F.OUTPUT_KEYS if k in present), None)
+
+
 class CorpusChangedError(CorpusUnreadableError):
     """A file changed between two reads of one audit."""
 
@@ -197,6 +219,7 @@ class _Pass:
         self.files: list[str] = []
         self.records_by_file: dict[str, int] = {}
         self.index = RecordIndex(self.reread)
+        self.plans: dict[tuple[str, ...], _KeyPlan] = {}
 
     # ---- locations are packed ints: file index * 2**32 + line ----
     def loc(self, packed: int) -> str:
@@ -279,43 +302,56 @@ class _Pass:
         if len(self.malformed_locations) < MAX_LISTED:
             self.malformed_locations.append({"location": f"{rel}:{lineno}", "kind": why.kind, "column": why.column})
 
+    def plan(self, keys: tuple[str, ...]) -> _KeyPlan:
+        p = self.plans.get(keys)
+        if p is None:
+            p = _KeyPlan(keys)
+            if len(self.plans) < MAX_PLANS:
+                self.plans[keys] = p
+        return p
+
     def record(self, src: SourceReport, obj: dict, place: Place) -> float | None:
         """Account for one record; returns its first numeric timestamp (None when it has none)."""
+        plan = self.plan(tuple(obj))
         keys = src.keys
-        ts_keys: list[str] = []
         first_ts = None
-        for k, v in obj.items():
-            t = F.json_type(v)
+        found: dict[str, set[str]] | None = None
+        for k, ts, cat in plan.items:
+            v = obj[k]
+            tv = type(v)
+            t = _TYPE_NAMES.get(tv) or F.json_type(v)
             kt = keys.get(k)
             if kt is None:
                 kt = keys[k] = {}
             kt[t] = kt.get(t, 0) + 1
-            if is_ts(k):
-                ts_keys.append(k)
-                if t == "integer" or t == "number":
-                    st = src.timestamps.get(k)
-                    if st is None:
-                        st = src.timestamps[k] = F.TimestampStats()
-                    st.add(v)
-                    if first_ts is None:
-                        first_ts = v
-        found: dict[str, set[str]] = {}
-        F.evidence_of(obj, found)
-        for cat, names in F.categories_of(found).items():
-            src.evidence[cat] = src.evidence.get(cat, 0) + 1
-            src.evidence_fields.setdefault(cat, set()).update(names)
-        self.index.add(obj, ts_keys, place)
+            if ts and (tv is int or tv is float):
+                st = src.timestamps.get(k)
+                if st is None:
+                    st = src.timestamps[k] = F.TimestampStats()
+                st.add(v)
+                if first_ts is None:
+                    first_ts = v
+            if cat is not None or (tv is dict and v):
+                if found is None:
+                    found = {}
+                F.evidence_of({k: v}, found)
+        if found:
+            for cat, names in F.categories_of(found).items():
+                src.evidence[cat] = src.evidence.get(cat, 0) + 1
+                src.evidence_fields.setdefault(cat, set()).update(names)
+        self.index.add(obj, plan.ts_keys, place, plan.sorted_keys)
         return first_ts
 
-    @staticmethod
-    def session_record(obj: dict, ts: float | None, where: int) -> SessionRecord:
+    def session_record(self, obj: dict, ts: float | None, where: int) -> SessionRecord:
+        plan = self.plan(tuple(obj))
         session = None
-        for k in F.SESSION_KEYS:
-            if k in obj and obj[k] is not None:
-                session = (k, obj[k] if isinstance(obj[k], (str, int, float)) else canonical(obj[k]))
+        for k in plan.session_keys:
+            v = obj[k]
+            if v is not None:
+                session = (k, v if isinstance(v, (str, int, float)) else canonical(v))
                 break
-        inp = next((obj[k] for k in F.INPUT_KEYS if k in obj), None)
-        out = next((obj[k] for k in F.OUTPUT_KEYS if k in obj), None)
+        inp = obj[plan.input_key] if plan.input_key is not None else None
+        out = obj[plan.output_key] if plan.output_key is not None else None
         return SessionRecord(session, ts, where, inp, out)
 
     # ---- after the pass ----

@@ -77,11 +77,11 @@ def _canonical_iterative(v: object) -> str:
     return "".join(out)
 
 
-def prekeys(obj: dict, ts_keys: list[str]) -> tuple[int, int]:
+def prekeys(obj: dict, ts_keys: list[str], sorted_keys: list[str] | None = None) -> tuple[int, int]:
     """(full, near) pre-keys: cheap hashes that equal canonical JSON always shares."""
     items = []
     ts_items = []
-    for k in sorted(obj):
+    for k in sorted(obj) if sorted_keys is None else sorted_keys:
         v = obj[k]
         t = type(v)
         if t is str:
@@ -149,10 +149,10 @@ class RecordIndex:
         self.num_rereads += 1
         return digests(self.reread(place))
 
-    def add(self, obj: dict, ts_keys: list[str], place: Place) -> bool:
+    def add(self, obj: dict, ts_keys: list[str], place: Place, sorted_keys: list[str] | None = None) -> bool:
         """Account one record; returns False when it repeats an earlier record exactly."""
         where = place[0]
-        full_pre, near_pre = prekeys(obj, ts_keys)
+        full_pre, near_pre = prekeys(obj, ts_keys, sorted_keys)
         full = near = None
         first = self._by_pre.get(full_pre)
         if first is None:
