@@ -14,6 +14,9 @@
 - clocks: block events' `ts_ns` non-decreasing in `seq`, `seq` without gaps, invocations' arrival
   non-decreasing in `seq` and arrival <= first scheduled <= first token <= finish, transfers'
   start <= finish;
+- lineage: every edge's child (and parent, when given) is an invocation of the trace; an
+  exact_prefix edge's child prompt starts with the parent's prompt + output, and
+  `num_shared_tokens` is that length (these stop only the retention analysis);
 - recorded drops are zero and the writer closed cleanly (`complete`).
 Each finding is a `Problem` naming the analyses it stops from qualifying.
 """
@@ -137,6 +140,7 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     touches = _replay_block_events(ev, f)
     _check_cached_tokens(t, inv, touches, f)
     _check_clocks(t, inv, f)
+    _check_lineage(t.frame("lineage"), inv, f)
     return CaptureAudit(path=str(t.path), engines=sorted(t.engines), rows=rows, problems=f.problems())
 
 
@@ -329,3 +333,35 @@ def _check_clocks(t: Trace, inv, f: _Findings) -> None:
         for eng, rid, start, fin in tr.select("engine", "request_id", "start_ns", "finish_ns").iter_rows():
             if start is not None and fin is not None and fin < start:
                 f.add("clock_not_monotonic", "a transfer finished before it started", f"transfers:{eng}:{rid}")
+
+
+def _check_lineage(lin, inv, f: _Findings) -> None:
+    if lin.height == 0:
+        return
+    known = {(e, r) for e, r in inv.select("engine", "request_id").iter_rows()}
+    wanted = {(e, r) for e, r, p in lin.select("engine", "child_request_id", "parent_request_id").iter_rows() for r in (r, p) if r}
+    import polars as pl
+
+    tokens = {}
+    rows = inv.filter(pl.col("request_id").is_in(sorted({r for _, r in wanted})))
+    for e, r, prompt, output in rows.select("engine", "request_id", "prompt_token_ids", "output_token_ids").iter_rows():
+        if (e, r) in wanted:
+            tokens[(e, r)] = (prompt, output)
+    for eng, child, parent, kind, shared in lin.select(
+            "engine", "child_request_id", "parent_request_id", "edge_kind", "num_shared_tokens").iter_rows():
+        where = f"lineage:{eng}:{child}<-{parent}"
+        if (eng, child) not in known or (parent is not None and (eng, parent) not in known):
+            f.add("lineage_dangling", "a lineage edge names a request that is not in the invocations", where, blocks=(RETENTION,))
+            continue
+        if kind != "exact_prefix" or parent is None:
+            continue
+        child_prompt, _ = tokens[(eng, child)]
+        p_prompt, p_output = tokens[(eng, parent)]
+        if child_prompt is None or p_prompt is None:
+            continue  # hashes only: nothing to compare token by token
+        prefix = list(p_prompt) + list(p_output or [])
+        if list(child_prompt[: len(prefix)]) != prefix or shared != len(prefix):
+            f.add("lineage_not_exact_prefix",
+                  "an exact_prefix edge's child prompt does not start with the parent's prompt + output "
+                  "(or num_shared_tokens is not that length)", where, blocks=(RETENTION,))
+

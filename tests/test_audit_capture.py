@@ -3,7 +3,8 @@
 The traces are written in code with the real TraceWriter (real Parquet), as a capture would. The
 clean story, block size 4, engine e0:
   r0 (8 prompt tokens) allocates blocks 1 and 2 and caches them (hashes 101, 102), then frees them;
-  r1 (12 prompt tokens) hits both (touches 1 and 2: 8 cached tokens), allocates block 3, caches 103;
+  r1 (12 prompt tokens: r0's prompt + output + 2) hits both (touches 1 and 2: 8 cached tokens),
+     allocates block 3, caches 103; lineage has r1 <- r0 twice: declared and exact_prefix (10 tokens);
   r2 (8 prompt tokens, new content) needs a block: 3 is evicted (103) and re-allocated, cached as 201;
   finally the prefix cache is cleared.
 """
@@ -48,14 +49,23 @@ def clean_invocations() -> list[dict]:
         t0 = 1_000 * (i + 1)
         rows.append({
             "request_id": rid, "seq": i, "num_prompt_tokens": n, "num_output_tokens": 2,
-            "prompt_token_ids": list(range(n)) if rid != "r2" else list(range(100, 108)),
+            "prompt_token_ids": {"r0": list(range(8)), "r1": list(range(8)) + [7, 7, 50, 51], "r2": list(range(100, 108))}[rid],
             "output_token_ids": [7, 7], "arrival_ns": t0, "first_scheduled_ns": t0 + 10, "first_token_ns": t0 + 20,
             "finish_ns": t0 + 30, "status": "finished", "num_cached_tokens": cached, "num_preemptions": 0,
         })
     return rows
 
 
-def write_trace(path, events=None, invocations=None, meta=None, dropped=0):
+def clean_lineage() -> list[dict]:
+    return [
+        {"child_request_id": "r1", "parent_request_id": "r0", "declared_parent_id": "r0", "family_id": "f",
+         "edge_kind": "declared", "num_shared_tokens": 10},
+        {"child_request_id": "r1", "parent_request_id": "r0", "declared_parent_id": None, "family_id": "f",
+         "edge_kind": "exact_prefix", "num_shared_tokens": 10},
+    ]
+
+
+def write_trace(path, events=None, invocations=None, meta=None, dropped=0, lineage=None):
     events = clean_events() if events is None else events
     cols = {k: [e.get(k) for e in events] for k in ("event", "block_id", "ref_cnt", "block_hash", "request_id")}
     cols["seq"] = list(range(len(events)))
@@ -65,6 +75,9 @@ def write_trace(path, events=None, invocations=None, meta=None, dropped=0):
     with TraceWriter(path, engine_id="e0", metadata=dict(META if meta is None else meta)) as w:
         w.write("invocations", {k: [r.get(k) for r in invocations] for k in invocations[0]})
         w.write("block_events", cols)
+        lineage = clean_lineage() if lineage is None else lineage
+        if lineage:
+            w.write("lineage", {k: [e[k] for e in lineage] for k in lineage[0]})
         if dropped:
             w.count_dropped("block_events", dropped)
     return path
@@ -80,7 +93,7 @@ def test_clean_trace_has_no_findings(tmp_path):
     assert r.exit_code == 0
     assert r.verdict == {"headroom": {"qualified": True, "blocked_by": []},
                          "retention_pressure": {"qualified": True, "blocked_by": []}}
-    assert r.rows == {"invocations": 3, "lineage": 0, "block_events": 18, "transfers": 0}
+    assert r.rows == {"invocations": 3, "lineage": 2, "block_events": 18, "transfers": 0}
     d = r.to_dict()
     assert d["engines"] == ["e0"] and d["problems"] == []
 
@@ -213,3 +226,14 @@ def test_summary_line_groups_codes():
 def test_unknown_event_kind(tmp_path):
     r = audit_capture(write_trace(tmp_path / "t", events=_edit(clean_events(), 16, event="dropped")))
     assert summary(r) == [("invalid_value", "blocking", 1, ["block_events.event='dropped'"])]
+
+
+def test_lineage_not_exact_prefix_and_dangling(tmp_path):
+    lin = clean_lineage()
+    lin[1]["num_shared_tokens"] = 9
+    lin.append({**lin[0], "child_request_id": "r9"})
+    r = audit_capture(write_trace(tmp_path / "t", lineage=lin))
+    assert summary(r) == [("lineage_not_exact_prefix", "blocking", 1, ["lineage:e0:r1<-r0"]),
+                          ("lineage_dangling", "blocking", 1, ["lineage:e0:r9<-r0"])]
+    assert r.verdict["headroom"]["qualified"] is True
+    assert r.verdict["retention_pressure"]["blocked_by"] == ["lineage_dangling", "lineage_not_exact_prefix"]
