@@ -277,6 +277,7 @@ class _Pass:
                         self.malformed(src, rel, lineno, value)
                         continue
                     records += 1
+                    src.parsed_records += 1
                     ts = self.record(src, value, (base | lineno, start, len(raw)))
                     if ts is not None:
                         if prev_ts is not None and ts < prev_ts:
@@ -284,9 +285,10 @@ class _Pass:
                         prev_ts = ts
                     session_records.append(self.session_record(value, ts, base | lineno))
         except OSError:
+            # Lines read before the failure stay counted, so the line totals still add up.
             self.unreadable_files.append(rel)
+            self.records_by_file[rel] = records
             return
-        src.parsed_records += records
         self.records_by_file[rel] = records
         src.bytes += info.num_bytes
         self.input_sha256[rel] = info.sha256
