@@ -63,14 +63,13 @@ FILLED_WHEN: dict[str, dict[str, object]] = {
         "block_hash": ("cached", "evicted", "touched"),
     },
 }
-#: Enumerated columns and their allowed values. The schema exports the event, edge and direction
-#: vocabularies; the two status vocabularies are only in its column docs, so they are restated here.
+#: Enumerated columns and their allowed values, from the schema.
 ALLOWED_VALUES: dict[tuple[str, str], tuple[str, ...]] = {
     ("block_events", "event"): schema.BLOCK_EVENT_KINDS,
     ("lineage", "edge_kind"): schema.EDGE_KINDS,
     ("transfers", "direction"): schema.TRANSFER_DIRECTIONS,
-    ("invocations", "status"): ("finished", "length_capped", "aborted", "error"),
-    ("transfers", "status"): ("ok", "failed", "incomplete"),
+    ("invocations", "status"): schema.INVOCATION_STATUSES,
+    ("transfers", "status"): schema.TRANSFER_STATUSES,
 }
 #: Fields whose absence only stops the retention analysis (timing after arrival, outputs).
 _RETENTION_ONLY_FIELDS = {"finish_ns", "first_scheduled_ns", "first_token_ns", "output_token_ids", "num_output_tokens"}

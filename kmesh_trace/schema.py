@@ -68,6 +68,8 @@ def _c(name: str, type_: pa.DataType, unit: str | None, nullable: bool, doc: str
 TOKENS = pa.list_(pa.int32())
 HASHES = pa.list_(pa.uint64())
 
+INVOCATION_STATUSES = ("finished", "length_capped", "aborted", "error")
+
 INVOCATIONS = Table(
     "invocations",
     "One row per request the engine saw (or per line of an imported trace), in arrival order.",
@@ -130,6 +132,7 @@ BLOCK_EVENTS = Table(
 )
 
 TRANSFER_DIRECTIONS = ("load", "store")
+TRANSFER_STATUSES = ("ok", "failed", "incomplete")
 
 TRANSFERS = Table(
     "transfers",
