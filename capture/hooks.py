@@ -197,6 +197,7 @@ def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
         ts = mono()
         step = rec.step
         req = rec.ctx_req
+        kind = rec.touch_event
         s = rec.seq
         new = []
         for b in blocks:
@@ -206,7 +207,7 @@ def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
             if rc == 1:
                 free -= 1
             key = b._block_hash
-            new.append((s, ts, step, "touched", b.block_id, rc, hash64(key) if key is not None else None, None, req,
+            new.append((s, ts, step, kind, b.block_id, rc, hash64(key) if key is not None else None, None, req,
                         free, group_of(key) if key is not None else single_group))
             s += 1
         rec.seq = s
@@ -219,6 +220,7 @@ def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
         ts = mono()
         step = rec.step
         req = rec.ctx_req
+        kind = rec.free_event
         s = rec.seq
         new = []
         for b in blocks:
@@ -228,7 +230,7 @@ def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
             if rc == 0:
                 free += 1
             key = b._block_hash
-            new.append((s, ts, step, "freed", b.block_id, rc, hash64(key) if key is not None else None, None, req,
+            new.append((s, ts, step, kind, b.block_id, rc, hash64(key) if key is not None else None, None, req,
                         free, group_of(key) if key is not None else single_group))
             s += 1
         rec.seq = s

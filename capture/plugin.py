@@ -1,7 +1,7 @@
 """The vLLM plugin entry point (`vllm.general_plugins`: `kmesh_trace = kmesh_trace.capture.plugin:register`).
 
 vLLM calls `register()` once in every process it starts (front end, engine core, workers). It does
-nothing unless `KMESH_TRACE_DIR` is set. Enabled on a supported vLLM, it wraps the scheduler's
+nothing unless `KMESH_TRACE_DIR` (capture) or `KMESH_HOLD=1` (the family hold controller, `hold.py`) is set. Enabled on a supported vLLM, it wraps the scheduler's
 constructor so that each engine core builds a recorder for its own scheduler (one trace partition
 per engine process), and remembers each request's caller id (vLLM keeps only an id with a random
 suffix). On any other vLLM it logs one line and leaves the engine untouched.
@@ -22,7 +22,9 @@ _installed = False
 
 
 def enabled() -> bool:
-    return bool(os.environ.get(ENV_DIR))
+    from kmesh_trace.capture.hold import hold_enabled
+
+    return bool(os.environ.get(ENV_DIR)) or hold_enabled()
 
 
 def register() -> bool:
@@ -52,6 +54,13 @@ def register() -> bool:
                 hooks.install(self, out_dir)
             except Exception:  # a capture that cannot start must not stop the engine
                 log.exception("kmesh-trace: could not start the capture; the engine runs uncaptured")
+        from kmesh_trace.capture import hold
+
+        if hold.hold_enabled() and getattr(self, "_kmesh_hold", None) is None:
+            try:  # after the capture, so its pool operations are recorded as held/released
+                hold.install(self)
+            except Exception:
+                log.exception("kmesh-trace: could not start the hold controller; the engine runs without holds")
 
     orig_from_ecr = Request.from_engine_core_request.__func__
 

@@ -75,6 +75,9 @@ class Recorder:
         self.seq = 0  # next block event seq (advances for dropped events too, leaving a visible gap)
         self.step = 0  # scheduler iterations so far
         self.ctx_req: str | None = None  # request the engine is acting for
+        # What a pool touch / free records as: the hold controller's references are held / released.
+        self.touch_event = "touched"
+        self.free_event = "freed"
         self.num_arrivals = 0
         self.live: dict[str, Any] = {}  # request id -> vllm Request, until it finishes
         self.awaiting_first_token: set = set()

@@ -1,0 +1,283 @@
+"""The family hold controller: DESIGN.md's family hold applied inside a live vLLM engine (opt-in).
+
+Off unless `KMESH_HOLD=1` (caps: `KMESH_HOLD_MAX_BLOCKS`, `KMESH_HOLD_MAX_FAMILIES`; expiry:
+`KMESH_HOLD_EXPIRY_S`). Families come from the declared lineage in `SamplingParams.extra_args`: a
+request declaring `kmesh_children` = N > 0 is a parent; a request whose `kmesh_parent` names it (by
+the caller's id, as for capture) is one of its children. The semantics are those of the `vllm`
+block-pool model's holds (`kmesh_trace.oracle.blockpool`), so `kmesh_trace.oracle.pressure.what_if`
+predicts a held run:
+
+- when a parent finishes, before its own references are freed, the controller takes one extra
+  reference (`BlockPool.touch`) on each of its full, cached blocks (a partial tail cannot be held);
+  nothing is copied;
+- the hold is released (`BlockPool.free_blocks`, tail first, so the blocks join the LRU end like any
+  freed cached block) once the parent's expected children have been admitted (counted when a child's
+  first `allocate_slots` succeeds, i.e. after its prefix lookup touched the held blocks), at expiry
+  (checked at each request arrival, oldest hold first), when an expected child is aborted before
+  admission (`cancelled`), under pressure (an allocation that would fail releases the oldest holds
+  first: a hold never blocks an admission) and at engine close;
+- a hold that would exceed the caps (held block references, families with an active hold) is refused.
+
+With a capture running, every reference the controller takes or drops is recorded as a `held` or
+`released` block event for the parent's request id. `HoldController.records` keeps one record per
+parent (status, blocks, children served, release reason) for callers and tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("kmesh_trace.capture")
+
+ENV_HOLD = "KMESH_HOLD"
+ENV_MAX_BLOCKS = "KMESH_HOLD_MAX_BLOCKS"
+ENV_MAX_FAMILIES = "KMESH_HOLD_MAX_FAMILIES"
+ENV_EXPIRY_S = "KMESH_HOLD_EXPIRY_S"
+
+
+def hold_enabled() -> bool:
+    return os.environ.get(ENV_HOLD, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class HoldConfig:
+    max_held_blocks: int | None = None
+    max_families: int | None = None
+    expiry_s: float | None = None
+
+    @classmethod
+    def from_env(cls) -> "HoldConfig":
+        def get(name, cast):
+            raw = os.environ.get(name)
+            return None if raw in (None, "") else cast(raw)
+
+        return cls(get(ENV_MAX_BLOCKS, int), get(ENV_MAX_FAMILIES, int), get(ENV_EXPIRY_S, float))
+
+
+@dataclass
+class HoldRecord:
+    """One parent's hold. status: taken, refused_blocks, refused_families, empty, not_needed, cancelled."""
+
+    parent_request_id: str
+    caller_id: str | None
+    family: str
+    status: str
+    num_blocks: int = 0
+    num_children_served: int = 0
+    release_reason: str | None = None  # children, expiry, cancelled, pressure or close
+    taken_ns: int | None = None
+    released_ns: int | None = None
+
+
+class _Hold:
+    __slots__ = ("record", "blocks", "remaining")
+
+    def __init__(self, record: HoldRecord, blocks: list, remaining: int):
+        self.record, self.blocks, self.remaining = record, blocks, remaining
+
+
+def _extra(request) -> dict:
+    sp = getattr(request, "sampling_params", None)
+    return (getattr(sp, "extra_args", None) or {}) if sp is not None else {}
+
+
+def _count(value) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class HoldController:
+    """Holds family ancestors in one engine's block pool. Created by `install(scheduler)`."""
+
+    def __init__(self, scheduler, config: HoldConfig | None = None):
+        self.config = config or HoldConfig.from_env()
+        self.scheduler = scheduler
+        self.mgr = scheduler.kv_cache_manager
+        self.pool = self.mgr.block_pool
+        self.active: OrderedDict[str, _Hold] = OrderedDict()  # parent caller key -> hold, oldest first
+        self.records: list[HoldRecord] = []
+        self.num_held_refs = 0
+        self.family_refs: dict[str, int] = {}
+        self.children_admitted: dict[str, int] = {}  # parent key -> child admissions so far
+        self.closed = False
+
+    # ---- the recorder (optional) -------------------------------------------------------------
+
+    def _pool_op(self, op, blocks: list, event: str, request_id: str) -> None:
+        rec = getattr(self.pool, "_kmesh_recorder", None)
+        if rec is None:
+            op(blocks)
+            return
+        saved = rec.ctx_req, rec.touch_event, rec.free_event
+        rec.ctx_req, rec.touch_event, rec.free_event = request_id, event, event
+        try:
+            op(blocks)
+        finally:
+            rec.ctx_req, rec.touch_event, rec.free_event = saved
+
+    # ---- taking and releasing ----------------------------------------------------------------
+
+    @staticmethod
+    def parent_key(request) -> str:
+        from kmesh_trace.capture.hooks import caller_id_of
+
+        return caller_id_of(request) or request.request_id
+
+    def _lookup(self, declared: Any) -> str | None:
+        if declared is None:
+            return None
+        key = str(declared)
+        alt = f"{key}-0"  # the completions API suffixes the response id with the prompt index
+        return alt if key not in self.active and alt in self.active else key
+
+    def take(self, request) -> None:
+        """The parent finished: hold its full cached blocks before its own references are freed."""
+        extra = _extra(request)
+        expected = _count(extra.get("kmesh_children"))
+        if not expected or expected <= 0:
+            return
+        key = self.parent_key(request)
+        family = str(extra["kmesh_family"]) if extra.get("kmesh_family") is not None else f"parent-{key}"
+        blocks = []
+        for b in self.mgr.coordinator.single_type_managers[0].req_to_blocks.get(request.request_id, ()):
+            if b.is_null or b.block_hash is None:
+                break
+            blocks.append(b)
+        early = self.children_admitted.pop(key, 0)  # children admitted before the parent finished
+        if key.endswith("-0"):
+            early += self.children_admitted.pop(key[:-2], 0)
+        remaining = expected - early
+        rec = HoldRecord(request.request_id, key, family, "taken", len(blocks))
+        self.records.append(rec)
+        cfg = self.config
+        if request.status.name in ("FINISHED_ABORTED", "FINISHED_ERROR"):
+            rec.status = "cancelled"
+        elif remaining <= 0:
+            rec.status = "not_needed"
+        elif not blocks:
+            rec.status = "empty"
+        elif cfg.max_held_blocks is not None and self.num_held_refs + len(blocks) > cfg.max_held_blocks:
+            rec.status = "refused_blocks"
+        elif (cfg.max_families is not None and family not in self.family_refs
+              and len(self.family_refs) + 1 > cfg.max_families):
+            rec.status = "refused_families"
+        if rec.status != "taken" or key in self.active:
+            if rec.status == "taken":
+                rec.status = "refused_duplicate"
+            return
+        rec.taken_ns = time.monotonic_ns()
+        self._pool_op(self.pool.touch, blocks, "held", request.request_id)
+        self.active[key] = _Hold(rec, blocks, remaining)
+        self.num_held_refs += len(blocks)
+        self.family_refs[family] = self.family_refs.get(family, 0) + 1
+
+    def release(self, key: str, reason: str) -> None:
+        h = self.active.pop(key)
+        h.record.release_reason = reason
+        h.record.released_ns = time.monotonic_ns()
+        self.num_held_refs -= len(h.blocks)
+        n = self.family_refs[h.record.family] - 1
+        if n:
+            self.family_refs[h.record.family] = n
+        else:
+            del self.family_refs[h.record.family]
+        self._pool_op(self.pool.free_blocks, h.blocks[::-1], "released", h.record.parent_request_id)
+
+    def child_admitted(self, request) -> None:
+        key = self._lookup(_extra(request).get("kmesh_parent"))
+        if key is None:
+            return
+        h = self.active.get(key)
+        if h is None:
+            self.children_admitted[key] = self.children_admitted.get(key, 0) + 1
+            return
+        h.record.num_children_served += 1
+        h.remaining -= 1
+        if h.remaining <= 0:
+            self.release(key, "children")
+
+    def child_cancelled(self, request) -> None:
+        key = self._lookup(_extra(request).get("kmesh_parent"))
+        h = self.active.get(key) if key is not None else None
+        if h is not None:
+            h.remaining -= 1
+            if h.remaining <= 0:
+                self.release(key, "cancelled")
+
+    def expire(self, now_ns: int) -> None:
+        if self.config.expiry_s is None:
+            return
+        limit = int(self.config.expiry_s * 1e9)
+        while self.active:
+            key, h = next(iter(self.active.items()))
+            if h.record.taken_ns + limit > now_ns:
+                break
+            self.release(key, "expiry")
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for key in list(self.active):
+            self.release(key, "close")
+
+    # ---- the wrappers ------------------------------------------------------------------------
+
+    def install(self) -> "HoldController":
+        sched, mgr = self.scheduler, self.mgr
+        orig_add = sched.add_request
+        orig_free_request = sched._free_request
+        orig_shutdown = sched.shutdown
+        orig_allocate = mgr.allocate_slots
+        orig_free = mgr.free
+
+        def add_request(request):
+            self.expire(time.monotonic_ns())  # a request boundary
+            return orig_add(request)
+
+        def allocate_slots(request, *args, **kwargs):
+            ret = orig_allocate(request, *args, **kwargs)
+            while ret is None and self.active:  # a hold never blocks an allocation
+                self.release(next(iter(self.active)), "pressure")
+                ret = orig_allocate(request, *args, **kwargs)
+            if ret is not None and not getattr(request, "_kmesh_hold_admitted", False):
+                request._kmesh_hold_admitted = True
+                if _extra(request).get("kmesh_parent") is not None:
+                    self.child_admitted(request)
+            return ret
+
+        def free(request):
+            if request.is_finished() and not self.closed:
+                self.take(request)
+            return orig_free(request)
+
+        def _free_request(request, *args, **kwargs):
+            if (not getattr(request, "_kmesh_hold_admitted", False)
+                    and _extra(request).get("kmesh_parent") is not None):
+                self.child_cancelled(request)
+            return orig_free_request(request, *args, **kwargs)
+
+        def shutdown():
+            self.close()
+            return orig_shutdown()
+
+        sched.add_request = add_request
+        sched._free_request = _free_request
+        sched.shutdown = shutdown
+        mgr.allocate_slots = allocate_slots
+        mgr.free = free
+        sched._kmesh_hold = self
+        log.info("kmesh-trace: family hold controller on (%s)", self.config)
+        return self
+
+
+def install(scheduler, config: HoldConfig | None = None) -> HoldController:
+    """Start holding family ancestors in `scheduler`'s engine; install after the capture hooks."""
+    return HoldController(scheduler, config).install()
