@@ -191,21 +191,20 @@ def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
         emit_all(new)
         return ret
 
-    def touch(blocks):
-        free = fq.num_free_blocks
-        orig_touch(blocks)
+    def record_ref_changes(blocks, kind, free, edge, delta):
+        """Rows for a touch (edge 1, delta -1: a block reaching ref 1 left the free queue) or a
+        free (edge 0, delta +1: a block reaching ref 0 joined it), with the running free count."""
         ts = mono()
         step = rec.step
         req = rec.ctx_req
-        kind = rec.touch_event
         s = rec.seq
         new = []
         for b in blocks:
-            if b.is_null:
+            if b.is_null or (b.pool is not None and b.pool is not pool):
                 continue
             rc = b.ref_cnt
-            if rc == 1:
-                free -= 1
+            if rc == edge:
+                free += delta
             key = b._block_hash
             new.append((s, ts, step, kind, b.block_id, rc, hash64(key) if key is not None else None, None, req,
                         free, group_of(key) if key is not None else single_group))
@@ -213,28 +212,16 @@ def _install_pool(rec: Recorder, pool, single_group: int | None) -> None:
         rec.seq = s
         emit_all(new)
 
+    def touch(blocks):
+        free = fq.num_free_blocks
+        orig_touch(blocks)
+        record_ref_changes(blocks, rec.touch_event, free, 1, -1)
+
     def free_blocks(ordered_blocks):
         blocks = list(ordered_blocks)
         free = fq.num_free_blocks
         orig_free(blocks)
-        ts = mono()
-        step = rec.step
-        req = rec.ctx_req
-        kind = rec.free_event
-        s = rec.seq
-        new = []
-        for b in blocks:
-            if b.is_null or (b.pool is not None and b.pool is not pool):
-                continue
-            rc = b.ref_cnt
-            if rc == 0:
-                free += 1
-            key = b._block_hash
-            new.append((s, ts, step, kind, b.block_id, rc, hash64(key) if key is not None else None, None, req,
-                        free, group_of(key) if key is not None else single_group))
-            s += 1
-        rec.seq = s
-        emit_all(new)
+        record_ref_changes(blocks, rec.free_event, free, 0, 1)
 
     def cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id,
                           block_mask=None):
