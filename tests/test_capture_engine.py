@@ -79,6 +79,22 @@ def family_workload(llm) -> list:
     return outs
 
 
+def status_workload(llm):
+    """A request that stops on its first token (every token is a stop token) and one aborted after a step."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    stopped = generate(llm, [[5] * 70], SamplingParams(max_tokens=8, temperature=0, detokenize=False,
+                                                       stop_token_ids=list(range(1024))))[0]
+    engine = llm.llm_engine
+    engine.add_request("abort-me", TokensPrompt(prompt_token_ids=[9] * 70), params(max_tokens=64))
+    engine.step()
+    engine.abort_request(["abort-me"])
+    # Three 7-block prompts growing to 10 blocks each in a 23-block pool: decoding must preempt.
+    grown = generate(llm, [[11 + k] * 224 for k in range(3)], params(max_tokens=100))
+    return stopped, grown
+
+
 def as_json(outs) -> list[dict]:
     return [{"request_id": o.request_id, "prompt": list(o.prompt_token_ids), "output": list(o.outputs[0].token_ids),
              "num_cached_tokens": o.num_cached_tokens} for o in outs]
@@ -161,11 +177,12 @@ def family_run(tmp_path_factory):
         listener = KVEventListener(endpoint)
         time.sleep(0.5)  # let the subscription reach the publisher before the first event
         outs = family_workload(llm)
+        stopped, grown = status_workload(llm)
         events = listener.drain()
         listener.close()
     llm.llm_engine.engine_core.shutdown()
     assert len(session.engine_ids) == 1
-    return open_trace(tmp / "trace"), outs, events
+    return open_trace(tmp / "trace"), outs, events, (stopped, grown)
 
 
 def _by_caller(trace):
@@ -176,9 +193,11 @@ def _by_caller(trace):
 # ---- invocations --------------------------------------------------------------------------------
 
 def test_invocations_hold_exact_tokens_times_and_hits(family_run):
-    trace, outs, _ = family_run
+    trace, outs, _, _ = family_run
     rows = _by_caller(trace)
-    assert sorted(rows) == sorted(o.request_id for o in outs)
+    stopped, grown = family_run[3]
+    extra = [stopped.request_id, "abort-me"] + [g.request_id for g in grown]
+    assert sorted(rows) == sorted([o.request_id for o in outs] + extra)
     for o in outs:
         r = rows[o.request_id]
         assert r["prompt_token_ids"] == list(o.prompt_token_ids)
@@ -189,7 +208,7 @@ def test_invocations_hold_exact_tokens_times_and_hits(family_run):
         assert r["status"] == "length_capped"  # max_tokens reached with ignore_eos
         assert r["arrival_ns"] <= r["first_scheduled_ns"] <= r["first_token_ns"] <= r["finish_ns"]
         assert r["request_id"].startswith(o.request_id + "-")
-    assert sorted(r["seq"] for r in rows.values()) == list(range(len(outs)))
+    assert sorted(r["seq"] for r in rows.values()) == list(range(len(outs) + len(extra)))
     anc = rows[outs[0].request_id]
     assert (anc["family_id"], anc["parent_id"], anc["num_expected_children"]) == ("fam", None, 4)
     # The first three children reuse the ancestor's 6 full prompt+output blocks (207 tokens cached
@@ -201,8 +220,35 @@ def test_invocations_hold_exact_tokens_times_and_hits(family_run):
     assert meta["engine"].startswith("vllm ") and meta["source"] == "capture"
 
 
+def test_terminal_statuses(family_run):
+    trace, _, _, (stopped, grown) = family_run
+    rows = _by_caller(trace)
+    r = rows[stopped.request_id]
+    assert (r["status"], r["output_token_ids"], r["num_output_tokens"]) == ("finished", list(stopped.outputs[0].token_ids), 1)
+    a = rows["abort-me"]
+    assert (a["status"], a["num_output_tokens"], len(a["output_token_ids"])) == ("aborted", 1, 1)
+    assert a["first_token_ns"] is not None and a["finish_ns"] >= a["first_token_ns"]
+    for g in grown:
+        assert rows[g.request_id]["output_token_ids"] == list(g.outputs[0].token_ids)
+        assert rows[g.request_id]["status"] == "length_capped"
+
+
+def test_preemptions_are_counted(family_run):
+    trace, _, _, (_, grown) = family_run
+    rows = _by_caller(trace)
+    ev = trace.frame("block_events")
+    total = 0
+    for g in grown:
+        r = rows[g.request_id]
+        # Each preemption frees the request's blocks once before it finishes: count the free batches.
+        frees = ev.filter((ev["request_id"] == r["request_id"]) & (ev["event"] == "freed"))
+        assert frees["step"].n_unique() == r["num_preemptions"] + 1
+        total += r["num_preemptions"]
+    assert total > 0
+
+
 def test_declared_and_exact_prefix_edges(family_run):
-    trace, outs, _ = family_run
+    trace, outs, _, _ = family_run
     rows = _by_caller(trace)
     anc = outs[0]
     anc_rid = rows[anc.request_id]["request_id"]
@@ -221,7 +267,7 @@ def test_declared_and_exact_prefix_edges(family_run):
 # ---- block events -------------------------------------------------------------------------------
 
 def test_block_events_are_consistent(family_run):
-    trace, outs, _ = family_run
+    trace, outs, _, _ = family_run
     ev = trace.frame("block_events").sort("seq")
     assert ev["seq"].to_list() == list(range(ev.height))
     ref: dict[int, int] = {}
@@ -268,19 +314,20 @@ def test_block_events_are_consistent(family_run):
 
 
 def test_cached_tokens_equal_touched_blocks(family_run):
-    trace, _, _ = family_run
+    trace, _, _, _ = family_run
     touched = trace.sql("SELECT request_id, count(*) AS n FROM block_events WHERE event = 'touched' GROUP BY 1")
     n = dict(zip(touched["request_id"], touched["n"]))
     inv = trace.frame("invocations")
     assert sum(inv["num_cached_tokens"]) > 0
     for r in inv.iter_rows(named=True):
-        assert r["num_cached_tokens"] == n.get(r["request_id"], 0) * BLOCK
+        if r["num_preemptions"] == 0:  # a resumed request touches its surviving blocks again
+            assert r["num_cached_tokens"] == n.get(r["request_id"], 0) * BLOCK
 
 
 def test_hashes_match_vllm_kv_events(family_run):
     from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
-    trace, _, events = family_run
+    trace, _, events, _ = family_run
     stored = [(h, e.parent_block_hash if i == 0 else e.block_hashes[i - 1])
               for e in events if isinstance(e, BlockStored) for i, h in enumerate(e.block_hashes)]
     removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
