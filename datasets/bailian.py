@@ -23,7 +23,7 @@ from kmesh_trace.datasets.importer import (
     iter_records,
     require_hash_list,
     require_int,
-    require_number,
+    require_time_ns,
 )
 from kmesh_trace.writer import TraceWriter
 
@@ -58,7 +58,7 @@ def import_bailian(src: str | Path, out: str | Path, *, engine_id: str = "import
         try:
             chat_id = require_int(rec, "chat_id")
             parent = require_int(rec, "parent_chat_id", minimum=_ROOT)
-            ts = require_number(rec, "timestamp")
+            arrival_ns = require_time_ns(rec, "timestamp", 1_000_000_000)
             n_in = require_int(rec, "input_length", minimum=1)
             n_out = require_int(rec, "output_length")
             ids = require_hash_list(rec, "hash_ids")
@@ -76,7 +76,7 @@ def import_bailian(src: str | Path, out: str | Path, *, engine_id: str = "import
         family_of[cid] = family
         rows.append({"request_id": cid, "seq": seq, "family_id": family, "parent_id": pid,
                      "num_prompt_tokens": n_in, "num_output_tokens": n_out,
-                     "prompt_block_hashes": chain_hashes(ids), "arrival_ns": int(round(ts * 1e9))})
+                     "prompt_block_hashes": chain_hashes(ids), "arrival_ns": arrival_ns})
         if pid is not None:
             edges.append({"child_request_id": cid, "parent_request_id": pid if pid in seen else None,
                           "declared_parent_id": pid, "family_id": family, "edge_kind": "declared"})

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import codecs
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -102,6 +101,18 @@ def require_number(rec: dict, key: str) -> float:
     return v
 
 
+#: Largest |time| in nanoseconds an int64 column holds.
+MAX_NS = (1 << 63) - 1
+
+
+def require_time_ns(rec: dict, key: str, ns_per_unit: int) -> int:
+    """A timestamp field in `ns_per_unit` nanoseconds per unit, as whole nanoseconds (half to even)."""
+    ns = round(require_number(rec, key) * ns_per_unit)
+    if abs(ns) > MAX_NS:
+        raise RecordError(f"field {key} is out of range")
+    return ns
+
+
 def require_hash_list(rec: dict, key: str) -> list[int]:
     v = rec.get(key)
     if not isinstance(v, list):
@@ -111,13 +122,3 @@ def require_hash_list(rec: dict, key: str) -> list[int]:
             raise RecordError(f"field {key} holds a value that is not a 64-bit unsigned integer")
     return v
 
-
-def default_out_engine(fmt: str) -> str:
-    return f"import-{fmt}"
-
-
-def file_size(path: Path) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0

@@ -14,13 +14,14 @@ from typing import Callable
 import pyarrow as pa
 
 from kmesh_trace.datasets.importer import (
+    MAX_NS,
     ROWS_PER_PART,
     ImportReport,
     RecordError,
     iter_records,
     require_hash_list,
     require_int,
-    require_number,
+    require_time_ns,
 )
 from kmesh_trace.writer import TraceWriter
 
@@ -106,7 +107,8 @@ def _fast_table(data: bytes) -> pa.Table | None:
         return None
     ts, n_in, n_out, hashes = (t.column(c) for c in _FAST_SCHEMA.names)
     need = pc.divide(pc.add(n_in, BLOCK_SIZE - 1), BLOCK_SIZE)
-    ok = pc.and_(pc.and_(pc.is_finite(ts), pc.greater_equal(n_in, 1)),
+    in_range = pc.less(pc.abs(pc.multiply(ts, 1_000_000.0)), float(MAX_NS // 2))  # far from int64's edge
+    ok = pc.and_(pc.and_(pc.and_(pc.is_finite(ts), in_range), pc.greater_equal(n_in, 1)),
                  pc.and_(pc.greater_equal(n_out, 0), pc.equal(pc.list_value_length(hashes), need)))
     if not pc.all(ok).as_py():
         return None
@@ -117,7 +119,7 @@ def _fast_table(data: bytes) -> pa.Table | None:
         "num_prompt_tokens": n_in,
         "num_output_tokens": n_out,
         "prompt_block_hashes": hashes,
-        "arrival_ns": pc.cast(pc.multiply(ts, 1_000_000.0), pa.int64()),
+        "arrival_ns": pc.cast(pc.round(pc.multiply(ts, 1_000_000.0), round_mode="half_to_even"), pa.int64()),
     })
 
 
@@ -171,7 +173,7 @@ def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "impor
 
     for lineno, rec in iter_records(src, report, on_bytes):
         try:
-            ts = require_number(rec, "timestamp")
+            arrival_ns = require_time_ns(rec, "timestamp", 1_000_000)
             n_in = require_int(rec, "input_length", minimum=1)
             n_out = require_int(rec, "output_length")
             hashes = rec.get("hash_ids")
@@ -185,7 +187,7 @@ def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "impor
         cols.lineno.append(lineno)
         cols.num_prompt_tokens.append(n_in)
         cols.num_output_tokens.append(n_out)
-        cols.arrival_ns.append(int(ts * 1_000_000))
+        cols.arrival_ns.append(arrival_ns)
         cols.hashes.extend(hashes)
         cols.offsets.append(len(cols.hashes))
         if len(cols) >= ROWS_PER_PART:

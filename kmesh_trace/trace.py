@@ -17,12 +17,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kmesh_trace import schema
-from kmesh_trace.errors import KmeshTraceError, QueryRefusedError, TraceNotFoundError
+from kmesh_trace.errors import CorruptTraceError, KmeshTraceError, QueryRefusedError, TraceNotFoundError
 from kmesh_trace.writer import ENGINES_DIR, MARKER
 
-# Statement types `Trace.sql(..., read_only=True)` accepts; everything else (COPY, ATTACH, LOAD,
-# INSTALL, CREATE, INSERT, SET, PRAGMA ...) is refused before it reaches DuckDB.
-_READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
+# The one statement type `Trace.sql(..., read_only=True)` accepts; everything else (COPY, ATTACH,
+# LOAD, INSTALL, CREATE, INSERT, SET, PRAGMA, and EXPLAIN, whose ANALYZE form runs its statement)
+# is refused before it reaches DuckDB.
+_READ_ONLY_STATEMENTS = {"SELECT"}
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    try:
+        obj = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CorruptTraceError(f"{path} is damaged: it is not valid JSON ({e}).") from None
+    if not isinstance(obj, dict):
+        raise CorruptTraceError(f"{path} is damaged: it holds JSON but not an object.")
+    return obj
 
 
 class Trace:
@@ -35,22 +46,23 @@ class Trace:
         marker = self.path / MARKER
         if not marker.is_file():
             raise TraceNotFoundError(f"{path} is not a kmesh-trace trace (no {MARKER}); create one with `kmesh-trace import` or `kmesh-trace capture`.")
-        try:
-            version = json.loads(marker.read_text()).get("schema_version")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise TraceNotFoundError(f"{marker} is not valid JSON ({e}).") from None
-        schema.check_version(version, str(marker))
+        schema.check_version(_read_json_object(marker).get("schema_version"), str(marker))
         self.engines: dict[str, dict[str, Any]] = {}
         for meta_path in sorted((self.path / ENGINES_DIR).glob("*.json")):
-            meta = json.loads(meta_path.read_text())
+            meta = _read_json_object(meta_path)
             schema.check_version(meta.get("schema_version"), str(meta_path))
+            if not isinstance(meta.get("engine_id"), str):
+                raise CorruptTraceError(f"{meta_path} is damaged: it has no engine_id.")
             self.engines[meta["engine_id"]] = meta
         self.parts: dict[str, list[Path]] = {name: self._find_parts(name) for name in schema.TABLES}
 
     def _find_parts(self, name: str) -> list[Path]:
         parts = sorted((self.path / name).glob("engine=*/part-*.parquet"))
         for p in parts:
-            md = pq.read_schema(p).metadata or {}
+            try:
+                md = pq.read_schema(p).metadata or {}
+            except (pa.ArrowInvalid, OSError) as e:
+                raise CorruptTraceError(f"{p} is damaged ({_first_line(e)}); move it out of the trace to read the rest.") from None
             schema.check_version(md.get(schema.VERSION_KEY), str(p))
         return parts
 
@@ -70,8 +82,11 @@ class Trace:
 
     @property
     def num_usable_blocks(self) -> int | None:
+        """The engine's KV pool capacity; each engine has its own pool, so several engines refuse."""
         vals = [m.get("num_usable_blocks") for m in self.engines.values() if m.get("num_usable_blocks") is not None]
-        return sum(vals) if vals else None
+        if len(vals) > 1:
+            raise KmeshTraceError(f"the trace has {len(vals)} engines, each with its own KV pool; analyse one engine at a time.")
+        return vals[0] if vals else None
 
     # ---- tables ------------------------------------------------------------------------------
 

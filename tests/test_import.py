@@ -142,6 +142,7 @@ def test_mooncake_fast_path_equals_the_plain_path(tmp_path):
 
 
 @pytest.mark.parametrize("bad", ['{"timestamp": NaN, "input_length": 1, "output_length": 1, "hash_ids": [1]}',
+                                 '{"timestamp": 1e300, "input_length": 1, "output_length": 1, "hash_ids": [1]}',
                                  '{"timestamp": 1, "input_length": 1, "input_length": 1, "output_length": 1, "hash_ids": [1]}',
                                  '{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1.0]}',
                                  '{"timestamp": 1, "input_length": 1, "output_length": 1}'])
@@ -162,3 +163,21 @@ def test_mooncake_fast_path_equals_plain_on_shared_data(tmp_path, shared_dataset
     got = mooncake_tables(tmp_path, src)
     assert got[True][0] == got[False][0]
     assert got[True][1].equals(got[False][1])
+
+
+def test_mooncake_sub_nanosecond_times_round_alike_on_both_paths(tmp_path):
+    src = write_lines(tmp_path / "m.jsonl", [
+        json.dumps({"timestamp": t, "input_length": 10, "output_length": 2, "hash_ids": [5]})
+        for t in (1.0000005, 2.5e-7, 0.0000015, 7)])
+    assert _fast_table(src.read_bytes()) is not None
+    got = mooncake_tables(tmp_path, src)
+    assert got[True][1]["arrival_ns"].to_list() == got[False][1]["arrival_ns"].to_list() == [round(1.0000005 * 1e6), 0, round(0.0000015 * 1e6), 7_000_000]
+
+
+def test_out_of_range_timestamp_is_a_malformed_line(tmp_path):
+    src = write_lines(tmp_path / "m.jsonl", [
+        json.dumps({"timestamp": 1e300, "input_length": 10, "output_length": 2, "hash_ids": [5]}),
+        json.dumps({"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": [5]})])
+    rep = import_mooncake(src, tmp_path / "t")
+    assert rep.malformed_lines == ["m.jsonl:1: field timestamp is out of range"]
+    assert rep.num_invocations == 1

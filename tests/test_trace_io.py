@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kmesh_trace import open_trace, schema
-from kmesh_trace.errors import KmeshTraceError, QueryRefusedError, SchemaVersionError, TraceNotFoundError
+from kmesh_trace.errors import CorruptTraceError, KmeshTraceError, QueryRefusedError, SchemaVersionError, TraceNotFoundError
 from kmesh_trace.writer import TraceWriter
 
 
@@ -134,6 +134,8 @@ REFUSED = [
     "SELECT * FROM read_csv('{out}/secret.csv')",
     "SELECT * FROM read_text('/etc/hostname')",
     "SELECT 1; COPY (SELECT 1) TO '{out}/second.csv'",
+    "EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO '{trace}/invocations/engine=e0/part-00000.parquet' (FORMAT parquet)",
+    "COPY (SELECT 1 AS x) TO '{trace}/invocations/engine=e0/part-00000.parquet' (FORMAT parquet)",
 ]
 
 
@@ -143,15 +145,16 @@ def test_sql_refuses_writes_attach_extensions_and_outside_reads(tmp_path, query,
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.csv").write_text("a\n1\n")
-    before = sorted(p for p in tmp_path.rglob("*"))
-    q = query.format(out=outside)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    q = query.format(out=outside, trace=root)
     with pytest.raises(QueryRefusedError):
         open_trace(root).sql(q)
     r = cli(["sql", root, q])
     assert r.exit_code == 1
     assert r.stdout == ""
     assert r.stderr.startswith("Error: query refused") and r.stderr.count("\n") == 1
-    assert sorted(p for p in tmp_path.rglob("*")) == before
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert open_trace(root).row_counts()["invocations"] == 3
 
 
 def test_engine_ids_stay_strings(tmp_path):
@@ -161,3 +164,24 @@ def test_engine_ids_stay_strings(tmp_path):
     assert t.frame("lineage")["engine"].to_list() == ["007"]
     assert t.sql("SELECT engine FROM lineage")["engine"].to_list() == ["007"]
     assert list(t.engines) == ["007"]
+
+
+@pytest.mark.parametrize("damage", ["bad_json", "not_object", "no_engine_id", "truncated_part", "bad_marker"])
+def test_a_damaged_trace_is_one_clear_error(tmp_path, cli, damage):
+    root = small_trace(tmp_path / "t")
+    if damage == "bad_json":
+        (root / "engines" / "e0.json").write_text("{bad")
+    elif damage == "not_object":
+        (root / "engines" / "e0.json").write_text("[1, 2]")
+    elif damage == "no_engine_id":
+        (root / "engines" / "e0.json").write_text(json.dumps({"schema_version": "1.0"}))
+    elif damage == "truncated_part":
+        p = root / "invocations" / "engine=e0" / "part-00001.parquet"
+        p.write_bytes(p.read_bytes()[:40])
+    else:
+        (root / "kmesh_trace.json").write_text("")
+    with pytest.raises(CorruptTraceError, match="is damaged"):
+        open_trace(root)
+    r = cli(["info", root])
+    assert r.exit_code == 1
+    assert r.stderr.startswith("Error: ") and "is damaged" in r.stderr and r.stderr.count("\n") == 1
