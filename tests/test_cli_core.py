@@ -69,3 +69,19 @@ def test_sql_error_is_one_line(tmp_path, cli):
     r = cli(["sql", root, "SELECT nope FROM invocations"])
     assert r.exit_code == 1
     assert r.stderr.startswith("Error: query failed: Binder Error") and r.stderr.count("\n") == 1
+
+
+def test_usage_mistakes_are_one_error_line_and_exit_1(cli):
+    r = cli(["info"])
+    assert (r.exit_code, r.stdout, r.stderr) == (1, "", "Error: Missing argument 'trace'. (see 'kmesh-trace info --help')\n")
+    r = cli(["headroom", "--bogus"])
+    assert (r.exit_code, r.stderr) == (1, "Error: No such option: --bogus (see 'kmesh-trace headroom --help')\n")
+    r = cli(["nosuch"])
+    assert (r.exit_code, r.stderr) == (1, "Error: No such command 'nosuch'. (see 'kmesh-trace --help')\n")
+
+
+def test_help_still_exits_0(cli):
+    r = cli(["--help"])
+    assert r.exit_code == 0 and "schema" in r.stdout
+    r = cli(["audit"])
+    assert r.exit_code == 0 and "corpus" in r.stdout

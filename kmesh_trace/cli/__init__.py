@@ -3,10 +3,39 @@
 from __future__ import annotations
 
 import importlib
+import sys
 
 import typer
+from typer import _click
+from typer.core import TyperGroup
+
+
+class _Group(TyperGroup):
+    """Usage mistakes (missing argument, unknown option, bad choice) become one `Error: ...` line and
+    exit 1, like every other error of the command; help and exit codes pass through unchanged."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _click.exceptions.ClickException as e:
+            if not e.format_message():  # a bare group: its help was shown, nothing failed
+                sys.exit(0)
+            hint = ""
+            ctx = getattr(e, "ctx", None)
+            if ctx is not None:
+                hint = f" (see '{ctx.command_path} --help')"
+            sys.stderr.write(f"Error: {e.format_message()}{hint}\n")
+            sys.exit(1)
+        except _click.exceptions.Abort:
+            sys.stderr.write("Error: aborted.\n")
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
 
 app = typer.Typer(
+    cls=_Group,
     name="kmesh-trace",
     help="Capture, analyse and replay the KV-cache life of LLM agent request families.",
     no_args_is_help=True,

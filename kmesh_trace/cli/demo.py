@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from enum import Enum
 from pathlib import Path
 
 import typer
@@ -22,6 +23,11 @@ _STAGE_TEXT = {
 }
 
 
+class Size(str, Enum):
+    full = "full"
+    small = "small"
+
+
 def register(app: typer.Typer) -> None:
     app.command("demo")(demo_cmd)
 
@@ -29,7 +35,7 @@ def register(app: typer.Typer) -> None:
 @handles_errors
 def demo_cmd(
     out_dir: Path = typer.Option(Path("demo-out"), "--out", help="Directory for the trace, report.json, plots and timeline."),
-    size: str = typer.Option("full", "--size", help="full (the demo) or small (the reduced run the tests use)."),
+    size: Size = typer.Option(Size.full, "--size", help="full (the demo) or small (the reduced run the tests use)."),
     as_json: bool = typer.Option(False, "--json", help="Print report.json instead of the tables."),
 ) -> None:
     """Capture a real (tiny, CPU) vLLM engine running an agent workload, then analyse the capture."""
@@ -37,9 +43,8 @@ def demo_cmd(
     from kmesh_trace.demo import Progress as Callbacks
     from kmesh_trace.demo import run_demo
 
-    if size not in ("full", "small"):
-        raise typer.BadParameter("--size must be full or small")
     warnings.filterwarnings("ignore")
+    size = size.value
     total = len(agent_workload(size=size).requests)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, transient=False) as bar:
@@ -106,7 +111,7 @@ def render(report: dict) -> None:
 
     p = report["pressure"]
     arms = p["arms"]
-    keys = [k for k in ("child_hit_tokens", "other_hit_tokens", "hit_tokens", "prefill_tokens", "num_evictions") if k in arms["stock"]]
+    keys = ["child_hit_tokens", "other_hit_tokens", "hit_tokens", "prefill_tokens", "evictions"]
     out.print(_table(f"Retention pressure at {p.get('capacity_blocks')} blocks (declared families)", ["arm"] + keys,
                      [[arm] + [arms[arm][k] for k in keys] for arm in ("stock", "held")]))
     out.print(f"Holding each family's ancestor saves [bold]{p['saved_child_tokens']:,}[/bold] child tokens, displaces "
