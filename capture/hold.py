@@ -274,6 +274,10 @@ class HoldController:
         mgr.allocate_slots = allocate_slots
         mgr.free = free
         sched._kmesh_hold = self
+        rec = getattr(self.pool, "_kmesh_recorder", None)
+        if rec is not None:  # a capture taken with holds on says so in its metadata
+            rec.writer.update_metadata(capture_config={**rec.writer.metadata.get("capture_config", {}),
+                                                       "hold": dict(self.config.__dict__)})
         log.info("kmesh-trace: family hold controller on (%s)", self.config)
         return self
 

@@ -103,6 +103,11 @@ def test_the_controller_held_the_parent_until_the_child_was_admitted(arms):
     assert (rec.parent_request_id.split("-")[0], rec.caller_id, rec.family, rec.status, rec.num_blocks,
             rec.num_children_served, rec.release_reason) == ("parent", "parent", "hold-stress", "taken", 32, 1, "children")
     assert rec.taken_ns < rec.released_ns and held["active_holds"] == 0
+    from kmesh_trace.trace import open_trace
+
+    hold_cfg = {"max_held_blocks": None, "max_families": None, "expiry_s": None}
+    assert open_trace(held["trace"]).metadata["capture_config"]["hold"] == hold_cfg
+    assert "hold" not in open_trace(arms[0]["trace"]).metadata["capture_config"]
 
 
 def test_all_blocks_return_and_all_references_drain(arms):
