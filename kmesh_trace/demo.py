@@ -10,7 +10,6 @@ those commands on `out_dir/trace` reproduces it. Rendering is the CLI's job
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.writer import write_json_atomic
 
 STAGES = ("engine", "workload", "audit", "headroom", "pressure", "timeline")
 
@@ -43,7 +43,10 @@ def run_demo(out_dir: str | os.PathLike, *, size: str = "full", progress: Progre
     out = Path(out_dir)
     trace_dir = out / "trace"
     if trace_dir.exists():
-        # A previous demo's capture would be appended to as a second engine partition.
+        # A previous demo's capture would be appended to as a second engine partition: replace it,
+        # but only if a demo wrote it (its report is beside it).
+        if not (out / "report.json").is_file():
+            raise KmeshTraceError(f"{trace_dir} exists and was not written by a demo; choose another --out.")
         shutil.rmtree(trace_dir)
     out.mkdir(parents=True, exist_ok=True)
     plan = agent_workload(size=size)
@@ -100,7 +103,7 @@ def run_demo(out_dir: str | os.PathLike, *, size: str = "full", progress: Progre
     report["timings"] = {k: round(v, 2) for k, v in timings.items()}
     report["files"] = {"trace": str(trace_dir), "report": str(out / "report.json"), "plots": plots,
                        "timeline": str(out / "timeline.json")}
-    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_json_atomic(out / "report.json", report)
     return report
 
 

@@ -125,19 +125,24 @@ class Trace:
                 files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in parts)
                 con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{files}], hive_partitioning = true, hive_types = {{'engine': VARCHAR}})")
             else:
-                empty = self._empty(name)  # noqa: F841 (referenced by name from SQL)
-                con.execute(f"CREATE TABLE {name} AS SELECT * FROM empty")
+                self._create_table(con, name, self._empty(name))
         engines = pa.Table.from_pylist([
             {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in m.items() if k != "malformed_lines"}
             for m in self.engines.values()
         ]) if self.engines else pa.table({"engine_id": pa.array([], pa.string())})
-        con.execute("CREATE TABLE engines AS SELECT * FROM engines")
+        self._create_table(con, "engines", engines)
         # From here on only files under the trace are reachable, and the settings are locked.
         root = str(self.path).replace("'", "''")
         con.execute(f"SET allowed_directories = ['{root}/']")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
         return con
+
+    @staticmethod
+    def _create_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> None:
+        con.register("_arrow_source", table)
+        con.execute(f"CREATE TABLE {name} AS SELECT * FROM _arrow_source")
+        con.unregister("_arrow_source")
 
     def sql(self, query: str, *, read_only: bool = True) -> pl.DataFrame:
         """Run SQL against the trace's views (tables: invocations, lineage, block_events, transfers, engines)."""

@@ -16,8 +16,9 @@ import os
 import re
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,11 +32,23 @@ _PART_RE = re.compile(r"^part-(\d+)\.parquet$")
 _ENGINE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+@contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary name beside `path`; on success it is renamed to `path`, on failure removed.
+
+    Readers see the old file or the whole new one, never half of it."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -167,9 +180,8 @@ class TraceWriter:
         directory = self.partition_dir(table_name)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"part-{self._part_number(table_name, directory):05d}.parquet"
-        tmp = directory / f".{path.name}.tmp-{os.getpid()}"
-        pq.write_table(tbl, tmp, compression=self.compression, **_ENCODINGS[table_name])
-        os.replace(tmp, path)
+        with atomic_output(path) as tmp:
+            pq.write_table(tbl, tmp, compression=self.compression, **_ENCODINGS[table_name])
         self.num_rows[table_name] += tbl.num_rows
         return path
 

@@ -12,7 +12,6 @@ and summary.json); rendering lives in kmesh_trace.cli.replay.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import shutil
@@ -30,6 +29,7 @@ from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.native.gpu import RouteUnavailable
 from kmesh_trace.native.routes import ROUTES, Route, make_route, probe_route
 from kmesh_trace.native.store import Chunk, Store, open_store, payload
+from kmesh_trace.writer import atomic_output, write_json_atomic
 
 _REFERENCE_CACHE_BYTES = 1 << 30
 
@@ -319,7 +319,8 @@ def write_results(result: RunResult, out: Path) -> None:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     result.summary["results"] = str(out)
-    pq.write_table(result.restores, out / "restores.parquet")
-    pq.write_table(result.reads, out / "reads.parquet")
-    (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str) + "\n")
+    for name, table in (("restores.parquet", result.restores), ("reads.parquet", result.reads)):
+        with atomic_output(out / name) as tmp:
+            pq.write_table(table, tmp)
+    write_json_atomic(out / "summary.json", result.summary)
     result.out = out

@@ -1,7 +1,6 @@
 """Importers: Mooncake (shared data when present) and Bailian (generated), malformed lines kept count of."""
 
 import json
-import math
 
 import pytest
 

@@ -1,12 +1,10 @@
 """Trace directories: atomic parts, Hive layout, readers, the version guard, SQL confinement."""
 
 import json
-import os
 import threading
 
 import duckdb
 import polars as pl
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
