@@ -41,7 +41,7 @@ BLOCK = 32
 def workload(n: int, seed: int) -> list[tuple[list[list[int]], dict]]:
     """Batches of prompts: families (an ancestor then its children in one batch) and unrelated requests."""
     rng = random.Random(seed)
-    tok = lambda k: [rng.randrange(1, 1000) for _ in range(k)]  # noqa: E731
+    tok = lambda k: [rng.randrange(1, 1000) for _ in range(k)]
     batches = []
     while sum(len(b) for b, _ in batches) < n:
         anc = tok(192)
@@ -52,10 +52,9 @@ def workload(n: int, seed: int) -> list[tuple[list[list[int]], dict]]:
 
 def hot_path_cost(num_cycles: int = 2000, blocks_per_cycle: int = 16, pairs: int = 30) -> dict:
     """Added nanoseconds per block event: a real BlockPool, bare vs wrapped, alternated in pairs."""
-    from vllm.v1.core.block_pool import BlockPool
-
     from kmesh_trace.capture import hooks
     from kmesh_trace.capture.recorder import Recorder
+    from vllm.v1.core.block_pool import BlockPool
 
     tmp = tempfile.mkdtemp(prefix="kmesh-hotpath-")
     bare = BlockPool(num_gpu_blocks=1024, enable_caching=True, hash_block_size=BLOCK)
@@ -91,12 +90,11 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
+    from kmesh_trace.capture import hooks
+    from kmesh_trace.capture.session import capture_in_process
     from vllm import LLM, SamplingParams
     from vllm.config import KVEventsConfig
     from vllm.inputs import TokensPrompt
-
-    from kmesh_trace.capture import hooks
-    from kmesh_trace.capture.session import capture_in_process
 
     tmp = Path(tempfile.mkdtemp(prefix="kmesh-capture-bench-"))
     model = tmp / "model"

@@ -10,7 +10,8 @@ bounded under any event rate and nothing is lost silently.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from kmesh_trace import schema
 
@@ -18,7 +19,7 @@ from kmesh_trace import schema
 class RowBuffer:
     """Rows of one table, as tuples in the table's column order (`columns`)."""
 
-    __slots__ = ("table", "columns", "capacity", "rows", "num_dropped")
+    __slots__ = ("capacity", "columns", "num_dropped", "rows", "table")
 
     def __init__(self, table: str, capacity: int, columns: Sequence[str] | None = None):
         self.table = table

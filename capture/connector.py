@@ -31,7 +31,10 @@ from typing import Any
 
 from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+)
 
 INNER_KEY = "inner"
 
@@ -137,10 +140,10 @@ class KmeshProxyConnector(KVConnectorBase_V1):
         if num_external_tokens > 0:
             load_async = self._async_load.pop(request.request_id, False)
             ids: list[int] = []
-            try:
+            try:  # only to mark the load failed if one of its blocks is later reported invalid
                 ids = list(blocks.get_block_ids()[0])
-            except Exception:
-                pass
+            except (AttributeError, IndexError, TypeError):
+                ids = []
             self._open_transfer(request.request_id, "load", num_external_tokens, ids, sync=not load_async)
         return ret
 

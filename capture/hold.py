@@ -32,16 +32,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from kmesh_trace.capture.env import ENV_HOLD_EXPIRY_S as ENV_EXPIRY_S
+from kmesh_trace.capture.env import ENV_HOLD_MAX_BLOCKS as ENV_MAX_BLOCKS
+from kmesh_trace.capture.env import ENV_HOLD_MAX_FAMILIES as ENV_MAX_FAMILIES
+from kmesh_trace.capture.env import hold_enabled  # noqa: F401 (re-exported)
+
 log = logging.getLogger("kmesh_trace.capture")
-
-ENV_HOLD = "KMESH_HOLD"
-ENV_MAX_BLOCKS = "KMESH_HOLD_MAX_BLOCKS"
-ENV_MAX_FAMILIES = "KMESH_HOLD_MAX_FAMILIES"
-ENV_EXPIRY_S = "KMESH_HOLD_EXPIRY_S"
-
-
-def hold_enabled() -> bool:
-    return os.environ.get(ENV_HOLD, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -51,7 +47,7 @@ class HoldConfig:
     expiry_s: float | None = None
 
     @classmethod
-    def from_env(cls) -> "HoldConfig":
+    def from_env(cls) -> HoldConfig:
         def get(name, cast):
             raw = os.environ.get(name)
             return None if raw in (None, "") else cast(raw)
@@ -75,7 +71,7 @@ class HoldRecord:
 
 
 class _Hold:
-    __slots__ = ("record", "blocks", "remaining")
+    __slots__ = ("blocks", "record", "remaining")
 
     def __init__(self, record: HoldRecord, blocks: list, remaining: int):
         self.record, self.blocks, self.remaining = record, blocks, remaining
@@ -230,7 +226,7 @@ class HoldController:
 
     # ---- the wrappers ------------------------------------------------------------------------
 
-    def install(self) -> "HoldController":
+    def install(self) -> HoldController:
         sched, mgr = self.scheduler, self.mgr
         orig_add = sched.add_request
         orig_free_request = sched._free_request

@@ -13,8 +13,7 @@ import functools
 import logging
 import os
 
-from kmesh_trace.capture.recorder import ENV_DIR
-from kmesh_trace.capture.version import unsupported_reason
+from kmesh_trace.capture.env import ENV_DIR, hold_enabled
 
 log = logging.getLogger("kmesh_trace.capture")
 
@@ -22,8 +21,6 @@ _installed = False
 
 
 def enabled() -> bool:
-    from kmesh_trace.capture.hold import hold_enabled
-
     return bool(os.environ.get(ENV_DIR)) or hold_enabled()
 
 
@@ -34,6 +31,8 @@ def register() -> bool:
         return True
     if not enabled():
         return False
+    from kmesh_trace.capture.version import unsupported_reason
+
     reason = unsupported_reason()
     if reason is not None:
         _warn(f"kmesh-trace: {reason}")

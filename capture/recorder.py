@@ -13,22 +13,24 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
+
+from kmesh_trace.capture.buffers import RowBuffer
+from kmesh_trace.capture.env import (
+    ENV_FLUSH_S,
+    ENV_LINEAGE_WINDOW,
+    ENV_MAX_EVENTS,
+    ENV_MAX_REQUESTS,
+)
+from kmesh_trace.capture.lineage import LineageIndex, edges_for
 
 from kmesh_trace import schema
-from kmesh_trace.capture.buffers import RowBuffer
-from kmesh_trace.capture.lineage import LineageIndex, edges_for
 from kmesh_trace.writer import ENGINES_DIR, TraceWriter, default_engine_id
 
 log = logging.getLogger("kmesh_trace.capture")
 
-#: Environment knobs (all optional) and their defaults.
-ENV_DIR = "KMESH_TRACE_DIR"
-ENV_FLUSH_S = "KMESH_TRACE_FLUSH_S"
-ENV_MAX_EVENTS = "KMESH_TRACE_MAX_BUFFERED_EVENTS"
-ENV_MAX_REQUESTS = "KMESH_TRACE_MAX_BUFFERED_REQUESTS"
-ENV_LINEAGE_WINDOW = "KMESH_TRACE_LINEAGE_WINDOW"
+#: Defaults of the environment knobs (`capture/env.py`).
 DEFAULTS = {"flush_interval_s": 1.0, "max_buffered_events": 1 << 19, "max_buffered_requests": 1 << 15,
             "lineage_window": 4096}
 

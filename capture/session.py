@@ -18,13 +18,19 @@ the engine shuts down.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from kmesh_trace.capture import plugin
-from kmesh_trace.capture.recorder import ENV_DIR, ENV_FLUSH_S, ENV_LINEAGE_WINDOW, ENV_MAX_EVENTS, ENV_MAX_REQUESTS
+from kmesh_trace.capture.env import (
+    ENV_DIR,
+    ENV_FLUSH_S,
+    ENV_LINEAGE_WINDOW,
+    ENV_MAX_EVENTS,
+    ENV_MAX_REQUESTS,
+)
 from kmesh_trace.errors import KmeshTraceError
 
 

@@ -67,7 +67,7 @@ def generate(llm, prompts: list[list[int]], sp) -> list:
 def family_workload(llm) -> list:
     """Ancestor, three declared children (sequential), competitors in one batch, a late child."""
     rng = random.Random(7)
-    tokens = lambda n: [rng.randrange(1, 1000) for _ in range(n)]  # noqa: E731
+    tokens = lambda n: [rng.randrange(1, 1000) for _ in range(n)]
     outs = generate(llm, [tokens(200)], params(kmesh_family="fam", kmesh_children=4))
     anc = outs[0]
     ctx = list(anc.prompt_token_ids) + list(anc.outputs[0].token_ids)
@@ -163,9 +163,9 @@ class KVEventListener:
 def family_run(tmp_path_factory):
     """(trace, RequestOutputs, vLLM KV events) of the family workload, captured in-process."""
     pytest.importorskip("vllm")
+    from kmesh_trace.capture.session import capture_in_process
     from vllm.config import KVEventsConfig
 
-    from kmesh_trace.capture.session import capture_in_process
     from kmesh_trace.trace import open_trace
 
     tmp = tmp_path_factory.mktemp("capture_family")
@@ -343,6 +343,7 @@ def test_hashes_match_vllm_kv_events(family_run):
 def test_proxy_connector_records_stores_and_loads(tmp_path):
     pytest.importorskip("vllm")
     from kmesh_trace.capture.session import capture_in_process
+
     from kmesh_trace.trace import open_trace
 
     engine_env(multiprocess=False)

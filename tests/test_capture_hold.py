@@ -18,10 +18,10 @@ BLOCK = 32
 
 
 def _run_arm(tmp, *, hold: bool, monkeypatch) -> dict:
-    from vllm import SamplingParams, TokensPrompt
-
     from kmesh_trace.capture.session import capture_in_process
     from kmesh_trace.datasets.hold_stress import NUM_PHYSICAL_BLOCKS, hold_stress
+    from vllm import SamplingParams, TokensPrompt
+
     from kmesh_trace.engine import make_engine, write_tiny_model
 
     if hold:

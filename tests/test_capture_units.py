@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from kmesh_trace.capture.buffers import RowBuffer
 from kmesh_trace.capture.lineage import HEAD, LineageIndex, edges_for
 from kmesh_trace.capture.recorder import Recorder
@@ -90,10 +89,9 @@ def test_declared_edge_resolves_the_caller_id_and_counts_shared_tokens():
 def test_version_guard_leaves_an_unsupported_vllm_untouched(monkeypatch):
     pytest.importorskip("vllm")
     import vllm
-    from vllm.v1.core.sched.scheduler import Scheduler
-
     from kmesh_trace.capture import plugin
     from kmesh_trace.capture.version import unsupported_reason
+    from vllm.v1.core.sched.scheduler import Scheduler
 
     assert unsupported_reason("0.32.0") is None
     assert unsupported_reason("0.1.0") == ("vLLM 0.1.0 is not a version the capture hooks support "

@@ -32,7 +32,7 @@ def capture_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the capture summary as JSON on stdout."),
 ) -> None:
     """Run COMMAND with the vLLM capture hook enabled, writing a trace to --out."""
-    from kmesh_trace.capture.recorder import ENV_DIR, ENV_FLUSH_S, ENV_MAX_EVENTS
+    from kmesh_trace.capture.env import ENV_DIR, ENV_FLUSH_S, ENV_MAX_EVENTS
     from kmesh_trace.capture.version import unsupported_reason
 
     if not command:
