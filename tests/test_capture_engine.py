@@ -342,8 +342,9 @@ def test_hashes_match_vllm_kv_events(family_run):
 
 def test_proxy_connector_records_stores_and_loads(tmp_path):
     pytest.importorskip("vllm")
-    from kmesh_trace.capture.session import capture_in_process
+    from vllm.inputs import TokensPrompt
 
+    from kmesh_trace.capture.session import capture_in_process
     from kmesh_trace.trace import open_trace
 
     engine_env(multiprocess=False)
@@ -360,17 +361,24 @@ def test_proxy_connector_records_stores_and_loads(tmp_path):
         first = generate(llm, [prompt], params())[0]
         assert llm.reset_prefix_cache()
         second = generate(llm, [prompt], params())[0]
+        # Still running when the capture closes: recorded with no status.
+        llm.llm_engine.add_request("in-flight", TokensPrompt(prompt_token_ids=[7 + (i * 13) % 900 for i in range(40)]),
+                                   params(max_tokens=64))
+        llm.llm_engine.step()
     llm.llm_engine.engine_core.shutdown()
     assert first.outputs[0].token_ids == second.outputs[0].token_ids
     trace = open_trace(tmp_path / "trace")
     inv = {r["caller_request_id"]: r for r in trace.frame("invocations").iter_rows(named=True)}
     r1, r2 = inv[first.request_id], inv[second.request_id]
     assert (r1["num_external_tokens"], r2["num_external_tokens"], r2["num_cached_tokens"]) == (0, 160, 0)
+    r3 = inv["in-flight"]
+    assert (r3["status"], r3["finish_ns"], r3["num_output_tokens"]) == (None, None, 1) and r3["first_token_ns"]
     tr = trace.frame("transfers").sort("start_ns")
     bytes_per_block = 2 * 2 * 1 * BLOCK * 32 * 2  # layers x (K,V) x kv heads x tokens x head_dim x bf16
     assert tr.select("request_id", "direction", "num_tokens", "num_blocks", "num_bytes", "status", "connector").rows() == [
         (r1["request_id"], "store", 160, 5, 5 * bytes_per_block, "ok", "ExampleConnector"),
         (r2["request_id"], "load", 160, 5, 5 * bytes_per_block, "ok", "ExampleConnector"),
+        (r3["request_id"], "store", 32, 1, bytes_per_block, "ok", "ExampleConnector"),
     ]
     for r in tr.iter_rows(named=True):
         assert r["start_ns"] < r["finish_ns"]
