@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,9 @@ from kmesh_trace.capture.env import ENV_HOLD_MAX_FAMILIES as ENV_MAX_FAMILIES
 from kmesh_trace.capture.env import hold_enabled  # noqa: F401 (re-exported)
 
 log = logging.getLogger("kmesh_trace.capture")
+
+MAX_RECORDS = 4096  # hold records kept (num_by_status counts them all)
+MAX_EARLY_PARENTS = 65536  # parents with children admitted before they finished, remembered at most
 
 
 @dataclass(frozen=True)
@@ -98,10 +101,12 @@ class HoldController:
         self.mgr = scheduler.kv_cache_manager
         self.pool = self.mgr.block_pool
         self.active: OrderedDict[str, _Hold] = OrderedDict()  # parent caller key -> hold, oldest first
-        self.records: list[HoldRecord] = []
+        # Bounded for long-running servers: the latest records, and counts of every outcome.
+        self.records: deque[HoldRecord] = deque(maxlen=MAX_RECORDS)
+        self.num_by_status: Counter[str] = Counter()
         self.num_held_refs = 0
         self.family_refs: dict[str, int] = {}
-        self.children_admitted: dict[str, int] = {}  # parent key -> child admissions so far
+        self.children_admitted: OrderedDict[str, int] = OrderedDict()  # parent key -> early child admissions
         self.closed = False
 
     # ---- the recorder (optional) -------------------------------------------------------------
@@ -164,9 +169,10 @@ class HoldController:
         elif (cfg.max_families is not None and family not in self.family_refs
               and len(self.family_refs) + 1 > cfg.max_families):
             rec.status = "refused_families"
-        if rec.status != "taken" or key in self.active:
-            if rec.status == "taken":
-                rec.status = "refused_duplicate"
+        if rec.status == "taken" and key in self.active:
+            rec.status = "refused_duplicate"
+        self.num_by_status[rec.status] += 1
+        if rec.status != "taken":
             return
         rec.taken_ns = time.monotonic_ns()
         self._pool_op(self.pool.touch, blocks, "held", request.request_id)
@@ -193,6 +199,8 @@ class HoldController:
         h = self.active.get(key)
         if h is None:
             self.children_admitted[key] = self.children_admitted.get(key, 0) + 1
+            if len(self.children_admitted) > MAX_EARLY_PARENTS:
+                self.children_admitted.popitem(last=False)
             return
         h.record.num_children_served += 1
         h.remaining -= 1
