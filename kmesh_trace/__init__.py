@@ -7,14 +7,18 @@ audits in `kmesh_trace.audit`, the vLLM plugin in `kmesh_trace.capture`, the nat
 """
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.schema import SCHEMA_VERSION
 
 __version__ = "0.1.0"
 __all__ = ["KmeshTraceError", "SCHEMA_VERSION", "open_trace", "Trace", "__version__"]
 
 
 def __getattr__(name):
-    # Lazy, so that `import kmesh_trace.capture` (inside the engine) never imports polars or DuckDB.
+    # Lazy, so that `import kmesh_trace.capture` (in every vLLM process, capture on or off) imports
+    # neither pyarrow nor polars nor DuckDB until it needs them.
+    if name == "SCHEMA_VERSION":
+        from kmesh_trace.schema import SCHEMA_VERSION
+
+        return SCHEMA_VERSION
     if name in ("open_trace", "Trace"):
         from kmesh_trace import trace
 

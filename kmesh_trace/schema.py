@@ -72,7 +72,7 @@ INVOCATION_STATUSES = ("finished", "length_capped", "aborted", "error")
 
 INVOCATIONS = Table(
     "invocations",
-    "One row per request the engine saw (or per line of an imported trace), in arrival order.",
+    "One row per request the engine saw (or per line of an imported trace); `seq` gives the arrival order.",
     (
         _c("request_id", pa.string(), None, False, "Engine request id (unique within the engine partition)."),
         _c("caller_request_id", pa.string(), None, True, "The id the caller gave the request, when it differs from the engine's."),

@@ -27,14 +27,9 @@ HERE = Path(__file__).resolve()
 
 
 def write_model(d: Path) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-        "head_dim": 32, "vocab_size": 1024, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0, "torch_dtype": "float32", "tie_word_embeddings": False,
-    }))
-    return d
+    from kmesh_trace.engine import write_tiny_model
+
+    return write_tiny_model(d)
 
 
 def engine_env(multiprocess: bool) -> None:
@@ -46,9 +41,12 @@ def engine_env(multiprocess: bool) -> None:
 def make_llm(model_dir: Path, **kwargs):
     from vllm import LLM
 
-    return LLM(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, enable_prefix_caching=True,
-               block_size=BLOCK, num_gpu_blocks_override=NUM_BLOCKS, kv_cache_memory_bytes=64 << 20,
-               max_model_len=MAX_LEN, enforce_eager=True, disable_log_stats=True, **kwargs)
+    from kmesh_trace.engine import vllm_kernel_scan_guard
+
+    with vllm_kernel_scan_guard():  # other test modules may have loaded numba already
+        return LLM(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, enable_prefix_caching=True,
+                   block_size=BLOCK, num_gpu_blocks_override=NUM_BLOCKS, kv_cache_memory_bytes=64 << 20,
+                   max_model_len=MAX_LEN, enforce_eager=True, disable_log_stats=True, **kwargs)
 
 
 def params(max_tokens: int = 8, **extra):
