@@ -42,9 +42,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.oracle.stream import RequestBlocks
+from kmesh_trace.oracle.stream import RequestBlocks, num_computed_tokens
 
-__all__ = ["HoldPolicy", "HoldRecord", "PoolResult", "PoolModel", "replay_pool", "num_computed_tokens"]
+__all__ = ["HoldPolicy", "HoldRecord", "PoolResult", "PoolModel", "replay_pool"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -161,11 +161,6 @@ def replay_pool(requests: list[RequestBlocks], *, block_size: int, num_usable_bl
     return _Replay(requests, block_size, num_usable_blocks, holds, timed).run()
 
 
-def num_computed_tokens(r: RequestBlocks) -> int:
-    """Tokens whose KV the engine computes or reuses for `r`: the prompt plus all but the last output."""
-    return r.num_prompt_tokens + max(r.num_output_tokens - 1, 0)
-
-
 # ---------------------------------------------------------------------------------------------------
 # The pool
 # ---------------------------------------------------------------------------------------------------
@@ -208,14 +203,11 @@ class PoolModel:
                 del free[b]
             ref[b] += 1
 
-    def get_new_blocks(self, n: int) -> tuple[list[int], int]:
-        """Pop n blocks from the head; returns them and how many cached blocks were evicted."""
-        return self.allocate([None] * n)
-
     def allocate(self, keys: list) -> tuple[list[int], int]:
         """Pop one block per key from the head (evicting its old hash), then cache it under the key
-        (None: a block left partial, not cached). `get_new_blocks` then `cache_full_blocks`, fused
-        because this is the replay's hot loop."""
+        (None: a block left partial, not cached). Returns the blocks and how many cached blocks were
+        evicted. vLLM's `get_new_blocks` then `cache_full_blocks`, fused because this is the replay's
+        hot loop."""
         free, ref, key, cached = self.free, self.ref_cnt, self.block_key, self.cached
         popleft = free.popitem
         out = []
@@ -245,18 +237,6 @@ class PoolModel:
                     v.append(b)
             out.append(b)
         return out, num_evicted
-
-    def cache_block(self, b: int, k) -> None:
-        self.block_key[b] = k
-        if k.__class__ is _PrivateKey:
-            return
-        v = self.cached.get(k)
-        if v is None:
-            self.cached[k] = b
-        elif v.__class__ is int:
-            self.cached[k] = [v, b]
-        else:
-            v.append(b)
 
     def free_blocks(self, ordered: list[int]) -> None:
         """`BlockPool.free_blocks`: `ordered` is eviction priority (callers pass a request's blocks tail first)."""
@@ -328,7 +308,7 @@ class _Replay:
     # -- one request's admission and finish ------------------------------------------------------
 
     def _needs(self, r: RequestBlocks) -> tuple[int, int]:
-        computed = num_computed_tokens(r)
+        computed = num_computed_tokens(r.num_prompt_tokens, r.num_output_tokens)
         return -(-computed // self.bs), computed // self.bs
 
     def admit(self, i: int, running: list | None) -> None:

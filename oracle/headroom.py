@@ -18,7 +18,6 @@ prompt block hash the trace lists (an import's partial last block included) is o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -26,7 +25,7 @@ import numpy as np
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.policies import POLICIES, Replay, Workload, get_policy
 from kmesh_trace.oracle.policies.base import replay_of
-from kmesh_trace.oracle.stream import RequestBlocks, request_blocks
+from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, engine_geometry, pool_capacity, request_blocks
 
 DEFAULT_POLICIES = ("infinite", "lru", "vllm", "belady")
 
@@ -57,26 +56,19 @@ class HeadroomResult:
 def headroom(trace, capacities: Sequence[int] | None = None, policies: Sequence[str] | None = None, *,
              engine: str | None = None) -> HeadroomResult:
     """Headroom of an opened trace (`kmesh_trace.trace.open_trace`)."""
-    meta = trace.engines.get(engine, {}) if engine is not None else trace.metadata
-    return headroom_of_requests(request_blocks(trace, engine), meta.get("block_size"), capacities, policies,
-                                num_usable_blocks=meta.get("num_usable_blocks"))
+    block_size, num_usable_blocks = engine_geometry(trace, engine)
+    return headroom_of_requests(request_blocks(trace, engine), block_size, capacities, policies,
+                                num_usable_blocks=num_usable_blocks)
 
 
 def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | None,
                          capacities: Sequence[int] | None = None, policies: Sequence[str] | None = None, *,
                          num_usable_blocks: int | None = None) -> HeadroomResult:
-    if not block_size:
-        raise KmeshTraceError("the trace has no block size in its engine metadata; it cannot be analysed.")
+    block_size = check_block_size(block_size)
     names = list(policies or DEFAULT_POLICIES)
     for name in names:
         get_policy(name)
-    if capacities:
-        caps = [int(c) for c in capacities]
-    elif num_usable_blocks:
-        caps = [int(num_usable_blocks)]
-    else:
-        raise KmeshTraceError("the trace does not record the engine's usable blocks (imported traces cannot); "
-                              "pass --capacity-blocks N.")
+    caps = [int(c) for c in capacities] if capacities else [pool_capacity(None, num_usable_blocks)]
     if any(c <= 0 for c in caps):
         raise KmeshTraceError("capacities must be positive block counts.")
     workload = Workload(block_size, requests)
@@ -107,38 +99,7 @@ def _find(results: list[Replay], policy: str, capacity: int) -> Replay | None:
     return next((r for r in results if r.policy == policy and r.capacity_blocks == capacity), None)
 
 
-def plot_headroom(result: HeadroomResult, path: str | Path) -> Path:
-    """Hit ratio against capacity, one line per policy (stock from a capture as one point)."""
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg"):
-        raise KmeshTraceError(f"cannot plot to {path.name}: give a .png or .svg file.")
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in dict.fromkeys(r.policy for r in result.results):
-        rows = sorted((r for r in result.results if r.policy == name), key=lambda r: r.capacity_blocks)
-        ax.plot([r.capacity_blocks for r in rows], [r.hit_ratio for r in rows], marker="o", label=name,
-                linestyle="--" if name == "infinite" else "-")
-    if result.stock is not None and result.stock_source == "capture":
-        ax.scatter([result.stock.capacity_blocks], [result.stock.hit_ratio], marker="*", s=160, color="black",
-                   zorder=5, label="stock (capture)")
-    caps = [r.capacity_blocks for r in result.results]
-    if caps and max(caps) >= 8 * min(caps):  # capacities usually double: equal steps on a log axis
-        ax.set_xscale("log", base=2)
-    ax.set_xlabel(f"capacity (blocks of {result.block_size} tokens)")
-    ax.set_ylabel("hit ratio (hit block reads / block reads)")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    title = "Prefix-cache hit ratio by policy"
-    if result.headroom_tokens is not None:
-        title += f" (headroom {result.headroom_tokens:,} tokens at {result.headroom_capacity_blocks:,} blocks)"
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+# Plots are rendering and moved to kmesh_trace.plots; this re-export keeps kmesh_trace.demo working
+# until it imports from there.
+from kmesh_trace.plots import plot_headroom  # noqa: E402,F401

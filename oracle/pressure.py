@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.blockpool import HoldPolicy, PoolResult, replay_pool
-from kmesh_trace.oracle.stream import RequestBlocks, request_blocks
+from kmesh_trace.oracle.stream import RequestBlocks, engine_geometry, pool_capacity, request_blocks
 
 __all__ = ["FamilyRow", "PressureResult", "SweepPoint", "TraceStream", "what_if", "what_if_trace", "sweep",
            "hold_policy", "infer_exact_prefix_edges", "trace_stream"]
@@ -292,10 +292,8 @@ def trace_stream(trace, engine: str | None = None) -> TraceStream:
     """Read an opened trace (`kmesh_trace.trace.open_trace`) for `what_if`."""
     import polars as pl
 
+    block_size, num_usable_blocks = engine_geometry(trace, engine)
     reqs = request_blocks(trace, engine)
-    meta = trace.engines.get(engine, {}) if engine is not None else trace.metadata
-    if not meta.get("block_size"):
-        raise KmeshTraceError("the trace has no block size in its engine metadata; it cannot be analysed.")
     lf = trace.scan("lineage").filter(pl.col("edge_kind") == "exact_prefix")
     if engine is not None:
         lf = lf.filter(pl.col("engine") == engine)
@@ -306,7 +304,7 @@ def trace_stream(trace, engine: str | None = None) -> TraceStream:
         c, p = index.get(child), index.get(parent)
         if c is not None and p is not None and p < c and p > lineage.get(c, -1):
             lineage[c] = p  # several exact-prefix ancestors: the nearest one is the parent
-    return TraceStream(reqs, int(meta["block_size"]), meta.get("num_usable_blocks"), lineage or None)
+    return TraceStream(reqs, block_size, num_usable_blocks, lineage or None)
 
 
 def what_if_trace(trace, *, engine: str | None = None, capacity_blocks: int | None = None, **kwargs) -> PressureResult:
@@ -320,9 +318,6 @@ def what_if_trace(trace, *, engine: str | None = None, capacity_blocks: int | No
             ts = trace_stream(t, engine)
     else:
         ts = trace_stream(trace, engine)
-    usable = capacity_blocks if capacity_blocks is not None else ts.num_usable_blocks
-    if usable is None:
-        raise KmeshTraceError("the trace does not record the engine's usable blocks (imported traces cannot); "
-                              "pass --capacity-blocks N.")
     kwargs.setdefault("lineage", ts.lineage)
-    return what_if(ts.requests, block_size=ts.block_size, num_usable_blocks=usable, **kwargs)
+    return what_if(ts.requests, block_size=ts.block_size,
+                   num_usable_blocks=pool_capacity(capacity_blocks, ts.num_usable_blocks), **kwargs)

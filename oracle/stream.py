@@ -75,9 +75,15 @@ def chain_block_hashes(token_ids: Sequence[int], block_size: int, num_blocks: in
     return out
 
 
+def num_computed_tokens(num_prompt_tokens: int, num_output_tokens: int) -> int:
+    """Tokens whose KV vLLM holds when a request finishes: the prompt and every generated token but
+    the last, which is sampled and never fed back."""
+    return num_prompt_tokens + max(num_output_tokens - 1, 0)
+
+
 def num_cached_blocks(num_prompt_tokens: int, num_output_tokens: int, block_size: int) -> int:
-    """Full blocks vLLM has cached when the request finishes: KV exists for prompt + output - 1 tokens."""
-    return (num_prompt_tokens + max(num_output_tokens - 1, 0)) // block_size
+    """Full blocks vLLM has cached when the request finishes."""
+    return num_computed_tokens(num_prompt_tokens, num_output_tokens) // block_size
 
 
 def token_block_hashes(prompt: Sequence[int], output: Sequence[int] | None, block_size: int) -> tuple[list[int], list[int]]:
@@ -98,8 +104,7 @@ _COLUMNS = ("request_id", "caller_request_id", "seq", "family_id", "parent_id", 
 
 def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[RequestBlocks]:
     """RequestBlocks from invocation rows (dicts with contract column names), in the order given."""
-    if not block_size or block_size <= 0:
-        raise KmeshTraceError("the trace has no block size; its engine metadata must give `block_size`.")
+    block_size = check_block_size(block_size)
     reqs: list[RequestBlocks] = []
     by_id: dict[str, int] = {}
     parents: list[str | None] = []
@@ -140,10 +145,31 @@ def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[
     return reqs
 
 
-def request_blocks(trace, engine: str | None = None) -> list[RequestBlocks]:
-    """The trace's invocations as RequestBlocks, ordered by arrival_ns then seq."""
-    import polars as pl
+def check_block_size(block_size: int | None) -> int:
+    """`block_size` as a positive int, or the one error every analysis gives for a trace without one."""
+    if not block_size or block_size <= 0:
+        raise KmeshTraceError("the trace has no block size; its engine metadata must give `block_size`.")
+    return int(block_size)
 
+
+def pool_capacity(capacity_blocks: int | None, num_usable_blocks: int | None) -> int:
+    """The pool capacity to replay: `capacity_blocks` (the caller's --capacity-blocks) when given, else
+    the usable blocks the trace records; the one error every analysis gives when there is neither."""
+    if capacity_blocks is not None:
+        if capacity_blocks <= 0:
+            raise KmeshTraceError("--capacity-blocks must be a positive block count.")
+        return int(capacity_blocks)
+    if not num_usable_blocks:
+        raise KmeshTraceError("the trace does not record the engine's usable blocks (imported traces cannot); "
+                              "pass --capacity-blocks N.")
+    return int(num_usable_blocks)
+
+
+def engine_geometry(trace, engine: str | None = None) -> tuple[int, int | None]:
+    """(block_size, num_usable_blocks or None) of the trace's engine partition `engine` (None: the only one).
+
+    Each engine has its own cache, so a trace with several needs `engine`; a missing block size is an
+    error here, a missing usable-block count is left to `pool_capacity` (a sweep does not need it)."""
     if engine is None and len(trace.engines) > 1:
         raise KmeshTraceError(
             f"the trace has {len(trace.engines)} engine partitions ({', '.join(trace.engines)}); each has its own "
@@ -151,7 +177,14 @@ def request_blocks(trace, engine: str | None = None) -> list[RequestBlocks]:
     if engine is not None and engine not in trace.engines:
         raise KmeshTraceError(f"the trace has no engine {engine!r}; its engines are {', '.join(trace.engines)}.")
     meta = trace.engines[engine] if engine is not None else trace.metadata
-    block_size = meta.get("block_size")
+    return check_block_size(meta.get("block_size")), meta.get("num_usable_blocks")
+
+
+def request_blocks(trace, engine: str | None = None) -> list[RequestBlocks]:
+    """The trace's invocations as RequestBlocks, ordered by arrival_ns then seq."""
+    import polars as pl
+
+    block_size, _ = engine_geometry(trace, engine)
     lf = trace.scan("invocations")
     if engine is not None:
         lf = lf.filter(pl.col("engine") == engine)

@@ -51,14 +51,12 @@ def test_eviction_pops_head_and_counts_only_cached_blocks():
 def test_duplicate_hashes_lookup_returns_oldest_surviving_block():
     pool = PoolModel(8)
     h = 12345
-    pool.get_new_blocks(3)
-    pool.cache_block(2, h)
-    pool.cache_block(3, h)
+    assert pool.allocate([None, h, h]) == ([1, 2, 3], 0)  # vLLM caches the same hash twice
     assert pool.lookup([h], 1) == [2]
     pool.free_blocks([1])
     pool.free_blocks([3, 2])  # hashed: appended in this order
     assert pool.free_queue() == [1, 4, 5, 6, 7, 8, 3, 2]
-    blocks, evicted = pool.get_new_blocks(7)  # through block 3: one eviction, block 2 still cached
+    blocks, evicted = pool.allocate([None] * 7)  # through block 3: one eviction, block 2 still cached
     assert (blocks[-1], evicted) == (3, 1)
     assert pool.lookup([h], 1) == [2]
 

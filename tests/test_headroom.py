@@ -8,8 +8,9 @@ import pytest
 
 from kmesh_trace.datasets.fork_tree import BLOCK_SIZE, fork_tree_requests, fork_tree_rows, write_fork_tree
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.oracle.headroom import headroom, headroom_of_requests, plot_headroom
+from kmesh_trace.oracle.headroom import headroom, headroom_of_requests
 from kmesh_trace.oracle.policies import POLICIES, Workload
+from kmesh_trace.plots import plot_headroom
 from kmesh_trace.trace import open_trace
 from kmesh_trace.writer import TraceWriter
 
@@ -95,7 +96,8 @@ def test_cli_headroom_scenario_table_and_errors(cli, tmp_path):
     assert r.exit_code == 1
     assert r.stderr.strip() == "Error: unknown policy 'fifo'; the policies are infinite, lru, vllm, belady."
     r = cli(["headroom", "--scenario", "fork-tree", "--capacity-blocks", "12x"])
-    assert r.stderr.strip() == "Error: --capacity-blocks must be comma-separated integers, e.g. 256,512,1024."
+    assert r.stderr.strip() == ("Error: --capacity-blocks must be comma-separated integers above zero, e.g. 256,512,1024 "
+                                "(got '12x').")
     r = cli(["headroom"])
     assert r.exit_code == 1 and r.stderr.startswith("Error: give either a TRACE directory or --scenario")
     with pytest.raises(KmeshTraceError, match="give a .png or .svg file"):

@@ -7,7 +7,8 @@ import pytest
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.policies.base import reference_accesses
-from kmesh_trace.oracle.stream import (NEVER, AccessStream, RequestBlocks, chain_block_hashes, request_blocks,
+from kmesh_trace.oracle.stream import (NEVER, AccessStream, RequestBlocks, chain_block_hashes, engine_geometry,
+                                       num_cached_blocks, num_computed_tokens, pool_capacity, request_blocks,
                                        requests_from_rows, token_block_hashes)
 from kmesh_trace.trace import open_trace
 from kmesh_trace.writer import TraceWriter
@@ -134,3 +135,38 @@ def test_a_child_finds_its_parents_generated_blocks():
     # The parent's KV covers 5 + 3 tokens: block 1 (tokens 5-8) is completed by generation.
     assert len(p.prompt_hashes) == 1 and len(p.output_hashes) == 1
     assert c.prompt_hashes[:2] == p.prompt_hashes + p.output_hashes and c.parent_index == 0
+
+
+def test_engine_geometry_is_the_one_place_analyses_read_block_size_and_capacity(tmp_path):
+    from kmesh_trace.oracle.headroom import headroom, headroom_of_requests
+    from kmesh_trace.oracle.pressure import trace_stream, what_if_trace
+
+    for e, meta in (("e0", {"block_size": 2, "num_usable_blocks": 10}), ("e1", {}), ("e2", {"block_size": 4})):
+        with TraceWriter(tmp_path / "t", e, meta) as w:
+            w.write("invocations", {"request_id": ["a"], "seq": [0], "num_prompt_tokens": [9],
+                                    "prompt_token_ids": [list(range(9))]})
+    t = open_trace(tmp_path / "t")
+    assert (engine_geometry(t, "e0"), engine_geometry(t, "e2")) == ((2, 10), (4, None))
+    with pytest.raises(KmeshTraceError, match="pick one with --engine"):
+        engine_geometry(t)
+    with pytest.raises(KmeshTraceError, match="the trace has no engine 'e9'; its engines are e0, e1, e2."):
+        engine_geometry(t, "e9")
+    no_block_size = r"^the trace has no block size; its engine metadata must give `block_size`\.$"
+    for analysis in (engine_geometry, request_blocks, trace_stream, lambda t, e: headroom(t, engine=e)):
+        with pytest.raises(KmeshTraceError, match=no_block_size):
+            analysis(t, "e1")
+    with pytest.raises(KmeshTraceError, match=no_block_size):
+        headroom_of_requests(request_blocks(t, "e0"), None, [4])
+    no_capacity = r"^the trace does not record the engine's usable blocks \(imported traces cannot\); pass --capacity-blocks N\.$"
+    for analysis in (lambda: headroom(t, engine="e2"), lambda: what_if_trace(t, engine="e2"),
+                     lambda: pool_capacity(None, None)):
+        with pytest.raises(KmeshTraceError, match=no_capacity):
+            analysis()
+    assert (pool_capacity(7, 10), pool_capacity(None, 10)) == (7, 10)
+    with pytest.raises(KmeshTraceError, match=r"^--capacity-blocks must be a positive block count\.$"):
+        pool_capacity(0, 10)
+
+
+def test_computed_tokens_exclude_the_last_sampled_token():
+    assert [num_computed_tokens(10, g) for g in (0, 1, 2, 6)] == [10, 10, 11, 15]
+    assert [num_cached_blocks(10, g, 4) for g in (0, 6, 7)] == [2, 3, 4]

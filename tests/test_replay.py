@@ -305,3 +305,14 @@ def test_fiemap_extents_read_back_from_the_raw_device(ddir):
     finally:
         os.close(fd)
     assert got == st.payload(7, 0, 1, 64 * KIB)
+
+
+def test_cli_out_that_is_a_file_is_refused_before_any_work(ddir, cli):
+    small_store(ddir, restores=1)
+    (ddir / "f").write_text("")
+    r = cli(["replay", "run", ddir / "s", "--pairs", 1, "--restores", 1, "--warmup", 0, "--out", ddir / "f"])
+    assert (r.exit_code, r.stdout, r.stderr) == (1, "", f"Error: --out {ddir / 'f'} is a file; give a directory.\n")
+    assert not (ddir / "s" / "runs").exists()
+    r = cli(["replay", "prepare", "--out", ddir / "f" / "s2", "--chunk-bytes", 4096])
+    assert (r.exit_code, r.stderr) == (1, (f"Error: cannot create {ddir / 'f' / 's2'}: {ddir / 'f'} is a file; "
+                                           "choose another --out.\n"))

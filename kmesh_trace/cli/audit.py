@@ -12,7 +12,7 @@ import typer
 from rich.table import Table as RichTable
 
 from kmesh_trace.audit.findings import EXIT_CLEAN, Problem, summary
-from kmesh_trace.cli.common import err, fail, handles_errors, out, print_json, progress
+from kmesh_trace.cli.common import check_out_file, err, fail, handles_errors, out, print_json, progress
 
 audit_app = typer.Typer(
     help="Audit agent-trace corpora and captured traces for fitness. "
@@ -52,6 +52,8 @@ def corpus_cmd(
     from kmesh_trace.audit.corpus import audit_corpus
     from kmesh_trace.writer import write_json_atomic
 
+    if out_file is not None:  # the audit can take minutes: refuse an unwritable --out before it
+        check_out_file(out_file, "--out")
     with progress() as bar:
         task = bar.add_task("auditing", total=None)
         result = audit_corpus(directory, on_bytes=lambda n: bar.advance(task, n),

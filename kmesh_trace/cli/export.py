@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import err, handles_errors, out, print_json
+from kmesh_trace.cli.common import check_out_file, err, handles_errors, out, print_json
 
 export_app = typer.Typer(help="Export a trace in other tools' formats.", no_args_is_help=True)
 
@@ -42,6 +42,7 @@ def perfetto_cmd(
     from kmesh_trace.perfetto import export_perfetto
     from kmesh_trace.trace import open_trace
 
+    check_out_file(out_path, "--out")
     with open_trace(trace) as t:
         summary = export_perfetto(t, out_path)
     if as_json:

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import err, handles_errors, out, print_json
+from kmesh_trace.cli.common import check_out_file, err, handles_errors, out, parse_ints, print_json
 from kmesh_trace.errors import KmeshTraceError
 
 
@@ -20,15 +20,6 @@ class Scenario(str, Enum):
 
 def register(app: typer.Typer) -> None:
     app.command("headroom")(headroom_cmd)
-
-
-def _ints(text: str | None, what: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise KmeshTraceError(f"{what} must be comma-separated integers, e.g. 256,512,1024.") from None
 
 
 @handles_errors
@@ -45,12 +36,15 @@ def headroom_cmd(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write hit ratio against capacity to FILE.png or FILE.svg."),
 ) -> None:
     """Prefill tokens the stock cache failed to reuse that an ideal cache of the same capacity would have."""
-    from kmesh_trace.oracle.headroom import headroom, headroom_of_requests, plot_headroom
+    from kmesh_trace.oracle.headroom import headroom, headroom_of_requests
+    from kmesh_trace.plots import check_plot_path, plot_headroom
 
-    caps = _ints(capacity_blocks, "--capacity-blocks")
+    caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     if (trace is None) == (scenario is None):
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
+    if plot is not None:  # a bad --plot must fail before the replays, not after them
+        check_out_file(check_plot_path(plot), "--plot")
     if scenario is not None:
         from kmesh_trace.datasets.fork_tree import BLOCK_SIZE, NUM_USABLE_BLOCKS, fork_tree_requests
 

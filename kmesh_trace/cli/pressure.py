@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import err, handles_errors, out, print_json
+from kmesh_trace.cli.common import check_out_file, err, handles_errors, out, parse_ints, print_json
 from kmesh_trace.errors import KmeshTraceError
 
 MAX_FAMILY_ROWS = 20
@@ -29,16 +29,6 @@ def register(app: typer.Typer) -> None:
     app.command("pressure")(pressure_cmd)
 
 
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise KmeshTraceError(f"{what} must be comma-separated integers, e.g. 64,128,256.") from None
-    if not vals or any(v <= 0 for v in vals):
-        raise KmeshTraceError(f"{what} must list positive block counts, e.g. 64,128,256.")
-    return vals
-
-
 @handles_errors
 def pressure_cmd(
     trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
@@ -56,13 +46,16 @@ def pressure_cmd(
 ) -> None:
     """Replay the trace stock and with family holds through the vLLM block-pool model; report the tradeoff."""
     from kmesh_trace.oracle.pressure import sweep, trace_stream, what_if
+    from kmesh_trace.oracle.stream import pool_capacity
+    from kmesh_trace.plots import check_plot_path, plot_pressure_sweep
 
     if (trace is None) == (scenario is None):
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
     if plot is not None and sweep_capacity is None:
         raise KmeshTraceError("--plot draws a capacity sweep; add --sweep-capacity a,b,c.")
-    if plot is not None and plot.suffix.lower() not in (".png", ".svg"):
-        raise KmeshTraceError(f"--plot writes .png or .svg files, not {plot.suffix or 'no suffix'}; rename {plot}.")
+    if plot is not None:
+        check_out_file(check_plot_path(plot), "--plot")
+    caps = parse_ints(sweep_capacity, "--sweep-capacity") if sweep_capacity is not None else None
     if scenario is not None:
         from kmesh_trace.datasets.hold_stress import hold_stress
 
@@ -78,16 +71,14 @@ def pressure_cmd(
     if 0 < num_timed < len(reqs):
         err.print(f"note: {len(reqs) - num_timed:,} of {len(reqs):,} requests lack arrival or finish times, so "
                   "the replay is sequential (each request freed before the next)")
-    if capacity_blocks is not None:
-        if capacity_blocks <= 0:
-            raise KmeshTraceError("--capacity-blocks must be a positive block count.")
-        usable = capacity_blocks
+    if capacity_blocks is not None or caps is None:  # a sweep needs no usable-block count of its own
+        usable = pool_capacity(capacity_blocks, usable)
     opts = dict(edges=edges.value, lineage=lineage, expiry_s=expiry_s, max_held_blocks=max_held_blocks,
                 max_families=max_families)
-    if sweep_capacity is not None:
-        points = sweep(reqs, block_size=block_size, capacities=_ints(sweep_capacity, "--sweep-capacity"), **opts)
+    if caps is not None:
+        points = sweep(reqs, block_size=block_size, capacities=caps, **opts)
         if plot is not None:
-            _plot(points, plot, block_size)
+            plot_pressure_sweep(points, plot, block_size)
             err.print(f"wrote {plot}")
         if as_json:
             print_json({"block_size": block_size, "edges": edges.value, "sweep": [p.to_dict() for p in points]})
@@ -101,9 +92,6 @@ def pressure_cmd(
                                               p.saved_child_tokens, p.displaced_hit_tokens, p.net_cached_tokens)))
         out.print(rt)
         return
-    if usable is None:
-        raise KmeshTraceError("the trace does not record the engine's usable blocks (imported traces cannot); "
-                              "pass --capacity-blocks N.")
     res = what_if(reqs, block_size=block_size, num_usable_blocks=usable, **opts)
     d = res.to_dict(per_request=per_request)
     if as_json:
@@ -150,23 +138,3 @@ def _render(d: dict) -> None:
               f"held_block_steps {d['held_block_steps']:,}"
               + (f"  held_block_seconds {secs:,.3f}" if secs is not None else ""))
 
-
-def _plot(points, path: Path, block_size: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    caps = [p.capacity_blocks for p in points]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(caps, [p.net_cached_tokens for p in points], marker="o", label="net cached tokens")
-    ax.plot(caps, [p.saved_child_tokens for p in points], marker=".", linestyle="--", label="saved child tokens")
-    ax.plot(caps, [-p.displaced_hit_tokens for p in points], marker=".", linestyle=":", label="- displaced hit tokens")
-    ax.axhline(0, color="grey", linewidth=0.8)
-    ax.set_xlabel(f"pool capacity (usable {block_size}-token blocks)")
-    ax.set_ylabel("tokens (held - stock)")
-    ax.set_title("Family holds: net cached tokens against capacity")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

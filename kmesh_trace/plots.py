@@ -1,0 +1,101 @@
+"""Figures of analysis results: the headroom hit-ratio curves and the retention-pressure capacity sweep.
+
+Rendering, not analysis (STYLE.md rule 4): the analyses in kmesh_trace.oracle return result objects
+and this module draws them (matplotlib, Agg backend, imported only when a plot is drawn). Every figure
+is written atomically: to a temporary file beside the target, then renamed over it, so a failed or
+interrupted plot never leaves a half-written file under the name the caller asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from kmesh_trace.errors import KmeshTraceError
+
+if TYPE_CHECKING:
+    from kmesh_trace.oracle.headroom import HeadroomResult
+    from kmesh_trace.oracle.pressure import SweepPoint
+
+PLOT_SUFFIXES = (".png", ".svg")
+
+
+def check_plot_path(path: str | Path) -> Path:
+    """`path` as a Path when it names a format we draw (checked before any work is done)."""
+    path = Path(path)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise KmeshTraceError(f"cannot plot to {path.name}: give a .png or .svg file.")
+    return path
+
+
+def plot_headroom(result: "HeadroomResult", path: str | Path) -> Path:
+    """Hit ratio against capacity, one line per policy (stock from a capture as one point)."""
+    path = check_plot_path(path)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in dict.fromkeys(r.policy for r in result.results):
+        rows = sorted((r for r in result.results if r.policy == name), key=lambda r: r.capacity_blocks)
+        ax.plot([r.capacity_blocks for r in rows], [r.hit_ratio for r in rows], marker="o", label=name,
+                linestyle="--" if name == "infinite" else "-")
+    if result.stock is not None and result.stock_source == "capture":
+        ax.scatter([result.stock.capacity_blocks], [result.stock.hit_ratio], marker="*", s=160, color="black",
+                   zorder=5, label="stock (capture)")
+    caps = [r.capacity_blocks for r in result.results]
+    if caps and max(caps) >= 8 * min(caps):  # capacities usually double: equal steps on a log axis
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"capacity (blocks of {result.block_size} tokens)")
+    ax.set_ylabel("hit ratio (hit block reads / block reads)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    title = "Prefix-cache hit ratio by policy"
+    if result.headroom_tokens is not None:
+        title += f" (headroom {result.headroom_tokens:,} tokens at {result.headroom_capacity_blocks:,} blocks)"
+    ax.set_title(title, fontsize=10)
+    return _save(fig, path)
+
+
+def plot_pressure_sweep(points: Sequence["SweepPoint"], path: str | Path, block_size: int) -> Path:
+    """Net cached tokens of family holds against pool capacity, with its saved and displaced parts."""
+    path = check_plot_path(path)
+    plt = _pyplot()
+    caps = [p.capacity_blocks for p in points]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(caps, [p.net_cached_tokens for p in points], marker="o", label="net cached tokens")
+    ax.plot(caps, [p.saved_child_tokens for p in points], marker=".", linestyle="--", label="saved child tokens")
+    ax.plot(caps, [-p.displaced_hit_tokens for p in points], marker=".", linestyle=":", label="- displaced hit tokens")
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_xlabel(f"pool capacity (usable {block_size}-token blocks)")
+    ax.set_ylabel("tokens (held - stock)")
+    ax.set_title("Family holds: net cached tokens against capacity")
+    ax.legend()
+    return _save(fig, path)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    """Write `fig` to `path` through a temporary file in the same directory (so the rename is atomic);
+    the format is given explicitly, from `path`'s suffix."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        fig.tight_layout()
+        fig.savefig(tmp, format=path.suffix[1:].lower())
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
+    return path
