@@ -75,7 +75,8 @@ def run_demo(out_dir: str | os.PathLike, *, size: str = "full", progress: Progre
     report["audit"] = audit_capture(trace).to_dict()
 
     progress.stage("headroom")
-    from kmesh_trace.oracle.headroom import headroom, plot_headroom
+    from kmesh_trace.oracle.headroom import headroom
+    from kmesh_trace.plots import plot_headroom
 
     usable = trace.num_usable_blocks
     if not usable:
@@ -92,8 +93,11 @@ def run_demo(out_dir: str | os.PathLike, *, size: str = "full", progress: Progre
     ts = trace_stream(trace)
     pr = what_if(ts.requests, block_size=ts.block_size, num_usable_blocks=int(usable), edges="declared")
     report["pressure"] = pr.to_dict()
-    report["pressure_sweep"] = [p.to_dict() for p in sweep(ts.requests, block_size=ts.block_size,
-                                                           capacities=capacities, edges="declared")]
+    points = sweep(ts.requests, block_size=ts.block_size, capacities=capacities, edges="declared")
+    report["pressure_sweep"] = [p.to_dict() for p in points]
+    from kmesh_trace.plots import plot_pressure_sweep
+
+    plots += [str(plot_pressure_sweep(points, out / f"pressure.{ext}", ts.block_size)) for ext in ("png", "svg")]
 
     progress.stage("timeline")
     from kmesh_trace.perfetto import export_perfetto
@@ -112,7 +116,10 @@ def _capture_workload(plan, model_dir: Path, trace_dir: Path, progress: Progress
     from kmesh_trace.engine import cpu_engine_env, make_engine, run_workload, write_tiny_model
 
     cpu_engine_env()
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM logs to stdout by default; the report is the demo's data, so its logs go to stderr, and
+    # only errors among them.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     write_tiny_model(model_dir)
     t = time.perf_counter()
     with capture_in_process(trace_dir):

@@ -157,7 +157,7 @@ class Trace:
         if rel is None:
             return pl.DataFrame()
         try:
-            return rel.pl()
+            return _narrow_wide_ints(rel.pl())
         except duckdb.PermissionException as e:
             raise QueryRefusedError(f"query refused: it reaches outside the trace ({_first_line(e)}).") from None
         except duckdb.Error as e:
@@ -172,6 +172,19 @@ class Trace:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _narrow_wide_ints(df: pl.DataFrame) -> pl.DataFrame:
+    """DuckDB sums integers into 128 bits (HUGEINT, reaching polars as Int128 or Decimal(38, 0)); a
+    column whose values fit 64 bits comes back as Int64 (JSON and CSV writers and most tools handle
+    128-bit integers as text)."""
+    for name, dtype in df.schema.items():
+        if dtype == pl.Int128 or (isinstance(dtype, pl.Decimal) and dtype.scale == 0):
+            try:
+                df = df.with_columns(pl.col(name).cast(pl.Int64, strict=True))
+            except pl.exceptions.InvalidOperationError:
+                pass  # it does not fit: keep every digit
+    return df
 
 
 def _first_line(e: Exception) -> str:

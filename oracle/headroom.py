@@ -99,7 +99,3 @@ def _find(results: list[Replay], policy: str, capacity: int) -> Replay | None:
     return next((r for r in results if r.policy == policy and r.capacity_blocks == capacity), None)
 
 
-
-# Plots are rendering and moved to kmesh_trace.plots; this re-export keeps kmesh_trace.demo working
-# until it imports from there.
-from kmesh_trace.plots import plot_headroom  # noqa: E402,F401

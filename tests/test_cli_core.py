@@ -85,3 +85,10 @@ def test_help_still_exits_0(cli):
     assert r.exit_code == 0 and "schema" in r.stdout
     r = cli(["audit"])
     assert r.exit_code == 0 and "corpus" in r.stdout
+
+
+def test_sql_sums_come_back_as_plain_integers(tmp_path, cli):
+    root = tiny(tmp_path / "t")
+    r = cli(["sql", root, "SELECT sum(num_prompt_tokens) AS s, 170141183460469231731687303715884105727::HUGEINT AS big FROM invocations", "--format", "json"])
+    assert r.exit_code == 0
+    assert r.stdout.strip() == '[{"s":43,"big":"170141183460469231731687303715884105727"}]'

@@ -29,7 +29,8 @@ def demo(tmp_path_factory):
 
 def test_demo_writes_every_artifact(demo):
     out, proc = demo
-    for name in ("report.json", "headroom.png", "headroom.svg", "timeline.json", "trace/kmesh_trace.json"):
+    for name in ("report.json", "headroom.png", "headroom.svg", "pressure.png", "pressure.svg", "timeline.json",
+                 "trace/kmesh_trace.json"):
         assert (out / name).is_file(), name
     assert (out / "headroom.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Headroom at the engine's" in proc.stdout and "Retention pressure" in proc.stdout
@@ -49,29 +50,35 @@ def test_capture_is_complete_and_matches_the_engine(demo):
     assert trace.sql("SELECT count(*) AS n FROM block_events WHERE event = 'evicted'")["n"][0] > 0
 
 
-def test_report_agrees_with_separate_analyses(demo):
-    from kmesh_trace.audit.capture import audit_capture
-    from kmesh_trace.oracle.headroom import headroom
-    from kmesh_trace.oracle.pressure import trace_stream, what_if
-
+def test_report_agrees_with_the_commands_run_separately(demo, cli):
+    """What the demo printed is what `kmesh-trace audit capture|headroom|pressure --json` say."""
     out, _ = demo
     report = json.loads((out / "report.json").read_text())
-    trace = open_trace(out / "trace")
-    assert audit_capture(trace).to_dict()["verdict"] == report["audit"]["verdict"]
-    caps = report["headroom"]["capacities"]
-    hr = headroom(trace, caps, ["lru", "vllm", "belady"]).to_dict()
+    trace = out / "trace"
+
+    def run(*args):
+        r = cli(list(args))
+        assert r.exit_code in (0, 3), r.stderr
+        return json.loads(r.stdout)
+
+    assert run("audit", "capture", trace, "--json")["verdict"] == report["audit"]["verdict"]
+    caps = ",".join(map(str, report["headroom"]["capacities"]))
+    hr = run("headroom", trace, "--capacity-blocks", caps, "--policies", "lru,vllm,belady", "--json")
     assert hr["results"] == report["headroom"]["results"]
     assert hr["headroom_tokens"] == report["headroom"]["headroom_tokens"]
-    ts = trace_stream(trace)
-    pr = what_if(ts.requests, block_size=ts.block_size, num_usable_blocks=trace.num_usable_blocks, edges="declared")
-    got = pr.to_dict()
-    for key in ("saved_child_tokens", "displaced_hit_tokens", "net_cached_tokens", "arms"):
-        assert got[key] == report["pressure"][key], key
-    # Belady is a bound: never more prefill than what the engine did.
+    pr = run("pressure", trace, "--json")
+    for key in ("saved_child_tokens", "displaced_hit_tokens", "net_cached_tokens", "arms", "families"):
+        assert pr[key] == report["pressure"][key], key
+    sweep = run("pressure", trace, "--sweep-capacity", caps, "--json")["sweep"]
+    assert sweep == report["pressure_sweep"]
+    # Belady is a bound: never more prefill than the engine itself computed.
     stock = next(r for r in report["headroom"]["results"] if r["policy"] == "stock")
     bound = next(r for r in report["headroom"]["results"]
                  if r["policy"] == "belady" and r["capacity_blocks"] == stock["capacity_blocks"])
     assert bound["prefill_tokens"] <= stock["prefill_tokens"]
+    # The report's token totals are the engine's own: the captured stock equals the RequestOutputs' sum.
+    info = run("sql", trace, "SELECT sum(num_prompt_tokens) - sum(num_cached_tokens) AS p FROM invocations", "--format", "json")
+    assert info == [{"p": stock["prefill_tokens"]}]
 
 
 def test_timeline_validates_and_matches_invocations(demo):

@@ -83,7 +83,7 @@ def render(report: dict) -> None:
         f"{w['num_competitors']} competing requests; block size {w['block_size']}, "
         f"{w['num_gpu_blocks']} KV blocks; {w['num_engine_steps']} engine steps.\n"
         f"Everything below is reproducible from {report['files']['trace']} with the kmesh-trace commands.",
-        title="kmesh-trace demo"))
+        title="kmesh-trace demo"), soft_wrap=False)
     info = report["info"]
     (eid, meta), = info["engines"].items()
     drops = sum(meta.get("num_dropped_events", {}).values())
