@@ -37,11 +37,16 @@ def test_invocations_hold_token_ids_and_block_hashes():
 
 
 def test_json_form_shape():
-    d = schema.as_dict()
+    d = json.loads(json.dumps(schema.as_dict()))
     assert d["schema_version"] == schema.SCHEMA_VERSION
-    col = d["tables"]["block_events"]["columns"][0]
-    assert set(col) == {"name", "type", "unit", "nullable", "doc"}
-    json.dumps(d)
+    assert list(d["tables"]) == ["invocations", "lineage", "block_events", "transfers"]
+    cols = {c["name"]: c for c in d["tables"]["block_events"]["columns"]}
+    assert cols["block_hash"] == {
+        "name": "block_hash", "type": "uint64", "unit": None, "nullable": True,
+        "doc": "Low 64 bits of the block hash, as vLLM's KV events publish it (cached, evicted, touched).",
+    }
+    assert cols["ts_ns"]["unit"] == "ns" and cols["ts_ns"]["nullable"] is False
+    assert d["tables"]["invocations"]["columns"][8]["type"] == "list<int32>"  # prompt_token_ids
 
 
 def test_parts_carry_the_schema_version(tmp_path):
