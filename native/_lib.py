@@ -108,16 +108,24 @@ def probe_io_uring() -> int:
 
 @dataclass(frozen=True)
 class Ownership:
-    """Drained-ownership proof: every slot acquired was released and the kernel owns nothing."""
+    """Drained-ownership proof: every slot acquired was released and the kernel owns nothing.
 
-    num_acquired: int
-    num_released: int
-    num_inflight: int
-    num_cq_pending: int
+    A route that cannot observe its buffers' owner (cuFile reads are opaque) reports every field as None:
+    `drained` is then None, "not measured", never a proof."""
+
+    num_acquired: int | None = None
+    num_released: int | None = None
+    num_inflight: int | None = None
+    num_cq_pending: int | None = None
 
     @property
-    def drained(self) -> bool:
+    def drained(self) -> bool | None:
+        if self.num_acquired is None:
+            return None
         return self.num_acquired == self.num_released and self.num_inflight == 0 and self.num_cq_pending == 0
+
+
+NOT_MEASURED = Ownership()
 
 
 class Ring:
@@ -129,39 +137,49 @@ class Ring:
         _check(self._L.kr_open(depth, num_workers, ctypes.byref(self._ctx)), "io_uring setup")
         self.depth, self.num_workers = depth, num_workers
 
+    @property
+    def ctx(self) -> ctypes.c_void_p:
+        """The live engine context; a closed ring refuses (the C side would dereference NULL)."""
+        if not self._ctx:
+            raise NativeError("this io_uring ring is closed; open a new Ring")
+        return self._ctx
+
     def register_buffers(self, addrs: list[int], lens: list[int]) -> None:
         n = len(addrs)
         a = (ctypes.c_void_p * n)(*addrs)
         sz = (ctypes.c_uint64 * n)(*lens)
-        _check(self._L.kr_register_buffers(self._ctx, a, sz, n), "registering fixed buffers with io_uring")
+        _check(self._L.kr_register_buffers(self.ctx, a, sz, n), "registering fixed buffers with io_uring")
 
     def unregister_buffers(self) -> None:
-        _check(self._L.kr_unregister_buffers(self._ctx), "unregistering fixed buffers")
+        _check(self._L.kr_unregister_buffers(self.ctx), "unregistering fixed buffers")
 
     def register_sparse(self, n: int) -> int:
-        return self._L.kr_register_sparse(self._ctx, n)
+        return self._L.kr_register_sparse(self.ctx, n)
 
     def register_dmabuf(self, slot: int, dmabuf_fd: int, target_fd: int, length: int) -> int:
-        return self._L.kr_register_dmabuf(self._ctx, slot, dmabuf_fd, target_fd, length)
+        return self._L.kr_register_dmabuf(self.ctx, slot, dmabuf_fd, target_fd, length)
 
     def attach_cuda(self, dev_base: int, stream: int) -> int:
-        return self._L.kr_attach_cuda(self._ctx, dev_base, ctypes.c_void_p(stream))
+        return self._L.kr_attach_cuda(self.ctx, dev_base, ctypes.c_void_p(stream))
 
     def detach_cuda(self) -> None:
-        self._L.kr_detach_cuda(self._ctx)
+        self._L.kr_detach_cuda(self.ctx)
 
     def restore(self, chunks: np.ndarray) -> tuple[np.ndarray, int]:
         """Read every chunk; returns (samples, io_done_ns). Per-chunk failures are in samples['result']."""
         assert chunks.dtype == CHUNK_DTYPE and chunks.flags.c_contiguous
         samples = np.zeros(len(chunks), dtype=SAMPLE_DTYPE)
         done = ctypes.c_int64()
-        rc = self._L.kr_restore(self._ctx, chunks.ctypes.data, len(chunks), samples.ctypes.data, ctypes.byref(done))
+        rc = self._L.kr_restore(self.ctx, chunks.ctypes.data, len(chunks), samples.ctypes.data, ctypes.byref(done))
+        if rc == -errno.EBADFD:
+            raise NativeError("io_uring restore refused: an earlier ring failure left reads this ring could not "
+                              "reap (the kernel may still write into its buffers); close it and open a new one")
         _check(rc, "io_uring restore")
         return samples, done.value
 
     def ownership(self) -> Ownership:
         v = [ctypes.c_int64() for _ in range(4)]
-        self._L.kr_ring_state(self._ctx, *[ctypes.byref(x) for x in v])
+        self._L.kr_ring_state(self.ctx, *[ctypes.byref(x) for x in v])
         return Ownership(*(x.value for x in v))
 
     def close(self) -> None:

@@ -3,7 +3,8 @@
 libcufile is loaded with ctypes at run time (from the system, the CUDA toolkit or the `nvidia-cufile`
 wheel). Its probe opens the driver and registers an O_DIRECT file handle in the store's directory, the
 step that fails on hosts without the nvidia-fs module or udev data for the disk (see NOTES-gpu.md).
-cuFileRead is synchronous, so `depth` threads keep that many reads in flight.
+cuFileRead is synchronous, so `depth` threads keep that many reads in flight. Buffer ownership is not
+observable through cuFile, so the route reports it as not measured.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from kmesh_trace.native._lib import SAMPLE_DTYPE, Ownership, now_ns
+from kmesh_trace.native._lib import NOT_MEASURED, SAMPLE_DTYPE, Ownership, now_ns
 from kmesh_trace.native.gpu import GpuArena, RouteUnavailable
 from kmesh_trace.native.routes import GPU_POISON, Probe, Restored, Route, cuda_driver_step, run_steps, torch_cuda_step
 from kmesh_trace.native.store import ALIGNMENT
@@ -116,18 +118,55 @@ def probe(directory: Path) -> Probe:
                                        ("cuFileHandleRegister", handle_step)])
 
 
+class Handles:
+    """cuFile handles of open descriptors. A handle belongs to the open file it was registered for, but a
+    closed descriptor's number is reused by the next open: so a handle is keyed by the descriptor AND the
+    file's identity (device, inode), and forget() deregisters it before the caller closes the descriptor."""
+
+    def __init__(self, register: Callable[[int], object], deregister: Callable[[object], None]):
+        self._register, self._deregister = register, deregister
+        self._by_fd: dict[int, tuple[tuple[int, int], object]] = {}
+
+    def get(self, fd: int):
+        st = os.fstat(fd)
+        ident = (st.st_dev, st.st_ino)
+        known = self._by_fd.get(fd)
+        if known is not None and known[0] == ident:
+            return known[1]
+        self.forget(fd)  # the number now names another file: the handle it had is stale
+        h = self._register(fd)
+        self._by_fd[fd] = (ident, h)
+        return h
+
+    def forget(self, fd: int) -> None:
+        known = self._by_fd.pop(fd, None)
+        if known is not None:
+            self._deregister(known[1])
+
+    def close(self) -> None:
+        for fd in list(self._by_fd):
+            self.forget(fd)
+
+
 class CufileRoute(Route):
     name = "cufile"
     gpu = True
+    arena: GpuArena | None = None
+    pool: ThreadPoolExecutor | None = None
+    _buf_registered = False
 
     def __init__(self, max_bytes: int, depth: int = 8, num_workers: int = 1):
         self.max_bytes, self.depth = max_bytes, depth
-        self.arena = GpuArena(max_bytes)
-        driver_open()
-        _ok(load().cuFileBufRegister(self.arena.address, max_bytes, 0), "cuFileBufRegister of the arena")
-        self.handles: dict[int, ctypes.c_void_p] = {}
-        self.pool = ThreadPoolExecutor(max_workers=depth)
-        self.num_acquired = self.num_released = 0
+        self.handles = Handles(register_fd, lambda h: load().cuFileHandleDeregister(h))
+        try:  # a failure part-way releases what was built (close() skips the rest)
+            self.arena = GpuArena(max_bytes)
+            driver_open()
+            _ok(load().cuFileBufRegister(self.arena.address, max_bytes, 0), "cuFileBufRegister of the arena")
+            self._buf_registered = True
+            self.pool = ThreadPoolExecutor(max_workers=depth)
+        except BaseException:
+            self.close()
+            raise
 
     def poison(self, n: int) -> None:
         self.arena.poison(n, GPU_POISON)
@@ -139,17 +178,13 @@ class CufileRoute(Route):
         s["num_sqes"][i] = 1
 
     def restore(self, chunks: np.ndarray) -> Restored:
-        for fd in np.unique(chunks["fd"]):
-            if int(fd) not in self.handles:
-                self.handles[int(fd)] = register_fd(int(fd))
+        fh = {int(fd): self.handles.get(int(fd)) for fd in np.unique(chunks["fd"])}
         s = np.zeros(len(chunks), dtype=SAMPLE_DTYPE)
         t0 = now_ns()
-        self.num_acquired += len(chunks)
-        futs = [self.pool.submit(self._read, s, i, self.handles[int(c["fd"])], int(c["size"]), int(c["file_offset"]),
+        futs = [self.pool.submit(self._read, s, i, fh[int(c["fd"])], int(c["size"]), int(c["file_offset"]),
                                  int(c["buf_offset"])) for i, c in enumerate(chunks)]
         for f in futs:
             f.result()
-        self.num_released += len(chunks)
         io_done = now_ns()
         r = Restored(s, t0, io_done)
         r.consumer_done_ns, total = self.arena.consume(int(chunks["size"].sum()))
@@ -159,13 +194,23 @@ class CufileRoute(Route):
     def fetch(self, n: int) -> np.ndarray:
         return self.arena.fetch(n)
 
+    def forget(self, fd: int) -> None:
+        self.handles.forget(fd)
+
     def ownership(self) -> Ownership:
-        return Ownership(self.num_acquired, self.num_released, 0, 0)
+        # cuFileRead is synchronous and hides its bounce buffers: there is no owner to observe, so this is
+        # reported as not measured rather than as counters that rise together and always "drain".
+        return NOT_MEASURED
 
     def close(self) -> Ownership:
-        self.pool.shutdown(wait=True)
-        for h in self.handles.values():
-            load().cuFileHandleDeregister(h)
-        load().cuFileBufDeregister(self.arena.address)
-        self.arena.close()
-        return self.ownership()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+        self.handles.close()
+        if self._buf_registered:
+            load().cuFileBufDeregister(self.arena.address)
+            self._buf_registered = False
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+        return NOT_MEASURED

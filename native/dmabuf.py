@@ -147,24 +147,30 @@ def probe(directory: Path, host: list) -> Probe:
 class DmabufRoute(Route):
     name = "dmabuf_fixed"
     gpu = True
+    arena: GpuArena | None = None
+    dmabuf_fd: int | None = None
+    target_fd: int | None = None
 
     def __init__(self, max_bytes: int, depth: int, num_workers: int, store_dir: Path):
         dev = blockdev.device_of(store_dir)
         if dev is None or not dev.is_nvme:
             raise RouteUnavailable(f"the store {store_dir} is not on a raw NVMe block device")
         size = -(-max_bytes // ARENA_ALIGNMENT) * ARENA_ALIGNMENT
-        self.arena = GpuArena(size)
-        _context()
-        self.dmabuf_fd = export(self.arena.address, size)
-        self.target_fd = os.open(dev.path, os.O_RDONLY | os.O_DIRECT)
-        super().__init__(max_bytes, depth, num_workers)
-        rc = self.ring.register_sparse(1)
-        if rc >= 0:
-            rc = self.ring.register_dmabuf(0, self.dmabuf_fd, self.target_fd, size)
-        if rc < 0:
+        try:  # a failure part-way releases what was built (close() skips the rest)
+            self.arena = GpuArena(size)
+            _context()
+            self.dmabuf_fd = export(self.arena.address, size)
+            self.target_fd = os.open(dev.path, os.O_RDONLY | os.O_DIRECT)
+            super().__init__(max_bytes, depth, num_workers)
+            rc = self.ring.register_sparse(1)
+            if rc >= 0:
+                rc = self.ring.register_dmabuf(0, self.dmabuf_fd, self.target_fd, size)
+            if rc < 0:
+                raise RouteUnavailable(f"io_uring DMA-BUF registration: {_lib.strerror(rc)}")
+            self.cu = _driver()
+        except BaseException:
             self.close()
-            raise RouteUnavailable(f"io_uring DMA-BUF registration: {_lib.strerror(rc)}")
-        self.cu = _driver()
+            raise
 
     def chunk_array(self, chunks: list[Chunk], fds: dict[str, int], paths: dict[str, Path]) -> np.ndarray:
         """Device ranges instead of file ranges: a chunk becomes one read per extent it spans."""
@@ -197,10 +203,12 @@ class DmabufRoute(Route):
         return self.arena.fetch(n)
 
     def close(self) -> Ownership:
-        own = self.ring.ownership()
-        self.ring.unregister_buffers()
-        self.ring.close()
+        own = super().close()
         for fd in (self.dmabuf_fd, self.target_fd):
-            os.close(fd)
-        self.arena.close()
+            if fd is not None:
+                os.close(fd)
+        self.dmabuf_fd = self.target_fd = None
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
         return own

@@ -107,6 +107,9 @@ struct kr_ctx {
     int cuda_on;
     /* drained-ownership accounting */
     atomic_llong slots_acquired, slots_released;
+    /* Set when a ring failed and reads it had submitted could not be reaped: the kernel may still write
+     * into the buffers and complete them later, so every later restore on this context is refused. */
+    atomic_int broken;
 };
 
 /* ---------------------------------------------------------------- CUDA (dlopen) */
@@ -228,6 +231,7 @@ int kr_probe_io_uring(void) {
     if (rc) return rc;
     size_t n = sizeof(struct io_uring_probe) + 256 * sizeof(struct io_uring_probe_op);
     struct io_uring_probe *pr = calloc(1, n);
+    if (!pr) { ring_close(&r); return -ENOMEM; }
     rc = ring_register(&r, IORING_REGISTER_PROBE, pr, 256);
     if (rc >= 0) {
         rc = (pr->last_op >= IORING_OP_READ_FIXED && (pr->ops[IORING_OP_READ_FIXED].flags & IO_URING_OP_SUPPORTED))
@@ -284,6 +288,7 @@ int kr_unregister_buffers(struct kr_ctx *c) {
         if (r < 0 && !rc) rc = r;
     }
     c->num_buffers = 0;
+    memset(c->bufs, 0, sizeof c->bufs); /* a later sparse table must not inherit these host addresses */
     return rc;
 }
 
@@ -293,19 +298,26 @@ int kr_unregister_buffers(struct kr_ctx *c) {
  * Returns 0 or -errno (stock kernels: -EINVAL).
  */
 int kr_register_sparse(struct kr_ctx *c, unsigned n) {
+    /* bufs[] has KR_MAX_BUFFERS entries and restores index it by buf_index < num_buffers. */
+    if (n == 0 || n > KR_MAX_BUFFERS || c->num_buffers) return -EINVAL;
     struct io_uring_rsrc_register rr;
     memset(&rr, 0, sizeof rr);
     rr.nr = n;
     rr.flags = IORING_RSRC_REGISTER_SPARSE;
     for (unsigned w = 0; w < c->num_workers; w++) {
         int rc = ring_register(&c->rings[w], IORING_REGISTER_BUFFERS2, &rr, sizeof rr);
-        if (rc < 0) return rc;
+        if (rc < 0) {
+            for (unsigned v = 0; v < w; v++) ring_register(&c->rings[v], IORING_UNREGISTER_BUFFERS, NULL, 0);
+            return rc;
+        }
     }
+    memset(c->bufs, 0, n * sizeof c->bufs[0]); /* no user mapping: DMA-BUF slots are addressed by offset */
     c->num_buffers = n;
     return 0;
 }
 
 int kr_register_dmabuf(struct kr_ctx *c, unsigned slot, int dmabuf_fd, int target_fd, uint64_t len) {
+    if (slot >= c->num_buffers) return -EINVAL;
     struct kr_dmabuf_desc d;
     memset(&d, 0, sizeof d);
     d.type = IORING_BUF_TYPE_DMABUF;
@@ -370,8 +382,9 @@ static void prep_read(struct kr_ctx *c, struct ring *r, const struct kr_chunk *c
     s->opcode = IORING_OP_READ_FIXED;
     s->fd = ch->fd;
     /* A host buffer is addressed by its user address; a DMA-BUF slot (no user mapping) by its offset. */
-    uint64_t base = (ch->buf_index >= 0 && (unsigned)ch->buf_index < c->num_buffers && c->bufs[ch->buf_index].iov_base)
-                        ? (uint64_t)(uintptr_t)c->bufs[ch->buf_index].iov_base : 0;
+    unsigned b = (unsigned)ch->buf_index; /* kr_restore checked it; checked again because bufs[] is fixed size */
+    uint64_t base = (ch->buf_index >= 0 && b < c->num_buffers && b < KR_MAX_BUFFERS && c->bufs[b].iov_base)
+                        ? (uint64_t)(uintptr_t)c->bufs[b].iov_base : 0;
     s->addr = base + (uint64_t)ch->buf_offset + (uint64_t)done;
     s->len = (uint32_t)(ch->size - done);
     s->off = (uint64_t)(ch->file_offset + done);
@@ -381,20 +394,101 @@ static void prep_read(struct kr_ctx *c, struct ring *r, const struct kr_chunk *c
     atomic_store_explicit((_Atomic unsigned *)r->sq_tail, tail + 1, memory_order_release);
 }
 
+/* Where a job stands: bytes done per chunk, short reads waiting to be resubmitted, counts. */
+struct jstate {
+    int64_t *done;
+    unsigned *retry;
+    unsigned nretry, next, finished, to_submit;
+};
+
+static int ring_enter(struct ring *r, unsigned to_submit) {
+    int rc;
+    do {
+        rc = (int)syscall(__NR_io_uring_enter, r->fd, to_submit, 1, IORING_ENTER_GETEVENTS, NULL, 0);
+    } while (rc < 0 && errno == EINTR);
+    return rc < 0 ? -errno : rc;
+}
+
+/* Chunk k ends unread (the ring failed): it carries the ring's error and its slot is returned. */
+static void give_up(struct job *j, struct jstate *st, unsigned k) {
+    struct kr_sample *s = &j->samples[j->idx[k]];
+    s->complete_ns = now_ns();
+    s->result = j->rc;
+    atomic_fetch_add(&j->c->slots_released, 1);
+    st->finished++;
+}
+
+/* Reap every completion posted so far. A short read is resubmitted, unless the job is already failing. */
+static void reap(struct job *j, struct ring *r, struct jstate *st) {
+    struct kr_ctx *c = j->c;
+    unsigned head = *r->cq_head;
+    unsigned tail = atomic_load_explicit((_Atomic unsigned *)r->cq_tail, memory_order_acquire);
+    for (; head != tail; head++) {
+        struct io_uring_cqe *e = &r->cqes[head & *r->cq_mask];
+        unsigned k = (unsigned)e->user_data;
+        int res = e->res;
+        const struct kr_chunk *ch = &j->chunks[j->idx[k]];
+        struct kr_sample *s = &j->samples[j->idx[k]];
+        r->inflight--;
+        if (res > 0 && st->done[k] + res < ch->size) { /* short read: the rest goes back in the queue */
+            st->done[k] += res;
+            if (j->rc) give_up(j, st, k);
+            else st->retry[st->nretry++] = k;
+            continue;
+        }
+        s->complete_ns = now_ns();
+        if (res < 0) s->result = res;
+        else if (res == 0) s->result = -ENODATA; /* end of file before the chunk's end */
+        else s->result = st->done[k] + res;
+        if (c->cuda_on && s->result == ch->size) {
+            s->copy_result = p_memcpy(c->dev_base + (uint64_t)ch->buf_offset,
+                                      (const char *)c->bufs[ch->buf_index].iov_base + ch->buf_offset,
+                                      (size_t)ch->size, c->cu_stream);
+        }
+        atomic_fetch_add(&c->slots_released, 1);
+        st->finished++;
+    }
+    atomic_store_explicit((_Atomic unsigned *)r->cq_head, head, memory_order_release);
+}
+
+/*
+ * The ring failed with reads of this job queued or in flight; nothing of it may be left for a later
+ * restore to reap (its user_data indexes this job's arrays). Submissions the kernel has not consumed are
+ * withdrawn (without SQPOLL it consumes them only inside io_uring_enter, so sq_head says which), then
+ * every read it did take is waited for. If even waiting fails, the context is marked broken.
+ */
+static void drain(struct job *j, struct ring *r, struct jstate *st) {
+    unsigned head = atomic_load_explicit((_Atomic unsigned *)r->sq_head, memory_order_acquire);
+    unsigned tail = *r->sq_tail;
+    for (unsigned i = head; i != tail; i++) {
+        r->inflight--;
+        give_up(j, st, (unsigned)r->sqes[r->sq_array[i & *r->sq_mask]].user_data);
+    }
+    atomic_store_explicit((_Atomic unsigned *)r->sq_tail, head, memory_order_release);
+    st->to_submit = 0;
+    while (st->nretry) give_up(j, st, st->retry[--st->nretry]);
+    while (r->inflight) {
+        if (ring_enter(r, 0) < 0) {
+            atomic_store(&j->c->broken, 1);
+            return;
+        }
+        reap(j, r, st);
+    }
+}
+
 static void *run_job(void *arg) {
     struct job *j = arg;
     struct kr_ctx *c = j->c;
     struct ring *r = &c->rings[j->worker];
-    int64_t *done = calloc(j->n ? j->n : 1, sizeof *done);
-    unsigned *retry = malloc((j->n ? j->n : 1) * sizeof *retry);
-    unsigned nretry = 0, next = 0, finished = 0, to_submit = 0;
+    struct jstate st = {calloc(j->n ? j->n : 1, sizeof(int64_t)), malloc((j->n ? j->n : 1) * sizeof(unsigned)),
+                        0, 0, 0, 0};
     j->rc = 0;
-    if (!done || !retry) { j->rc = -ENOMEM; goto out; }
+    if (!st.done || !st.retry) { j->rc = -ENOMEM; goto out; }
     if (c->cuda_on && p_set_current(c->cu_ctx)) { j->rc = -EFAULT; goto out; }
-    while (finished < j->n) {
+    while (st.finished < j->n) {
         /* Fill the queue: resubmissions of short reads first, then new chunks. */
-        while (r->inflight < r->depth && (nretry || next < j->n)) {
-            unsigned k = nretry ? retry[--nretry] : next++;
+        while (r->inflight < r->depth && (st.nretry || st.next < j->n)) {
+            unsigned k = st.nretry ? st.retry[--st.nretry] : st.next++;
             const struct kr_chunk *ch = &j->chunks[j->idx[k]];
             struct kr_sample *s = &j->samples[j->idx[k]];
             if (s->num_sqes == 0) {
@@ -403,60 +497,39 @@ static void *run_job(void *arg) {
                 atomic_fetch_add(&c->slots_acquired, 1);
             }
             s->num_sqes++;
-            prep_read(c, r, ch, done[k], k);
+            prep_read(c, r, ch, st.done[k], k);
             r->inflight++;
-            to_submit++;
+            st.to_submit++;
         }
-        int rc;
-        do {
-            rc = (int)syscall(__NR_io_uring_enter, r->fd, to_submit, 1, IORING_ENTER_GETEVENTS, NULL, 0);
-        } while (rc < 0 && errno == EINTR);
-        if (rc < 0) { j->rc = -errno; goto out; }
-        to_submit -= (unsigned)rc <= to_submit ? (unsigned)rc : to_submit;
-        unsigned head = *r->cq_head;
-        unsigned tail = atomic_load_explicit((_Atomic unsigned *)r->cq_tail, memory_order_acquire);
-        for (; head != tail; head++) {
-            struct io_uring_cqe *e = &r->cqes[head & *r->cq_mask];
-            unsigned k = (unsigned)e->user_data;
-            int res = e->res;
-            const struct kr_chunk *ch = &j->chunks[j->idx[k]];
-            struct kr_sample *s = &j->samples[j->idx[k]];
-            r->inflight--;
-            if (res > 0 && done[k] + res < ch->size) { /* short read: the rest goes back in the queue */
-                done[k] += res;
-                retry[nretry++] = k;
-                continue;
-            }
-            s->complete_ns = now_ns();
-            if (res < 0) s->result = res;
-            else if (res == 0) s->result = -ENODATA; /* end of file before the chunk's end */
-            else s->result = done[k] + res;
-            if (c->cuda_on && s->result == ch->size) {
-                s->copy_result = p_memcpy(c->dev_base + (uint64_t)ch->buf_offset,
-                                          (const char *)c->bufs[ch->buf_index].iov_base + ch->buf_offset,
-                                          (size_t)ch->size, c->cu_stream);
-            }
-            atomic_fetch_add(&c->slots_released, 1);
-            finished++;
+        int rc = ring_enter(r, st.to_submit);
+        if (rc < 0) {
+            j->rc = rc;
+            drain(j, r, &st);
+            break;
         }
-        atomic_store_explicit((_Atomic unsigned *)r->cq_head, head, memory_order_release);
+        st.to_submit -= (unsigned)rc <= st.to_submit ? (unsigned)rc : st.to_submit;
+        reap(j, r, &st);
     }
+    /* Chunks never submitted carry the error too: no sample of a failed job may look like a read. */
+    for (unsigned k = st.next; j->rc && k < j->n; k++) j->samples[j->idx[k]].result = j->rc;
 out:
-    free(done);
-    free(retry);
+    free(st.done);
+    free(st.retry);
     return NULL;
 }
 
 /*
  * Read every chunk; samples[i] describes chunks[i]. Chunk i goes to worker i % num_workers.
  * *io_done_ns is the time the last completion was reaped (timer 1). Returns 0, or -errno of a ring
- * failure (per-chunk read failures are in samples[i].result, never silent).
+ * failure (per-chunk read failures are in samples[i].result, never silent); after a ring failure every
+ * read it had submitted has been reaped, or else the context is broken and answers -EBADFD from then on.
  */
 int kr_restore(struct kr_ctx *c, const struct kr_chunk *chunks, unsigned n, struct kr_sample *samples,
                int64_t *io_done_ns) {
     unsigned nw = c->num_workers < n ? c->num_workers : (n ? n : 1);
     struct job jobs[KR_MAX_WORKERS];
     pthread_t th[KR_MAX_WORKERS];
+    if (atomic_load(&c->broken)) return -EBADFD; /* see kr_ctx.broken */
     unsigned *idx = malloc((n ? n : 1) * sizeof *idx);
     if (!idx) return -ENOMEM;
     memset(samples, 0, n * sizeof *samples);

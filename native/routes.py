@@ -19,7 +19,7 @@ import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.native import _lib
-from kmesh_trace.native._lib import CHUNK_DTYPE, HostArena, Ownership, Ring, now_ns
+from kmesh_trace.native._lib import CHUNK_DTYPE, NOT_MEASURED, HostArena, Ownership, Ring, now_ns
 from kmesh_trace.native.gpu import GpuArena, RouteUnavailable
 from kmesh_trace.native.store import ALIGNMENT, Chunk
 
@@ -86,10 +86,14 @@ class Restored:
 
 
 class Route:
-    """One way to restore a journal restore into a destination; subclasses fill in the destination."""
+    """One way to restore a journal restore into a destination; subclasses fill in the destination.
+
+    A constructor that fails part-way calls close() before raising, so close() must tolerate parts that
+    were never built (they stay None) and being called twice."""
 
     name: ClassVar[str]
     gpu: ClassVar[bool] = False
+    ring: Ring | None = None
 
     def __init__(self, max_bytes: int, depth: int, num_workers: int):
         self.max_bytes = max_bytes
@@ -113,13 +117,18 @@ class Route:
     def fetch(self, n: int) -> np.ndarray:
         raise NotImplementedError
 
+    def forget(self, fd: int) -> None:
+        """`fd` is about to be closed: drop anything registered for it (its number will be reused)."""
+
     def ownership(self) -> Ownership:
-        return self.ring.ownership()
+        return self.ring.ownership() if self.ring is not None else NOT_MEASURED
 
     def close(self) -> Ownership:
         """Release everything; returns the ownership state read just before the ring was torn down."""
-        own = self.ring.ownership()
-        self.ring.close()
+        own = self.ownership()
+        if self.ring is not None:
+            self.ring.close()  # unregisters the buffers too, and cannot fail part-way
+            self.ring = None
         return own
 
 
@@ -127,14 +136,15 @@ class HostRoute(Route):
     """io_uring O_DIRECT reads into one registered, page-aligned host buffer (CPU only)."""
 
     name = "host"
+    host: HostArena | None = None
 
     def __init__(self, max_bytes: int, depth: int = 8, num_workers: int = 1):
-        super().__init__(max_bytes, depth, num_workers)
-        self.host = HostArena(max_bytes)
         try:
+            super().__init__(max_bytes, depth, num_workers)
+            self.host = HostArena(max_bytes)
             self.ring.register_buffers([self.host.address], [max_bytes])
-        except Exception:
-            self.ring.close()
+        except BaseException:
+            self.close()
             raise
 
     def poison(self, n: int) -> None:
@@ -149,10 +159,10 @@ class HostRoute(Route):
         return self.host.array[:n]
 
     def close(self) -> Ownership:
-        own = self.ring.ownership()
-        self.ring.unregister_buffers()
-        self.ring.close()
-        self.host.close()
+        own = super().close()
+        if self.host is not None:
+            self.host.close()
+            self.host = None
         return own
 
 
@@ -161,17 +171,23 @@ class HostFixedRoute(HostRoute):
 
     name = "host_fixed"
     gpu = True
+    arena: GpuArena | None = None
+    _pinned = False  # the host buffer is registered with CUDA (cuMemHostRegister)
 
     def __init__(self, max_bytes: int, depth: int = 8, num_workers: int = 1):
-        self.arena = GpuArena(max_bytes)
-        super().__init__(max_bytes, depth, num_workers)
-        rc = _lib.lib().kr_cuda_host_register(self.host.address, max_bytes)
-        if rc:
-            self.ring.close()
-            raise RouteUnavailable(f"cuMemHostRegister of the io_uring buffer failed (CUresult {rc})")
-        rc = self.ring.attach_cuda(self.arena.address, self.arena.stream_handle)
-        if rc:
-            raise RouteUnavailable(f"attaching the CUDA copy to the ring failed (CUresult {rc})")
+        try:
+            self.arena = GpuArena(max_bytes)
+            super().__init__(max_bytes, depth, num_workers)
+            rc = _lib.lib().kr_cuda_host_register(self.host.address, max_bytes)
+            if rc:
+                raise RouteUnavailable(f"cuMemHostRegister of the io_uring buffer failed (CUresult {rc})")
+            self._pinned = True
+            rc = self.ring.attach_cuda(self.arena.address, self.arena.stream_handle)
+            if rc:
+                raise RouteUnavailable(f"attaching the CUDA copy to the ring failed (CUresult {rc})")
+        except BaseException:
+            self.close()
+            raise
 
     def poison(self, n: int) -> None:
         super().poison(n)  # a stale staging buffer must not be able to hide a failed read
@@ -188,11 +204,17 @@ class HostFixedRoute(HostRoute):
         return self.arena.fetch(n)
 
     def close(self) -> Ownership:
-        self.arena.stream.synchronize()  # every enqueued copy has finished reading the staging buffer
-        self.ring.detach_cuda()
-        _lib.lib().kr_cuda_host_unregister(self.host.address)
+        if self.arena is not None:
+            self.arena.stream.synchronize()  # every enqueued copy has finished reading the staging buffer
+        if self.ring is not None:
+            self.ring.detach_cuda()
+        if self._pinned:
+            _lib.lib().kr_cuda_host_unregister(self.host.address)
+            self._pinned = False
         own = super().close()
-        self.arena.close()
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
         return own
 
 

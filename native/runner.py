@@ -11,6 +11,7 @@ and summary.json); rendering lives in kmesh_trace.cli.replay.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import platform
@@ -88,14 +89,13 @@ class _Files:
         self.store = store
         self.paths = {f: store.path / f for f in {c.file for cs in store.restores.values() for c in cs}}
         self.fds = {}
+        self.tmp: Path | None = None
         try:
             for f, p in self.paths.items():
                 self.fds[f] = os.open(p, os.O_RDONLY | os.O_DIRECT)
         except OSError as e:
             self.close()
-            raise KmeshTraceError(f"cannot open {e.filename} with O_DIRECT ({e.strerror}); keep the store on "
-                                  f"ext4 or xfs, not tmpfs") from e
-        self.tmp: Path | None = None
+            raise _open_error(e) from e
 
     def corrupted(self, c: Chunk) -> tuple[dict[str, int], dict[str, Path], int]:
         """fds/paths where c's file is a copy with one byte flipped inside c; and the flipped file offset."""
@@ -123,6 +123,17 @@ class _Files:
         self.fds = {}
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _open_error(e: OSError) -> KmeshTraceError:
+    """Name the actual cause: only EINVAL means the filesystem refuses O_DIRECT."""
+    if e.errno == errno.EINVAL:
+        return KmeshTraceError(f"cannot open {e.filename} with O_DIRECT ({e.strerror}); keep the store on ext4 "
+                               f"or xfs, not a filesystem without O_DIRECT")
+    if e.errno == errno.ENOENT:
+        return KmeshTraceError(f"payload file {e.filename} is missing (it was there when the store was opened); "
+                               f"re-create the store with `replay prepare`")
+    return KmeshTraceError(f"cannot open payload file {e.filename} ({e.strerror}); check its permissions")
 
 
 @dataclass
@@ -251,6 +262,7 @@ def run(store_path: Path, cfg: RunConfig, on_progress: Callable[[int, int], None
                 try:
                     one(routes[name], c.restore_id, "corrupt", None, None, fds, paths, c)
                 finally:
+                    routes[name].forget(fds[c.file])  # the next copy's descriptor may get the same number
                     os.close(fds[c.file])
     finally:
         for name, route in routes.items():
@@ -301,7 +313,9 @@ def _summary(store: Store, cfg: RunConfig, rows: list[dict], ownership: dict, co
     for name in cfg.routes:
         p50 = per_route[name]["timer1"]["p50_ms"]
         per_route[name]["timer1_p50_ratio_to_" + first] = p50 / base if p50 and base else None
-    drained = all(o and o["drained"] for o in ownership.values())
+    # A route whose ownership is not measured (drained None) is listed as such, neither proof nor failure.
+    drained = all(o is not None and o["drained"] is not False for o in ownership.values())
+    not_measured = [n for n, o in ownership.items() if o is not None and o["drained"] is None]
     consumer_bad = sum(v["consumer_mismatches"] for v in per_route.values())
     return {
         "store": str(store.path), "host": host_description(), "config": asdict(cfg),
@@ -310,7 +324,7 @@ def _summary(store: Store, cfg: RunConfig, rows: list[dict], ownership: dict, co
         "corrupted_chunks": [c.chunk_key for c in corrupt],
         "corruptions_rejected": len(checks) - len(missed), "corruption_checks": len(checks),
         "missed_corruptions": missed, "unexpected_rejections": unexpected,
-        "all_buffers_returned": drained,
+        "all_buffers_returned": drained, "ownership_not_measured": not_measured,
         "ok": not missed and not unexpected and drained and consumer_bad == 0,
     }
 

@@ -24,6 +24,7 @@ from kmesh_trace.errors import InputFormatError, KmeshTraceError
 
 ALIGNMENT = 4096  # O_DIRECT offsets, sizes and buffers; statx DIOALIGN often says 512, 4096 is safe everywhere
 DEFAULT_CHUNK_BYTES = 3 << 20
+MAX_CHUNK_BYTES = 1 << 30  # one io_uring read (and the engine's per-chunk limit); larger chunks cannot be restored
 DEFAULT_NUM_CHUNKS = 16  # one 48 MiB ancestor
 JOURNAL = "journal.parquet"
 STORE_FORMAT = "kmesh-replay-store/1"
@@ -85,9 +86,17 @@ def check_aligned(what: str, value: int, alignment: int = ALIGNMENT) -> None:
                          f"use a multiple of {alignment}")
 
 
+def check_chunk_bytes(what: str, value: int) -> None:
+    """A chunk size the engine can read: O_DIRECT-aligned and at most MAX_CHUNK_BYTES."""
+    check_aligned(what, value)
+    if value > MAX_CHUNK_BYTES:
+        raise StoreError(f"{what} is {value} bytes, more than the {MAX_CHUNK_BYTES} (1 GiB) one io_uring read can "
+                         f"move; use a smaller chunk size")
+
+
 def plan_uniform(num_restores: int, num_chunks: int, chunk_bytes: int) -> list[list[int]]:
     """Chunk sizes of `num_restores` restores of `num_chunks` chunks of `chunk_bytes` each."""
-    check_aligned("--chunk-bytes", chunk_bytes)
+    check_chunk_bytes("--chunk-bytes", chunk_bytes)
     if num_restores <= 0 or num_chunks <= 0:
         raise StoreError("a store needs at least one restore of at least one chunk; raise --num-restores/--chunks")
     return [[chunk_bytes] * num_chunks for _ in range(num_restores)]
@@ -97,7 +106,7 @@ def plan_from_trace(trace: Path, chunk_bytes: int, max_restores: int) -> list[li
     """One restore per completed `load` transfer of a trace, cut into chunks (the last one rounded up)."""
     import pyarrow.dataset as ds
 
-    check_aligned("--chunk-bytes", chunk_bytes)
+    check_chunk_bytes("--chunk-bytes", chunk_bytes)
     tdir = Path(trace) / "transfers"
     if not tdir.is_dir():
         raise StoreError(f"{trace} has no transfers table; pass a kmesh-trace capture directory to --from")
@@ -129,7 +138,7 @@ def prepare(out: Path, plan: list[list[int]], seed: int = 0, source: str = "unif
         offset = 0
         with open(out / rel, "wb") as f:
             for ci, size in enumerate(sizes):
-                check_aligned(f"chunk {ci} of restore {rid}", size)
+                check_chunk_bytes(f"chunk {ci} of restore {rid}", size)
                 data = payload(seed, rid, ci, size)
                 f.write(data)
                 for k, v in (("restore_id", rid), ("chunk_index", ci), ("chunk_key", f"r{rid:06d}/c{ci:04d}"),
@@ -172,7 +181,7 @@ def open_store(path: Path) -> Store:
     sizes: dict[str, int] = {}
     for row in zip(*cols.values()):
         c = Chunk(*row)
-        check_aligned(f"chunk {c.chunk_key}: size", c.size_bytes)
+        check_chunk_bytes(f"chunk {c.chunk_key}: size", c.size_bytes)
         if c.offset_bytes % ALIGNMENT:
             raise StoreError(f"chunk {c.chunk_key}: offset {c.offset_bytes} is not a multiple of {ALIGNMENT} "
                              f"(O_DIRECT alignment); re-create the store with `replay prepare`")

@@ -104,7 +104,7 @@ def _render(summary: dict) -> None:
                   _ms(t2.get("p50_ms")), _ms(t2.get("p95_ms")),
                   "-" if r["p50_gbps_timer1"] is None else f"{r['p50_gbps_timer1']:.2f}",
                   f"{r['bytes_moved'] / 2**20:,.0f}", str(r["num_rejected"]),
-                  "yes" if own.get("drained") else "NO")
+                  {True: "yes", None: "n/a"}.get(own.get("drained"), "NO"))
     out.print(t)
     p = RichTable(title="per pair (A B, then B A, ...)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for h in ("pair", "route", "position", "n", "t1 p50", "t1 p95", "t2 p50", "t2 p95"):
@@ -116,7 +116,9 @@ def _render(summary: dict) -> None:
     out.print(p)
     out.print(f"corruptions rejected: {summary['corruptions_rejected']}/{summary['corruption_checks']}; "
               f"unexpected rejections: {len(summary['unexpected_rejections'])}; "
-              f"all buffers returned: {'yes' if summary['all_buffers_returned'] else 'NO'}", markup=False)
+              f"all buffers returned: {'yes' if summary['all_buffers_returned'] else 'NO'}"
+              + (f" (not measured: {', '.join(summary['ownership_not_measured'])})"
+                 if summary.get("ownership_not_measured") else ""), markup=False)
     if summary.get("results"):
         out.print(f"samples: {summary['results']}", markup=False, highlight=False)
 
