@@ -142,10 +142,12 @@ def test_ring_failure_with_reads_in_flight_refuses_later_restores():
         # once the kernel holds reads 0 and 1 (both wait on empty pipes): break the ring, then let read 0
         # finish, so the engine's next io_uring_enter fails with read 1 still in flight
         deadline = time.monotonic() + 10
-        while _sq_head(rfd) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        os.dup2(pipes[0][1], rfd)
-        os.write(pipes[0][1], b"x" * 4 * KIB)
+        try:
+            while _sq_head(rfd) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:  # whatever happened, unblock the restore: the test may fail, never hang
+            os.dup2(pipes[0][1], rfd)
+            os.write(pipes[0][1], b"x" * 4 * KIB)
 
     try:
         ring.register_buffers([buf.address], [16 * KIB])
