@@ -19,7 +19,9 @@ capture is running there (otherwise the proxy is a pure pass-through):
   the workers report it sent (`finished_sending`).
 
 Times are the scheduler's view: start when the transfer is handed to the workers, finish when its
-completion reaches the scheduler. Transfers still open when the capture closes are `incomplete`.
+completion reaches the scheduler. Transfers still open when the capture closes are `incomplete`, and
+so is one that is opened again before it finished (the same request and direction). Per-request
+state ends with the request (`request_finished`), so a long-running server's proxy stays bounded.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class KmeshProxyConnector(KVConnectorBase_V1):
         self._mgr = None
         self._rec = None
         self._async_load: dict[str, bool] = {}
-        # Open transfers: request id -> [direction, tokens, blocks, start_ns, block ids]
+        # Open transfers: (request id, direction) -> [tokens, blocks, start_ns, block ids]
         self._open: dict[tuple[str, str], list] = {}
         self._step_batches: deque[list[tuple[str, str]]] = deque()
         self._step_sync: list[tuple[str, str]] = []
@@ -85,6 +87,9 @@ class KmeshProxyConnector(KVConnectorBase_V1):
     # ---- the recorder ------------------------------------------------------------------------
 
     def _recorder(self):
+        if self._rec is not None and self._rec.closed:  # the capture ended: a pure pass-through again
+            self._rec = None
+            self._mgr = None
         if self._rec is None and self._mgr is not None:
             rec = getattr(self._mgr.block_pool, "_kmesh_recorder", None)
             if rec is not None:
@@ -98,6 +103,9 @@ class KmeshProxyConnector(KVConnectorBase_V1):
             return
         num_blocks = -(-num_tokens // self._block_size)
         key = (request_id, direction)
+        if key in self._open:  # reopened (e.g. a load again after preemption): the first never finished
+            self._close_transfer(key, "incomplete", None)
+            self._forget_in_batches(key)
         self._open[key] = [num_tokens, num_blocks, time.monotonic_ns(), set(block_ids)]
         if sync:
             self._step_sync.append(key)
@@ -185,7 +193,7 @@ class KmeshProxyConnector(KVConnectorBase_V1):
 
     def update_connector_output(self, connector_output):
         ret = self._inner.update_connector_output(connector_output)
-        if self._rec is not None:
+        if self._recorder() is not None:
             now = time.monotonic_ns()
             failed = set(getattr(connector_output, "failed_recving", ()) or ())
             invalid = set(getattr(connector_output, "invalid_block_ids", ()) or ())
@@ -203,12 +211,14 @@ class KmeshProxyConnector(KVConnectorBase_V1):
         return ret
 
     def _forget_in_batches(self, key) -> None:
-        for batch in self._step_batches:
+        for batch in (*self._step_batches, self._step_sync):
             if key in batch:
                 batch.remove(key)
 
     def request_finished(self, request, block_ids):
         delay, params = self._inner.request_finished(request, block_ids)
+        # A request matched but never allocated (aborted, or finished first) ends here too.
+        self._async_load.pop(request.request_id, None)
         if delay and self._recorder() is not None and (request.request_id, "store") not in self._open:
             self._open_transfer(request.request_id, "store", len(block_ids) * self._block_size, sync=False)
         return delay, params

@@ -16,7 +16,9 @@ predicts a held run:
   (checked at each request arrival, oldest hold first), when an expected child is aborted before
   admission (`cancelled`), under pressure (an allocation that would fail releases the oldest holds
   first: a hold never blocks an admission) and at engine close;
-- a hold that would exceed the caps (held block references, families with an active hold) is refused.
+- a hold that would exceed the caps (held block references, families with an active hold) is refused,
+  and so is one for a parent whose caller id already has an active hold (`refused_duplicate`:
+  children name their parent by that id, so a second hold could never be told apart).
 
 With a capture running, every reference the controller takes or drops is recorded as a `held` or
 `released` block event for the parent's request id. `HoldController.records` keeps one record per
@@ -60,7 +62,9 @@ class HoldConfig:
 
 @dataclass
 class HoldRecord:
-    """One parent's hold. status: taken, refused_blocks, refused_families, empty, not_needed, cancelled."""
+    """One parent's hold. status: taken, refused_blocks, refused_families, refused_duplicate (a hold
+    under the same caller id is still active: caller ids are the key children name), empty,
+    not_needed, cancelled. `HoldController.num_by_status` counts every status."""
 
     parent_request_id: str
     caller_id: str | None

@@ -13,9 +13,12 @@ from __future__ import annotations
 import atexit
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kmesh_trace.capture.recorder import Recorder, config_from_env
+
+from kmesh_trace.errors import KmeshTraceError
 
 log = logging.getLogger("kmesh_trace.capture")
 
@@ -29,8 +32,10 @@ _STATUS = {
     "FINISHED_ERROR": "error",
 }
 
-#: Every recorder this process started, in order (the in-process session closes its own).
+#: The recorders of this process still open, in order (a closed one is removed).
 RECORDERS: list[Recorder] = []
+#: Called with each new recorder (the in-process session collects its own).
+INSTALL_LISTENERS: list[Callable[[Recorder], None]] = []
 
 
 def hash64(key: bytes) -> int:
@@ -68,9 +73,10 @@ def engine_metadata(scheduler) -> dict[str, Any]:
 
 def install(scheduler, out_dir: str, config: dict[str, Any] | None = None) -> Recorder:
     """Start recording `scheduler`'s engine into `out_dir`; returns the recorder."""
+    global _atexit_registered
+    config = config or config_from_env()  # first: a bad knob leaves the engine untouched
     engine_index = int(getattr(scheduler.parallel_config, "data_parallel_index", 0) or 0)
-    rec = Recorder(out_dir, engine_index=engine_index, metadata=engine_metadata(scheduler),
-                   config=config or config_from_env())
+    rec = Recorder(out_dir, engine_index=engine_index, metadata=engine_metadata(scheduler), config=config)
     mgr = scheduler.kv_cache_manager
     pool = mgr.block_pool
     groups = scheduler.kv_cache_config.kv_cache_groups
@@ -80,17 +86,69 @@ def install(scheduler, out_dir: str, config: dict[str, Any] | None = None) -> Re
     _install_scheduler(rec, scheduler)
     scheduler._kmesh_recorder = rec
     RECORDERS.append(rec)
-    atexit.register(close_recorder, rec)
+    for cb in INSTALL_LISTENERS:
+        cb(rec)
+    if not _atexit_registered:  # one hook for all recorders, so a closed one is referenced by nothing
+        atexit.register(_close_all)
+        _atexit_registered = True
     log.info("kmesh-trace: capturing engine %s into %s", rec.engine_id, rec.path)
     return rec
 
 
+def try_install(scheduler, out_dir: str, warn: Callable[[str], None] = log.warning) -> Recorder | None:
+    """`install`, for the plugin: a capture that cannot start never stops the engine, and says why.
+
+    A bad knob is the user's to fix: one line naming it (through `warn`). Anything else is a bug:
+    logged with its traceback.
+    """
+    try:
+        return install(scheduler, out_dir)
+    except KmeshTraceError as e:
+        warn(f"kmesh-trace: {e} The engine runs uncaptured.")
+    except Exception:
+        log.exception("kmesh-trace: could not start the capture; the engine runs uncaptured")
+    return None
+
+
+_atexit_registered = False
+
+
+def _close_all() -> None:
+    for rec in RECORDERS[:]:  # each close removes its recorder
+        close_recorder(rec)
+
+
 def close_recorder(rec: Recorder) -> None:
-    """Flush and complete `rec`'s partition (idempotent); never raises into the engine."""
+    """Flush and complete `rec`'s partition, then let go of the engine (idempotent); never raises."""
     try:
         rec.close(unfinished_row)
     except Exception:
         log.exception("kmesh-trace: closing the capture failed")
+    finally:
+        _release(rec)
+
+
+def _release(rec: Recorder) -> None:
+    """Stop recording and drop every reference between the engine and `rec`.
+
+    A wrapper still on top is removed (the engine calls vLLM's own method again). One that another
+    wrapper was installed over (the hold controller wraps the scheduler's and manager's) stays in
+    the chain but records nothing: `add_request` no longer tags requests once the recorder is
+    closed, and the other scheduler/manager wrappers act only on tagged requests.
+    """
+    for obj, wrappers in rec.wrappers:
+        for name, fn in wrappers.items():
+            if obj.__dict__.get(name) is fn:
+                del obj.__dict__[name]
+        if obj.__dict__.get("_kmesh_recorder") is rec:
+            del obj.__dict__["_kmesh_recorder"]
+    rec.wrappers.clear()
+    rec.after_step.clear()
+    rec.before_close.clear()
+    rec.live.clear()
+    rec.awaiting_first_token.clear()
+    if rec in RECORDERS:
+        RECORDERS.remove(rec)
 
 
 def _attach(rec: Recorder, obj, wrappers: dict) -> None:
@@ -354,7 +412,7 @@ def _install_scheduler(rec: Recorder, scheduler) -> None:
     inv = rec.invocations
 
     def add_request(request):
-        if request.request_id not in scheduler.requests:
+        if not rec.closed and request.request_id not in scheduler.requests:
             request._kmesh = [rec.num_arrivals, mono(), None, None, None, None]
             rec.num_arrivals += 1
             rec.live[request.request_id] = request

@@ -49,10 +49,7 @@ def register() -> bool:
         if out_dir and getattr(self, "_kmesh_recorder", None) is None:
             from kmesh_trace.capture import hooks
 
-            try:
-                hooks.install(self, out_dir)
-            except Exception:  # a capture that cannot start must not stop the engine
-                log.exception("kmesh-trace: could not start the capture; the engine runs uncaptured")
+            hooks.try_install(self, out_dir, _warn)  # a capture that cannot start must not stop the engine
         from kmesh_trace.capture import hold
 
         if hold.hold_enabled() and getattr(self, "_kmesh_hold", None) is None:

@@ -11,9 +11,11 @@ stays readable and the metadata says `complete: false`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from kmesh_trace.capture.buffers import RowBuffer
@@ -26,6 +28,7 @@ from kmesh_trace.capture.env import (
 from kmesh_trace.capture.lineage import LineageIndex, edges_for
 
 from kmesh_trace import schema
+from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.writer import ENGINES_DIR, TraceWriter, default_engine_id
 
 log = logging.getLogger("kmesh_trace.capture")
@@ -35,17 +38,42 @@ DEFAULTS = {"flush_interval_s": 1.0, "max_buffered_events": 1 << 19, "max_buffer
             "lineage_window": 4096}
 
 
-def config_from_env() -> dict[str, Any]:
-    def num(name: str, default, cast):
-        raw = os.environ.get(name)
-        return default if raw in (None, "") else cast(raw)
+#: Knob -> environment variable.
+ENV_NAMES = {"flush_interval_s": ENV_FLUSH_S, "max_buffered_events": ENV_MAX_EVENTS,
+             "max_buffered_requests": ENV_MAX_REQUESTS, "lineage_window": ENV_LINEAGE_WINDOW}
 
-    return {
-        "flush_interval_s": num(ENV_FLUSH_S, DEFAULTS["flush_interval_s"], float),
-        "max_buffered_events": num(ENV_MAX_EVENTS, DEFAULTS["max_buffered_events"], int),
-        "max_buffered_requests": num(ENV_MAX_REQUESTS, DEFAULTS["max_buffered_requests"], int),
-        "lineage_window": num(ENV_LINEAGE_WINDOW, DEFAULTS["lineage_window"], int),
-    }
+
+def check_knob(key: str, value: Any, name: str) -> None:
+    """Raise KmeshTraceError unless `value` is valid for knob `key`; `name` is how the user set it.
+
+    A zero or negative flush interval would make the writer thread spin; a buffer or window below 1
+    would drop every event (or forget every request) without anything looking wrong.
+    """
+    if key == "flush_interval_s":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        need = "a number of seconds > 0"
+    else:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        need = "an integer >= 1"
+    if not ok:
+        raise KmeshTraceError(f"{name} must be {need}, not {value!r}.")
+
+
+def config_from_env() -> dict[str, Any]:
+    """The knobs from the environment (defaults where unset); KmeshTraceError names a bad one."""
+    config = {}
+    for key, env in ENV_NAMES.items():
+        raw = os.environ.get(env)
+        if raw in (None, ""):
+            config[key] = DEFAULTS[key]
+            continue
+        try:
+            value = float(raw) if key == "flush_interval_s" else int(raw)
+        except ValueError:
+            value = raw
+        check_knob(key, value, env)
+        config[key] = value
+    return config
 
 
 def _free_engine_id(root: str, engine_index: int) -> str:
@@ -64,6 +92,8 @@ class Recorder:
     def __init__(self, out_dir: str, *, engine_index: int = 0, metadata: dict[str, Any] | None = None,
                  config: dict[str, Any] | None = None):
         self.config = {**DEFAULTS, **(config or {})}
+        for key in ENV_NAMES:
+            check_knob(key, self.config[key], key)
         self.writer = TraceWriter(out_dir, engine_id=_free_engine_id(str(out_dir), engine_index),
                                   metadata={**(metadata or {}), "engine_index": engine_index,
                                             "capture_config": self.config})
@@ -118,39 +148,51 @@ class Recorder:
             try:
                 self.flush()
             except Exception:  # never let the capture take the engine down
-                log.exception("kmesh-trace: a capture flush failed; its rows are counted as dropped")
+                log.exception("kmesh-trace: a capture flush failed (lineage inference or the metadata file)")
 
     def flush(self) -> None:
-        """Write everything buffered so far as new parts (one per non-empty table)."""
-        with self._flush_lock:
-            inv = self.invocations.drain()
-            lineage_rows = []
-            if inv:
-                cols = self.invocations.columns
-                for raw in inv:
-                    row = dict(zip(cols, raw))
-                    lineage_rows += edges_for(self._lineage, row, self.caller_to_rid)
-                    if row["status"] is not None:
-                        self._lineage.add(row["request_id"], list(row["prompt_token_ids"] or []) +
-                                          list(row["output_token_ids"] or []), row["finish_ns"])
-                self._write(self.invocations.table, self.invocations.to_columns(inv), len(inv))
-            if lineage_rows:
-                self._write("lineage", {k: [r[k] for r in lineage_rows] for k in lineage_rows[0]}, len(lineage_rows))
-            for buf in (self.block_events, self.transfers):
-                batch = buf.drain()
-                if batch:
-                    self._write(buf.table, buf.to_columns(batch), len(batch))
-            dropped = {buf.table: buf.num_dropped + self._num_written_dropped.get(buf.table, 0) for buf in self._buffers}
-            dropped["lineage"] = self.num_lineage_dropped + self._num_written_dropped.get("lineage", 0)
-            if dropped != {k: v for k, v in self.writer.metadata["num_dropped_events"].items() if k in dropped}:
-                self.writer.update_metadata(num_dropped_events={**self.writer.metadata["num_dropped_events"], **dropped})
+        """Write everything buffered so far as new parts (one per non-empty table).
 
-    def _write(self, table: str, columns: dict[str, Any], n: int) -> None:
+        Each table's part is written on its own: a table whose write fails has its rows counted as
+        dropped and the others are still written; the drop counts always reach the metadata.
+        """
+        with self._flush_lock:
+            try:
+                inv = self.invocations.drain()
+                lineage_rows = []
+                if inv:
+                    cols = self.invocations.columns
+                    for raw in inv:
+                        row = dict(zip(cols, raw))
+                        lineage_rows += edges_for(self._lineage, row, self.caller_to_rid)
+                        if row["status"] is not None:
+                            self._lineage.add(row["request_id"], list(row["prompt_token_ids"] or []) +
+                                              list(row["output_token_ids"] or []), row["finish_ns"])
+                    self._write(self.invocations.table, partial(self.invocations.to_columns, inv), len(inv))
+                if lineage_rows:
+                    self._write("lineage", lambda: {k: [r[k] for r in lineage_rows] for k in lineage_rows[0]},
+                                len(lineage_rows))
+                for buf in (self.block_events, self.transfers):
+                    batch = buf.drain()
+                    if batch:
+                        self._write(buf.table, partial(buf.to_columns, batch), len(batch))
+            finally:
+                self._update_dropped()
+
+    def _update_dropped(self) -> None:
+        dropped = {buf.table: buf.num_dropped + self._num_written_dropped.get(buf.table, 0) for buf in self._buffers}
+        dropped["lineage"] = self.num_lineage_dropped + self._num_written_dropped.get("lineage", 0)
+        if dropped != {k: v for k, v in self.writer.metadata["num_dropped_events"].items() if k in dropped}:
+            self.writer.update_metadata(num_dropped_events={**self.writer.metadata["num_dropped_events"], **dropped})
+
+    def _write(self, table: str, columns: Callable[[], dict[str, Any]], n: int) -> None:
+        """Write one part; on failure count its `n` rows as dropped and log one line (never raises)."""
         try:
-            self.writer.write(table, columns)
-        except Exception:
+            self.writer.write(table, columns())
+        except Exception as e:  # noqa: BLE001 (any failure: a full disk, a bad row; counted, one line)
             self._num_written_dropped[table] = self._num_written_dropped.get(table, 0) + n
-            raise
+            log.error("kmesh-trace: writing %d %s row(s) failed (%s: %s); they are counted as dropped",
+                      n, table, type(e).__name__, e)
 
     # ---- shutdown ----------------------------------------------------------------------------
 
@@ -171,8 +213,10 @@ class Recorder:
             for request in list(self.live.values()):
                 self.invocations.append(unfinished_row(request))
             self.live.clear()
-        self.flush()
-        self.writer.close()
+        try:
+            self.flush()
+        finally:
+            self.writer.close()
 
 
 def table_columns(name: str) -> tuple[str, ...]:

@@ -6,7 +6,8 @@
         llm = LLM(model=..., enable_prefix_caching=True, ...)   # built inside the block
         llm.generate(prompts, SamplingParams(..., extra_args={"kmesh_family": "f", "kmesh_parent": "0"}))
     # every engine built inside the block is recorded; on exit its partition is flushed and
-    # marked complete (later engine activity is not recorded); session.engine_ids lists them.
+    # marked complete, and the hooks are removed (later engine activity is not recorded, and
+    # nothing of the capture keeps the engine alive); session.engine_ids lists them.
 
 It sets `KMESH_TRACE_DIR` for the block (so engine-core processes spawned inside it capture too,
 through the plugin entry point) and installs the hooks in this process even if vLLM loaded its
@@ -24,13 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kmesh_trace.capture import plugin
-from kmesh_trace.capture.env import (
-    ENV_DIR,
-    ENV_FLUSH_S,
-    ENV_LINEAGE_WINDOW,
-    ENV_MAX_EVENTS,
-    ENV_MAX_REQUESTS,
-)
+from kmesh_trace.capture.env import ENV_DIR
+
 from kmesh_trace.errors import KmeshTraceError
 
 
@@ -50,17 +46,27 @@ def capture_in_process(out_dir: str | os.PathLike, *, flush_interval_s: float | 
                        lineage_window: int | None = None) -> Iterator[CaptureSession]:
     """Record every vLLM engine built inside the block into the trace directory `out_dir`."""
     from kmesh_trace.capture import hooks
+    from kmesh_trace.capture.recorder import ENV_NAMES, check_knob
 
+    knobs = {"flush_interval_s": flush_interval_s, "max_buffered_events": max_buffered_events,
+             "max_buffered_requests": max_buffered_requests, "lineage_window": lineage_window}
+    for key, value in knobs.items():  # here, not in the engine, which would run uncaptured
+        if value is not None:
+            check_knob(key, value, key)
     path = Path(out_dir).resolve()
     env = {ENV_DIR: str(path)}
-    for name, value in ((ENV_FLUSH_S, flush_interval_s), (ENV_MAX_EVENTS, max_buffered_events),
-                        (ENV_MAX_REQUESTS, max_buffered_requests), (ENV_LINEAGE_WINDOW, lineage_window)):
+    for key, value in knobs.items():
         if value is not None:
-            env[name] = str(value)
+            env[ENV_NAMES[key]] = str(value)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     session = CaptureSession(path)
-    first = len(hooks.RECORDERS)
+
+    def started(rec) -> None:  # also sees engines that shut down (and closed) inside the block
+        if str(Path(rec.path).resolve()) == str(path):
+            session.recorders.append(rec)
+
+    hooks.INSTALL_LISTENERS.append(started)
     try:
         if not plugin.register():
             from kmesh_trace.capture.version import unsupported_reason
@@ -68,7 +74,7 @@ def capture_in_process(out_dir: str | os.PathLike, *, flush_interval_s: float | 
             raise KmeshTraceError(unsupported_reason() or "the capture hooks could not be installed.")
         yield session
     finally:
-        session.recorders = [r for r in hooks.RECORDERS[first:] if str(Path(r.path).resolve()) == str(path)]
+        hooks.INSTALL_LISTENERS.remove(started)
         for rec in session.recorders:
             hooks.close_recorder(rec)
         for k, v in saved.items():

@@ -9,6 +9,7 @@ expiry, cancellation, a child admitted before its parent finished, and close.
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -33,13 +34,18 @@ BS = 16
 USABLE = 16
 
 
+def kv_manager() -> tuple[vllm_core.KVCacheManager, KVCacheConfig]:
+    """vLLM's KVCacheManager: one full-attention group, BS-token blocks, USABLE usable blocks, caching on."""
+    cfg = KVCacheConfig(num_blocks=USABLE + 1, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["layer.0"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=32,
+                                                        dtype=torch.float16))])
+    return vllm_core.KVCacheManager(cfg, max_model_len=1 << 16, scheduler_block_size=BS, hash_block_size=BS,
+                                    enable_caching=True), cfg
+
+
 class Engine:
     def __init__(self, config: HoldConfig):
-        cfg = KVCacheConfig(num_blocks=USABLE + 1, kv_cache_tensors=[], kv_cache_groups=[
-            KVCacheGroupSpec(["layer.0"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=32,
-                                                            dtype=torch.float16))])
-        self.m = vllm_core.KVCacheManager(cfg, max_model_len=1 << 16, scheduler_block_size=BS, hash_block_size=BS,
-                                          enable_caching=True)
+        self.m, _ = kv_manager()
         self.pool = self.m.block_pool
         self.hasher = get_request_block_hasher(BS, sha256)
         self.sched = SimpleNamespace(kv_cache_manager=self.m, add_request=lambda r: None,
@@ -135,3 +141,19 @@ def test_expiry_cancellation_and_early_children():
     e.run("c", prompt + e.tokens(4), kmesh_parent="p")  # admitted while the parent still runs
     e.finish(parent)
     assert outcome(e.ctl) == [("p", "not_needed", 2, 0, None)] and e.drained()
+
+
+def test_a_second_parent_under_an_active_caller_id_is_refused_and_every_status_is_documented():
+    e = Engine(HoldConfig())
+    # Both ids carry the caller id "p" (vLLM appends an 8-character suffix): children name "p".
+    e.run("p-00000001", e.tokens(32), kmesh_family="a", kmesh_children=1)
+    e.run("p-00000002", e.tokens(32), kmesh_family="a", kmesh_children=1)
+    assert [r[:3] for r in outcome(e.ctl)] == [("p-00000001", "taken", 2), ("p-00000002", "refused_duplicate", 2)]
+    assert e.ctl.num_by_status == {"taken": 1, "refused_duplicate": 1}
+    statuses = ("taken", "refused_blocks", "refused_families", "refused_duplicate", "empty", "not_needed", "cancelled")
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "CAPTURE.md").read_text()
+    for status in statuses:
+        assert status in hold.HoldRecord.__doc__
+        assert status in docs or status not in ("refused_blocks", "refused_families", "refused_duplicate")
+    e.sched.shutdown()
+    assert e.drained()

@@ -114,3 +114,107 @@ def test_cli_capture_reports_a_missing_command(tmp_path, cli):
     result = cli(["capture", "--out", tmp_path / "t", "--", "no-such-command-kmesh"])
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines()[-1] == "Error: command not found: no-such-command-kmesh; check the command after `--`."
+
+
+# ---- a table whose part cannot be written -----------------------------------------------------------
+
+def _invocation(rid: str, seq: int, prompt: list[int], output: list[int]) -> tuple:
+    row = {"request_id": rid, "seq": seq, "num_prompt_tokens": len(prompt), "num_output_tokens": len(output),
+           "prompt_token_ids": prompt, "output_token_ids": output, "arrival_ns": 10 * seq, "finish_ns": 10 * seq + 5,
+           "status": "finished"}
+    return tuple(row.get(c) for c in RowBuffer("invocations", 1).columns)
+
+
+def _transfer(rid: str) -> tuple:
+    return (rid, "load", 16, 1, None, 1, 2, "ok", "X")
+
+
+def _break_table(rec: Recorder, table: str) -> None:
+    """A real write failure: the table's partition path is a plain file, so no part can be made there."""
+    d = rec.writer.partition_dir(table)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    d.write_text("not a directory")
+
+
+def test_a_failed_table_write_counts_its_rows_and_the_other_tables_are_written(tmp_path):
+    import pyarrow.parquet as pq
+
+    rec = Recorder(tmp_path / "t", config={"flush_interval_s": 60})
+    _break_table(rec, "invocations")
+    _break_table(rec, "block_events")
+    rec.invocations.append(_invocation("a", 0, [1, 2, 3], [4, 5]))
+    rec.invocations.append(_invocation("b", 1, [1, 2, 3, 4, 5, 6], [7]))  # exact-prefix child of a
+    for s in range(3):
+        rec.block_events.append(_block_row(s))
+    rec.transfers.append(_transfer("a"))
+    rec.flush()
+    meta = json.loads(rec.writer.metadata_path.read_text())
+    assert meta["num_dropped_events"] == {"invocations": 2, "lineage": 0, "block_events": 3, "transfers": 0}
+    rec.invocations.append(_invocation("c", 2, [1, 2, 3, 4, 5, 6, 7, 8], [9]))  # child of b
+    rec.block_events.append(_block_row(3))
+    rec.block_events.append(_block_row(4))
+    rec.transfers.append(_transfer("c"))
+    rec.close()  # the final flush: invocations and block_events fail, the rest is written, the partition completes
+    meta = json.loads(rec.writer.metadata_path.read_text())
+    assert meta["complete"] is True
+    assert meta["num_dropped_events"] == {"invocations": 3, "lineage": 0, "block_events": 5, "transfers": 0}
+
+    def rows(table):
+        return pq.read_table(rec.writer.partition_dir(table)).to_pylist()
+
+    assert [(r["child_request_id"], r["parent_request_id"], r["edge_kind"], r["num_shared_tokens"])
+            for r in rows("lineage")] == [("b", "a", "exact_prefix", 5), ("c", "b", "exact_prefix", 7)]
+    assert [r["request_id"] for r in rows("transfers")] == ["a", "c"]
+
+
+# ---- capture knobs --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, line", [
+    (["--flush-s", "0"], "Error: --flush-s must be a number of seconds > 0, not 0.0."),
+    (["--flush-s", "-1"], "Error: --flush-s must be a number of seconds > 0, not -1.0."),
+    (["--max-buffered-events", "0"], "Error: --max-buffered-events must be an integer >= 1, not 0."),
+])
+def test_cli_capture_refuses_a_bad_knob_before_running_the_command(tmp_path, cli, args, line):
+    ran = tmp_path / "ran"
+    result = cli(["capture", "--out", tmp_path / "t", *args, "--", "touch", ran])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [line]
+    assert not ran.exists() and not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("env, value, line", [
+    ("KMESH_TRACE_FLUSH_S", "0", "KMESH_TRACE_FLUSH_S must be a number of seconds > 0, not 0.0."),
+    ("KMESH_TRACE_FLUSH_S", "soon", "KMESH_TRACE_FLUSH_S must be a number of seconds > 0, not 'soon'."),
+    ("KMESH_TRACE_MAX_BUFFERED_EVENTS", "-5", "KMESH_TRACE_MAX_BUFFERED_EVENTS must be an integer >= 1, not -5."),
+    ("KMESH_TRACE_MAX_BUFFERED_REQUESTS", "0", "KMESH_TRACE_MAX_BUFFERED_REQUESTS must be an integer >= 1, not 0."),
+    ("KMESH_TRACE_LINEAGE_WINDOW", "0", "KMESH_TRACE_LINEAGE_WINDOW must be an integer >= 1, not 0."),
+])
+def test_a_bad_knob_in_the_engine_environment_is_one_line_and_no_capture(tmp_path, monkeypatch, env, value, line):
+    from kmesh_trace.capture import hooks
+    from kmesh_trace.capture.recorder import config_from_env
+
+    from kmesh_trace.errors import KmeshTraceError
+
+    monkeypatch.setenv(env, value)
+    with pytest.raises(KmeshTraceError) as e:
+        config_from_env()
+    assert str(e.value) == line
+    # What the plugin does in the engine's Scheduler.__init__: the knobs are read before the
+    # scheduler is touched, so nothing is installed and no partition is started.
+    lines = []
+    assert hooks.try_install(None, str(tmp_path / "t"), lines.append) is None
+    assert lines == [f"kmesh-trace: {line} The engine runs uncaptured."]
+    assert not (tmp_path / "t").exists()
+
+
+def test_knobs_are_checked_where_they_are_given(tmp_path):
+    from kmesh_trace.capture.session import capture_in_process
+
+    from kmesh_trace.errors import KmeshTraceError
+
+    with pytest.raises(KmeshTraceError, match=r"^max_buffered_events must be an integer >= 1, not 0\.$"):
+        Recorder(tmp_path / "r", config={"max_buffered_events": 0})
+    with (pytest.raises(KmeshTraceError, match=r"^flush_interval_s must be a number of seconds > 0, not -0\.5\.$"),
+          capture_in_process(tmp_path / "s", flush_interval_s=-0.5)):
+        pass
+    assert not (tmp_path / "r").exists() and not (tmp_path / "s").exists()

@@ -33,10 +33,14 @@ def capture_cmd(
 ) -> None:
     """Run COMMAND with the vLLM capture hook enabled, writing a trace to --out."""
     from kmesh_trace.capture.env import ENV_DIR, ENV_FLUSH_S, ENV_MAX_EVENTS
+    from kmesh_trace.capture.recorder import check_knob
     from kmesh_trace.capture.version import unsupported_reason
 
     if not command:
         fail("give the command to capture after `--`, e.g. kmesh-trace capture --out trace -- vllm serve MODEL.")
+    # Checked here, before the command runs: inside the engine a bad knob only disables the capture.
+    check_knob("flush_interval_s", flush_s, "--flush-s")
+    check_knob("max_buffered_events", max_buffered_events, "--max-buffered-events")
     reason = unsupported_reason()
     if reason is not None:
         err.print(f"warning: {reason}", markup=False, highlight=False)
