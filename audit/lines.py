@@ -31,6 +31,14 @@ BLANK = 1
 MALFORMED = 2
 
 MALFORMED_KINDS = ("invalid_utf8", "broken_json", "nonstandard_literal", "too_deep", "not_object")
+#: Each malformed kind in words, for reports that list bad lines.
+MALFORMED_REASONS = {
+    "invalid_utf8": "invalid UTF-8",
+    "broken_json": "broken JSON",
+    "nonstandard_literal": "NaN or Infinity, which JSON does not allow",
+    "too_deep": "JSON nested too deep",
+    "not_object": "JSON value is not an object",
+}
 
 
 class _NonStandard(ValueError):
@@ -54,9 +62,14 @@ class Malformed:
     column: int | None = None
 
 
+def is_blank(raw: bytes) -> bool:
+    """A physical line (no newline) holding only JSON whitespace."""
+    return not raw.strip(_JSON_WS)
+
+
 def classify(raw: bytes) -> tuple[int, object]:
     """(RECORD, dict) | (BLANK, None) | (MALFORMED, Malformed) for one physical line (no newline)."""
-    if not raw.strip(_JSON_WS):
+    if is_blank(raw):
         return BLANK, None
     try:
         text = raw.decode("utf-8")

@@ -7,12 +7,11 @@ goes on and the counts land in the trace metadata (`num_malformed_lines`, `malfo
 
 from __future__ import annotations
 
-import codecs
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from kmesh_trace.audit.lines import BLANK, BOM, MALFORMED, MALFORMED_REASONS, classify
 from kmesh_trace.errors import InputFormatError
 
 #: At most this many malformed locations are listed (all are counted).
@@ -55,27 +54,20 @@ def iter_records(path: Path, report: ImportReport, on_bytes: Callable[[int], Non
     if not path.is_file():
         raise InputFormatError(f"{path} is not a readable file.")
     name = path.name
-    loads = json.loads
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             report.num_lines += 1
             if on_bytes is not None:
                 on_bytes(len(raw))
-            if not raw.strip():
+            if lineno == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM):]  # a UTF-8 byte-order mark opens the file, not the record
+            # The audit's classifier: one definition of blank, record and malformed for the project.
+            kind, obj = classify(raw[:-1] if raw.endswith(b"\n") else raw)
+            if kind == BLANK:
                 report.num_blank_lines += 1
                 continue
-            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8):]  # a UTF-8 byte-order mark opens the file, not the record
-            try:
-                obj = loads(raw.decode("utf-8"))
-            except UnicodeDecodeError:
-                report.malformed(f"{name}:{lineno}", "invalid UTF-8")
-                continue
-            except (json.JSONDecodeError, RecursionError):
-                report.malformed(f"{name}:{lineno}", "broken JSON")
-                continue
-            if type(obj) is not dict:
-                report.malformed(f"{name}:{lineno}", "JSON value is not an object")
+            if kind == MALFORMED:
+                report.malformed(f"{name}:{lineno}", MALFORMED_REASONS[obj.kind])
                 continue
             yield lineno, obj
 

@@ -13,6 +13,7 @@ from typing import Callable
 
 import pyarrow as pa
 
+from kmesh_trace.audit.lines import BOM, is_blank
 from kmesh_trace.datasets.importer import (
     MAX_NS,
     ROWS_PER_PART,
@@ -124,11 +125,13 @@ def _fast_table(data: bytes) -> pa.Table | None:
 
 
 def _line_counts(data: bytes) -> tuple[int, int]:
-    """Physical lines and blank lines, counted as iterating the file line by line would."""
+    """Physical lines and blank lines, counted as the plain path counts them."""
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
-    return len(lines), sum(1 for line in lines if not line.strip())
+    if lines and lines[0].startswith(BOM):
+        lines[0] = lines[0][len(BOM):]
+    return len(lines), sum(1 for line in lines if is_blank(line))
 
 
 def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "import-mooncake",
@@ -142,10 +145,12 @@ def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "impor
     if fast and src.is_file() and src.stat().st_size <= FAST_PATH_MAX_BYTES:
         data = src.read_bytes()
         table = _fast_table(data)
-        if table is not None:
+        num_lines, num_blank = _line_counts(data)
+        # Arrow must have read one record per non-blank line; anything else goes the plain way.
+        if table is not None and table.num_rows == num_lines - num_blank:
             for start in range(0, table.num_rows, ROWS_PER_PART):
                 writer.write("invocations", table.slice(start, ROWS_PER_PART))
-            report.num_lines, report.num_blank_lines = _line_counts(data)
+            report.num_lines, report.num_blank_lines = num_lines, num_blank
             report.num_invocations = table.num_rows
             report.num_block_hashes = len(table.column("prompt_block_hashes").combine_chunks().values)
             if on_bytes is not None:

@@ -144,6 +144,7 @@ def test_mooncake_fast_path_equals_the_plain_path(tmp_path):
 
 @pytest.mark.parametrize("bad", ['{"timestamp": NaN, "input_length": 1, "output_length": 1, "hash_ids": [1]}',
                                  '{"timestamp": 1e300, "input_length": 1, "output_length": 1, "hash_ids": [1]}',
+                                 '\x0c',
                                  '{"timestamp": 1, "input_length": 1, "input_length": 1, "output_length": 1, "hash_ids": [1]}',
                                  '{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1.0]}',
                                  '{"timestamp": 1, "input_length": 1, "output_length": 1}'])
