@@ -313,8 +313,10 @@ def _summary(store: Store, cfg: RunConfig, rows: list[dict], ownership: dict, co
     for name in cfg.routes:
         p50 = per_route[name]["timer1"]["p50_ms"]
         per_route[name]["timer1_p50_ratio_to_" + first] = p50 / base if p50 and base else None
-    # A route whose ownership is not measured (drained None) is listed as such, neither proof nor failure.
-    drained = all(o is not None and o["drained"] is not False for o in ownership.values())
+    # A route whose ownership is not measured (drained None) is listed as such, neither proof nor
+    # failure; with no route measured at all there is no proof either way (None).
+    measured = [o["drained"] for o in ownership.values() if o is not None and o["drained"] is not None]
+    drained = all(measured) if measured else None
     not_measured = [n for n, o in ownership.items() if o is not None and o["drained"] is None]
     consumer_bad = sum(v["consumer_mismatches"] for v in per_route.values())
     return {
@@ -325,7 +327,7 @@ def _summary(store: Store, cfg: RunConfig, rows: list[dict], ownership: dict, co
         "corruptions_rejected": len(checks) - len(missed), "corruption_checks": len(checks),
         "missed_corruptions": missed, "unexpected_rejections": unexpected,
         "all_buffers_returned": drained, "ownership_not_measured": not_measured,
-        "ok": not missed and not unexpected and drained and consumer_bad == 0,
+        "ok": not missed and not unexpected and drained is not False and consumer_bad == 0,
     }
 
 

@@ -289,6 +289,11 @@ def test_ownership_that_is_not_measured_is_reported_as_such(ddir):
     sm = _summary(store, cfg, [], {"host": {**drained, "num_released": 2, "drained": False},
                                    "cufile": {"drained": None}}, [])
     assert sm["all_buffers_returned"] is False and sm["ok"] is False
+    # Nothing measured at all is no proof: None, not True.
+    only = RunConfig(routes=["cufile"], pairs=1, restores=1)
+    sm = _summary(store, only, [], {"cufile": {"num_acquired": None, "num_released": None, "num_inflight": None,
+                                               "num_cq_pending": None, "drained": None}}, [])
+    assert (sm["all_buffers_returned"], sm["ownership_not_measured"], sm["ok"]) == (None, ["cufile"], True)
 
 
 # ---------------------------------------------------------------- finding: open errors and chunk limits

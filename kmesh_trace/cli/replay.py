@@ -116,7 +116,7 @@ def _render(summary: dict) -> None:
     out.print(p)
     out.print(f"corruptions rejected: {summary['corruptions_rejected']}/{summary['corruption_checks']}; "
               f"unexpected rejections: {len(summary['unexpected_rejections'])}; "
-              f"all buffers returned: {'yes' if summary['all_buffers_returned'] else 'NO'}"
+              f"all buffers returned: {_ownership_word(summary['all_buffers_returned'])}"
               + (f" (not measured: {', '.join(summary['ownership_not_measured'])})"
                  if summary.get("ownership_not_measured") else ""), markup=False)
     if summary.get("results"):
@@ -162,9 +162,13 @@ def run_cmd(
             problems.append(f"{len(summary['missed_corruptions'])} corrupted payload(s) were not rejected")
         if summary["unexpected_rejections"]:
             problems.append(f"{len(summary['unexpected_rejections'])} intact restore(s) failed verification")
-        if not summary["all_buffers_returned"]:
+        if summary["all_buffers_returned"] is False:
             problems.append("not every buffer was returned")
         if any(r["consumer_mismatches"] for r in summary["routes"].values()):
             problems.append("a GPU consumer read bytes other than those verified")
         err.print()
         fail("; ".join(problems) + f"; see {result.out}")
+
+
+def _ownership_word(drained: bool | None) -> str:
+    return "not measured" if drained is None else ("yes" if drained else "NO")
