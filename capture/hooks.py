@@ -77,17 +77,21 @@ def install(scheduler, out_dir: str, config: dict[str, Any] | None = None) -> Re
     config = config or config_from_env()  # first: a bad knob leaves the engine untouched
     engine_index = int(getattr(scheduler.parallel_config, "data_parallel_index", 0) or 0)
     rec = Recorder(out_dir, engine_index=engine_index, metadata=engine_metadata(scheduler), config=config)
-    mgr = scheduler.kv_cache_manager
-    pool = mgr.block_pool
-    groups = scheduler.kv_cache_config.kv_cache_groups
-    single_group = 0 if len(groups) == 1 else None
-    _install_pool(rec, pool, single_group)
-    _install_manager(rec, mgr)
-    _install_scheduler(rec, scheduler)
-    scheduler._kmesh_recorder = rec
-    RECORDERS.append(rec)
-    for cb in INSTALL_LISTENERS:
-        cb(rec)
+    try:  # a partial install would leave wrappers recording into a recorder nobody flushes or closes
+        mgr = scheduler.kv_cache_manager
+        pool = mgr.block_pool
+        groups = scheduler.kv_cache_config.kv_cache_groups
+        single_group = 0 if len(groups) == 1 else None
+        _install_pool(rec, pool, single_group)
+        _install_manager(rec, mgr)
+        _install_scheduler(rec, scheduler)
+        scheduler._kmesh_recorder = rec
+        RECORDERS.append(rec)
+        for cb in INSTALL_LISTENERS:
+            cb(rec)
+    except BaseException:
+        close_recorder(rec)  # detaches what was attached, stops the writer thread
+        raise
     if not _atexit_registered:  # one hook for all recorders, so a closed one is referenced by nothing
         atexit.register(_close_all)
         _atexit_registered = True
@@ -133,8 +137,8 @@ def _release(rec: Recorder) -> None:
 
     A wrapper still on top is removed (the engine calls vLLM's own method again). One that another
     wrapper was installed over (the hold controller wraps the scheduler's and manager's) stays in
-    the chain but records nothing: `add_request` no longer tags requests once the recorder is
-    closed, and the other scheduler/manager wrappers act only on tagged requests.
+    the chain but records nothing: every scheduler/manager wrapper checks `rec.closed` first and
+    then only calls vLLM's own method.
     """
     for obj, wrappers in rec.wrappers:
         for name, fn in wrappers.items():
@@ -332,6 +336,8 @@ def _install_manager(rec: Recorder, mgr) -> None:
     mono = time.monotonic_ns
 
     def allocate_slots(request, *args, **kwargs):
+        if rec.closed:  # left in a chain under another wrapper: vLLM's own method, nothing kept
+            return orig_allocate(request, *args, **kwargs)
         prev = rec.ctx_req
         rec.ctx_req = request.request_id
         try:
@@ -350,6 +356,8 @@ def _install_manager(rec: Recorder, mgr) -> None:
         return ret
 
     def free(request):
+        if rec.closed:
+            return orig_free(request)
         prev = rec.ctx_req
         rec.ctx_req = request.request_id
         try:
@@ -358,6 +366,8 @@ def _install_manager(rec: Recorder, mgr) -> None:
             rec.ctx_req = prev
 
     def remove_skipped_blocks(request_id, *args, **kwargs):
+        if rec.closed:
+            return orig_remove_skipped(request_id, *args, **kwargs)
         prev = rec.ctx_req
         rec.ctx_req = request_id
         try:
@@ -422,11 +432,15 @@ def _install_scheduler(rec: Recorder, scheduler) -> None:
         return orig_add(request)
 
     def schedule(*args, **kwargs):
+        if rec.closed:
+            return orig_schedule(*args, **kwargs)
         rec.step += 1
         return orig_schedule(*args, **kwargs)
 
     def update_from_output(scheduler_output, model_runner_output):
         out = orig_update(scheduler_output, model_runner_output)
+        if rec.closed:
+            return out
         waiting = rec.awaiting_first_token
         if waiting:
             now = mono()
@@ -438,6 +452,8 @@ def _install_scheduler(rec: Recorder, scheduler) -> None:
         return out
 
     def _free_request(request, *args, **kwargs):
+        if rec.closed:
+            return orig_free_request(request, *args, **kwargs)
         prev = rec.ctx_req
         rec.ctx_req = request.request_id
         try:

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -59,11 +59,15 @@ def check_knob(key: str, value: Any, name: str) -> None:
         raise KmeshTraceError(f"{name} must be {need}, not {value!r}.")
 
 
-def config_from_env() -> dict[str, Any]:
-    """The knobs from the environment (defaults where unset); KmeshTraceError names a bad one."""
+def config_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The knobs from `environ` (this process's environment by default; defaults where unset).
+
+    KmeshTraceError names a bad one.
+    """
+    environ = os.environ if environ is None else environ
     config = {}
     for key, env in ENV_NAMES.items():
-        raw = os.environ.get(env)
+        raw = environ.get(env)
         if raw in (None, ""):
             config[key] = DEFAULTS[key]
             continue
@@ -154,20 +158,15 @@ class Recorder:
         """Write everything buffered so far as new parts (one per non-empty table).
 
         Each table's part is written on its own: a table whose write fails has its rows counted as
-        dropped and the others are still written; the drop counts always reach the metadata.
+        dropped and the others are still written; a request whose lineage cannot be inferred counts
+        one dropped lineage row and its invocation is still written. The drop counts always reach
+        the metadata.
         """
         with self._flush_lock:
             try:
                 inv = self.invocations.drain()
-                lineage_rows = []
+                lineage_rows = self._infer_lineage(inv) if inv else []
                 if inv:
-                    cols = self.invocations.columns
-                    for raw in inv:
-                        row = dict(zip(cols, raw))
-                        lineage_rows += edges_for(self._lineage, row, self.caller_to_rid)
-                        if row["status"] is not None:
-                            self._lineage.add(row["request_id"], list(row["prompt_token_ids"] or []) +
-                                              list(row["output_token_ids"] or []), row["finish_ns"])
                     self._write(self.invocations.table, partial(self.invocations.to_columns, inv), len(inv))
                 if lineage_rows:
                     self._write("lineage", lambda: {k: [r[k] for r in lineage_rows] for k in lineage_rows[0]},
@@ -178,6 +177,33 @@ class Recorder:
                         self._write(buf.table, partial(buf.to_columns, batch), len(batch))
             finally:
                 self._update_dropped()
+
+    def _infer_lineage(self, inv: list[tuple]) -> list[dict[str, Any]]:
+        """Lineage edges of the drained invocations; indexes the finished ones as future parents.
+
+        Never raises: the invocations are already drained, so an inference failure must not lose
+        them. A request whose inference fails contributes no edge and counts one dropped lineage row.
+        """
+        cols = self.invocations.columns
+        edges: list[dict[str, Any]] = []
+        failed, first = 0, None
+        for raw in inv:
+            try:
+                row = dict(zip(cols, raw))
+                mine = edges_for(self._lineage, row, self.caller_to_rid)
+                if row["status"] is not None:
+                    self._lineage.add(row["request_id"], list(row["prompt_token_ids"] or []) +
+                                      list(row["output_token_ids"] or []), row["finish_ns"])
+            except Exception as e:  # noqa: BLE001 (a bad row or an inference bug: counted, one line)
+                failed += 1
+                first = first or e
+            else:
+                edges += mine
+        if failed:
+            self.num_lineage_dropped += failed
+            log.error("kmesh-trace: inferring lineage failed for %d request(s) (%s: %s); they are counted as "
+                      "dropped lineage and their invocations are still written", failed, type(first).__name__, first)
+        return edges
 
     def _update_dropped(self) -> None:
         dropped = {buf.table: buf.num_dropped + self._num_written_dropped.get(buf.table, 0) for buf in self._buffers}
@@ -202,21 +228,34 @@ class Recorder:
             return
         self.closed = True
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=30)
-        for cb in self.before_close:
-            try:
-                cb()
-            except Exception:
-                log.exception("kmesh-trace: a capture close hook failed")
-        if unfinished_row is not None:
-            for request in list(self.live.values()):
-                self.invocations.append(unfinished_row(request))
-            self.live.clear()
-        try:
-            self.flush()
+        try:  # whatever fails below, the buffers are still written and the partition completed
+            if self._thread.is_alive() and self._thread is not threading.current_thread():
+                self._thread.join(timeout=30)
+            for cb in self.before_close:
+                try:
+                    cb()
+                except Exception:
+                    log.exception("kmesh-trace: a capture close hook failed")
+            if unfinished_row is not None:
+                for request in list(self.live.values()):
+                    try:
+                        row = unfinished_row(request)
+                    except Exception as e:  # noqa: BLE001 (a malformed request: counted, one line)
+                        self.invocations.num_dropped += 1
+                        log.error("kmesh-trace: could not record unfinished request %s (%s: %s); counted as dropped",
+                                  getattr(request, "request_id", "?"), type(e).__name__, e)
+                    else:
+                        self.invocations.append(row)
+                self.live.clear()
         finally:
-            self.writer.close()
+            try:
+                self.flush()
+            finally:
+                # The engine may keep a wrapper that references this recorder (another wrapper sits
+                # above it); let go of the requests remembered for lineage.
+                self._lineage = LineageIndex(1)
+                self.caller_to_rid.clear()
+                self.writer.close()
 
 
 def table_columns(name: str) -> tuple[str, ...]:

@@ -123,6 +123,48 @@ def test_a_closed_capture_under_the_hold_controller_records_nothing_and_the_hold
     assert e.pool.get_num_free_blocks() == USABLE
 
 
+def test_a_request_that_arrived_before_close_and_is_scheduled_after_it_leaves_nothing_behind(tmp_path):
+    e = Engine()
+    rec = hooks.install(e.sched, str(tmp_path / "t"), {"flush_interval_s": 60})
+    hold.install(e.sched, hold.HoldConfig())  # keeps the capture's manager/scheduler wrappers in its chain
+    e.run("p", list(range(1, 41)))  # finished before close: indexed for lineage until then
+    req = e.request("late", list(range(100, 140)))
+    e.sched.add_request(req)  # tagged by the capture
+    hooks.close_recorder(rec)
+    step = rec.step
+    assert e.m.allocate_slots(req, 40, 0, e.m.empty_kv_cache_blocks) is not None
+    e.sched.schedule()
+    e.sched.update_from_output(None, None)
+    req.status = RequestStatus.FINISHED_ABORTED
+    e.sched._free_request(req)
+    e.m.free(req)
+    assert (rec.awaiting_first_token, rec.live, rec.step, rec.ctx_req) == (set(), {}, step, None)
+    assert (rec.invocations.rows, rec.block_events.rows, rec.invocations.num_dropped) == ([], [], 0)
+    assert req._kmesh[2] is None  # not stamped by the closed capture
+    assert rec._lineage.sequence("p") is None and rec.caller_to_rid == {}  # what the engine still references is small
+    assert e.pool.get_num_free_blocks() == USABLE
+
+
+def test_a_failed_install_detaches_what_it_attached_and_completes_the_partition(tmp_path):
+    import json
+    import threading
+
+    # A scheduler the hooks cannot fully wrap: the pool and manager are wrapped before it fails.
+    broken = type("NoShutdown", (), {k: v for k, v in vars(Scheduler).items()
+                                      if k not in ("shutdown", "__dict__", "__weakref__")})
+    e = Engine()
+    e.sched = broken(e.m, e.cfg)
+    writers = {t for t in threading.enumerate() if t.name == "kmesh-trace-writer"}
+    assert hooks.try_install(e.sched, str(tmp_path / "t"), lambda line: None) is None
+    assert attached(e) == set() and not hasattr(e.pool, "_kmesh_recorder") and not hasattr(e.sched, "_kmesh_recorder")
+    assert {t for t in threading.enumerate() if t.name == "kmesh-trace-writer"} == writers
+    assert all(r.path != str(tmp_path / "t") for r in hooks.RECORDERS)
+    (meta,) = [json.loads(f.read_text()) for f in (tmp_path / "t" / "engines").glob("*.json")]
+    assert meta["complete"] is True and sum(meta["num_dropped_events"].values()) == 0
+    e.run("a", list(range(1, 41)))  # the engine runs on vLLM's own methods
+    assert e.pool.get_num_free_blocks() == USABLE
+
+
 # ---- the proxy connector ----------------------------------------------------------------------------
 
 @pytest.fixture

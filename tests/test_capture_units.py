@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from kmesh_trace.capture.buffers import RowBuffer
@@ -167,6 +168,59 @@ def test_a_failed_table_write_counts_its_rows_and_the_other_tables_are_written(t
     assert [r["request_id"] for r in rows("transfers")] == ["a", "c"]
 
 
+def test_a_lineage_inference_failure_still_writes_the_invocations_and_counts_the_lineage(tmp_path, monkeypatch, caplog):
+    import pyarrow.parquet as pq
+    from kmesh_trace.capture import recorder
+
+    real = recorder.edges_for
+
+    def edges_for(index, row, caller_to_rid):  # an inference bug that hits one request
+        if row["request_id"] == "b":
+            raise RuntimeError("lineage bug")
+        return real(index, row, caller_to_rid)
+
+    monkeypatch.setattr(recorder, "edges_for", edges_for)
+    rec = Recorder(tmp_path / "t", config={"flush_interval_s": 60})
+    rec.invocations.append(_invocation("a", 0, [1, 2, 3], [4, 5]))
+    rec.invocations.append(_invocation("b", 1, [1, 2, 3, 4, 5, 6], [7]))  # its edge to a is lost
+    rec.invocations.append(_invocation("c", 2, [1, 2, 3, 4, 5, 6, 7, 8], [9]))  # b is not indexed: child of a
+    with caplog.at_level("ERROR", logger="kmesh_trace.capture"):
+        rec.flush()
+    assert [r.getMessage() for r in caplog.records] == [
+        "kmesh-trace: inferring lineage failed for 1 request(s) (RuntimeError: lineage bug); they are counted "
+        "as dropped lineage and their invocations are still written"]
+    rec.close()
+    meta = json.loads(rec.writer.metadata_path.read_text())
+    assert meta["complete"] is True
+    assert meta["num_dropped_events"] == {"invocations": 0, "lineage": 1, "block_events": 0, "transfers": 0}
+    assert [r["request_id"] for r in pq.read_table(rec.writer.partition_dir("invocations")).to_pylist()] == ["a", "b", "c"]
+    assert [(r["child_request_id"], r["parent_request_id"], r["num_shared_tokens"])
+            for r in pq.read_table(rec.writer.partition_dir("lineage")).to_pylist()] == [("c", "a", 5)]
+
+
+def test_close_counts_an_unfinished_request_it_cannot_record_and_still_completes(tmp_path, caplog):
+    import pyarrow.parquet as pq
+
+    rec = Recorder(tmp_path / "t", config={"flush_interval_s": 60})
+    rec.block_events.append(_block_row(0))
+    rec.live = {rid: SimpleNamespace(request_id=rid) for rid in ("bad", "ok")}
+
+    def unfinished_row(request):
+        if request.request_id == "bad":
+            raise AttributeError("no _kmesh")
+        return _invocation("ok", 0, [1, 2], [])
+
+    with caplog.at_level("ERROR", logger="kmesh_trace.capture"):
+        rec.close(unfinished_row)
+    assert [r.getMessage() for r in caplog.records] == [
+        "kmesh-trace: could not record unfinished request bad (AttributeError: no _kmesh); counted as dropped"]
+    meta = json.loads(rec.writer.metadata_path.read_text())
+    assert meta["complete"] is True and rec.live == {}
+    assert meta["num_dropped_events"] == {"invocations": 1, "lineage": 0, "block_events": 0, "transfers": 0}
+    assert [r["request_id"] for r in pq.read_table(rec.writer.partition_dir("invocations")).to_pylist()] == ["ok"]
+    assert [r["seq"] for r in pq.read_table(rec.writer.partition_dir("block_events")).to_pylist()] == [0]
+
+
 # ---- capture knobs --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, line", [
@@ -177,6 +231,20 @@ def test_a_failed_table_write_counts_its_rows_and_the_other_tables_are_written(t
 def test_cli_capture_refuses_a_bad_knob_before_running_the_command(tmp_path, cli, args, line):
     ran = tmp_path / "ran"
     result = cli(["capture", "--out", tmp_path / "t", *args, "--", "touch", ran])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [line]
+    assert not ran.exists() and not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("env, value, line", [
+    ("KMESH_TRACE_MAX_BUFFERED_REQUESTS", "0", "Error: KMESH_TRACE_MAX_BUFFERED_REQUESTS must be an integer >= 1, not 0."),
+    ("KMESH_TRACE_LINEAGE_WINDOW", "many", "Error: KMESH_TRACE_LINEAGE_WINDOW must be an integer >= 1, not 'many'."),
+])
+def test_cli_capture_refuses_a_bad_knob_in_its_environment_before_running_the_command(tmp_path, cli, monkeypatch,
+                                                                                      env, value, line):
+    monkeypatch.setenv(env, value)  # the command would inherit it, and its engine would run uncaptured
+    ran = tmp_path / "ran"
+    result = cli(["capture", "--out", tmp_path / "t", "--", "touch", ran])
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == [line]
     assert not ran.exists() and not (tmp_path / "t").exists()

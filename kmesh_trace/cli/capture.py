@@ -33,7 +33,7 @@ def capture_cmd(
 ) -> None:
     """Run COMMAND with the vLLM capture hook enabled, writing a trace to --out."""
     from kmesh_trace.capture.env import ENV_DIR, ENV_FLUSH_S, ENV_MAX_EVENTS
-    from kmesh_trace.capture.recorder import check_knob
+    from kmesh_trace.capture.recorder import check_knob, config_from_env
     from kmesh_trace.capture.version import unsupported_reason
 
     if not command:
@@ -41,12 +41,13 @@ def capture_cmd(
     # Checked here, before the command runs: inside the engine a bad knob only disables the capture.
     check_knob("flush_interval_s", flush_s, "--flush-s")
     check_knob("max_buffered_events", max_buffered_events, "--max-buffered-events")
+    out_dir = out_dir.resolve()
+    env = {**os.environ, ENV_DIR: str(out_dir), ENV_FLUSH_S: str(flush_s), ENV_MAX_EVENTS: str(max_buffered_events)}
+    config_from_env(env)  # the knobs the command inherits (e.g. KMESH_TRACE_LINEAGE_WINDOW) too
     reason = unsupported_reason()
     if reason is not None:
         err.print(f"warning: {reason}", markup=False, highlight=False)
-    out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, ENV_DIR: str(out_dir), ENV_FLUSH_S: str(flush_s), ENV_MAX_EVENTS: str(max_buffered_events)}
     try:
         proc = subprocess.Popen(command, env=env)
     except FileNotFoundError:
