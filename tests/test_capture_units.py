@@ -250,6 +250,20 @@ def test_cli_capture_refuses_a_bad_knob_in_its_environment_before_running_the_co
     assert not ran.exists() and not (tmp_path / "t").exists()
 
 
+def test_cli_capture_passes_exported_knobs_through_and_options_win(tmp_path, cli, monkeypatch):
+    monkeypatch.setenv("KMESH_TRACE_FLUSH_S", "0.25")
+    monkeypatch.setenv("KMESH_TRACE_MAX_BUFFERED_EVENTS", "4096")
+    seen = tmp_path / "seen"
+    show = f'echo "$KMESH_TRACE_FLUSH_S $KMESH_TRACE_MAX_BUFFERED_EVENTS" > {seen}'
+    assert cli(["capture", "--out", tmp_path / "t", "--", "sh", "-c", show]).exit_code == 0
+    assert seen.read_text().split() == ["0.25", "4096"]
+    assert cli(["capture", "--out", tmp_path / "t2", "--flush-s", "2", "--", "sh", "-c", show]).exit_code == 0
+    assert seen.read_text().split() == ["2.0", "4096"]
+    monkeypatch.setenv("KMESH_TRACE_FLUSH_S", "0")
+    r = cli(["capture", "--out", tmp_path / "t3", "--", "sh", "-c", show])
+    assert (r.exit_code, r.stderr.strip()) == (1, "Error: KMESH_TRACE_FLUSH_S must be a number of seconds > 0, not 0.0.")
+
+
 @pytest.mark.parametrize("env, value, line", [
     ("KMESH_TRACE_FLUSH_S", "0", "KMESH_TRACE_FLUSH_S must be a number of seconds > 0, not 0.0."),
     ("KMESH_TRACE_FLUSH_S", "soon", "KMESH_TRACE_FLUSH_S must be a number of seconds > 0, not 'soon'."),

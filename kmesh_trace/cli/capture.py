@@ -26,9 +26,11 @@ def register(app: typer.Typer) -> None:
 def capture_cmd(
     command: list[str] = typer.Argument(..., help="The command to run, after `--`: e.g. -- vllm serve MODEL ..."),
     out_dir: Path = typer.Option(..., "--out", "-o", help="Trace directory to write (created if missing)."),
-    flush_s: float = typer.Option(1.0, "--flush-s", help="Write buffered events at least this often (seconds)."),
-    max_buffered_events: int = typer.Option(1 << 19, "--max-buffered-events",
-                                            help="Block events / transfers held between writes; beyond it events are counted as dropped."),
+    flush_s: float = typer.Option(None, "--flush-s", help="Write buffered events at least this often (seconds; "
+                                  "default: $KMESH_TRACE_FLUSH_S, else 1.0)."),
+    max_buffered_events: int = typer.Option(None, "--max-buffered-events",
+                                            help="Block events / transfers held between writes; beyond it events are "
+                                                 "counted as dropped (default: $KMESH_TRACE_MAX_BUFFERED_EVENTS, else 524288)."),
     as_json: bool = typer.Option(False, "--json", help="Print the capture summary as JSON on stdout."),
 ) -> None:
     """Run COMMAND with the vLLM capture hook enabled, writing a trace to --out."""
@@ -39,11 +41,15 @@ def capture_cmd(
     if not command:
         fail("give the command to capture after `--`, e.g. kmesh-trace capture --out trace -- vllm serve MODEL.")
     # Checked here, before the command runs: inside the engine a bad knob only disables the capture.
-    check_knob("flush_interval_s", flush_s, "--flush-s")
-    check_knob("max_buffered_events", max_buffered_events, "--max-buffered-events")
     out_dir = out_dir.resolve()
-    env = {**os.environ, ENV_DIR: str(out_dir), ENV_FLUSH_S: str(flush_s), ENV_MAX_EVENTS: str(max_buffered_events)}
-    config_from_env(env)  # the knobs the command inherits (e.g. KMESH_TRACE_LINEAGE_WINDOW) too
+    env = {**os.environ, ENV_DIR: str(out_dir)}
+    # An option given on the command line wins; otherwise what the user exported passes through.
+    for value, knob, option, var in ((flush_s, "flush_interval_s", "--flush-s", ENV_FLUSH_S),
+                                     (max_buffered_events, "max_buffered_events", "--max-buffered-events", ENV_MAX_EVENTS)):
+        if value is not None:
+            check_knob(knob, value, option)
+            env[var] = str(value)
+    config_from_env(env)  # every knob the command inherits is checked too
     reason = unsupported_reason()
     if reason is not None:
         err.print(f"warning: {reason}", markup=False, highlight=False)
