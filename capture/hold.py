@@ -38,6 +38,7 @@ from kmesh_trace.capture.env import ENV_HOLD_EXPIRY_S as ENV_EXPIRY_S
 from kmesh_trace.capture.env import ENV_HOLD_MAX_BLOCKS as ENV_MAX_BLOCKS
 from kmesh_trace.capture.env import ENV_HOLD_MAX_FAMILIES as ENV_MAX_FAMILIES
 from kmesh_trace.capture.env import hold_enabled  # noqa: F401 (re-exported)
+from kmesh_trace.holds import hold_status
 
 log = logging.getLogger("kmesh_trace.capture")
 
@@ -164,15 +165,10 @@ class HoldController:
         cfg = self.config
         if request.status.name in ("FINISHED_ABORTED", "FINISHED_ERROR"):
             rec.status = "cancelled"
-        elif remaining <= 0:
-            rec.status = "not_needed"
-        elif not blocks:
-            rec.status = "empty"
-        elif cfg.max_held_blocks is not None and self.num_held_refs + len(blocks) > cfg.max_held_blocks:
-            rec.status = "refused_blocks"
-        elif (cfg.max_families is not None and family not in self.family_refs
-              and len(self.family_refs) + 1 > cfg.max_families):
-            rec.status = "refused_families"
+        else:
+            rec.status = hold_status(remaining_children=remaining, num_blocks=len(blocks),
+                                     num_held_refs=self.num_held_refs, max_held_blocks=cfg.max_held_blocks,
+                                     family=family, family_refs=self.family_refs, max_families=cfg.max_families)
         if rec.status == "taken" and key in self.active:
             rec.status = "refused_duplicate"
         self.num_by_status[rec.status] += 1

@@ -42,6 +42,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.holds import hold_status
 from kmesh_trace.oracle.stream import RequestBlocks, num_computed_tokens
 
 __all__ = ["HoldPolicy", "HoldRecord", "PoolResult", "PoolModel", "replay_pool"]
@@ -369,15 +370,9 @@ class _Replay:
         remaining = pol.release_after[p] - self.children_admitted.get(p, 0)
         rec = HoldRecord(p, family, "taken", len(full_blocks))
         self.records.append(rec)
-        if remaining <= 0:
-            rec.status = "not_needed"
-        elif not full_blocks:
-            rec.status = "empty"
-        elif pol.max_held_blocks is not None and self.num_held_refs + len(full_blocks) > pol.max_held_blocks:
-            rec.status = "refused_blocks"
-        elif (pol.max_families is not None and family not in self.family_refs
-              and len(self.family_refs) + 1 > pol.max_families):
-            rec.status = "refused_families"
+        rec.status = hold_status(remaining_children=remaining, num_blocks=len(full_blocks),
+                                 num_held_refs=self.num_held_refs, max_held_blocks=pol.max_held_blocks,
+                                 family=family, family_refs=self.family_refs, max_families=pol.max_families)
         if rec.status != "taken":
             return
         rec.taken_ns = self.now if self.timed else None
