@@ -7,7 +7,7 @@ Streams (each of at least --min-reads block reads; a block read = one prompt blo
 - `synthetic`: a generated family workload (parents, children extending parent prompt + output,
   unrelated requests, exact repeats), 16-token blocks.
 
-Timed, best of --repeat: `stock` = `replay_pool` without holds; `held` = `replay_pool` with the
+Timed, best of --repeat: `stock` = `simulate_pool` without holds; `held` = `simulate_pool` with the
 holds `what_if` would apply (the edges and hold policy built outside the timing; their cost is
 reported on its own line). Reported: block reads per second for each, and held / stock (goal <= 1.5).
 
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from time import perf_counter
 
-from kmesh_trace.oracle.blockpool import replay_pool
+from kmesh_trace.oracle.blockpool import simulate_pool
 from kmesh_trace.oracle.pressure import hold_policy, infer_exact_prefix_edges
 from kmesh_trace.oracle.stream import RequestBlocks
 from oracle_bench import best_of  # same folder: the script's directory is on sys.path
@@ -110,8 +110,8 @@ def bench(name: str, reqs: list[RequestBlocks], block_size: int, capacity: int, 
         kind = "declared"
     policy = hold_policy(reqs, edges)
     t_policy = perf_counter() - t0
-    t_stock, stock = best_of(lambda: replay_pool(reqs, block_size=block_size, num_usable_blocks=capacity), repeat)
-    t_held, held = best_of(lambda: replay_pool(reqs, block_size=block_size, num_usable_blocks=capacity, holds=policy),
+    t_stock, stock = best_of(lambda: simulate_pool(reqs, block_size=block_size, num_usable_blocks=capacity), repeat)
+    t_held, held = best_of(lambda: simulate_pool(reqs, block_size=block_size, num_usable_blocks=capacity, holds=policy),
                            repeat)
     holds = sum(1 for h in held.holds if h.status == "taken")
     print(f"{name}: {len(reqs):,} requests, {reads:,} block reads, {block_size}-token blocks, capacity {capacity:,} "

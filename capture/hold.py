@@ -62,7 +62,7 @@ class HoldConfig:
 
 
 @dataclass
-class HoldRecord:
+class LiveHold:
     """One parent's hold. status: taken, refused_blocks, refused_families, refused_duplicate (a hold
     under the same caller id is still active: caller ids are the key children name), empty,
     not_needed, cancelled. `HoldController.num_by_status` counts every status."""
@@ -81,7 +81,7 @@ class HoldRecord:
 class _Hold:
     __slots__ = ("blocks", "record", "remaining")
 
-    def __init__(self, record: HoldRecord, blocks: list, remaining: int):
+    def __init__(self, record: LiveHold, blocks: list, remaining: int):
         self.record, self.blocks, self.remaining = record, blocks, remaining
 
 
@@ -107,7 +107,7 @@ class HoldController:
         self.pool = self.mgr.block_pool
         self.active: OrderedDict[str, _Hold] = OrderedDict()  # parent caller key -> hold, oldest first
         # Bounded for long-running servers: the latest records, and counts of every outcome.
-        self.records: deque[HoldRecord] = deque(maxlen=MAX_RECORDS)
+        self.records: deque[LiveHold] = deque(maxlen=MAX_RECORDS)
         self.num_by_status: Counter[str] = Counter()
         self.num_held_refs = 0
         self.family_refs: dict[str, int] = {}
@@ -160,7 +160,7 @@ class HoldController:
         if key.endswith("-0"):
             early += self.children_admitted.pop(key[:-2], 0)
         remaining = expected - early
-        rec = HoldRecord(request.request_id, key, family, "taken", len(blocks))
+        rec = LiveHold(request.request_id, key, family, "taken", len(blocks))
         self.records.append(rec)
         cfg = self.config
         if request.status.name in ("FINISHED_ABORTED", "FINISHED_ERROR"):

@@ -45,7 +45,7 @@ from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.holds import hold_status
 from kmesh_trace.oracle.stream import RequestBlocks, num_computed_tokens
 
-__all__ = ["HoldPolicy", "HoldRecord", "PoolResult", "PoolModel", "replay_pool"]
+__all__ = ["HoldPolicy", "ModelHold", "PoolResult", "PoolModel", "simulate_pool"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -71,7 +71,7 @@ class HoldPolicy:
 
 
 @dataclass(slots=True)
-class HoldRecord:
+class ModelHold:
     """What happened to one parent's hold. `status`: taken, refused_blocks, refused_families, empty
     (no full block to hold) or not_needed (all its children were admitted before it finished)."""
 
@@ -111,7 +111,7 @@ class PoolResult:
     num_prompt_tokens: list[int]
     free_queue: list[int]  # block ids, head (next to be reused) first
     num_deferred: int = 0
-    holds: list[HoldRecord] = field(default_factory=list)
+    holds: list[ModelHold] = field(default_factory=list)
     timed: bool = False
 
     @property
@@ -143,9 +143,9 @@ class PoolResult:
                    if h.status == "taken" and h.released_ns is not None) / 1e9
 
 
-def replay_pool(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks: int,
+def simulate_pool(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks: int,
                 holds: HoldPolicy | None = None, timed: bool | None = None) -> PoolResult:
-    """Replay `requests` (arrival order) through the vLLM block-pool model; see the module docstring.
+    """Simulate `requests` (arrival order) through the vLLM block-pool model; see the module docstring.
 
     `num_usable_blocks` excludes vLLM's null block (a pool of N+1 physical blocks has N usable).
     `timed`: None uses arrival/finish times when every request has both; False forces sequential.
@@ -159,7 +159,7 @@ def replay_pool(requests: list[RequestBlocks], *, block_size: int, num_usable_bl
     if holds is not None and holds.expiry_ns is not None and not timed:
         raise KmeshTraceError("Hold expiry needs arrival and finish times on every request; drop the expiry "
                               "or use a trace with times.")
-    return _Replay(requests, block_size, num_usable_blocks, holds, timed).run()
+    return _PoolSimulation(requests, block_size, num_usable_blocks, holds, timed).run()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -279,12 +279,12 @@ _PRIVATE = _PrivateKey()
 class _Hold:
     __slots__ = ("record", "blocks", "family", "remaining", "taken_boundary")
 
-    def __init__(self, record: HoldRecord, blocks: list[int], family: str, remaining: int, taken_boundary: int):
+    def __init__(self, record: ModelHold, blocks: list[int], family: str, remaining: int, taken_boundary: int):
         self.record, self.blocks, self.family, self.remaining = record, blocks, family, remaining
         self.taken_boundary = taken_boundary
 
 
-class _Replay:
+class _PoolSimulation:
     def __init__(self, requests, block_size, num_usable_blocks, holds, timed):
         self.requests = requests
         self.bs = block_size
@@ -299,7 +299,7 @@ class _Replay:
         self.num_deferred = 0
         # Hold state: active holds oldest first, by parent index.
         self.active: dict[int, _Hold] = {}
-        self.records: list[HoldRecord] = []
+        self.records: list[ModelHold] = []
         self.num_held_refs = 0
         self.family_refs: dict[str, int] = {}
         self.children_admitted: dict[int, int] = {}
@@ -368,7 +368,7 @@ class _Replay:
         pol = self.policy
         family = pol.family_of.get(p, str(p))
         remaining = pol.release_after[p] - self.children_admitted.get(p, 0)
-        rec = HoldRecord(p, family, "taken", len(full_blocks))
+        rec = ModelHold(p, family, "taken", len(full_blocks))
         self.records.append(rec)
         rec.status = hold_status(remaining_children=remaining, num_blocks=len(full_blocks),
                                  num_held_refs=self.num_held_refs, max_held_blocks=pol.max_held_blocks,

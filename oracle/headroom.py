@@ -23,8 +23,8 @@ from typing import Sequence
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.oracle.policies import POLICIES, Replay, Workload, get_policy
-from kmesh_trace.oracle.policies.base import replay_of
+from kmesh_trace.oracle.policies import POLICIES, PolicyResult, Workload, get_policy
+from kmesh_trace.oracle.policies.base import result_of
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, engine_geometry, pool_capacity, request_blocks
 
 DEFAULT_POLICIES = ("infinite", "lru", "vllm", "belady")
@@ -33,11 +33,11 @@ DEFAULT_POLICIES = ("infinite", "lru", "vllm", "belady")
 @dataclass
 class HeadroomResult:
     block_size: int
-    results: list[Replay]
+    results: list[PolicyResult]
     headroom_tokens: int | None
     headroom_capacity_blocks: int | None
     stock_source: str | None  # "capture", "vllm", or None when no stock could be had
-    stock: Replay | None = None
+    stock: PolicyResult | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -76,26 +76,26 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
     for name in names:
         pol = POLICIES[name]
         for c in caps:
-            results.append(pol.replay(workload, c))
+            results.append(pol.simulate(workload, c))
 
     notes: list[str] = []
     captured = bool(requests) and all(r.stock_cached_tokens is not None for r in requests)
     if captured and num_usable_blocks:
         cap = int(num_usable_blocks)
         tokens = np.fromiter((r.stock_cached_tokens for r in requests), np.int64, len(requests))
-        stock, source = replay_of("stock", cap, workload.stream, tokens // block_size), "capture"
+        stock, source = result_of("stock", cap, workload.stream, tokens // block_size), "capture"
         stock.measured_hit_tokens = tokens
     else:
         cap = int(num_usable_blocks) if num_usable_blocks in caps else caps[0]
         if captured:
             notes.append("the capture has engine hit counts but no usable-block count; stock is the vllm model.")
-        stock = _find(results, "vllm", cap) or POLICIES["vllm"].replay(workload, cap)
+        stock = _find(results, "vllm", cap) or POLICIES["vllm"].simulate(workload, cap)
         source = "vllm"
-    bound = _find(results, "belady", cap) or POLICIES["belady"].replay(workload, cap)
+    bound = _find(results, "belady", cap) or POLICIES["belady"].simulate(workload, cap)
     return HeadroomResult(block_size, results, stock.prefill_tokens - bound.prefill_tokens, cap, source, stock, notes)
 
 
-def _find(results: list[Replay], policy: str, capacity: int) -> Replay | None:
+def _find(results: list[PolicyResult], policy: str, capacity: int) -> PolicyResult | None:
     return next((r for r in results if r.policy == policy and r.capacity_blocks == capacity), None)
 
 

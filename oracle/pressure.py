@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.oracle.blockpool import HoldPolicy, PoolResult, replay_pool
+from kmesh_trace.oracle.blockpool import HoldPolicy, PoolResult, simulate_pool
 from kmesh_trace.oracle.stream import RequestBlocks, engine_geometry, pool_capacity, request_blocks
 
 __all__ = ["FamilyRow", "PressureResult", "SweepPoint", "TraceStream", "what_if", "what_if_trace", "sweep",
@@ -229,7 +229,7 @@ def what_if(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks
             edges: str = "declared", lineage: dict[int, int] | None = None, expiry_s: float | None = None,
             max_held_blocks: int | None = None, max_families: int | None = None,
             timed: bool | None = None) -> PressureResult:
-    """Replay `requests` stock and with family holds; see the module docstring."""
+    """Simulate `requests` stock and with family holds; see the module docstring."""
     for i, r in enumerate(requests):
         if r.index != i:
             raise KmeshTraceError("Requests must be in arrival order with index 0, 1, 2, ...; rebuild the stream.")
@@ -238,8 +238,8 @@ def what_if(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks
         raise KmeshTraceError(f"The stream has no {edges} parent-child edges, so there is nothing to hold; "
                               "try --edges inferred or a trace with declared lineage.")
     policy = hold_policy(requests, e, expiry_s=expiry_s, max_held_blocks=max_held_blocks, max_families=max_families)
-    stock = replay_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, timed=timed)
-    held = replay_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, holds=policy, timed=timed)
+    stock = simulate_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, timed=timed)
+    held = simulate_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, holds=policy, timed=timed)
     return PressureResult(
         block_size=block_size, capacity_blocks=num_usable_blocks, edges=edges, stock=stock, held=held,
         child_indices=sorted(e), families=_families(requests, e, policy, stock, held),

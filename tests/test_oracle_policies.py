@@ -57,7 +57,7 @@ def test_belady_keeps_a_block_without_its_ancestor():
 
 def test_replay_token_accounting():
     w = Workload(4, _reqs())
-    r = POLICIES["lru"].replay(w, 2)
+    r = POLICIES["lru"].simulate(w, 2)
     assert r.to_dict() == {"policy": "lru", "capacity_blocks": 2, "hit_blocks": 2, "hit_tokens": 8,
                            "prefill_tokens": 9 + 8 + 12 - 8, "hit_ratio": 2 / 8}
     assert r.hit_tokens_per_request.tolist() == [0, 4, 4]
@@ -126,7 +126,7 @@ def test_belady_bounds_the_vllm_pool_model():
         reqs = _random_requests(rng, bs=2, vocab=3)
         w = Workload(2, reqs)
         for cap in (4, 8, 16):
-            assert POLICIES["vllm"].replay(w, cap).hit_blocks <= POLICIES["belady"].replay(w, cap).hit_blocks
+            assert POLICIES["vllm"].simulate(w, cap).hit_blocks <= POLICIES["belady"].simulate(w, cap).hit_blocks
 
 
 def test_tiled_stream_scales_hits_exactly():

@@ -38,7 +38,7 @@ class Workload:
 
 
 @dataclass
-class Replay:
+class PolicyResult:
     """One policy at one capacity: per-request hit blocks, and the totals derived from them."""
 
     policy: str
@@ -78,10 +78,10 @@ class Replay:
                 "hit_tokens": self.hit_tokens, "prefill_tokens": self.prefill_tokens, "hit_ratio": self.hit_ratio}
 
 
-def replay_of(policy: str, capacity: int | None, stream: AccessStream, hits: np.ndarray,
-              num_evictions: int | None = None) -> Replay:
-    return Replay(policy, capacity, stream.block_size, hits.astype(np.int64, copy=False), stream.num_prompt_tokens,
-                  int(stream.num_reads.sum()), num_evictions)
+def result_of(policy: str, capacity: int | None, stream: AccessStream, hits: np.ndarray,
+              num_evictions: int | None = None) -> PolicyResult:
+    return PolicyResult(policy, capacity, stream.block_size, hits.astype(np.int64, copy=False), stream.num_prompt_tokens,
+                        int(stream.num_reads.sum()), num_evictions)
 
 
 class StreamPolicy:
@@ -96,10 +96,10 @@ class StreamPolicy:
     def kernel(stream: AccessStream, capacity: int) -> tuple[np.ndarray, int | None]:
         raise NotImplementedError
 
-    def replay(self, workload: Workload, capacity_blocks: int | None) -> Replay:
+    def simulate(self, workload: Workload, capacity_blocks: int | None) -> PolicyResult:
         assert capacity_blocks is not None or not self.needs_capacity
         hits, evictions = self.kernel(workload.stream, capacity_blocks)
-        return replay_of(self.name, capacity_blocks, workload.stream, hits, evictions)
+        return result_of(self.name, capacity_blocks, workload.stream, hits, evictions)
 
 
 class Policy(Protocol):
@@ -109,7 +109,7 @@ class Policy(Protocol):
     #: False for policies whose result does not depend on capacity (infinite).
     needs_capacity: bool
 
-    def replay(self, workload: Workload, capacity_blocks: int | None) -> Replay: ...
+    def simulate(self, workload: Workload, capacity_blocks: int | None) -> PolicyResult: ...
 
 
 # ---- plain reference semantics, shared by the reference implementations ------------------------

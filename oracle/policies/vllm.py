@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.oracle.policies.base import Replay, Workload, replay_of
+from kmesh_trace.oracle.policies.base import PolicyResult, Workload, result_of
 
 
 class VLLM:
@@ -18,12 +18,12 @@ class VLLM:
     summary = "model of vLLM V1's block pool: free-queue order, prefix lookup, running requests pinned"
     needs_capacity = True
 
-    def replay(self, workload: Workload, capacity_blocks: int | None) -> Replay:
+    def simulate(self, workload: Workload, capacity_blocks: int | None) -> PolicyResult:
         assert capacity_blocks is not None
         if workload.requests is None:
             raise KmeshTraceError("the vllm policy replays requests, not a bare access stream; build the workload from a trace.")
-        from kmesh_trace.oracle.blockpool import replay_pool
+        from kmesh_trace.oracle.blockpool import simulate_pool
 
-        res = replay_pool(list(workload.requests), block_size=workload.block_size, num_usable_blocks=int(capacity_blocks))
-        return replay_of(self.name, capacity_blocks, workload.stream, np.asarray(res.hit_blocks, np.int64),
+        res = simulate_pool(list(workload.requests), block_size=workload.block_size, num_usable_blocks=int(capacity_blocks))
+        return result_of(self.name, capacity_blocks, workload.stream, np.asarray(res.hit_blocks, np.int64),
                          res.total_evictions)
