@@ -1,15 +1,28 @@
 """The `cufile` route: GPUDirect Storage reads (cuFile, or its compatibility mode) into the GPU arena.
 
 libcufile is loaded with ctypes at run time (from the system, the CUDA toolkit or the `nvidia-cufile`
-wheel). Its probe opens the driver and registers an O_DIRECT file handle in the store's directory, the
-step that fails on hosts without the nvidia-fs module or udev data for the disk (see NOTES-gpu.md).
-cuFileRead is synchronous, so `depth` threads keep that many reads in flight. Buffer ownership is not
-observable through cuFile, so the route reports it as not measured.
+wheel). Its probe opens the driver and registers an O_DIRECT file handle in the store's directory.
+
+Two modes, chosen before the library reads its configuration (`KMESH_CUFILE_MODE`, default `auto`):
+
+- `gds`: true GPUDirect Storage, DMA from storage into GPU memory through the `nvidia-fs` kernel module;
+- `compat`: cuFile's compatibility mode (POSIX reads into cuFile's own host bounce buffers, then copies
+  to the GPU), forced with `CUFILE_FORCE_COMPAT_MODE=true` and a private `cufile.json` (named by
+  `CUFILE_ENV_PATH_JSON`) that allows it. Hosts without `nvidia-fs`, or whose disk cuFile cannot
+  register for GDS (a virtio disk without udev data answers `cuFileHandleRegister` with 5027), can
+  still run the route this way.
+
+`auto` picks `gds` when the `nvidia-fs` module is loaded (`/proc/driver/nvidia-fs` exists) and `compat`
+otherwise. A user's own `CUFILE_ENV_PATH_JSON` is respected. The mode that ran is reported by the probe
+and in the run summary (`routes.cufile.mode`). cuFileRead is synchronous, so `depth` threads keep that
+many reads in flight. Buffer ownership is not observable through cuFile, so the route reports it as not
+measured.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -52,12 +65,52 @@ def _candidates() -> list[str]:
 
 
 _cf: ctypes.CDLL | None = None
+_mode: str | None = None
+MODES = ("auto", "gds", "compat")
+NVIDIA_FS = Path("/proc/driver/nvidia-fs")
+
+
+def choose_mode(requested: str | None = None) -> str:
+    """`gds` or `compat` for `requested` (default: `KMESH_CUFILE_MODE`, else `auto`)."""
+    requested = (requested or os.environ.get("KMESH_CUFILE_MODE") or "auto").strip().lower()
+    if requested not in MODES:
+        raise RouteUnavailable(f"KMESH_CUFILE_MODE must be one of {', '.join(MODES)} (got {requested!r})")
+    if requested == "auto":
+        return "gds" if NVIDIA_FS.exists() else "compat"
+    return requested
+
+
+def _configure_compat() -> None:
+    """Force compatibility mode for this process; must run before libcufile is loaded."""
+    os.environ["CUFILE_FORCE_COMPAT_MODE"] = "true"
+    if "CUFILE_ENV_PATH_JSON" not in os.environ:  # a user's own configuration wins
+        d = tempfile.mkdtemp(prefix="kmesh-cufile-")
+        cfg = Path(d) / "cufile.json"
+        cfg.write_text(json.dumps({"logging": {"dir": d, "level": "ERROR"},
+                                   "properties": {"allow_compat_mode": True}}))
+        os.environ["CUFILE_ENV_PATH_JSON"] = str(cfg)
+
+
+def mode() -> str:
+    """The mode this process runs cuFile in (fixed at the first load)."""
+    return _mode if _mode is not None else choose_mode()
+
+
+def mode_step() -> str:
+    m = mode()
+    if m == "gds":
+        return "gds (nvidia-fs loaded: DMA from storage into GPU memory)"
+    return ("compat (no nvidia-fs module, or compat asked for: POSIX reads into cuFile's host bounce buffers, "
+            "then copies to the GPU)")
 
 
 def load() -> ctypes.CDLL:
-    global _cf
+    global _cf, _mode
     if _cf is not None:
         return _cf
+    _mode = choose_mode()
+    if _mode == "compat":
+        _configure_compat()
     errors = []
     for name in _candidates():
         try:
@@ -88,7 +141,7 @@ def _ok(st: _Status, what: str) -> None:
 
 def driver_open() -> str:
     _ok(load().cuFileDriverOpen(), "cuFileDriverOpen")
-    return "driver opened (GDS or compatibility mode)"
+    return f"driver opened ({mode()} mode)"
 
 
 def register_fd(fd: int) -> ctypes.c_void_p:
@@ -114,6 +167,7 @@ def probe(directory: Path) -> Probe:
         return f"file handle registered in {directory}"
 
     return run_steps(Probe("cufile"), [("CUDA driver", cuda_driver_step), ("PyTorch CUDA", torch_cuda_step),
+                                       ("cuFile mode", mode_step),
                                        ("libcufile", lambda: load()._name), ("cuFileDriverOpen", driver_open),
                                        ("cuFileHandleRegister", handle_step)])
 
@@ -157,10 +211,12 @@ class CufileRoute(Route):
 
     def __init__(self, max_bytes: int, depth: int = 8, num_workers: int = 1):
         self.max_bytes, self.depth = max_bytes, depth
+        self.mode = mode()
         self.handles = Handles(register_fd, lambda h: load().cuFileHandleDeregister(h))
         try:  # a failure part-way releases what was built (close() skips the rest)
             self.arena = GpuArena(max_bytes)
             driver_open()
+            self.mode = mode()  # fixed by the load that driver_open did
             _ok(load().cuFileBufRegister(self.arena.address, max_bytes, 0), "cuFileBufRegister of the arena")
             self._buf_registered = True
             self.pool = ThreadPoolExecutor(max_workers=depth)

@@ -203,6 +203,7 @@ def run(store_path: Path, cfg: RunConfig, on_progress: Callable[[int, int], None
     arrays: dict[tuple[str, int], np.ndarray] = {}
     counters = {name: 0 for name in cfg.routes}
     ownership = {}
+    modes: dict[str, str | None] = {}  # a route that runs in one of several modes (cufile: gds or compat)
     state = {"seq": 0}
 
     def one(route: Route, rid: int, kind: str, pair: int | None, position: int | None,
@@ -268,9 +269,10 @@ def run(store_path: Path, cfg: RunConfig, on_progress: Callable[[int, int], None
         for name, route in routes.items():
             own = route.close()
             ownership[name] = {**asdict(own), "drained": own.drained}
+            modes[name] = getattr(route, "mode", None)
         files.close()
 
-    result = RunResult(_summary(store, cfg, rows, ownership, corrupt), _table(rows), _table(reads))
+    result = RunResult(_summary(store, cfg, rows, ownership, corrupt, modes), _table(rows), _table(reads))
     if out is not None:
         write_results(result, out)
     return result
@@ -280,7 +282,8 @@ def _table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows) if rows else pa.table({})
 
 
-def _summary(store: Store, cfg: RunConfig, rows: list[dict], ownership: dict, corrupt: list[Chunk]) -> dict:
+def _summary(store: Store, cfg: RunConfig, rows: list[dict], ownership: dict, corrupt: list[Chunk],
+             modes: dict[str, str | None] | None = None) -> dict:
     per_route, per_pair = {}, []
     for name in cfg.routes:
         mine = [r for r in rows if r["route"] == name]
@@ -299,6 +302,8 @@ def _summary(store: Store, cfg: RunConfig, rows: list[dict], ownership: dict, co
             "consumer_mismatches": sum(r["consumer_ok"] is False for r in mine),
             "ownership": ownership.get(name),
         }
+        if (modes or {}).get(name):
+            per_route[name]["mode"] = modes[name]
         for p in range(cfg.pairs):
             pr = [r for r in ok if r["pair"] == p]
             per_pair.append({"pair": p, "route": name, "position": pr[0]["position"] if pr else None,
