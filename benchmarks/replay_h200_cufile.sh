@@ -14,11 +14,15 @@ ls /proc/driver/nvidia-fs 2>&1 | head -2; lsmod 2>/dev/null | grep -i nvidia_fs;
 echo "== install"
 python3 -m pip install -q --no-build-isolation --no-deps -e . || exit 1
 echo "== probe"
+KMESH_CUFILE_UDEV= kmesh-trace replay probe --steps --dir "$W"   # as found: this VM runs no udev
+# cuFile needs udev's record of the disk (native/cufile.py); with no udev here, kmesh-trace writes it.
+export KMESH_CUFILE_UDEV=write
 kmesh-trace replay probe --steps --dir "$W"
 kmesh-trace replay probe --json --dir "$W" > "$OUT/probe.json"
 echo "== prepare + run"
 kmesh-trace replay prepare --out "$W/store" --num-restores 8
 time kmesh-trace replay run "$W/store" --routes host,host_fixed,cufile --pairs 4 --restores 100 --warmup 5 --corrupt 2 --out "$OUT/run"
+kmesh-trace replay run "$W/store" --routes host,cufile --pairs 4 --restores 100 --warmup 5 --depth 16 --out "$OUT/run-depth16" | tail -8
 echo "== fio baseline: io_uring, O_DIRECT, depth 8, 3 MiB reads over the store's files (the routes' depth and chunk size)"
 files=$(find "$W/store" -type f -name '*.bin' -o -type f -name '*.dat' | sort | tr '\n' ':' | sed 's/:$//')
 [ -n "$files" ] || files=$(find "$W/store" -type f -size +1M | sort | tr '\n' ':' | sed 's/:$//')

@@ -12,6 +12,12 @@ Two modes, chosen before the library reads its configuration (`KMESH_CUFILE_MODE
   register for GDS (a virtio disk without udev data answers `cuFileHandleRegister` with 5027), can
   still run the route this way.
 
+Either mode registers a file only when udev's database describes the disk it lives on (cuFile reads the
+disk's `ID_FS_USAGE` from `/run/udev/data/b<major>:<minor>`, and answers `cuFileHandleRegister` with 5027
+when it is missing). A host that runs no udev (a minimal VM) has no such record: the probe says so, and
+with `KMESH_CUFILE_UDEV=write` (root) kmesh-trace writes the two properties udev's blkid builtin would
+have written (`ID_FS_USAGE=filesystem`, `ID_FS_TYPE` from the mount table) before registering.
+
 `auto` picks `gds` when the `nvidia-fs` module is loaded (`/proc/driver/nvidia-fs` exists) and `compat`
 otherwise. A user's own `CUFILE_ENV_PATH_JSON` is respected. The mode that ran is reported by the probe
 and in the run summary (`routes.cufile.mode`). cuFileRead is synchronous, so `depth` threads keep that
@@ -104,6 +110,42 @@ def mode_step() -> str:
             "then copies to the GPU)")
 
 
+UDEV_DATA = Path("/run/udev/data")
+
+
+def _fs_type(directory: Path) -> str | None:
+    """The filesystem type of the mount holding `directory` (the longest matching mount point)."""
+    best, fstype = "", None
+    target = str(directory.resolve())
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        mnt = left.split()[4].replace("\\040", " ")
+        if (target == mnt or target.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+            best, fstype = mnt, right.split()[0]
+    return fstype
+
+
+def udev_step(directory: Path) -> str:
+    """cuFile needs udev's record of the disk under `directory`; check it (or write it when asked)."""
+    dev = os.stat(directory).st_dev
+    major, minor = os.major(dev), os.minor(dev)
+    if major == 0:
+        raise RouteUnavailable(f"{directory} is not on a block device (device {major}:{minor}); cuFile registers "
+                               "only files on a disk")
+    record = UDEV_DATA / f"b{major}:{minor}"
+    if record.exists() and "ID_FS_USAGE=" in record.read_text(errors="replace"):
+        return f"udev describes the disk ({record})"
+    if os.environ.get("KMESH_CUFILE_UDEV", "").strip().lower() != "write":
+        raise RouteUnavailable(f"no udev record of the disk {major}:{minor} ({record} is missing or has no "
+                               "ID_FS_USAGE): this host runs no udev; start it, or set KMESH_CUFILE_UDEV=write "
+                               "to let kmesh-trace write the record (root)")
+    fstype = _fs_type(Path(directory)) or "unknown"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    with open(record, "a") as f:  # keep whatever a partial record already holds
+        f.write(f"E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE={fstype}\n")
+    return f"udev record written by kmesh-trace (KMESH_CUFILE_UDEV=write): {record}, ID_FS_TYPE={fstype}"
+
+
 def load() -> ctypes.CDLL:
     global _cf, _mode
     if _cf is not None:
@@ -168,6 +210,7 @@ def probe(directory: Path) -> Probe:
 
     return run_steps(Probe("cufile"), [("CUDA driver", cuda_driver_step), ("PyTorch CUDA", torch_cuda_step),
                                        ("cuFile mode", mode_step),
+                                       ("udev record of the disk", lambda: udev_step(directory)),
                                        ("libcufile", lambda: load()._name), ("cuFileDriverOpen", driver_open),
                                        ("cuFileHandleRegister", handle_step)])
 

@@ -51,3 +51,33 @@ def test_compat_respects_the_users_own_config(tmp_path):
     env = _configure_in_child({"CUFILE_ENV_PATH_JSON": str(mine)})
     assert env["CUFILE_ENV_PATH_JSON"] == str(mine)
     assert env["CUFILE_FORCE_COMPAT_MODE"] == "true"
+
+
+def test_udev_record_missing_is_a_precondition_with_its_remedy(monkeypatch, tmp_path):
+    if os.major(os.stat(tmp_path).st_dev) == 0:
+        pytest.skip(f"{tmp_path} is not on a block device here")
+    monkeypatch.setattr(cufile, "UDEV_DATA", tmp_path / "udev" / "data")
+    monkeypatch.delenv("KMESH_CUFILE_UDEV", raising=False)
+    with pytest.raises(RouteUnavailable, match="no udev record.*KMESH_CUFILE_UDEV=write"):
+        cufile.udev_step(tmp_path)
+
+
+def test_udev_record_written_on_request_then_found(monkeypatch, tmp_path):
+    dev = os.stat(tmp_path).st_dev
+    if os.major(dev) == 0:
+        pytest.skip(f"{tmp_path} is not on a block device here")
+    monkeypatch.setattr(cufile, "UDEV_DATA", tmp_path / "udev" / "data")
+    monkeypatch.setenv("KMESH_CUFILE_UDEV", "write")
+    assert "written by kmesh-trace" in cufile.udev_step(tmp_path)
+    record = (tmp_path / "udev" / "data" / f"b{os.major(dev)}:{os.minor(dev)}").read_text()
+    assert "E:ID_FS_USAGE=filesystem" in record and "E:ID_FS_TYPE=" in record
+    assert "ID_FS_TYPE=unknown" not in record  # the type comes from the mount table
+    monkeypatch.delenv("KMESH_CUFILE_UDEV")
+    assert "udev describes the disk" in cufile.udev_step(tmp_path)
+
+
+def test_a_directory_not_on_a_disk_is_refused():
+    if not os.path.isdir("/proc/self") or os.major(os.stat("/proc/self").st_dev) != 0:
+        pytest.skip("no pseudo filesystem to test with")
+    with pytest.raises(RouteUnavailable, match="not on a block device"):
+        cufile.udev_step("/proc/self")
