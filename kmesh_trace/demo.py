@@ -37,7 +37,7 @@ def sweep_capacities(usable: int) -> list[int]:
 
 
 def run_demo(out_dir: str | os.PathLike, *, size: str = "full", progress: Progress | None = None) -> dict[str, Any]:
-    from kmesh_trace.datasets.agent_workload import agent_workload
+    from kmesh_trace.datasets.workloads.agent import agent_workload
 
     progress = progress or Progress()
     out = Path(out_dir)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from kmesh_trace.datasets.agent_workload import VOCAB_SIZE, AgentWorkload, PlannedRequest
+from kmesh_trace.datasets.workloads.agent import VOCAB_SIZE, AgentWorkload, PlannedRequest
 from kmesh_trace.errors import KmeshTraceError, MissingDependencyError
 
 TINY_QWEN2 = {

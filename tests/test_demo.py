@@ -69,7 +69,7 @@ def test_report_agrees_with_the_commands_run_separately(demo, cli):
     pr = run("pressure", trace, "--json")
     for key in ("saved_child_tokens", "displaced_hit_tokens", "net_cached_tokens", "arms", "families"):
         assert pr[key] == report["pressure"][key], key
-    sweep = run("pressure", trace, "--sweep-capacity", caps, "--json")["sweep"]
+    sweep = run("pressure", trace, "--capacity-blocks", caps, "--json")["sweep"]
     assert sweep == report["pressure_sweep"]
     # Belady is a bound: never more prefill than the engine itself computed.
     stock = next(r for r in report["headroom"]["results"] if r["policy"] == "stock")

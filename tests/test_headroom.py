@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kmesh_trace.datasets.fork_tree import BLOCK_SIZE, fork_tree_requests, fork_tree_rows, write_fork_tree
+from kmesh_trace.datasets.workloads.fork_tree import BLOCK_SIZE, fork_tree_requests, fork_tree_rows, write_fork_tree
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.headroom import headroom, headroom_of_requests
 from kmesh_trace.oracle.policies import POLICIES, Workload

@@ -73,3 +73,19 @@ def write_fork_tree(out: str | Path, *, num_usable_blocks: int = NUM_USABLE_BLOC
                      source="generated:fork-tree") as w:
         w.write("invocations", {k: [r[k] for r in rows] for k in rows[0]})
     return Path(out)
+
+
+def _built(aligned: bool):
+    from kmesh_trace.datasets.workloads import BuiltWorkload
+
+    return BuiltWorkload(fork_tree_requests(aligned=aligned), BLOCK_SIZE, NUM_USABLE_BLOCKS)
+
+
+def aligned():
+    """Registry builder: `fork-tree`."""
+    return _built(True)
+
+
+def unaligned():
+    """Registry builder: `fork-tree-unaligned`."""
+    return _built(False)

@@ -33,7 +33,9 @@ def capture_cmd(
                                                  "counted as dropped (default: $KMESH_TRACE_MAX_BUFFERED_EVENTS, else 524288)."),
     as_json: bool = typer.Option(False, "--json", help="Print the capture summary as JSON on stdout."),
 ) -> None:
-    """Run COMMAND with the vLLM capture hook enabled, writing a trace to --out."""
+    """Run COMMAND with the vLLM capture hook enabled, writing a trace to --out.
+
+    Exit codes: COMMAND's own exit status when it ran (1 if it died of a signal); 1 when it could not be started."""
     from kmesh_trace.capture.env import ENV_DIR, ENV_FLUSH_S, ENV_MAX_EVENTS
     from kmesh_trace.capture.recorder import check_knob, config_from_env
     from kmesh_trace.capture.version import unsupported_reason
