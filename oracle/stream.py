@@ -25,6 +25,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from kmesh_trace import schema
 from kmesh_trace.errors import KmeshTraceError
 
 
@@ -97,9 +98,11 @@ def token_block_hashes(prompt: Sequence[int], output: Sequence[int] | None, bloc
 
 # ---- building RequestBlocks ----------------------------------------------------------------------
 
-_COLUMNS = ("request_id", "caller_request_id", "seq", "family_id", "parent_id", "num_expected_children",
-            "num_prompt_tokens", "num_output_tokens", "prompt_token_ids", "output_token_ids",
-            "prompt_block_hashes", "arrival_ns", "finish_ns", "num_cached_tokens")
+#: The invocation columns the stream reads (checked against the contract).
+_COLUMNS = schema.INVOCATIONS.select(
+    "request_id", "caller_request_id", "seq", "family_id", "parent_id", "num_expected_children", "num_prompt_tokens",
+    "num_output_tokens", "prompt_token_ids", "output_token_ids", "prompt_block_hashes", "arrival_ns", "finish_ns",
+    "num_cached_tokens")
 
 
 def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[RequestBlocks]:

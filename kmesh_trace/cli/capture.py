@@ -82,16 +82,15 @@ def capture_cmd(
 
 
 def _summary(out_dir: Path, command: list[str], rc: int) -> dict:
+    from kmesh_trace import schema
     from kmesh_trace.trace import open_trace
     from kmesh_trace.writer import MARKER
 
     engines: dict = {}
     if (out_dir / MARKER).exists():
         trace = open_trace(out_dir)
-        counts = trace.sql("SELECT engine, 'invocations' AS t, count(*) AS n FROM invocations GROUP BY 1 "
-                           "UNION ALL SELECT engine, 'block_events', count(*) FROM block_events GROUP BY 1 "
-                           "UNION ALL SELECT engine, 'transfers', count(*) FROM transfers GROUP BY 1 "
-                           "UNION ALL SELECT engine, 'lineage', count(*) FROM lineage GROUP BY 1")
+        counts = trace.sql(" UNION ALL ".join(f"SELECT engine, '{name}' AS t, count(*) AS n FROM {name} GROUP BY 1"
+                                              for name in schema.TABLES))
         for eid, meta in trace.engines.items():
             rows = {t: int(n) for e, t, n in counts.iter_rows() if e == eid}
             engines[eid] = {"rows": rows, "num_dropped_events": sum(meta.get("num_dropped_events", {}).values()),
