@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
 from kmesh_trace.oracle.blockpool import HoldPolicy, PoolResult, simulate_pool
 from kmesh_trace.oracle.stream import RequestBlocks, engine_geometry, pool_capacity, request_blocks
 
@@ -235,8 +235,8 @@ def what_if(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks
             raise KmeshTraceError("Requests must be in arrival order with index 0, 1, 2, ...; rebuild the stream.")
     e, source = _edges(requests, edges, block_size, lineage)
     if not e:
-        raise KmeshTraceError(f"The stream has no {edges} parent-child edges, so there is nothing to hold; "
-                              "try --edges inferred or a trace with declared lineage.")
+        raise NeedsParameterError(f"the stream has no {edges} parent-child edges, so there is nothing to hold "
+                                  "(or use a trace with declared lineage)", "edges", "inferred")
     policy = hold_policy(requests, e, expiry_s=expiry_s, max_held_blocks=max_held_blocks, max_families=max_families)
     stock = simulate_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, timed=timed)
     held = simulate_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, holds=policy, timed=timed)

@@ -85,3 +85,18 @@ def test_every_command_documents_its_exit_codes(cli, command):
     r = cli([*command, "--help"])
     assert r.exit_code == 0
     assert "Exit codes:" in r.stdout, command
+
+
+def test_analysis_errors_name_parameters_and_the_cli_names_its_options(cli, tmp_path):
+    from kmesh_trace.datasets.importers.mooncake import import_mooncake
+    from kmesh_trace.oracle.stream import pool_capacity
+
+    with pytest.raises(KmeshTraceError, match=r"; give capacity_blocks=N\.$"):
+        pool_capacity(None, None)
+    src = tmp_path / "m.jsonl"
+    src.write_text('{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}\n')
+    import_mooncake(src, tmp_path / "t")
+    r = cli(["headroom", tmp_path / "t"])
+    assert r.exit_code == 1
+    assert r.stderr == ("Error: the trace does not record the engine's usable blocks (imported traces cannot); "
+                        "pass --capacity-blocks N.\n")

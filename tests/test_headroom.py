@@ -66,7 +66,7 @@ def test_headroom_models_stock_with_the_pool_when_not_captured():
     res = headroom_of_requests(fork_tree_requests(), 16, [300], ["belady"], num_usable_blocks=512)
     assert res.stock_source == "vllm" and res.headroom_capacity_blocks == 300
     assert res.headroom_tokens == res.stock.prefill_tokens - res.results[0].prefill_tokens
-    with pytest.raises(KmeshTraceError, match="pass --capacity-blocks N"):
+    with pytest.raises(KmeshTraceError, match="give capacity_blocks=N"):
         headroom_of_requests(fork_tree_requests(), 16, None, ["lru"])
 
 

@@ -36,7 +36,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 from rich.console import Console
 
-from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
 
 out = Console(soft_wrap=True)  # data
 err = Console(stderr=True)  # progress, decoration, errors
@@ -56,11 +56,22 @@ def handles_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except KmeshTraceError as e:
-            fail(str(e))
+            fail(cli_message(e))
         except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
             fail(f"{e.strerror}: {e.filename}")
 
     return wrapper
+
+
+#: Analysis parameters (as NeedsParameterError names them) -> the option every command gives them.
+OPTION_OF_PARAMETER = {"capacity_blocks": "--capacity-blocks", "engine": "--engine", "edges": "--edges"}
+
+
+def cli_message(e: KmeshTraceError) -> str:
+    """An error's one sentence for the command line: an analysis names its parameters, the CLI its options."""
+    if isinstance(e, NeedsParameterError) and e.parameter in OPTION_OF_PARAMETER:
+        return f"{e.reason}; pass {OPTION_OF_PARAMETER[e.parameter]}" + (f" {e.value}" if e.value else "") + "."
+    return str(e)
 
 
 def parse_ints(text: str, what: str) -> list[int]:
