@@ -226,3 +226,13 @@ def check_read_only(query: str) -> None:
 def open_trace(path: str | Path) -> Trace:
     """Open a trace directory for reading."""
     return Trace(path)
+
+
+def trace_info(trace: Trace) -> dict[str, Any]:
+    """What `kmesh-trace info --json` prints: tables with row and part counts, and each engine's metadata."""
+    return {
+        "path": str(trace.path),
+        "schema_version": schema.SCHEMA_VERSION,
+        "tables": {name: {"rows": n, "parts": len(trace.parts[name])} for name, n in trace.row_counts().items()},
+        "engines": trace.engines,
+    }

@@ -52,15 +52,10 @@ def schema_cmd(
 
 
 def _trace_info(path: Path) -> dict:
-    from kmesh_trace.trace import open_trace
+    from kmesh_trace.trace import open_trace, trace_info
 
-    trace = open_trace(path)
-    return {
-        "path": str(trace.path),
-        "schema_version": schema.SCHEMA_VERSION,
-        "tables": {name: {"rows": n, "parts": len(trace.parts[name])} for name, n in trace.row_counts().items()},
-        "engines": trace.engines,
-    }
+    with open_trace(path) as t:
+        return trace_info(t)
 
 
 @handles_errors

@@ -20,6 +20,7 @@ _STAGE_TEXT = {
     "headroom": "headroom: stock vs LRU vs Belady",
     "pressure": "retention pressure: family holds",
     "timeline": "writing the Perfetto timeline",
+    "page": "writing the HTML report",
 }
 
 
@@ -126,5 +127,6 @@ def render(report: dict) -> None:
                          [[s["capacity_blocks"], s["saved_child_tokens"], s["displaced_hit_tokens"], s["net_cached_tokens"]] for s in sw], 0))
     f = report["files"]
     t = report["timings"]
-    out.print(f"Wrote {f['report']}, {', '.join(f['plots'])} and {f['timeline']} (open in https://ui.perfetto.dev). "
+    out.print(f"Wrote {f['page']} (open it in a browser), {f['report']}, {', '.join(f['plots'])} and {f['timeline']} "
+              "(open in https://ui.perfetto.dev). "
               f"Engine start {t.get('engine_start_s', 0):.1f} s, workload {t.get('workload_s', 0):.1f} s, total {t['total_s']:.1f} s.")
