@@ -2,7 +2,7 @@
 
 libcufile is loaded with ctypes at run time (from the system, the CUDA toolkit or the `nvidia-cufile`
 wheel). Its probe opens the driver and registers an O_DIRECT file handle in the store's directory, the
-step that fails on hosts without the nvidia-fs module or udev data for the disk (see NOTES-gpu.md).
+step that fails on hosts without the nvidia-fs module or udev data for the disk (error 5027; benchmarks/README.md shows it on the H200 host).
 cuFileRead is synchronous, so `depth` threads keep that many reads in flight. Buffer ownership is not
 observable through cuFile, so the route reports it as not measured.
 """

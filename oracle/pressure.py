@@ -1,6 +1,6 @@
 """Retention pressure: what holding a family's ancestor in the engine saves, and what it displaces.
 
-It owns the family-hold what-if (DESIGN.md "Family hold", "Tradeoff"): the same access stream replayed
+It owns the family-hold what-if (docs/DESIGN.md, "Family hold" and "Tradeoff"): the same access stream replayed
 twice through the vLLM block-pool model (`kmesh_trace.oracle.blockpool`), `stock` and `held` (family
 holds per `HoldPolicy`), and the tradeoff between them. A *child* is a request with a parent edge;
 every other request (parents included) is *other*. Per request, held hits minus stock hits:
