@@ -108,11 +108,11 @@ class PressureResult:
         return sum(1 for h in self.held.holds if h.status == "taken")
 
     @property
-    def unused_holds(self) -> int:
+    def num_unused_holds(self) -> int:
         return sum(1 for h in self.held.holds if h.unused)
 
     @property
-    def refused_holds(self) -> int:
+    def num_refused_holds(self) -> int:
         return sum(1 for h in self.held.holds if h.status.startswith("refused"))
 
     def per_request(self) -> list[dict]:
@@ -139,8 +139,8 @@ class PressureResult:
             "displaced_hit_tokens": self.displaced_hit_tokens,
             "net_cached_tokens": self.net_cached_tokens,
             "num_holds": self.num_holds,
-            "unused_holds": self.unused_holds,
-            "refused_holds": self.refused_holds,
+            "unused_holds": self.num_unused_holds,
+            "refused_holds": self.num_refused_holds,
             "held_block_steps": self.held.held_block_steps,
             "held_block_seconds": self.held.held_block_seconds,
             "families": [f.to_dict() for f in self.families],

@@ -318,4 +318,4 @@ def test_hold_stress_matches_real_pool(scale):
     assert res.stock.num_evictions == real_stock.evictions == [0, 0, 0, 0, 29, 0, 0, 0, 0, 33]
     assert res.held.num_evictions == real_held.evictions == [0, 0, 0, 0, 29, 29, 29, 29, 29, 4]
     assert (res.saved_child_tokens, res.displaced_hit_tokens, res.net_cached_tokens) == (29 * b, 116 * b, -87 * b)
-    assert (res.held.held_block_steps, res.unused_holds, res.refused_holds) == (288, 0, 0)
+    assert (res.held.held_block_steps, res.num_unused_holds, res.num_refused_holds) == (288, 0, 0)

@@ -58,14 +58,14 @@ def test_expiry_and_seconds_on_a_timed_stream():
     res = what_if(stress(timed=True), block_size=16, num_usable_blocks=128, expiry_s=45)
     # Expired at the 50 s boundary, after the first pass was already squeezed: a pure loss.
     assert [h.release_reason for h in res.held.holds] == ["expiry"]
-    assert (res.saved_child_tokens, res.displaced_hit_tokens, res.unused_holds) == (0, 1856, 1)
+    assert (res.saved_child_tokens, res.displaced_hit_tokens, res.num_unused_holds) == (0, 1856, 1)
     assert (res.held.held_block_steps, res.held.held_block_seconds) == (4 * 32, 32 * 49.0)
 
 
 def test_caps_refuse_the_hold():
     for kw in (dict(max_held_blocks=31), dict(max_families=0)):
         res = what_if(stress(), block_size=16, num_usable_blocks=128, **kw)
-        assert (res.refused_holds, res.net_cached_tokens) == (1, 0)
+        assert (res.num_refused_holds, res.net_cached_tokens) == (1, 0)
 
 
 def test_sweep_points():
