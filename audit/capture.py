@@ -40,37 +40,13 @@ ANALYSES = (HEADROOM, RETENTION)
 MAX_LOCATIONS = 5
 
 #: Metadata a capture must fill; the rest (null block, capture config, import counts) may be absent.
-REQUIRED_METADATA = ("engine_id", "source", "schema_version", "host", "pid", "engine_index", "engine", "model",
-                     "block_size", "num_usable_blocks", "wall_anchor_ns", "mono_anchor_ns", "num_dropped_events",
-                     "complete")
-
-_ALWAYS = "always"
-_FINISHED = ("finished", "length_capped")
+REQUIRED_METADATA = schema.REQUIRED_CAPTURE_METADATA
 #: table -> column -> the rows that must have it (beyond the contract's non-nullable columns).
-FILLED_WHEN: dict[str, dict[str, object]] = {
-    "invocations": {
-        "arrival_ns": _ALWAYS,
-        "num_cached_tokens": _ALWAYS,
-        "finish_ns": "status is not null",
-        "first_scheduled_ns": _FINISHED,
-        "first_token_ns": _FINISHED,
-        "output_token_ids": _FINISHED,
-        "num_output_tokens": _FINISHED,
-    },
-    "block_events": {
-        "block_id": "event != cleared",
-        "ref_cnt": "event != cleared",
-        "block_hash": ("cached", "evicted", "touched"),
-    },
-}
-#: Enumerated columns and their allowed values, from the schema.
-ALLOWED_VALUES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("block_events", "event"): schema.BLOCK_EVENT_KINDS,
-    ("lineage", "edge_kind"): schema.EDGE_KINDS,
-    ("transfers", "direction"): schema.TRANSFER_DIRECTIONS,
-    ("invocations", "status"): schema.INVOCATION_STATUSES,
-    ("transfers", "status"): schema.TRANSFER_STATUSES,
-}
+FILLED_WHEN: dict[str, dict[str, schema.When]] = {}
+for (_table, _col), _when in schema.FILLED_WHEN.items():
+    FILLED_WHEN.setdefault(_table, {})[_col] = _when
+#: Enumerated columns and their allowed values.
+ALLOWED_VALUES: dict[tuple[str, str], tuple[str, ...]] = schema.VOCABULARIES
 #: Fields whose absence only stops the retention analysis (timing after arrival, outputs).
 _RETENTION_ONLY_FIELDS = {"finish_ns", "first_scheduled_ns", "first_token_ns", "output_token_ids", "num_output_tokens"}
 
@@ -177,19 +153,10 @@ def _check_filled(df, table: str, f: _Findings) -> None:
 
     if df.height == 0:
         return
-    for col, when in FILLED_WHEN[table].items():
+    for col, when in FILLED_WHEN.get(table, {}).items():
         if col not in df.columns:
             continue
-        if when == _ALWAYS:
-            cond = pl.lit(True)
-        elif when == "status is not null":
-            cond = pl.col("status").is_not_null()
-        elif when == "event != cleared":
-            cond = pl.col("event") != "cleared"
-        elif table == "invocations":
-            cond = pl.col("status").is_in(list(when))
-        else:
-            cond = pl.col("event").is_in(list(when))
+        cond = _rows_where(when)
         bad = df.filter(cond & pl.col(col).is_null())
         if bad.height:
             key = "request_id" if table == "invocations" else "seq"
@@ -197,6 +164,20 @@ def _check_filled(df, table: str, f: _Findings) -> None:
             locations = [f"{table}:{eng}:{k}" for eng, k in bad.select("engine", key).head(MAX_LOCATIONS).iter_rows()]
             f.add("missing_field", f"column {table}.{col} is null where it must be filled", locations,
                   blocks=blocks, count=bad.height)
+
+
+def _rows_where(when: schema.When):
+    """The polars condition selecting the rows `when` describes."""
+    import polars as pl
+
+    if when.column is None:
+        return pl.lit(True)
+    col = pl.col(when.column)
+    if when.any_of is not None:
+        return col.is_in(list(when.any_of))
+    if when.none_of is not None:
+        return col.is_not_null() & ~col.is_in(list(when.none_of))
+    return col.is_not_null()
 
 
 def _check_values(frames: dict, f: _Findings) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from kmesh_trace.datasets.mooncake import import_mooncake
+from kmesh_trace.datasets.importers.mooncake import import_mooncake
 
 
 def default_src() -> Path:

@@ -41,7 +41,7 @@ _ORACLE_GENERAL = np.dtype([("clock_time", "<u4"), ("obj_id", "<u8"), ("obj_size
 
 
 def load_stream(src: Path, timings: dict | None = None) -> AccessStream:
-    from kmesh_trace.datasets.mooncake import import_mooncake
+    from kmesh_trace.datasets.importers.mooncake import import_mooncake
 
     timings = {} if timings is None else timings
     with tempfile.TemporaryDirectory() as d:

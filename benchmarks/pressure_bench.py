@@ -33,7 +33,7 @@ DEFAULT_SRC = DATASETS / "mooncake" / "conversation_trace.jsonl"
 
 
 def mooncake(src: Path) -> tuple[list[RequestBlocks], int]:
-    from kmesh_trace.datasets.mooncake import import_mooncake
+    from kmesh_trace.datasets.importers.mooncake import import_mooncake
     from kmesh_trace.oracle.stream import request_blocks
     from kmesh_trace.trace import open_trace
 

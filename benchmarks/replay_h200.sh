@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Native replay on the lent H200 host: describe the host, install, probe every route, run host vs
-# host_fixed (pairs, warm-ups, corruption), the GPU tests, and the benchmark. Writes everything to
-# $OUT (or ./h200-out). The figures in benchmarks/README.md ("Replay on the H200") come from this.
+# host_fixed (pairs, warm-ups, corruption), the GPU tests, and the benchmark (baseline: fio). Writes
+# everything to $OUT (or ./h200-out). The figures in benchmarks/README.md ("Replay on the H200") come
+# from this. The host has no package mirror: without a system fio, build/fio-bundle.tar.xz (Debian's
+# fio and the libraries it links, packed on a machine that has it) is unpacked and used.
 set -u -o pipefail
 OUT=${OUT:-h200-out}; mkdir -p "$OUT"
 W=${REPLAY_DIR:-/var/tmp/kmesh-replay}; rm -rf "$W"; mkdir -p "$W"
@@ -18,6 +20,12 @@ else  # fallback: build the engine with gcc and import from the tree
   export PYTHONPATH=/tmp/pkg; K="python3 -c 'from kmesh_trace.cli import main; main()'"
 fi
 echo "K=$K"
+FIO=$(command -v fio || true)
+if [ -z "$FIO" ] && [ -f build/fio-bundle.tar.xz ]; then
+  tar xJf build/fio-bundle.tar.xz -C /tmp && export LD_LIBRARY_PATH=/tmp/contract-fio/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  FIO=/tmp/contract-fio/fio
+fi
+echo "fio: $FIO ($($FIO --version 2>&1))"
 echo "== probe"
 eval $K replay probe --steps --dir "$W"
 eval $K replay probe --json --dir "$W" > "$OUT/probe.json"
@@ -27,7 +35,7 @@ time eval $K replay run "$W/store" --routes host,host_fixed --pairs 4 --restores
 echo "== tests"
 python3 -m pytest -q -rs -p no:cacheprovider tests/test_replay.py tests/test_replay_gpu.py -s 2>&1 | tail -60
 echo "== bench"
-python3 benchmarks/replay_bench.py --dir "$W" --restores 8 --rounds 3 --gpu --json "$OUT/bench.json"
-python3 benchmarks/replay_bench.py --dir "$W" --restores 8 --rounds 3 --depth 16
-python3 benchmarks/replay_bench.py --dir "$W" --restores 8 --rounds 3 --workers 2
+python3 benchmarks/replay_bench.py --fio "$FIO" --dir "$W" --restores 8 --rounds 3 --gpu --json "$OUT/bench.json"
+python3 benchmarks/replay_bench.py --fio "$FIO" --dir "$W" --restores 8 --rounds 3 --depth 16 --json "$OUT/bench-depth16.json"
+python3 benchmarks/replay_bench.py --fio "$FIO" --dir "$W" --restores 8 --rounds 3 --workers 2 --json "$OUT/bench-workers2.json"
 } 2>&1 | tee "$OUT/log"

@@ -1,4 +1,4 @@
-"""The family hold controller: DESIGN.md's family hold applied inside a live vLLM engine (opt-in).
+"""The family hold controller: the family hold of docs/DESIGN.md applied inside a live vLLM engine (opt-in).
 
 Off unless `KMESH_HOLD=1` (caps: `KMESH_HOLD_MAX_BLOCKS`, `KMESH_HOLD_MAX_FAMILIES`; expiry:
 `KMESH_HOLD_EXPIRY_S`). Families come from the declared lineage in `SamplingParams.extra_args`: a
@@ -39,6 +39,7 @@ from kmesh_trace.capture.env import ENV_HOLD_MAX_BLOCKS as ENV_MAX_BLOCKS
 from kmesh_trace.capture.env import ENV_HOLD_MAX_FAMILIES as ENV_MAX_FAMILIES
 from kmesh_trace.capture.env import hold_enabled  # noqa: F401 (re-exported)
 from kmesh_trace.holds import hold_status
+from kmesh_trace.schema import XARG_CHILDREN, XARG_FAMILY, XARG_PARENT
 
 log = logging.getLogger("kmesh_trace.capture")
 
@@ -146,11 +147,11 @@ class HoldController:
     def take(self, request) -> None:
         """The parent finished: hold its full cached blocks before its own references are freed."""
         extra = _extra(request)
-        expected = _count(extra.get("kmesh_children"))
+        expected = _count(extra.get(XARG_CHILDREN))
         if not expected or expected <= 0:
             return
         key = self.parent_key(request)
-        family = str(extra["kmesh_family"]) if extra.get("kmesh_family") is not None else f"parent-{key}"
+        family = str(extra[XARG_FAMILY]) if extra.get(XARG_FAMILY) is not None else f"parent-{key}"
         blocks = []
         for b in self.mgr.coordinator.single_type_managers[0].req_to_blocks.get(request.request_id, ()):
             if b.is_null or b.block_hash is None:
@@ -193,7 +194,7 @@ class HoldController:
         self._pool_op(self.pool.free_blocks, h.blocks[::-1], "released", h.record.parent_request_id)
 
     def child_admitted(self, request) -> None:
-        key = self._lookup(_extra(request).get("kmesh_parent"))
+        key = self._lookup(_extra(request).get(XARG_PARENT))
         if key is None:
             return
         h = self.active.get(key)
@@ -208,7 +209,7 @@ class HoldController:
             self.release(key, "children")
 
     def child_cancelled(self, request) -> None:
-        key = self._lookup(_extra(request).get("kmesh_parent"))
+        key = self._lookup(_extra(request).get(XARG_PARENT))
         h = self.active.get(key) if key is not None else None
         if h is not None:
             h.remaining -= 1
@@ -253,7 +254,7 @@ class HoldController:
                 ret = orig_allocate(request, *args, **kwargs)
             if ret is not None and not getattr(request, "_kmesh_hold_admitted", False):
                 request._kmesh_hold_admitted = True
-                if _extra(request).get("kmesh_parent") is not None:
+                if _extra(request).get(XARG_PARENT) is not None:
                     self.child_admitted(request)
             return ret
 
@@ -264,7 +265,7 @@ class HoldController:
 
         def _free_request(request, *args, **kwargs):
             if (not getattr(request, "_kmesh_hold_admitted", False)
-                    and _extra(request).get("kmesh_parent") is not None):
+                    and _extra(request).get(XARG_PARENT) is not None):
                 self.child_cancelled(request)
             return orig_free_request(request, *args, **kwargs)
 

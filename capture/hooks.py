@@ -19,6 +19,7 @@ from typing import Any
 from kmesh_trace.capture.recorder import Recorder, config_from_env
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.schema import XARG_CHILDREN, XARG_FAMILY, XARG_PARENT
 
 log = logging.getLogger("kmesh_trace.capture")
 
@@ -386,13 +387,13 @@ def _install_manager(rec: Recorder, mgr) -> None:
 def invocation_row(request, finish_ns: int | None, status: str | None) -> tuple:
     st = request._kmesh
     extra = getattr(request.sampling_params, "extra_args", None) or {}
-    children = _as_int(extra.get("kmesh_children"))
+    children = _as_int(extra.get(XARG_CHILDREN))
     prompt = request.prompt_token_ids
     output = list(request.output_token_ids)
     return (
         request.request_id, caller_id_of(request), st[0],
-        None if extra.get("kmesh_family") is None else str(extra["kmesh_family"]),
-        None if extra.get("kmesh_parent") is None else str(extra["kmesh_parent"]),
+        None if extra.get(XARG_FAMILY) is None else str(extra[XARG_FAMILY]),
+        None if extra.get(XARG_PARENT) is None else str(extra[XARG_PARENT]),
         children,
         request.num_prompt_tokens, len(output),
         list(prompt) if prompt is not None else None, output, None,

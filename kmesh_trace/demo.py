@@ -1,7 +1,8 @@
 """The end-to-end demo: capture a real CPU vLLM engine running the agent workload, then analyse it.
 
 `run_demo(out_dir)` writes into `out_dir`: `model/` (the tiny model config), `trace/` (the
-capture), `report.json`, `headroom.png`, `headroom.svg` and `timeline.json` (Perfetto). Every
+capture), `report.json`, `report.html` (the page of `kmesh-trace report`), `headroom.png`,
+`headroom.svg`, `pressure.png`, `pressure.svg` and `timeline.json` (Perfetto). Every
 figure of the report is computed by the same public functions the CLI commands use (`info`,
 `audit capture`, `headroom`, `pressure`, `export perfetto`) on the captured trace, so rerunning
 those commands on `out_dir/trace` reproduces it. Rendering is the CLI's job
@@ -20,7 +21,7 @@ from typing import Any, Callable
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.writer import write_json_atomic
 
-STAGES = ("engine", "workload", "audit", "headroom", "pressure", "timeline")
+STAGES = ("engine", "workload", "audit", "headroom", "pressure", "timeline", "page")
 
 
 @dataclass
@@ -37,7 +38,7 @@ def sweep_capacities(usable: int) -> list[int]:
 
 
 def run_demo(out_dir: str | os.PathLike, *, size: str = "full", progress: Progress | None = None) -> dict[str, Any]:
-    from kmesh_trace.datasets.agent_workload import agent_workload
+    from kmesh_trace.datasets.workloads.agent import agent_workload
 
     progress = progress or Progress()
     out = Path(out_dir)
@@ -103,10 +104,15 @@ def run_demo(out_dir: str | os.PathLike, *, size: str = "full", progress: Progre
     from kmesh_trace.perfetto import export_perfetto
 
     report["timeline"] = export_perfetto(trace, out / "timeline.json")
+
+    progress.stage("page")
+    from kmesh_trace.report import write_report
+
+    write_report(trace_dir, out / "report.html", capacities=capacities)
     timings["total_s"] = time.perf_counter() - t0
     report["timings"] = {k: round(v, 2) for k, v in timings.items()}
-    report["files"] = {"trace": str(trace_dir), "report": str(out / "report.json"), "plots": plots,
-                       "timeline": str(out / "timeline.json")}
+    report["files"] = {"trace": str(trace_dir), "report": str(out / "report.json"), "page": str(out / "report.html"),
+                       "plots": plots, "timeline": str(out / "timeline.json")}
     write_json_atomic(out / "report.json", report)
     return report
 

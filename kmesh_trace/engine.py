@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from kmesh_trace.datasets.agent_workload import VOCAB_SIZE, AgentWorkload, PlannedRequest
+from kmesh_trace.datasets.workloads.agent import VOCAB_SIZE, AgentWorkload, PlannedRequest
+from kmesh_trace import schema
 from kmesh_trace.errors import KmeshTraceError, MissingDependencyError
 
 TINY_QWEN2 = {
@@ -118,11 +119,11 @@ def run_workload(llm, plan: AgentWorkload, *, on_finish: Callable[[str], None] |
     def send(r: PlannedRequest, prompt: list[int]) -> None:
         extra = {}
         if r.family:
-            extra["kmesh_family"] = r.family
+            extra[schema.XARG_FAMILY] = r.family
         if r.parent:
-            extra["kmesh_parent"] = r.parent
+            extra[schema.XARG_PARENT] = r.parent
         if r.num_children:
-            extra["kmesh_children"] = r.num_children
+            extra[schema.XARG_CHILDREN] = r.num_children
         params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True, detokenize=False,
                                 extra_args=extra or None)
         result.prompts[r.name] = prompt

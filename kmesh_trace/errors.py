@@ -27,3 +27,12 @@ class InputFormatError(KmeshTraceError):
 
 class MissingDependencyError(KmeshTraceError):
     """An optional dependency is not installed; the message gives the install command."""
+
+
+class NeedsParameterError(KmeshTraceError):
+    """An analysis needs a value its caller can give. The message names the parameter as the Python
+    API does (`parameter`, e.g. capacity_blocks); the CLI names its own option instead."""
+
+    def __init__(self, reason: str, parameter: str, value: str = ""):
+        super().__init__(f"{reason}; give {parameter}" + (f"={value}" if value else "") + ".")
+        self.reason, self.parameter, self.value = reason, parameter, value

@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 import polars as pl
 
+from kmesh_trace import schema
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.trace import Trace
 
@@ -41,14 +42,15 @@ HELD_COUNTER = "held"
 CATEGORY = "kmesh"
 _CHUNK_EVENTS = 8192  # events encoded per write: bounded memory, few system calls
 
-_INVOCATION_COLUMNS = ["engine", "request_id", "seq", "family_id", "parent_id", "num_prompt_tokens", "num_output_tokens",
-                       "num_cached_tokens", "num_external_tokens", "num_preemptions", "status",
-                       *sorted({c for _, s, e in PHASES for c in (s, e)})]
-_REQUEST_ARGS = ("request_id", "family_id", "parent_id", "status", "num_prompt_tokens", "num_cached_tokens",
+_INVOCATION_COLUMNS = ["engine", *schema.INVOCATIONS.select(
+    "request_id", "seq", "family_id", "parent_id", "num_prompt_tokens", "num_output_tokens", "num_cached_tokens",
+    "num_external_tokens", "num_preemptions", "status", *sorted({c for _, s, e in PHASES for c in (s, e)}))]
+_REQUEST_ARGS = schema.INVOCATIONS.select("request_id", "family_id", "parent_id", "status", "num_prompt_tokens", "num_cached_tokens",
                  "num_external_tokens", "num_output_tokens", "num_preemptions")
-_TRANSFER_ARGS = ("request_id", "num_tokens", "num_blocks", "num_bytes", "status", "connector")
-_TIME_COLUMNS = {"invocations": ["arrival_ns", "first_scheduled_ns", "first_token_ns", "finish_ns"],
-                 "block_events": ["ts_ns"], "transfers": ["start_ns", "finish_ns"]}
+_TRANSFER_ARGS = schema.TRANSFERS.select("request_id", "num_tokens", "num_blocks", "num_bytes", "status", "connector")
+_TIME_COLUMNS = {t.name: t.time_columns for t in schema.TABLES.values() if t.time_columns}
+_HOLD_EVENTS = schema.values("block_events", "event", "held", "released")
+_MARK_EVENTS = schema.values("block_events", "event", "evicted", "cleared")
 
 
 class _Clock:
@@ -181,14 +183,14 @@ class _Builder:
         self.counts["num_free_block_samples"] += free.height
 
         # Held blocks: a running count of family holds (+1 held, -1 released), from 0.
-        held = (blocks.filter(pl.col("event").is_in(["held", "released"])).sort("seq")
+        held = (blocks.filter(pl.col("event").is_in(list(_HOLD_EVENTS))).sort("seq")
                 .with_columns(pl.when(pl.col("event") == "held").then(1).otherwise(-1).cum_sum().alias("n"))
                 .sort("ts_ns", "seq").group_by("ts_ns", maintain_order=True).agg(pl.col("n").last()).collect())
         for ts, n in held.iter_rows():
             yield {"name": HELD_COUNTER, "ph": "C", "ts": us(engine, ts), "pid": pid, "tid": 0, "args": {"blocks": n}}
         self.counts["num_held_block_samples"] += held.height
 
-        marks = (blocks.filter(pl.col("event").is_in(["evicted", "cleared"])).sort("ts_ns", "seq")
+        marks = (blocks.filter(pl.col("event").is_in(list(_MARK_EVENTS))).sort("ts_ns", "seq")
                  .select("ts_ns", "event", "block_id", "block_hash", "request_id", "step").collect())
         if marks.height:
             tid, meta = self._thread(pid, "evictions", 1)

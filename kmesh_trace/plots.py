@@ -1,6 +1,6 @@
 """Figures of analysis results: the headroom hit-ratio curves and the retention-pressure capacity sweep.
 
-Rendering, not analysis (STYLE.md rule 4): the analyses in kmesh_trace.oracle return result objects
+Rendering, not analysis: the analyses in kmesh_trace.oracle return result objects
 and this module draws them (matplotlib, Agg backend, imported only when a plot is drawn). Every figure
 is written atomically: to a temporary file beside the target, then renamed over it, so a failed or
 interrupted plot never leaves a half-written file under the name the caller asked for.

@@ -54,6 +54,19 @@ class Table:
                 return c
         raise KeyError(name)
 
+    def select(self, *names: str) -> tuple[str, ...]:
+        """`names`, each checked to be a column of this table: a reader states which columns it needs
+        and a renamed column fails where it is named, not as a missing key later."""
+        for n in names:
+            if n not in self.column_names:
+                raise KeyError(f"{self.name} has no column {n!r}")
+        return names
+
+    @property
+    def time_columns(self) -> list[str]:
+        """The columns holding monotonic nanoseconds (unit ns)."""
+        return [c.name for c in self.columns if c.unit == "ns"]
+
     def arrow_schema(self) -> pa.Schema:
         return pa.schema(
             [c.field() for c in self.columns],
@@ -175,6 +188,108 @@ METADATA_FIELDS: dict[str, tuple[str | None, str]] = {
 }
 
 
+# ---- rules over the tables: vocabularies, required-when, joins, required metadata ------------------
+# Each rule is one line; `check_rules()` (run by the tests) refuses a rule naming a column that does not exist.
+
+#: The keys a caller puts in vLLM's `SamplingParams.extra_args` (`vllm_xargs` over the OpenAI API) to
+#: declare lineage; the capture records them as `family_id`, `parent_id`, `num_expected_children`.
+XARG_FAMILY = "kmesh_family"
+XARG_PARENT = "kmesh_parent"
+XARG_CHILDREN = "kmesh_children"
+XARGS: dict[str, str] = {XARG_FAMILY: "family_id", XARG_PARENT: "parent_id", XARG_CHILDREN: "num_expected_children"}
+
+#: Columns that hold only a fixed vocabulary (null aside).
+VOCABULARIES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("invocations", "status"): INVOCATION_STATUSES,
+    ("lineage", "edge_kind"): EDGE_KINDS,
+    ("block_events", "event"): BLOCK_EVENT_KINDS,
+    ("transfers", "direction"): TRANSFER_DIRECTIONS,
+    ("transfers", "status"): TRANSFER_STATUSES,
+}
+
+#: Statuses of a request that ran to its end (its timings and outputs are known).
+FINISHED_STATUSES = ("finished", "length_capped")
+
+
+@dataclass(frozen=True)
+class When:
+    """The rows of a table in which a nullable column must be filled: every row (no condition),
+    rows whose `column` is not null, is one of `any_of`, or is none of `none_of`."""
+
+    column: str | None = None
+    any_of: tuple[str, ...] | None = None
+    none_of: tuple[str, ...] | None = None
+
+    def describe(self) -> str:
+        if self.column is None:
+            return "always"
+        if self.any_of is not None:
+            return f"{self.column} in ({', '.join(self.any_of)})"
+        if self.none_of is not None:
+            return f"{self.column} not in ({', '.join(self.none_of)})"
+        return f"{self.column} is not null"
+
+
+ALWAYS = When()
+
+#: What a capture (a live engine, not an import) must fill beyond the non-nullable columns:
+#: (table, column) -> the rows that must have it. The capture audit checks these.
+FILLED_WHEN: dict[tuple[str, str], When] = {
+    ("invocations", "arrival_ns"): ALWAYS,
+    ("invocations", "num_cached_tokens"): ALWAYS,
+    ("invocations", "finish_ns"): When("status"),
+    ("invocations", "first_scheduled_ns"): When("status", any_of=FINISHED_STATUSES),
+    ("invocations", "first_token_ns"): When("status", any_of=FINISHED_STATUSES),
+    ("invocations", "output_token_ids"): When("status", any_of=FINISHED_STATUSES),
+    ("invocations", "num_output_tokens"): When("status", any_of=FINISHED_STATUSES),
+    ("block_events", "block_id"): When("event", none_of=("cleared",)),
+    ("block_events", "ref_cnt"): When("event", none_of=("cleared",)),
+    ("block_events", "block_hash"): When("event", any_of=("cached", "evicted", "touched")),
+}
+
+#: Joins between tables: (table, column) -> (table, column) it refers to, within one engine partition.
+JOINS: dict[tuple[str, str], tuple[str, str]] = {
+    ("block_events", "request_id"): ("invocations", "request_id"),
+    ("transfers", "request_id"): ("invocations", "request_id"),
+    ("lineage", "child_request_id"): ("invocations", "request_id"),
+    ("lineage", "parent_request_id"): ("invocations", "request_id"),
+}
+
+#: Engine-metadata fields a capture must fill (an import may leave the others out).
+REQUIRED_CAPTURE_METADATA: tuple[str, ...] = (
+    "engine_id", "source", "schema_version", "host", "pid", "engine_index", "engine", "model", "block_size",
+    "num_usable_blocks", "wall_anchor_ns", "mono_anchor_ns", "num_dropped_events", "complete",
+)
+
+#: The `engines` view (`kmesh-trace sql`, `Trace.scan("engines")`): one row per engine partition, the
+#: metadata fields as columns (nested values, e.g. capture_config, as JSON text).
+ENGINES_VIEW = "engines"
+
+
+def values(table_name: str, column: str, *names: str) -> tuple[str, ...]:
+    """`names`, each checked to be in the vocabulary of `table_name.column` (see VOCABULARIES)."""
+    vocab = VOCABULARIES[(table_name, column)]
+    for n in names:
+        if n not in vocab:
+            raise KeyError(f"{table_name}.{column} has no value {n!r}; its values are {', '.join(vocab)}")
+    return names
+
+
+def check_rules() -> None:
+    """Every rule names a table and column of the contract, and every required field is declared."""
+    for tname, col in [*VOCABULARIES, *FILLED_WHEN, *JOINS, *JOINS.values()]:
+        if col not in table(tname).column_names:
+            raise KeyError(f"schema rule names {tname}.{col}, which is not a column")
+    for (tname, col), when in FILLED_WHEN.items():
+        if when.column is not None and when.column not in table(tname).column_names:
+            raise KeyError(f"FILLED_WHEN[{tname}.{col}] depends on {when.column}, which is not a column")
+        if not table(tname).column(col).nullable:
+            raise KeyError(f"FILLED_WHEN[{tname}.{col}]: the column is never null anyway")
+    for name in REQUIRED_CAPTURE_METADATA:
+        if name not in METADATA_FIELDS:
+            raise KeyError(f"required metadata field {name} is not in METADATA_FIELDS")
+
+
 def table(name: str) -> Table:
     try:
         return TABLES[name]
@@ -217,7 +332,12 @@ def as_dict() -> dict:
             }
             for t in TABLES.values()
         },
-        "metadata": {k: {"unit": u, "doc": d} for k, (u, d) in METADATA_FIELDS.items()},
+        "metadata": {k: {"unit": u, "doc": d, "required_in_capture": k in REQUIRED_CAPTURE_METADATA}
+                     for k, (u, d) in METADATA_FIELDS.items()},
+        "vocabularies": {f"{t}.{c}": list(v) for (t, c), v in VOCABULARIES.items()},
+        "filled_when": {f"{t}.{c}": w.describe() for (t, c), w in FILLED_WHEN.items()},
+        "joins": {f"{t}.{c}": f"{rt}.{rc}" for (t, c), (rt, rc) in JOINS.items()},
+        "vllm_xargs": XARGS,
     }
 
 
@@ -237,7 +357,21 @@ def markdown() -> str:
         for c in t.columns:
             lines.append(f"| `{c.name}` | `{type_name(c.type)}` | {c.unit or ''} | {'yes' if c.nullable else 'no'} | {c.doc} |")
         lines.append("")
-    lines += ["## Engine metadata (`engines/<engine_id>.json`)", "", "| field | unit | meaning |", "|---|---|---|"]
+    lines += [
+        "## Engine metadata (`engines/<engine_id>.json`, and the `engines` view)", "",
+        f"One file per engine partition. `kmesh-trace sql` and `Trace.scan(\"{ENGINES_VIEW}\")` show them as a table",
+        f"`{ENGINES_VIEW}`, one row per partition, these fields as columns (nested values as JSON text):",
+        f"`SELECT * FROM {ENGINES_VIEW}`. Required: filled by every capture (imports may leave the others out).", "",
+        "| field | unit | required | meaning |", "|---|---|---|---|",
+    ]
     for k, (u, d) in METADATA_FIELDS.items():
-        lines.append(f"| `{k}` | {u or ''} | {d} |")
+        lines.append(f"| `{k}` | {u or ''} | {'yes' if k in REQUIRED_CAPTURE_METADATA else ''} | {d} |")
+    lines += ["", "## Rules", "", "Vocabularies (a column holds only these values, or null):", ""]
+    lines += [f"- `{t}.{c}`: {', '.join(f'`{x}`' for x in v)}" for (t, c), v in VOCABULARIES.items()]
+    lines += ["", "Filled when (a capture must fill these nullable columns in these rows; `kmesh-trace audit capture` checks):", ""]
+    lines += [f"- `{t}.{c}`: {w.describe()}" for (t, c), w in FILLED_WHEN.items()]
+    lines += ["", "Joins (within one engine partition):", ""]
+    lines += [f"- `{t}.{c}` -> `{rt}.{rc}`" for (t, c), (rt, rc) in JOINS.items()]
+    lines += ["", "Lineage a caller declares, as `SamplingParams.extra_args` (`vllm_xargs` over the OpenAI API):", ""]
+    lines += [f"- `{k}` -> `invocations.{col}`" for k, col in XARGS.items()]
     return "\n".join(lines) + "\n"

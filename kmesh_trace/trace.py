@@ -93,8 +93,20 @@ class Trace:
     def _empty(self, name: str) -> pa.Table:
         return schema.table(name).arrow_schema().empty_table().append_column("engine", pa.array([], pa.string()))
 
+    def engines_table(self) -> pa.Table:
+        """The `engines` view: one row per engine partition, the metadata fields as columns (the
+        contract's fields first, in its order, then any others), nested values as JSON text."""
+        keys = list(schema.METADATA_FIELDS)
+        keys += sorted({k for m in self.engines.values() for k in m} - set(keys))
+        columns = {k: [m.get(k) for m in self.engines.values()] for k in keys}
+        columns = {k: [json.dumps(v) if isinstance(v, (dict, list)) else v for v in vs] for k, vs in columns.items()}
+        return pa.table({k: _column(vs) for k, vs in columns.items()})
+
     def scan(self, name: str) -> pl.LazyFrame:
-        """A polars LazyFrame over one table, with the Hive partition column `engine`."""
+        """A polars LazyFrame over one table, with the Hive partition column `engine`; `engines` is the
+        engine-metadata view (see `engines_table`)."""
+        if name == schema.ENGINES_VIEW:
+            return pl.from_arrow(self.engines_table()).lazy()
         schema.table(name)
         parts = self.parts[name]
         if not parts:
@@ -126,11 +138,7 @@ class Trace:
                 con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{files}], hive_partitioning = true, hive_types = {{'engine': VARCHAR}})")
             else:
                 self._create_table(con, name, self._empty(name))
-        engines = pa.Table.from_pylist([
-            {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in m.items() if k != "malformed_lines"}
-            for m in self.engines.values()
-        ]) if self.engines else pa.table({"engine_id": pa.array([], pa.string())})
-        self._create_table(con, "engines", engines)
+        self._create_table(con, schema.ENGINES_VIEW, self.engines_table())
         # From here on only files under the trace are reachable, and the settings are locked.
         root = str(self.path).replace("'", "''")
         con.execute(f"SET allowed_directories = ['{root}/']")
@@ -174,6 +182,16 @@ class Trace:
         self.close()
 
 
+def _column(values: list) -> pa.Array:
+    """One metadata field over all engines: its own type when the engines agree, else text."""
+    if all(v is None for v in values):
+        return pa.array(values, pa.string())
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return pa.array([None if v is None else str(v) for v in values], pa.string())
+
+
 def _narrow_wide_ints(df: pl.DataFrame) -> pl.DataFrame:
     """DuckDB sums integers into 128 bits (HUGEINT, reaching polars as Int128 or Decimal(38, 0)); a
     column whose values fit 64 bits comes back as Int64 (JSON and CSV writers and most tools handle
@@ -208,3 +226,13 @@ def check_read_only(query: str) -> None:
 def open_trace(path: str | Path) -> Trace:
     """Open a trace directory for reading."""
     return Trace(path)
+
+
+def trace_info(trace: Trace) -> dict[str, Any]:
+    """What `kmesh-trace info --json` prints: tables with row and part counts, and each engine's metadata."""
+    return {
+        "path": str(trace.path),
+        "schema_version": schema.SCHEMA_VERSION,
+        "tables": {name: {"rows": n, "parts": len(trace.parts[name])} for name, n in trace.row_counts().items()},
+        "engines": trace.engines,
+    }

@@ -26,7 +26,7 @@ one full-attention KV group, block hashes at the pool's block size. What it copi
   applied before any later arrival; a request that does not fit waits for the earliest finishes
   (counted in `num_deferred`). Without times, each request is freed before the next one starts.
 
-Family holds (DESIGN.md "Family hold"): an extra reference on the parent's full blocks (every block it
+Family holds (docs/DESIGN.md, "Family hold"): an extra reference on the parent's full blocks (every block it
 cached; a partial tail cannot be held) taken when the parent finishes, before its own references are
 freed; released, tail first through the same `free_blocks` path, after the admission of the last
 expected child, at expiry (checked at request boundaries), under pressure (a request that would not fit

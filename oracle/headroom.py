@@ -1,7 +1,7 @@
 """The headroom bound: how many prefill tokens the stock prefix cache left on the table.
 
 Replays a trace's block access stream through each requested policy at each capacity and compares
-the stock cache with the Belady bound (DESIGN.md "Definitions the analyses share"). Stock is read
+the stock cache with the Belady bound (docs/DESIGN.md, "Definitions"). Stock is read
 from the capture when every invocation has an engine hit count (`num_cached_tokens`), else it is
 the `vllm` block-pool model. headroom_tokens = stock prefill - belady prefill, at the capacity the
 stock cache had: the trace's usable blocks when the trace records them (and, for a modelled stock,

@@ -1,6 +1,6 @@
 """Retention pressure: what holding a family's ancestor in the engine saves, and what it displaces.
 
-It owns the family-hold what-if (DESIGN.md "Family hold", "Tradeoff"): the same access stream replayed
+It owns the family-hold what-if (docs/DESIGN.md, "Family hold" and "Tradeoff"): the same access stream replayed
 twice through the vLLM block-pool model (`kmesh_trace.oracle.blockpool`), `stock` and `held` (family
 holds per `HoldPolicy`), and the tradeoff between them. A *child* is a request with a parent edge;
 every other request (parents included) is *other*. Per request, held hits minus stock hits:
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
 from kmesh_trace.oracle.blockpool import HoldPolicy, PoolResult, simulate_pool
 from kmesh_trace.oracle.stream import RequestBlocks, engine_geometry, pool_capacity, request_blocks
 
@@ -108,11 +108,11 @@ class PressureResult:
         return sum(1 for h in self.held.holds if h.status == "taken")
 
     @property
-    def unused_holds(self) -> int:
+    def num_unused_holds(self) -> int:
         return sum(1 for h in self.held.holds if h.unused)
 
     @property
-    def refused_holds(self) -> int:
+    def num_refused_holds(self) -> int:
         return sum(1 for h in self.held.holds if h.status.startswith("refused"))
 
     def per_request(self) -> list[dict]:
@@ -139,8 +139,8 @@ class PressureResult:
             "displaced_hit_tokens": self.displaced_hit_tokens,
             "net_cached_tokens": self.net_cached_tokens,
             "num_holds": self.num_holds,
-            "unused_holds": self.unused_holds,
-            "refused_holds": self.refused_holds,
+            "unused_holds": self.num_unused_holds,
+            "refused_holds": self.num_refused_holds,
             "held_block_steps": self.held.held_block_steps,
             "held_block_seconds": self.held.held_block_seconds,
             "families": [f.to_dict() for f in self.families],
@@ -235,8 +235,8 @@ def what_if(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks
             raise KmeshTraceError("Requests must be in arrival order with index 0, 1, 2, ...; rebuild the stream.")
     e, source = _edges(requests, edges, block_size, lineage)
     if not e:
-        raise KmeshTraceError(f"The stream has no {edges} parent-child edges, so there is nothing to hold; "
-                              "try --edges inferred or a trace with declared lineage.")
+        raise NeedsParameterError(f"the stream has no {edges} parent-child edges, so there is nothing to hold "
+                                  "(or use a trace with declared lineage)", "edges", "inferred")
     policy = hold_policy(requests, e, expiry_s=expiry_s, max_held_blocks=max_held_blocks, max_families=max_families)
     stock = simulate_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, timed=timed)
     held = simulate_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, holds=policy, timed=timed)

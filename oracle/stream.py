@@ -25,7 +25,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace import schema
+from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
 
 
 @dataclass(slots=True)
@@ -97,9 +98,11 @@ def token_block_hashes(prompt: Sequence[int], output: Sequence[int] | None, bloc
 
 # ---- building RequestBlocks ----------------------------------------------------------------------
 
-_COLUMNS = ("request_id", "caller_request_id", "seq", "family_id", "parent_id", "num_expected_children",
-            "num_prompt_tokens", "num_output_tokens", "prompt_token_ids", "output_token_ids",
-            "prompt_block_hashes", "arrival_ns", "finish_ns", "num_cached_tokens")
+#: The invocation columns the stream reads (checked against the contract).
+_COLUMNS = schema.INVOCATIONS.select(
+    "request_id", "caller_request_id", "seq", "family_id", "parent_id", "num_expected_children", "num_prompt_tokens",
+    "num_output_tokens", "prompt_token_ids", "output_token_ids", "prompt_block_hashes", "arrival_ns", "finish_ns",
+    "num_cached_tokens")
 
 
 def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[RequestBlocks]:
@@ -153,15 +156,15 @@ def check_block_size(block_size: int | None) -> int:
 
 
 def pool_capacity(capacity_blocks: int | None, num_usable_blocks: int | None) -> int:
-    """The pool capacity to replay: `capacity_blocks` (the caller's --capacity-blocks) when given, else
+    """The pool capacity to replay: `capacity_blocks` (the caller's choice) when given, else
     the usable blocks the trace records; the one error every analysis gives when there is neither."""
     if capacity_blocks is not None:
         if capacity_blocks <= 0:
-            raise KmeshTraceError("--capacity-blocks must be a positive block count.")
+            raise KmeshTraceError(f"a pool capacity must be a positive block count, not {capacity_blocks}.")
         return int(capacity_blocks)
     if not num_usable_blocks:
-        raise KmeshTraceError("the trace does not record the engine's usable blocks (imported traces cannot); "
-                              "pass --capacity-blocks N.")
+        raise NeedsParameterError("the trace does not record the engine's usable blocks (imported traces cannot)",
+                                  "capacity_blocks", "N")
     return int(num_usable_blocks)
 
 
@@ -171,9 +174,9 @@ def engine_geometry(trace, engine: str | None = None) -> tuple[int, int | None]:
     Each engine has its own cache, so a trace with several needs `engine`; a missing block size is an
     error here, a missing usable-block count is left to `pool_capacity` (a sweep does not need it)."""
     if engine is None and len(trace.engines) > 1:
-        raise KmeshTraceError(
-            f"the trace has {len(trace.engines)} engine partitions ({', '.join(trace.engines)}); each has its own "
-            "cache, so pick one with --engine.")
+        raise NeedsParameterError(
+            f"the trace has {len(trace.engines)} engine partitions ({', '.join(trace.engines)}), each with its own "
+            "cache", "engine", "ENGINE_ID")
     if engine is not None and engine not in trace.engines:
         raise KmeshTraceError(f"the trace has no engine {engine!r}; its engines are {', '.join(trace.engines)}.")
     meta = trace.engines[engine] if engine is not None else trace.metadata

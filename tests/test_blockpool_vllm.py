@@ -17,7 +17,7 @@ import random
 
 import pytest
 
-from kmesh_trace.datasets.hold_stress import Scenario, ScenarioRequest, hold_stress
+from kmesh_trace.datasets.workloads.hold_stress import Scenario, ScenarioRequest, hold_stress
 from kmesh_trace.oracle.blockpool import HoldPolicy, simulate_pool
 from kmesh_trace.oracle.pressure import hold_policy, what_if
 
@@ -261,16 +261,16 @@ def as_scenario(reqs, block_size: int, capacity: int, timed: bool) -> Scenario:
 @pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("concurrent", [False, True])
 def test_fork_tree_matches_real_pool(capacity, aligned, concurrent):
-    """Issue 4's fork tree (datasets/fork_tree.py): sequential, and timed with all children at once
+    """Issue 4's fork tree (datasets/workloads/fork_tree.py): sequential, and timed with all children at once
     (pinned side by side: below 256 + 5 x 33 blocks some must wait)."""
-    from kmesh_trace.datasets.fork_tree import BLOCK_SIZE, fork_tree_requests
+    from kmesh_trace.datasets.workloads.fork_tree import BLOCK_SIZE, fork_tree_requests
 
     reqs = fork_tree_requests(aligned=aligned, concurrent_children=concurrent)
     assert_same(as_scenario(reqs, BLOCK_SIZE, capacity, timed=concurrent), timed=concurrent)
 
 
 def test_fork_tree_hits():
-    from kmesh_trace.datasets.fork_tree import fork_tree_requests
+    from kmesh_trace.datasets.workloads.fork_tree import fork_tree_requests
 
     for aligned in (True, False):  # non-aligned: 4,101 - 4,096 = 5 boundary tokens recomputed per child
         res = simulate_pool(fork_tree_requests(aligned=aligned), block_size=16, num_usable_blocks=1696)
@@ -318,4 +318,4 @@ def test_hold_stress_matches_real_pool(scale):
     assert res.stock.num_evictions == real_stock.evictions == [0, 0, 0, 0, 29, 0, 0, 0, 0, 33]
     assert res.held.num_evictions == real_held.evictions == [0, 0, 0, 0, 29, 29, 29, 29, 29, 4]
     assert (res.saved_child_tokens, res.displaced_hit_tokens, res.net_cached_tokens) == (29 * b, 116 * b, -87 * b)
-    assert (res.held.held_block_steps, res.unused_holds, res.refused_holds) == (288, 0, 0)
+    assert (res.held.held_block_steps, res.num_unused_holds, res.num_refused_holds) == (288, 0, 0)

@@ -19,7 +19,7 @@ BLOCK = 32
 
 def _run_arm(tmp, *, hold: bool, monkeypatch) -> dict:
     from kmesh_trace.capture.session import capture_in_process
-    from kmesh_trace.datasets.hold_stress import NUM_PHYSICAL_BLOCKS, hold_stress
+    from kmesh_trace.datasets.workloads.hold_stress import NUM_PHYSICAL_BLOCKS, hold_stress
     from vllm import SamplingParams, TokensPrompt
 
     from kmesh_trace.engine import make_engine, write_tiny_model

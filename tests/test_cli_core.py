@@ -75,7 +75,8 @@ def test_usage_mistakes_are_one_error_line_and_exit_1(cli):
     r = cli(["info"])
     assert (r.exit_code, r.stdout, r.stderr) == (1, "", "Error: Missing argument 'trace'. (see 'kmesh-trace info --help')\n")
     r = cli(["headroom", "--bogus"])
-    assert (r.exit_code, r.stderr) == (1, "Error: No such option: --bogus (see 'kmesh-trace headroom --help')\n")
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("Error: No such option: --bogus") and r.stderr.endswith("(see 'kmesh-trace headroom --help')\n")
     r = cli(["nosuch"])
     assert (r.exit_code, r.stderr) == (1, "Error: No such command 'nosuch'. (see 'kmesh-trace --help')\n")
 

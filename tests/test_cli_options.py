@@ -12,7 +12,7 @@ import os
 import pytest
 
 from kmesh_trace.cli.common import check_out_dir, check_out_file, parse_ints
-from kmesh_trace.datasets.fork_tree import write_fork_tree
+from kmesh_trace.datasets.workloads.fork_tree import write_fork_tree
 from kmesh_trace.errors import KmeshTraceError
 
 
@@ -26,7 +26,7 @@ def test_parse_ints_accepts_positive_lists_only():
 
 @pytest.mark.parametrize("command", [
     ["headroom", "--scenario", "fork-tree", "--capacity-blocks"],
-    ["pressure", "--scenario", "hold-stress", "--sweep-capacity"],
+    ["pressure", "--scenario", "hold-stress", "--capacity-blocks"],
 ])
 def test_headroom_and_pressure_refuse_an_empty_list_alike(cli, command):
     # headroom used to read "," as no list at all and replay at its default capacity.
@@ -61,7 +61,7 @@ def test_check_out_dir(tmp_path):
         check_out_dir(tmp_path / "f" / "x", "--out")
 
 
-@pytest.mark.parametrize("command", [["headroom"], ["pressure", "--sweep-capacity", "64"]])
+@pytest.mark.parametrize("command", [["headroom"], ["pressure", "--capacity-blocks", "64"]])
 def test_a_bad_plot_is_refused_before_the_trace_is_read(cli, tmp_path, command):
     missing = tmp_path / "missing-trace"
     r = cli([*command, missing, "--plot", tmp_path / "x.pdf"])
@@ -76,7 +76,7 @@ def test_a_bad_plot_is_refused_before_the_trace_is_read(cli, tmp_path, command):
 
 def test_pressure_plot_is_written_whole_from_a_trace(cli, tmp_path):
     trace = write_fork_tree(tmp_path / "t")
-    r = cli(["pressure", trace, "--sweep-capacity", "300", "--plot", tmp_path / "s.svg", "--json"])
+    r = cli(["pressure", trace, "--capacity-blocks", "300", "--plot", tmp_path / "s.svg", "--json"])
     assert r.exit_code == 0, r.stderr
     assert [p["capacity_blocks"] for p in json.loads(r.stdout)["sweep"]] == [300]
     assert (tmp_path / "s.svg").read_text().lstrip().startswith("<?xml")

@@ -29,7 +29,7 @@ def demo(tmp_path_factory):
 
 def test_demo_writes_every_artifact(demo):
     out, proc = demo
-    for name in ("report.json", "headroom.png", "headroom.svg", "pressure.png", "pressure.svg", "timeline.json",
+    for name in ("report.json", "report.html", "headroom.png", "headroom.svg", "pressure.png", "pressure.svg", "timeline.json",
                  "trace/kmesh_trace.json"):
         assert (out / name).is_file(), name
     assert (out / "headroom.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -69,7 +69,7 @@ def test_report_agrees_with_the_commands_run_separately(demo, cli):
     pr = run("pressure", trace, "--json")
     for key in ("saved_child_tokens", "displaced_hit_tokens", "net_cached_tokens", "arms", "families"):
         assert pr[key] == report["pressure"][key], key
-    sweep = run("pressure", trace, "--sweep-capacity", caps, "--json")["sweep"]
+    sweep = run("pressure", trace, "--capacity-blocks", caps, "--json")["sweep"]
     assert sweep == report["pressure_sweep"]
     # Belady is a bound: never more prefill than the engine itself computed.
     stock = next(r for r in report["headroom"]["results"] if r["policy"] == "stock")
@@ -99,3 +99,26 @@ def test_timeline_validates_and_matches_invocations(demo):
     for rid in inv["request_id"].to_list():
         q, p = slices[("queued", rid)], slices[("prefill", rid)]
         assert q["ts"] + q["dur"] == pytest.approx(p["ts"], abs=1e-3)
+
+
+def test_demo_page_opens_in_chromium_with_the_reports_numbers(demo, tmp_path):
+    """The demo's HTML page in a real headless Chromium: no console message, not blank, and its headroom
+    and pressure tables are the report's (which the test above ties to the commands' --json)."""
+    from browser import chromium, load
+    from test_report import _Tables
+
+    if chromium() is None:
+        pytest.skip("no Chromium installed: `apt-get install -y chromium` (make install-browser)")
+    out, _ = demo
+    report = json.loads((out / "report.json").read_text())
+    loaded = load(out / "report.html", tmp_path / "page.png")
+    assert loaded.console == []
+    dom = _Tables()
+    dom.feed(loaded.dom)
+    keys = dom.tables["headroom-results"]["keys"]
+    page = {(r["policy"], r["capacity_blocks"]): r for r in dom.records("headroom-results")}
+    for r in report["headroom"]["results"]:  # the page adds the infinite cache to the report's policies
+        assert page[(r["policy"], r["capacity_blocks"])] == {k: r[k] for k in keys}
+    assert {r["arm"]: r["hit_tokens"] for r in dom.records("pressure-arms")} == {
+        arm: report["pressure"]["arms"][arm]["hit_tokens"] for arm in ("stock", "held")}
+    assert dom.records("lineage-edges")[0]["num_edges"] == report["workload"]["num_children"]

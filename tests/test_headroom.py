@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kmesh_trace.datasets.fork_tree import BLOCK_SIZE, fork_tree_requests, fork_tree_rows, write_fork_tree
+from kmesh_trace.datasets.workloads.fork_tree import BLOCK_SIZE, fork_tree_requests, fork_tree_rows, write_fork_tree
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.headroom import headroom, headroom_of_requests
 from kmesh_trace.oracle.policies import POLICIES, Workload
@@ -66,7 +66,7 @@ def test_headroom_models_stock_with_the_pool_when_not_captured():
     res = headroom_of_requests(fork_tree_requests(), 16, [300], ["belady"], num_usable_blocks=512)
     assert res.stock_source == "vllm" and res.headroom_capacity_blocks == 300
     assert res.headroom_tokens == res.stock.prefill_tokens - res.results[0].prefill_tokens
-    with pytest.raises(KmeshTraceError, match="pass --capacity-blocks N"):
+    with pytest.raises(KmeshTraceError, match="give capacity_blocks=N"):
         headroom_of_requests(fork_tree_requests(), 16, None, ["lru"])
 
 

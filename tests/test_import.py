@@ -5,8 +5,10 @@ import json
 import pytest
 
 from kmesh_trace import open_trace
-from kmesh_trace.datasets.bailian import chain_hashes, generate_bailian, import_bailian
-from kmesh_trace.datasets.mooncake import _fast_table, import_mooncake
+from bailian_data import generate_bailian
+
+from kmesh_trace.datasets.importers.bailian import chain_hashes, import_bailian
+from kmesh_trace.datasets.importers.mooncake import _fast_table, import_mooncake
 
 
 def write_lines(path, lines):

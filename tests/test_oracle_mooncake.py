@@ -27,7 +27,7 @@ def mooncake(request, tmp_path_factory):
     src = Path(root) / "mooncake" / request.param
     if not src.is_file():
         pytest.skip(f"Mooncake trace not found at {src} (set KMESH_DATASETS to the public datasets directory)")
-    from kmesh_trace.datasets.mooncake import import_mooncake
+    from kmesh_trace.datasets.importers.mooncake import import_mooncake
 
     out = tmp_path_factory.mktemp("mooncake") / "trace"
     import_mooncake(src, out)

@@ -120,7 +120,7 @@ def test_request_blocks_refuses_blockless_rows_and_engine_ambiguity(tmp_path):
         with TraceWriter(tmp_path / "t", e, {"block_size": 2}) as w:
             w.write("invocations", {"request_id": ["a"], "seq": [0], "num_prompt_tokens": [2],
                                     "prompt_block_hashes": [[5]]})
-    with pytest.raises(KmeshTraceError, match="pick one with --engine"):
+    with pytest.raises(KmeshTraceError, match="each with its own cache; give engine=ENGINE_ID"):
         request_blocks(open_trace(tmp_path / "t"))
     assert [r.prompt_hashes for r in request_blocks(open_trace(tmp_path / "t"), "e1")] == [[5]]
 
@@ -147,7 +147,7 @@ def test_engine_geometry_is_the_one_place_analyses_read_block_size_and_capacity(
                                     "prompt_token_ids": [list(range(9))]})
     t = open_trace(tmp_path / "t")
     assert (engine_geometry(t, "e0"), engine_geometry(t, "e2")) == ((2, 10), (4, None))
-    with pytest.raises(KmeshTraceError, match="pick one with --engine"):
+    with pytest.raises(KmeshTraceError, match="each with its own cache; give engine=ENGINE_ID"):
         engine_geometry(t)
     with pytest.raises(KmeshTraceError, match="the trace has no engine 'e9'; its engines are e0, e1, e2."):
         engine_geometry(t, "e9")
@@ -157,13 +157,13 @@ def test_engine_geometry_is_the_one_place_analyses_read_block_size_and_capacity(
             analysis(t, "e1")
     with pytest.raises(KmeshTraceError, match=no_block_size):
         headroom_of_requests(request_blocks(t, "e0"), None, [4])
-    no_capacity = r"^the trace does not record the engine's usable blocks \(imported traces cannot\); pass --capacity-blocks N\.$"
+    no_capacity = r"^the trace does not record the engine's usable blocks \(imported traces cannot\); give capacity_blocks=N\.$"
     for analysis in (lambda: headroom(t, engine="e2"), lambda: what_if_trace(t, engine="e2"),
                      lambda: pool_capacity(None, None)):
         with pytest.raises(KmeshTraceError, match=no_capacity):
             analysis()
     assert (pool_capacity(7, 10), pool_capacity(None, 10)) == (7, 10)
-    with pytest.raises(KmeshTraceError, match=r"^--capacity-blocks must be a positive block count\.$"):
+    with pytest.raises(KmeshTraceError, match=r"^a pool capacity must be a positive block count, not 0\.$"):
         pool_capacity(0, 10)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kmesh_trace.datasets.fork_tree import fork_tree_requests
+from kmesh_trace.datasets.workloads.fork_tree import fork_tree_requests
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.headroom import headroom_of_requests
 from kmesh_trace.oracle.pressure import SweepPoint

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kmesh_trace.cli import app
-from kmesh_trace.datasets.fork_tree import write_fork_tree
-from kmesh_trace.datasets.hold_stress import hold_stress
+from kmesh_trace.datasets.workloads.fork_tree import write_fork_tree
+from kmesh_trace.datasets.workloads.hold_stress import hold_stress
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.pressure import infer_exact_prefix_edges, sweep, what_if
 
@@ -58,14 +58,14 @@ def test_expiry_and_seconds_on_a_timed_stream():
     res = what_if(stress(timed=True), block_size=16, num_usable_blocks=128, expiry_s=45)
     # Expired at the 50 s boundary, after the first pass was already squeezed: a pure loss.
     assert [h.release_reason for h in res.held.holds] == ["expiry"]
-    assert (res.saved_child_tokens, res.displaced_hit_tokens, res.unused_holds) == (0, 1856, 1)
+    assert (res.saved_child_tokens, res.displaced_hit_tokens, res.num_unused_holds) == (0, 1856, 1)
     assert (res.held.held_block_steps, res.held.held_block_seconds) == (4 * 32, 32 * 49.0)
 
 
 def test_caps_refuse_the_hold():
     for kw in (dict(max_held_blocks=31), dict(max_families=0)):
         res = what_if(stress(), block_size=16, num_usable_blocks=128, **kw)
-        assert (res.refused_holds, res.net_cached_tokens) == (1, 0)
+        assert (res.num_refused_holds, res.net_cached_tokens) == (1, 0)
 
 
 def test_sweep_points():
@@ -100,7 +100,7 @@ def test_cli_human_output():
 
 def test_cli_sweep_json_and_plot(tmp_path):
     png = tmp_path / "net.png"
-    r = runner.invoke(app, ["pressure", "--scenario", "hold-stress", "--sweep-capacity", "64,128", "--plot", str(png),
+    r = runner.invoke(app, ["pressure", "--scenario", "hold-stress", "--capacity-blocks", "64,128", "--plot", str(png),
                             "--json"])
     assert r.exit_code == 0, r.output
     assert [p["net_cached_tokens"] for p in json.loads(r.stdout)["sweep"]] == [512, -1392]
@@ -109,7 +109,7 @@ def test_cli_sweep_json_and_plot(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--scenario", "hold-stress", "--plot", "x.png"], "--plot draws a capacity sweep"),
-    (["--scenario", "hold-stress", "--sweep-capacity", "1,x"], "comma-separated integers"),
+    (["--scenario", "hold-stress", "--capacity-blocks", "1,x"], "comma-separated integers"),
     (["--scenario", "hold-stress", "--expiry-s", "5"], "needs arrival and finish times"),
     ([], "give either a TRACE directory or --scenario"),
 ])
@@ -159,7 +159,7 @@ def test_what_if_trace_uses_the_trace_geometry(tmp_path):
 
 
 def test_inferred_edges_come_from_the_traces_exact_prefix_rows(tmp_path):
-    from kmesh_trace.datasets.fork_tree import BLOCK_SIZE, fork_tree_rows
+    from kmesh_trace.datasets.workloads.fork_tree import BLOCK_SIZE, fork_tree_rows
     from kmesh_trace.oracle.pressure import what_if_trace
     from kmesh_trace.writer import TraceWriter
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from kmesh_trace.datasets.hold_stress import NUM_PHYSICAL_BLOCKS, Scenario, ScenarioRequest, hold_stress
+from kmesh_trace.datasets.workloads.hold_stress import NUM_PHYSICAL_BLOCKS, Scenario, ScenarioRequest, hold_stress
 from kmesh_trace.oracle.pressure import what_if
 
 pytestmark = pytest.mark.engine

@@ -192,7 +192,7 @@ def test_cli_run_fails_when_an_intact_payload_no_longer_matches(ddir, cli):
         f.seek(s.restores[0][1].offset_bytes + 10)
         f.write(b"\x00\x01\x02")
     r = cli(["replay", "run", ddir / "s", "--pairs", 1, "--restores", 1, "--warmup", 0, "--out", ddir / "res"])
-    assert r.exit_code == 1
+    assert r.exit_code == 3  # ran and found a blocking problem
     assert r.stderr.strip().splitlines()[-1] == f"Error: 1 intact restore(s) failed verification; see {ddir / 'res'}"
     rows = pq.read_table(ddir / "res" / "restores.parquet").to_pylist()
     assert rows[0]["bad_chunks"] == ["r000000/c0001"] and rows[0]["accepted"] is False

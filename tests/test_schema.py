@@ -65,3 +65,37 @@ def test_unknown_major_version_is_refused(version):
 
 def test_minor_versions_are_read():
     schema.check_version("1.7", "somewhere")
+
+
+def test_every_rule_names_a_column_of_the_contract():
+    schema.check_rules()
+    assert set(schema.VOCABULARIES) >= {("block_events", "event"), ("lineage", "edge_kind"), ("invocations", "status")}
+    with pytest.raises(KeyError, match="has no column 'nope'"):
+        schema.INVOCATIONS.select("request_id", "nope")
+    with pytest.raises(KeyError, match="has no value 'bought'"):
+        schema.values("block_events", "event", "held", "bought")
+
+
+def test_the_audit_and_readers_take_their_names_from_the_contract():
+    from kmesh_trace.audit import capture as audit_capture
+    from kmesh_trace.oracle import stream
+
+    assert audit_capture.REQUIRED_METADATA == schema.REQUIRED_CAPTURE_METADATA
+    assert audit_capture.ALLOWED_VALUES is schema.VOCABULARIES
+    assert {(t, c) for t, cols in audit_capture.FILLED_WHEN.items() for c in cols} == set(schema.FILLED_WHEN)
+    assert set(stream._COLUMNS) <= set(schema.INVOCATIONS.column_names)
+
+
+def test_engines_view_in_sql_and_scan(tmp_path):
+    from kmesh_trace.datasets.workloads.fork_tree import write_fork_tree
+    from kmesh_trace.trace import open_trace
+
+    with open_trace(write_fork_tree(tmp_path / "t", num_usable_blocks=300)) as t:
+        scanned = t.scan("engines").collect()
+        queried = t.sql("SELECT * FROM engines")
+    assert scanned.columns[:len(schema.METADATA_FIELDS)] == list(schema.METADATA_FIELDS)
+    assert queried.columns == scanned.columns
+    row = queried.row(0, named=True)
+    assert (row["engine_id"], row["block_size"], row["num_usable_blocks"]) == ("fork-tree", 16, 300)
+    assert scanned.row(0, named=True) == row  # the same view both ways; nested values as JSON text
+    assert set(json.loads(row["num_dropped_events"]).values()) == {0}

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table as RichTable
 
 from kmesh_trace.audit.findings import EXIT_CLEAN, Problem, summary
-from kmesh_trace.cli.common import check_out_file, err, fail, handles_errors, out, print_json, progress
+from kmesh_trace.cli.common import Output, emit, err, fail, handles_errors, out, output_options, progress
 
 audit_app = typer.Typer(
     help="Audit agent-trace corpora and captured traces for fitness. "
@@ -41,31 +41,25 @@ def _problems_table(problems: list[Problem]) -> RichTable:
     return t
 
 
+_BLOCKING = "found a blocking problem (listed in the report)"
+
+
 @audit_app.command("corpus")
 @handles_errors
+@output_options(blocking=_BLOCKING)
 def corpus_cmd(
     directory: Path = typer.Argument(..., help="Corpus directory: one sub-directory per source, JSONL files inside."),
-    as_json: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
-    out_file: Path = typer.Option(None, "--out", help="Also write the JSON report to this file."),
+    output: Output = None,
 ) -> None:
     """Inventory, line health, duplicates, field coverage, lineage evidence and a verdict for a JSONL corpus."""
     from kmesh_trace.audit.corpus import audit_corpus
-    from kmesh_trace.writer import write_json_atomic
 
-    if out_file is not None:  # the audit can take minutes: refuse an unwritable --out before it
-        check_out_file(out_file, "--out")
     with progress() as bar:
         task = bar.add_task("auditing", total=None)
         result = audit_corpus(directory, on_bytes=lambda n: bar.advance(task, n),
                               on_total=lambda n: bar.update(task, total=n))
     report = result.to_dict()
-    if out_file is not None:
-        write_json_atomic(out_file, report)
-        err.print(f"report written to {out_file}", markup=False, highlight=False)
-    if as_json:
-        print_json(report)
-    else:
-        _render_corpus(report, result.problems)
+    emit(output, report, render=lambda: _render_corpus(report, result.problems))
     _finish(result.problems, result.exit_code)
 
 
@@ -109,26 +103,28 @@ def _render_corpus(r: dict, problems: list[Problem]) -> None:
 
 @audit_app.command("capture")
 @handles_errors
+@output_options(blocking=_BLOCKING)
 def capture_cmd(
     trace: Path = typer.Argument(..., help="Trace directory written by a capture."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    output: Output = None,
 ) -> None:
     """Capture fitness: contract fields filled, block events consistent, cached tokens, clocks, drops."""
     from kmesh_trace.audit.capture import audit_capture
 
     result = audit_capture(trace)
-    if as_json:
-        print_json(result.to_dict())
-    else:
-        rows = ", ".join(f"{k} {v:,}" for k, v in result.rows.items())
-        out.print(f"trace {result.path}: engines {', '.join(result.engines) or 'none'}; rows: {rows}", markup=False, highlight=False)
-        vt = RichTable(title="verdict", title_justify="left")
-        for h in ("analysis", "qualified", "blocked by"):
-            vt.add_column(h)
-        for analysis, v in result.verdict.items():
-            vt.add_row(analysis, "yes" if v["qualified"] else "no", ", ".join(v["blocked_by"]))
-        out.print(vt)
-        if result.problems:
-            out.print(_problems_table(result.problems))
+    emit(output, result.to_dict(), render=lambda: _render_capture(result))
     _finish(result.problems, result.exit_code)
+
+
+def _render_capture(result) -> None:
+    rows = ", ".join(f"{k} {v:,}" for k, v in result.rows.items())
+    out.print(f"trace {result.path}: engines {', '.join(result.engines) or 'none'}; rows: {rows}", markup=False, highlight=False)
+    vt = RichTable(title="verdict", title_justify="left")
+    for h in ("analysis", "qualified", "blocked by"):
+        vt.add_column(h)
+    for analysis, v in result.verdict.items():
+        vt.add_row(analysis, "yes" if v["qualified"] else "no", ", ".join(v["blocked_by"]))
+    out.print(vt)
+    if result.problems:
+        out.print(_problems_table(result.problems))
 

@@ -33,7 +33,9 @@ def capture_cmd(
                                                  "counted as dropped (default: $KMESH_TRACE_MAX_BUFFERED_EVENTS, else 524288)."),
     as_json: bool = typer.Option(False, "--json", help="Print the capture summary as JSON on stdout."),
 ) -> None:
-    """Run COMMAND with the vLLM capture hook enabled, writing a trace to --out."""
+    """Run COMMAND with the vLLM capture hook enabled, writing a trace to --out.
+
+    Exit codes: COMMAND's own exit status when it ran (1 if it died of a signal); 1 when it could not be started."""
     from kmesh_trace.capture.env import ENV_DIR, ENV_FLUSH_S, ENV_MAX_EVENTS
     from kmesh_trace.capture.recorder import check_knob, config_from_env
     from kmesh_trace.capture.version import unsupported_reason
@@ -80,16 +82,15 @@ def capture_cmd(
 
 
 def _summary(out_dir: Path, command: list[str], rc: int) -> dict:
+    from kmesh_trace import schema
     from kmesh_trace.trace import open_trace
     from kmesh_trace.writer import MARKER
 
     engines: dict = {}
     if (out_dir / MARKER).exists():
         trace = open_trace(out_dir)
-        counts = trace.sql("SELECT engine, 'invocations' AS t, count(*) AS n FROM invocations GROUP BY 1 "
-                           "UNION ALL SELECT engine, 'block_events', count(*) FROM block_events GROUP BY 1 "
-                           "UNION ALL SELECT engine, 'transfers', count(*) FROM transfers GROUP BY 1 "
-                           "UNION ALL SELECT engine, 'lineage', count(*) FROM lineage GROUP BY 1")
+        counts = trace.sql(" UNION ALL ".join(f"SELECT engine, '{name}' AS t, count(*) AS n FROM {name} GROUP BY 1"
+                                              for name in schema.TABLES))
         for eid, meta in trace.engines.items():
             rows = {t: int(n) for e, t, n in counts.iter_rows() if e == eid}
             engines[eid] = {"rows": rows, "num_dropped_events": sum(meta.get("num_dropped_events", {}).values()),

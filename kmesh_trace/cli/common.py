@@ -1,19 +1,42 @@
-"""What every CLI command shares: consoles (data to stdout, decoration to stderr), error handling, and
-the checks of option values (integer lists, output paths) that must fail before any work is done."""
+"""What every CLI command shares: consoles (data to stdout, decoration to stderr), error handling, the
+checks of option values (integer lists, output paths) that must fail before any work is done, and the
+output options and exit codes of every analysis command.
+
+Output options (`output_options` + `emit`): a command that produces a result adds `--json`, `--csv`
+(when its result is one table) and `--out FILE` (the JSON, or the CSV with --csv, written atomically
+while the human output still goes to the terminal) in two lines:
+
+    @handles_errors
+    @output_options(csv=True, blocking="the audit found a blocking problem")
+    def my_cmd(trace: Path = typer.Argument(...), output: Output = None) -> None:
+        \"\"\"One sentence of help.\"\"\"
+        result = analyse(trace)
+        emit(output, result.to_dict(), rows=result.rows(), render=lambda: out.print(table_of(result)))
+
+The decorator replaces the `output` parameter with the three options, refuses --json with --csv and
+an unwritable --out before any work, and appends the exit codes to the command's help. Commands whose
+`--out` is already their product (a trace directory, an export file, a results directory) take only
+`JsonOption` and `exit_codes_help`.
+
+Exit codes: 0 ok; 1 could not run (usage, input, I/O); 3 ran and found a blocking problem (an audit's
+blocking finding, a replay whose verification failed).
+"""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 from rich.console import Console
 
-from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
 
 out = Console(soft_wrap=True)  # data
 err = Console(stderr=True)  # progress, decoration, errors
@@ -33,11 +56,22 @@ def handles_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except KmeshTraceError as e:
-            fail(str(e))
+            fail(cli_message(e))
         except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
             fail(f"{e.strerror}: {e.filename}")
 
     return wrapper
+
+
+#: Analysis parameters (as NeedsParameterError names them) -> the option every command gives them.
+OPTION_OF_PARAMETER = {"capacity_blocks": "--capacity-blocks", "engine": "--engine", "edges": "--edges"}
+
+
+def cli_message(e: KmeshTraceError) -> str:
+    """An error's one sentence for the command line: an analysis names its parameters, the CLI its options."""
+    if isinstance(e, NeedsParameterError) and e.parameter in OPTION_OF_PARAMETER:
+        return f"{e.reason}; pass {OPTION_OF_PARAMETER[e.parameter]}" + (f" {e.value}" if e.value else "") + "."
+    return str(e)
 
 
 def parse_ints(text: str, what: str) -> list[int]:
@@ -89,3 +123,124 @@ def progress(transient: bool = True):
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TimeRemainingColumn(), console=err, transient=transient)
+
+
+# ---- output options and exit codes ---------------------------------------------------------------
+
+EXIT_OK = 0
+EXIT_COULD_NOT_RUN = 1
+EXIT_BLOCKING = 3
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output: JSON on stdout.")]
+CsvOption = Annotated[bool, typer.Option("--csv", help="The result table as CSV on stdout.")]
+OutOption = Annotated[Optional[Path], typer.Option(
+    "--out", help="Also write the result to FILE (JSON, or CSV with --csv), atomically.")]
+
+
+def exit_codes_help(blocking: str | None = None) -> str:
+    """The exit-code paragraph of a command's --help; `blocking` says when the command exits 3."""
+    text = "Exit codes: 0 ok; 1 could not run (usage, input or I/O error)"
+    return text + (f"; 3 ran and {blocking}." if blocking else ".")
+
+
+@dataclass(frozen=True)
+class Output:
+    """What the user asked for: JSON or CSV on stdout (else the human rendering), and a file copy."""
+
+    json: bool = False
+    csv: bool = False
+    out: Path | None = None
+
+
+def output_options(*, csv: bool = False, blocking: str | None = None) -> Callable[[Callable], Callable]:
+    """Decorator: give the command `--json`, `--csv` (with `csv=True`) and `--out FILE`, passed to it as
+    its `output: Output` parameter, and the exit codes in its help (`blocking`: when it exits 3)."""
+
+    def decorate(fn: Callable) -> Callable:
+        sig = inspect.signature(fn, eval_str=True)
+        if "output" not in sig.parameters:
+            raise TypeError(f"{fn.__name__} needs an `output` parameter to use output_options")
+        extra = [inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=JsonOption)]
+        if csv:
+            extra.append(inspect.Parameter("as_csv", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=CsvOption))
+        extra.append(inspect.Parameter("out_file", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=OutOption))
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+                  else p for p in sig.parameters.values() if p.name != "output"]
+
+        @functools.wraps(fn)
+        def wrapper(*args, as_json: bool = False, as_csv: bool = False, out_file: Path | None = None, **kwargs):
+            if as_json and as_csv:
+                raise KmeshTraceError("give --json or --csv, not both.")
+            if out_file is not None:  # refuse it before the work, not after
+                check_out_file(out_file, "--out")
+            return fn(*args, output=Output(as_json, as_csv, out_file), **kwargs)
+
+        wrapper.__signature__ = sig.replace(parameters=params + extra)
+        wrapper.__annotations__ = {p.name: p.annotation for p in params + extra}
+        wrapper.__doc__ = f"{(fn.__doc__ or '').rstrip()}\n\n{exit_codes_help(blocking)}"
+        return wrapper
+
+    return decorate
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+    """Rows (dicts) as CSV with a header line; columns in first-seen order, nested values as JSON."""
+    import csv
+    import io
+
+    columns: dict[str, None] = {}
+    for r in rows:
+        columns.update(dict.fromkeys(r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
+    return buf.getvalue()
+
+
+def emit(output: Output, data: Any, *, rows: list[dict[str, Any]] | None = None,
+         render: Callable[[], None] | None = None) -> None:
+    """Deliver a command's result as the user asked: `data` (JSON-able) for --json and --out, `rows` (the
+    result's table) for --csv, `render()` (rich tables) otherwise."""
+    from kmesh_trace.writer import atomic_output
+
+    if output.csv and rows is None:
+        raise KmeshTraceError("this result is not one table; use --json.")
+    if output.out is not None:
+        text = csv_text(rows) if output.csv else json.dumps(data, indent=2, default=str) + "\n"
+        with atomic_output(output.out) as tmp:
+            tmp.write_text(text)
+        err.print(f"wrote {output.out}", markup=False, highlight=False)
+    if output.json:
+        print_json(data)
+    elif output.csv:
+        sys.stdout.write(csv_text(rows))
+        sys.stdout.flush()
+    elif render is not None:
+        render()
+
+
+def _scenario_enum():
+    from enum import Enum
+
+    from kmesh_trace.datasets.workloads import WORKLOADS
+
+    return Enum("ScenarioName", {name.replace("-", "_"): name for name in WORKLOADS}, type=str)
+
+
+ScenarioName = _scenario_enum()
+ScenarioOption = Annotated[Optional[ScenarioName], typer.Option(
+    "--scenario", help="Analyse a built-in workload (kmesh_trace.datasets.workloads) instead of a trace.")]
+CapacityOption = Annotated[Optional[str], typer.Option(
+    "--capacity-blocks", help="Pool capacities in blocks, comma-separated, e.g. 256,512 (default: the trace's usable blocks).")]
+
+
+def build_scenario(scenario):
+    """The BuiltWorkload of a --scenario value, its notes printed on stderr."""
+    from kmesh_trace.datasets.workloads import get
+
+    built = get(scenario.value).build()
+    for note in built.notes:
+        err.print(f"note: {scenario.value}: {note}", markup=False, highlight=False)
+    return built

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table as RichTable
 
 from kmesh_trace import schema
-from kmesh_trace.cli.common import err, handles_errors, out, print_json
+from kmesh_trace.cli.common import Output, emit, err, handles_errors, out, output_options, print_json
 
 
 class SqlFormat(str, Enum):
@@ -31,7 +31,9 @@ def schema_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the contract as JSON."),
     as_markdown: bool = typer.Option(False, "--markdown", help="Print the contract as Markdown (docs/SCHEMA.md)."),
 ) -> None:
-    """Show the trace schema: every table and column with type, unit and meaning."""
+    """Show the trace schema: every table and column with type, unit and meaning.
+
+    Exit codes: 0 ok; 1 could not run (usage, input or I/O error)."""
     if as_json:
         print_json(schema.as_dict())
         return
@@ -50,27 +52,24 @@ def schema_cmd(
 
 
 def _trace_info(path: Path) -> dict:
-    from kmesh_trace.trace import open_trace
+    from kmesh_trace.trace import open_trace, trace_info
 
-    trace = open_trace(path)
-    return {
-        "path": str(trace.path),
-        "schema_version": schema.SCHEMA_VERSION,
-        "tables": {name: {"rows": n, "parts": len(trace.parts[name])} for name, n in trace.row_counts().items()},
-        "engines": trace.engines,
-    }
+    with open_trace(path) as t:
+        return trace_info(t)
 
 
 @handles_errors
+@output_options()
 def info_cmd(
     trace: Path = typer.Argument(..., help="Trace directory."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    output: Output = None,
 ) -> None:
     """Tables, row counts and engine metadata of a trace."""
     info = _trace_info(trace)
-    if as_json:
-        print_json(info)
-        return
+    emit(output, info, render=lambda: _render_info(info))
+
+
+def _render_info(info: dict) -> None:
     rt = RichTable(title=f"trace {info['path']}", title_justify="left")
     rt.add_column("table")
     rt.add_column("rows", justify="right")
@@ -97,7 +96,9 @@ def sql_cmd(
     query: str = typer.Argument(..., help="A read-only SQL query over the tables invocations, lineage, block_events, transfers, engines."),
     fmt: SqlFormat = typer.Option(SqlFormat.table, "--format", "-f", help="Output format."),
 ) -> None:
-    """Query a trace with DuckDB SQL (read-only, confined to the trace directory)."""
+    """Query a trace with DuckDB SQL (read-only, confined to the trace directory).
+
+    Exit codes: 0 ok; 1 could not run (usage, input or I/O error)."""
     from kmesh_trace.trace import check_read_only, open_trace
 
     check_read_only(query)  # before opening anything

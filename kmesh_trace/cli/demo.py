@@ -20,6 +20,7 @@ _STAGE_TEXT = {
     "headroom": "headroom: stock vs LRU vs Belady",
     "pressure": "retention pressure: family holds",
     "timeline": "writing the Perfetto timeline",
+    "page": "writing the HTML report",
 }
 
 
@@ -38,8 +39,10 @@ def demo_cmd(
     size: Size = typer.Option(Size.full, "--size", help="full (the demo) or small (the reduced run the tests use)."),
     as_json: bool = typer.Option(False, "--json", help="Print report.json instead of the tables."),
 ) -> None:
-    """Capture a real (tiny, CPU) vLLM engine running an agent workload, then analyse the capture."""
-    from kmesh_trace.datasets.agent_workload import agent_workload
+    """Capture a real (tiny, CPU) vLLM engine running an agent workload, then analyse the capture.
+
+    Exit codes: 0 ok; 1 could not run (usage, input or I/O error)."""
+    from kmesh_trace.datasets.workloads.agent import agent_workload
     from kmesh_trace.demo import Progress as Callbacks
     from kmesh_trace.demo import run_demo
 
@@ -70,7 +73,7 @@ def demo_cmd(
 def _table(title: str, columns: list[str], rows: list[list], justify_from: int = 1) -> RichTable:
     t = RichTable(title=title, title_justify="left")
     for i, c in enumerate(columns):
-        t.add_column(c, justify="right" if i >= justify_from else "left")
+        t.add_column(c, justify="right" if i >= justify_from else "left", overflow="fold")
     for r in rows:
         t.add_row(*(f"{v:,}" if isinstance(v, int) else (f"{v:.3f}" if isinstance(v, float) else str(v)) for v in r))
     return t
@@ -112,16 +115,18 @@ def render(report: dict) -> None:
     p = report["pressure"]
     arms = p["arms"]
     keys = ["child_hit_tokens", "other_hit_tokens", "hit_tokens", "prefill_tokens", "evictions"]
-    out.print(_table(f"Retention pressure at {p.get('capacity_blocks')} blocks (declared families)", ["arm"] + keys,
+    out.print(_table(f"Retention pressure at {p.get('capacity_blocks')} blocks (declared families; tokens)",
+                     ["arm", "child_hits", "other_hits", "hits", "prefill", "evictions"],
                      [[arm] + [arms[arm][k] for k in keys] for arm in ("stock", "held")]))
     out.print(f"Holding each family's ancestor saves [bold]{p['saved_child_tokens']:,}[/bold] child tokens, displaces "
               f"[bold]{p['displaced_hit_tokens']:,}[/bold] hit tokens of other requests: net "
               f"[bold]{p['net_cached_tokens']:,}[/bold] cached tokens.")
     sw = report.get("pressure_sweep", [])
     if sw:
-        out.print(_table("Net cached tokens of holds by capacity", ["capacity blocks", "saved", "displaced", "net"],
+        out.print(_table("Net cached tokens of holds by capacity", ["capacity", "saved", "displaced", "net"],
                          [[s["capacity_blocks"], s["saved_child_tokens"], s["displaced_hit_tokens"], s["net_cached_tokens"]] for s in sw], 0))
     f = report["files"]
     t = report["timings"]
-    out.print(f"Wrote {f['report']}, {', '.join(f['plots'])} and {f['timeline']} (open in https://ui.perfetto.dev). "
+    out.print(f"Wrote {f['page']} (open it in a browser), {f['report']}, {', '.join(f['plots'])} and {f['timeline']} "
+              "(open in https://ui.perfetto.dev). "
               f"Engine start {t.get('engine_start_s', 0):.1f} s, workload {t.get('workload_s', 0):.1f} s, total {t['total_s']:.1f} s.")

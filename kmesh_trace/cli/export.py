@@ -38,7 +38,9 @@ def perfetto_cmd(
     out_path: Path = typer.Option(..., "--out", "-o", help="JSON file to write (FILE.json, or FILE.json.gz for gzip)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable summary."),
 ) -> None:
-    """Write the trace as Chrome trace-event JSON: open it in ui.perfetto.dev or chrome://tracing."""
+    """Write the trace as Chrome trace-event JSON: open it in ui.perfetto.dev or chrome://tracing.
+
+    Exit codes: 0 ok; 1 could not run (usage, input or I/O error)."""
     from kmesh_trace.perfetto import export_perfetto
     from kmesh_trace.trace import open_trace
 

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import check_out_file, err, handles_errors, out, parse_ints, print_json
+from kmesh_trace.cli.common import (
+    CapacityOption,
+    Output,
+    ScenarioOption,
+    build_scenario,
+    check_out_file,
+    emit,
+    err,
+    handles_errors,
+    out,
+    output_options,
+    parse_ints,
+)
 from kmesh_trace.errors import KmeshTraceError
-
-
-class Scenario(str, Enum):
-    fork_tree = "fork-tree"
-    fork_tree_unaligned = "fork-tree-unaligned"
 
 
 def register(app: typer.Typer) -> None:
@@ -23,17 +29,16 @@ def register(app: typer.Typer) -> None:
 
 
 @handles_errors
+@output_options(csv=True)
 def headroom_cmd(
     trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
-    capacity_blocks: Optional[str] = typer.Option(
-        None, "--capacity-blocks", help="Cache capacities in blocks, comma-separated (default: the trace's usable blocks)."),
+    capacity_blocks: CapacityOption = None,
     policies: Optional[str] = typer.Option(
         None, "--policies", help="Policies, comma-separated, from: infinite, lru, vllm, belady (default: all)."),
-    scenario: Optional[Scenario] = typer.Option(
-        None, "--scenario", help="Analyse a built-in workload instead of a trace (512 usable blocks)."),
+    scenario: ScenarioOption = None,
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write hit ratio against capacity to FILE.png or FILE.svg."),
+    output: Output = None,
 ) -> None:
     """Prefill tokens the stock cache failed to reuse that an ideal cache of the same capacity would have."""
     from kmesh_trace.oracle.headroom import headroom, headroom_of_requests
@@ -46,10 +51,8 @@ def headroom_cmd(
     if plot is not None:  # a bad --plot must fail before the replays, not after them
         check_out_file(check_plot_path(plot), "--plot")
     if scenario is not None:
-        from kmesh_trace.datasets.fork_tree import BLOCK_SIZE, NUM_USABLE_BLOCKS, fork_tree_requests
-
-        reqs = fork_tree_requests(aligned=scenario is Scenario.fork_tree)
-        result = headroom_of_requests(reqs, BLOCK_SIZE, caps, names, num_usable_blocks=NUM_USABLE_BLOCKS)
+        w = build_scenario(scenario)
+        result = headroom_of_requests(w.requests, w.block_size, caps, names, num_usable_blocks=w.num_usable_blocks)
     else:
         from kmesh_trace.trace import open_trace
 
@@ -60,12 +63,13 @@ def headroom_cmd(
         err.print(f"wrote {plot}")
     for note in result.notes:
         err.print(f"note: {note}")
-    if as_json:
-        print_json(result.to_dict())
-        return
     d = result.to_dict()
+    emit(output, d, rows=d["results"], render=lambda: render(d))
+
+
+def render(d: dict) -> None:
     rt = RichTable(title=f"headroom ({d['block_size']}-token blocks)", title_justify="left")
-    for h in ("policy", "capacity_blocks", "hit_blocks", "hit_tokens", "prefill_tokens", "hit_ratio"):
+    for h in ("policy", "capacity", "hit_blocks", "hit_tokens", "prefill", "hit_ratio"):
         rt.add_column(h, justify="left" if h == "policy" else "right")
     for r in d["results"]:
         rt.add_row(r["policy"], f"{r['capacity_blocks']:,}", f"{r['hit_blocks']:,}", f"{r['hit_tokens']:,}",

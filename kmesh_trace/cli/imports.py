@@ -23,10 +23,10 @@ def register(app: typer.Typer) -> None:
 
 def _importer(fmt: ImportFormat):
     if fmt is ImportFormat.mooncake:
-        from kmesh_trace.datasets.mooncake import import_mooncake
+        from kmesh_trace.datasets.importers.mooncake import import_mooncake
 
         return import_mooncake
-    from kmesh_trace.datasets.bailian import import_bailian
+    from kmesh_trace.datasets.importers.bailian import import_bailian
 
     return import_bailian
 
@@ -39,7 +39,9 @@ def import_cmd(
     engine_id: str = typer.Option(None, "--engine-id", help="Engine partition name (default: import-FORMAT)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable summary."),
 ) -> None:
-    """Import a public trace (Mooncake FAST'25 or Bailian JSONL) into a trace directory."""
+    """Import a public trace (Mooncake FAST'25 or Bailian JSONL) into a trace directory.
+
+    Exit codes: 0 ok; 1 could not run (usage, input or I/O error)."""
     if not src.is_file():
         raise InputFormatError(f"{src} is not a readable file.")
     engine_id = engine_id or f"import-{fmt.value}"

@@ -9,15 +9,22 @@ from typing import Optional
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import check_out_file, err, handles_errors, out, parse_ints, print_json
+from kmesh_trace.cli.common import (
+    CapacityOption,
+    Output,
+    ScenarioOption,
+    build_scenario,
+    check_out_file,
+    emit,
+    err,
+    handles_errors,
+    out,
+    output_options,
+    parse_ints,
+)
 from kmesh_trace.errors import KmeshTraceError
 
 MAX_FAMILY_ROWS = 20
-
-
-class Scenario(str, Enum):
-    hold_stress = "hold-stress"
-    hold_stress_x2 = "hold-stress-x2"
 
 
 class Edges(str, Enum):
@@ -30,37 +37,43 @@ def register(app: typer.Typer) -> None:
 
 
 @handles_errors
+@output_options(csv=True)
 def pressure_cmd(
     trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
-    scenario: Optional[Scenario] = typer.Option(None, "--scenario", help="Analyse a built-in scenario instead of a trace."),
+    scenario: ScenarioOption = None,
     edges: Edges = typer.Option(Edges.declared, "--edges", help="Families from declared lineage or inferred exact-prefix edges."),
     expiry_s: Optional[float] = typer.Option(None, "--expiry-s", help="Release a hold this many seconds after it was taken (needs trace times)."),
     max_held_blocks: Optional[int] = typer.Option(None, "--max-held-blocks", help="Refuse a hold that would put more blocks under hold."),
     max_families: Optional[int] = typer.Option(None, "--max-families", help="Refuse a hold that would make more families hold at once."),
-    capacity_blocks: Optional[int] = typer.Option(None, "--capacity-blocks", help="Usable pool blocks (default: the trace's)."),
-    sweep_capacity: Optional[str] = typer.Option(None, "--sweep-capacity", help="Capacities to sweep, comma-separated (a table of net tokens)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="With --sweep-capacity: write net tokens against capacity to FILE.png or FILE.svg."),
+    capacity_blocks: CapacityOption = None,
+    sweep_capacity: Optional[str] = typer.Option(None, "--sweep-capacity", hidden=True, help="Same as --capacity-blocks with a sweep table (kept for old scripts)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="With several capacities: write net tokens against capacity to FILE.png or FILE.svg."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
     per_request: bool = typer.Option(False, "--per-request", help="Also list every request's hits and evictions in each arm."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    output: Output = None,
 ) -> None:
-    """Replay the trace stock and with family holds through the vLLM block-pool model; report the tradeoff."""
+    """Replay the trace stock and with family holds through the vLLM block-pool model; report the tradeoff.
+
+    One capacity gives the detailed report; several (--capacity-blocks 64,96,128) a sweep table."""
     from kmesh_trace.oracle.pressure import sweep, trace_stream, what_if
     from kmesh_trace.oracle.stream import pool_capacity
     from kmesh_trace.plots import check_plot_path, plot_pressure_sweep
 
     if (trace is None) == (scenario is None):
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
-    if plot is not None and sweep_capacity is None:
-        raise KmeshTraceError("--plot draws a capacity sweep; add --sweep-capacity a,b,c.")
+    if capacity_blocks is not None and sweep_capacity is not None:
+        raise KmeshTraceError("give the capacities once, with --capacity-blocks.")
+    option = "--capacity-blocks" if sweep_capacity is None else "--sweep-capacity"
+    text = capacity_blocks if sweep_capacity is None else sweep_capacity
+    caps = parse_ints(text, option) if text is not None else None
+    is_sweep = caps is not None and (len(caps) > 1 or sweep_capacity is not None or plot is not None)
+    if plot is not None and caps is None:
+        raise KmeshTraceError("--plot draws a capacity sweep; add --capacity-blocks a,b,c.")
     if plot is not None:
         check_out_file(check_plot_path(plot), "--plot")
-    caps = parse_ints(sweep_capacity, "--sweep-capacity") if sweep_capacity is not None else None
     if scenario is not None:
-        from kmesh_trace.datasets.hold_stress import hold_stress
-
-        sc = hold_stress(2 if scenario is Scenario.hold_stress_x2 else 1)
-        reqs, block_size, usable, lineage = sc.request_blocks(), sc.block_size, sc.num_usable_blocks, None
+        w = build_scenario(scenario)
+        reqs, block_size, usable, lineage = w.requests, w.block_size, w.num_usable_blocks, None
     else:
         from kmesh_trace.trace import open_trace
 
@@ -71,33 +84,32 @@ def pressure_cmd(
     if 0 < num_timed < len(reqs):
         err.print(f"note: {len(reqs) - num_timed:,} of {len(reqs):,} requests lack arrival or finish times, so "
                   "the replay is sequential (each request freed before the next)")
-    if capacity_blocks is not None or caps is None:  # a sweep needs no usable-block count of its own
-        usable = pool_capacity(capacity_blocks, usable)
     opts = dict(edges=edges.value, lineage=lineage, expiry_s=expiry_s, max_held_blocks=max_held_blocks,
                 max_families=max_families)
-    if caps is not None:
+    if is_sweep:
         points = sweep(reqs, block_size=block_size, capacities=caps, **opts)
         if plot is not None:
             plot_pressure_sweep(points, plot, block_size)
             err.print(f"wrote {plot}")
-        if as_json:
-            print_json({"block_size": block_size, "edges": edges.value, "sweep": [p.to_dict() for p in points]})
-            return
-        rt = RichTable(title=f"retention pressure by capacity ({block_size}-token blocks, {edges.value} edges)",
-                       title_justify="left")
-        for h in ("capacity_blocks", "stock_hits", "held_hits", "saved", "displaced", "net"):
-            rt.add_column(h, justify="right")
-        for p in points:
-            rt.add_row(*(f"{v:,}" for v in (p.capacity_blocks, p.stock_hit_tokens, p.held_hit_tokens,
-                                              p.saved_child_tokens, p.displaced_hit_tokens, p.net_cached_tokens)))
-        out.print(rt)
+        d = {"block_size": block_size, "edges": edges.value, "sweep": [p.to_dict() for p in points]}
+        emit(output, d, rows=d["sweep"], render=lambda: _render_sweep(d))
         return
+    usable = pool_capacity(caps[0] if caps else None, usable)
     res = what_if(reqs, block_size=block_size, num_usable_blocks=usable, **opts)
     d = res.to_dict(per_request=per_request)
-    if as_json:
-        print_json(d)
-        return
-    _render(d)
+    emit(output, d, rows=d["families"], render=lambda: _render(d))
+
+
+def _render_sweep(d: dict) -> None:
+    rt = RichTable(title=f"retention pressure by capacity ({d['block_size']}-token blocks, {d['edges']} edges)",
+                   title_justify="left")
+    for h in ("capacity", "stock_hits", "held_hits", "saved", "displaced", "net"):
+        rt.add_column(h, justify="right")
+    keys = ("capacity_blocks", "stock_hit_tokens", "held_hit_tokens", "saved_child_tokens", "displaced_hit_tokens",
+            "net_cached_tokens")
+    for p in d["sweep"]:
+        rt.add_row(*(f"{p[k]:,}" for k in keys))
+    out.print(rt)
 
 
 def _render(d: dict) -> None:
@@ -112,10 +124,10 @@ def _render(d: dict) -> None:
         at.add_row(arm, *(f"{d['arms'][arm][c]:,}" for c in cols))
     out.print(at)
     fams = sorted(d["families"], key=lambda f: (-abs(f["saved_child_tokens"]), f["parent_index"]))
-    ft = RichTable(title="families", title_justify="left")
+    ft = RichTable(title="families (kids: children; stock, held: child hit tokens in each arm)", title_justify="left")
     # child hits in tokens, stock then held; saved = held - stock
-    for h in ("family", "parent", "children", "hold", "blocks", "released", "stock", "held", "saved"):
-        ft.add_column(h, justify="left" if h in ("family", "parent", "hold", "released") else "right")
+    for h in ("family", "parent", "kids", "hold", "blocks", "release", "stock", "held", "saved"):
+        ft.add_column(h, justify="left" if h in ("family", "parent", "hold", "release") else "right", overflow="fold")
     for f in fams[:MAX_FAMILY_ROWS]:
         ft.add_row(f["family"] or "-", f["parent_request_id"], f"{f['num_children']:,}", f["hold_status"],
                    f"{f['num_held_blocks']:,}", f["release_reason"] or "-", f"{f['child_hit_tokens_stock']:,}",

@@ -14,7 +14,7 @@ import typer
 from rich import box
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import check_out_dir, err, fail, handles_errors, out, print_json, progress
+from kmesh_trace.cli.common import EXIT_BLOCKING, check_out_dir, err, fail, handles_errors, out, print_json, progress
 
 replay_app = typer.Typer(help="Replay KV restorations natively (io_uring, O_DIRECT, GPU routes) and verify them.",
                          no_args_is_help=True)
@@ -39,7 +39,9 @@ def probe_cmd(
     steps: bool = typer.Option(False, "--steps", help="Show every precondition checked, not only the first failure."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output (always includes the steps)."),
 ) -> None:
-    """Say which replay routes this host can run: `ok`, or `unavailable: <first failed precondition>`."""
+    """Say which replay routes this host can run: `ok`, or `unavailable: <first failed precondition>`.
+
+    Exit codes: 0 the probe ran (unavailable routes included); 1 could not run (usage or I/O error)."""
     from kmesh_trace.native.routes import probe_route
 
     results = [probe_route(r, directory) for r in _routes(routes)]
@@ -67,7 +69,9 @@ def prepare_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of the deterministic payload content."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Write payload files (deterministic pseudo-random) and a Parquet journal; default: one 48 MiB ancestor."""
+    """Write payload files (deterministic pseudo-random) and a Parquet journal; default: one 48 MiB ancestor.
+
+    Exit codes: 0 ok; 1 could not run (usage, input or I/O error)."""
     from kmesh_trace.native import store as st
 
     check_out_dir(out_dir, "--out")
@@ -138,7 +142,9 @@ def run_cmd(
     results: Path = typer.Option(None, "--out", help="Results directory (default: STORE/runs/<UTC time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
-    """Restore the store's journal through each route, verify every byte, keep every sample."""
+    """Restore the store's journal through each route, verify every byte, keep every sample.
+
+    Exit codes: 0 every restore verified; 1 could not run (usage, input or I/O error); 3 ran and a verification failed (a corrupted payload accepted, an intact one rejected, a buffer not returned)."""
     from kmesh_trace.native.runner import RunConfig, run
 
     cfg = RunConfig(routes=_routes(routes), pairs=pairs, restores=restores, warmup=warmup, corrupt=corrupt,
@@ -167,7 +173,7 @@ def run_cmd(
         if any(r["consumer_mismatches"] for r in summary["routes"].values()):
             problems.append("a GPU consumer read bytes other than those verified")
         err.print()
-        fail("; ".join(problems) + f"; see {result.out}")
+        fail("; ".join(problems) + f"; see {result.out}", EXIT_BLOCKING)
 
 
 def _ownership_word(drained: bool | None) -> str:

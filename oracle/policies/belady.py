@@ -1,4 +1,4 @@
-"""`belady`: the headroom bound of DESIGN.md, optimal offline caching over the access stream.
+"""`belady`: the headroom bound of docs/DESIGN.md, optimal offline caching over the access stream.
 
 Any full block may be kept independently of its ancestors, a block need not be admitted, running
 requests pin nothing, generated full blocks are admitted as writes, and the final prompt fragment

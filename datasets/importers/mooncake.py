@@ -14,7 +14,7 @@ from typing import Callable
 import pyarrow as pa
 
 from kmesh_trace.audit.lines import BOM, is_blank
-from kmesh_trace.datasets.importer import (
+from kmesh_trace.datasets.importers.common import (
     MAX_NS,
     ROWS_PER_PART,
     ImportReport,

@@ -83,3 +83,56 @@ def agent_workload(*, size: str = "full", seed: int = 7) -> AgentWorkload:
                                          prompt=prefix + tail, release_step=rng.randint(0, step + 40)))
     w.requests.sort(key=lambda r: (r.parent is not None, r.release_step, r.name))
     return w
+
+
+def request_rows(plan: AgentWorkload, seed: int = 0) -> list[dict]:
+    """The plan as invocation rows (contract column names) without running an engine: each parent's
+    output is a placeholder of `max_tokens` seeded tokens, and requests are ordered by the step the
+    driver would send them at if every request ran alone (a parent finishes `max_tokens` steps after
+    it was sent). Without times, an analysis replays them one after another."""
+    rng = random.Random(seed)
+    by_name = {r.name: r for r in plan.requests}
+    sent: dict[str, int] = {}
+
+    def send_step(r: PlannedRequest) -> int:
+        if r.name not in sent:
+            if r.parent is None:
+                sent[r.name] = r.release_step
+            else:
+                p = by_name[r.parent]
+                sent[r.name] = send_step(p) + p.max_tokens + 1 + r.delay_steps
+        return sent[r.name]
+
+    outputs = {r.name: list(_tokens(rng, r.max_tokens)) for r in plan.requests}
+    rows = []
+    for r in sorted(plan.requests, key=lambda r: (send_step(r), r.name)):
+        prompt = list(r.prompt)
+        if r.parent is not None:
+            parent = by_name[r.parent]
+            prompt = list(parent.prompt) + outputs[r.parent] + prompt
+        rows.append({"request_id": r.name, "seq": len(rows), "family_id": r.family, "parent_id": r.parent,
+                     "num_expected_children": r.num_children, "num_prompt_tokens": len(prompt),
+                     "num_output_tokens": r.max_tokens, "prompt_token_ids": prompt,
+                     "output_token_ids": outputs[r.name]})
+    return rows
+
+
+def _built(size: str):
+    from kmesh_trace.datasets.workloads import BuiltWorkload
+    from kmesh_trace.oracle.stream import requests_from_rows
+
+    plan = agent_workload(size=size)
+    return BuiltWorkload(requests_from_rows(request_rows(plan), plan.block_size), plan.block_size,
+                         plan.num_gpu_blocks - 1,
+                         ["the agent plan without an engine: parents' outputs are placeholders and requests run "
+                          "one after another; `kmesh-trace demo` captures the real run"])
+
+
+def full():
+    """Registry builder: `agent`."""
+    return _built("full")
+
+
+def small():
+    """Registry builder: `agent-small`."""
+    return _built("small")

@@ -50,11 +50,11 @@ def fork_tree_rows(*, aligned: bool = True, num_children: int = 5, ancestor_toke
     return rows
 
 
-def _row(seq, rid, parent, prompt, rng, n_out, vocab, arrival, finish, n_children) -> dict[str, Any]:
+def _row(seq, rid, parent, prompt, rng, num_output_tokens, vocab, arrival, finish, num_children) -> dict[str, Any]:
     return {
         "request_id": rid, "seq": seq, "family_id": "fork-tree", "parent_id": parent,
-        "num_expected_children": n_children, "num_prompt_tokens": len(prompt), "num_output_tokens": n_out,
-        "prompt_token_ids": prompt, "output_token_ids": rng.integers(0, vocab, n_out).tolist(),
+        "num_expected_children": num_children, "num_prompt_tokens": len(prompt), "num_output_tokens": num_output_tokens,
+        "prompt_token_ids": prompt, "output_token_ids": rng.integers(0, vocab, num_output_tokens).tolist(),
         "arrival_ns": arrival, "first_scheduled_ns": arrival, "finish_ns": finish, "status": "finished",
     }
 
@@ -73,3 +73,19 @@ def write_fork_tree(out: str | Path, *, num_usable_blocks: int = NUM_USABLE_BLOC
                      source="generated:fork-tree") as w:
         w.write("invocations", {k: [r[k] for r in rows] for k in rows[0]})
     return Path(out)
+
+
+def _built(aligned: bool):
+    from kmesh_trace.datasets.workloads import BuiltWorkload
+
+    return BuiltWorkload(fork_tree_requests(aligned=aligned), BLOCK_SIZE, NUM_USABLE_BLOCKS)
+
+
+def aligned():
+    """Registry builder: `fork-tree`."""
+    return _built(True)
+
+
+def unaligned():
+    """Registry builder: `fork-tree-unaligned`."""
+    return _built(False)

@@ -103,3 +103,20 @@ def hold_stress(scale: int = 1, parent_output: list[int] | None = None, seed: in
         reqs += [ScenarioRequest(f"other{k}-pass{p}", o, num_out) for k, o in enumerate(others)]
     reqs.append(ScenarioRequest("child", parent + gen + tail, num_out, None, FAMILY_ID, 0, None))
     return Scenario(NAME, block_size, NUM_PHYSICAL_BLOCKS, reqs)
+
+
+def _built(scale: int):
+    from kmesh_trace.datasets.workloads import BuiltWorkload
+
+    sc = hold_stress(scale)
+    return BuiltWorkload(sc.request_blocks(), sc.block_size, sc.num_usable_blocks)
+
+
+def scale_1():
+    """Registry builder: `hold-stress`."""
+    return _built(1)
+
+
+def scale_2():
+    """Registry builder: `hold-stress-x2`."""
+    return _built(2)

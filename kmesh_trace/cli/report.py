@@ -1,0 +1,46 @@
+"""`report TRACE --out report.html`: one self-contained HTML page with every analysis of a trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kmesh_trace.cli.common import (
+    CapacityOption,
+    JsonOption,
+    check_out_file,
+    err,
+    exit_codes_help,
+    handles_errors,
+    parse_ints,
+    print_json,
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report", help=_HELP)(report_cmd)
+
+
+_HELP = ("Write one self-contained HTML page (no network, inline SVG plots) with the capture summary, audit "
+         "verdicts, headroom, retention pressure and lineage of a trace; each section names the command that "
+         f"reproduces it.\n\n{exit_codes_help()}")
+
+
+@handles_errors
+def report_cmd(
+    trace: Path = typer.Argument(..., help="Trace directory."),
+    out_file: Path = typer.Option(..., "--out", "-o", help="HTML file to write (atomically)."),
+    capacity_blocks: CapacityOption = None,
+    engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
+    as_json: JsonOption = False,
+) -> None:
+    from kmesh_trace.report import write_report
+
+    caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
+    check_out_file(out_file, "--out")
+    data = write_report(trace, out_file, capacities=caps, engine=engine, trace_arg=str(trace))
+    err.print(f"wrote {out_file}", markup=False, highlight=False)
+    if as_json:
+        print_json(data)
