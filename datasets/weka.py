@@ -30,7 +30,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -144,6 +144,10 @@ class WekaReport(ImportReport):
     num_subagents: int = 0
     num_malformed_files: int = 0
     num_malformed_entries: int = 0
+
+    SUMMARY_KEYS: ClassVar[tuple[str, ...]] = (
+        "num_files", "num_families", "num_invocations", "num_subagents", "num_block_hashes", "num_lineage_edges",
+        "num_malformed_files", "num_malformed_entries")
 
     def entry(self, where: str, reason: str) -> None:
         self.num_malformed_entries += 1

@@ -177,6 +177,7 @@ METADATA_FIELDS: dict[str, tuple[str | None, str]] = {
     "token_ids_approximate": (None, "True when the token ids are not the serving model's (an importer tokenized text itself); every report on the trace says so."),
     "tokenizer": (None, "How an importer turned text into token ids (e.g. utf-8-bytes, or tokenizers:FILE sha256:...)."),
     "arrival": (None, "How an importer placed conversations on one time axis (e.g. users:8, stagger:30, as-recorded)."),
+    "duplicate_records": (None, "file:line of each exact duplicate record an importer imported once (first 1000), with the line it repeats."),
     "import_counts": (None, "What an importer read, imported, skipped and merged (files, entries, duplicates), by name."),
 }
 
