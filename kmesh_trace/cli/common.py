@@ -89,3 +89,14 @@ def progress(transient: bool = True):
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TimeRemainingColumn(), console=err, transient=transient)
+
+
+def approximate_tokens_note(trace) -> str | None:
+    """Say on stderr (and return) that a trace's token ids are an importer's approximation, when they are."""
+    names = sorted({str(m.get("tokenizer")) for m in trace.engines.values() if m.get("token_ids_approximate")})
+    if not names:
+        return None
+    note = (f"token ids are approximate: the importer tokenized text with {', '.join(names)}, not the serving "
+            "model's tokenizer, so block and token counts are estimates")
+    err.print(f"note: {note}", markup=False, highlight=False)
+    return note

@@ -68,6 +68,10 @@ def info_cmd(
 ) -> None:
     """Tables, row counts and engine metadata of a trace."""
     info = _trace_info(trace)
+    notes = [m["tokenizer"] for m in info["engines"].values() if m.get("token_ids_approximate")]
+    if notes:
+        info["note"] = (f"token ids are approximate: the importer tokenized text with {', '.join(map(str, notes))}, "
+                        "not the serving model's tokenizer")
     if as_json:
         print_json(info)
         return
@@ -89,6 +93,8 @@ def info_cmd(
                 v = json.dumps(v)
             mt.add_row(k, str(v))
         out.print(mt)
+    if notes:
+        err.print(f"note: {info['note']}", markup=False, highlight=False)
 
 
 @handles_errors

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import check_out_file, err, handles_errors, out, parse_ints, print_json
+from kmesh_trace.cli.common import approximate_tokens_note, check_out_file, err, handles_errors, out, parse_ints, print_json
 from kmesh_trace.errors import KmeshTraceError
 
 
@@ -50,18 +50,26 @@ def headroom_cmd(
 
         reqs = fork_tree_requests(aligned=scenario is Scenario.fork_tree)
         result = headroom_of_requests(reqs, BLOCK_SIZE, caps, names, num_usable_blocks=NUM_USABLE_BLOCKS)
+        approximate = None
     else:
         from kmesh_trace.trace import open_trace
 
         with open_trace(trace) as t:
             result = headroom(t, caps, names, engine=engine)
+            approximate = approximate_tokens_note(t)
+        if approximate:
+            result.notes.append(approximate)
     if plot is not None:
         plot_headroom(result, plot)
         err.print(f"wrote {plot}")
     for note in result.notes:
-        err.print(f"note: {note}")
+        if note != approximate:  # already said
+            err.print(f"note: {note}")
     if as_json:
-        print_json(result.to_dict())
+        d = result.to_dict()
+        if approximate:
+            d["note"] = approximate
+        print_json(d)
         return
     d = result.to_dict()
     rt = RichTable(title=f"headroom ({d['block_size']}-token blocks)", title_justify="left")

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import check_out_file, err, handles_errors, out, parse_ints, print_json
+from kmesh_trace.cli.common import approximate_tokens_note, check_out_file, err, handles_errors, out, parse_ints, print_json
 from kmesh_trace.errors import KmeshTraceError
 
 MAX_FAMILY_ROWS = 20
@@ -23,6 +23,7 @@ class Scenario(str, Enum):
 class Edges(str, Enum):
     declared = "declared"
     inferred = "inferred"
+    content = "content"
 
 
 def register(app: typer.Typer) -> None:
@@ -33,7 +34,7 @@ def register(app: typer.Typer) -> None:
 def pressure_cmd(
     trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
     scenario: Optional[Scenario] = typer.Option(None, "--scenario", help="Analyse a built-in scenario instead of a trace."),
-    edges: Edges = typer.Option(Edges.declared, "--edges", help="Families from declared lineage or inferred exact-prefix edges."),
+    edges: Edges = typer.Option(Edges.declared, "--edges", help="Families from declared lineage, inferred exact-prefix edges, or an import's content edges (guessed from text)."),
     expiry_s: Optional[float] = typer.Option(None, "--expiry-s", help="Release a hold this many seconds after it was taken (needs trace times)."),
     max_held_blocks: Optional[int] = typer.Option(None, "--max-held-blocks", help="Refuse a hold that would put more blocks under hold."),
     max_families: Optional[int] = typer.Option(None, "--max-families", help="Refuse a hold that would make more families hold at once."),
@@ -60,12 +61,14 @@ def pressure_cmd(
         from kmesh_trace.datasets.hold_stress import hold_stress
 
         sc = hold_stress(2 if scenario is Scenario.hold_stress_x2 else 1)
+        approximate = None
         reqs, block_size, usable, lineage = sc.request_blocks(), sc.block_size, sc.num_usable_blocks, None
     else:
         from kmesh_trace.trace import open_trace
 
         with open_trace(trace) as t:
-            ts = trace_stream(t, engine)
+            ts = trace_stream(t, engine, "content" if edges is Edges.content else "exact_prefix")
+            approximate = approximate_tokens_note(t)
         reqs, block_size, usable, lineage = ts.requests, ts.block_size, ts.num_usable_blocks, ts.lineage
     num_timed = sum(r.arrival_ns is not None and r.finish_ns is not None for r in reqs)
     if 0 < num_timed < len(reqs):
@@ -81,7 +84,8 @@ def pressure_cmd(
             plot_pressure_sweep(points, plot, block_size)
             err.print(f"wrote {plot}")
         if as_json:
-            print_json({"block_size": block_size, "edges": edges.value, "sweep": [p.to_dict() for p in points]})
+            print_json({"block_size": block_size, "edges": edges.value, "sweep": [p.to_dict() for p in points]}
+                       | ({"note": approximate} if approximate else {}))
             return
         rt = RichTable(title=f"retention pressure by capacity ({block_size}-token blocks, {edges.value} edges)",
                        title_justify="left")
@@ -94,6 +98,8 @@ def pressure_cmd(
         return
     res = what_if(reqs, block_size=block_size, num_usable_blocks=usable, **opts)
     d = res.to_dict(per_request=per_request)
+    if approximate:
+        d["note"] = approximate
     if as_json:
         print_json(d)
         return
