@@ -54,6 +54,7 @@ _COMMAND_MODULES = [
     "kmesh_trace.cli.replay",  # replay probe|prepare|run
     "kmesh_trace.cli.demo",  # demo
     "kmesh_trace.cli.audit",  # audit corpus|capture
+    "kmesh_trace.cli.lineage",  # lineage
 ]
 
 for _name in _COMMAND_MODULES:
