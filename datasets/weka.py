@@ -26,6 +26,8 @@ How the import reads it (docs/IMPORT.md says why):
 from __future__ import annotations
 
 import heapq
+from array import array
+from concurrent.futures import Future, ThreadPoolExecutor
 import json
 import math
 from dataclasses import dataclass
@@ -37,7 +39,8 @@ import pyarrow as pa
 
 from kmesh_trace.datasets.importer import ImportReport, RecordError, require_hash_list, require_int, require_number
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
-from kmesh_trace.writer import TraceWriter, to_contract
+from kmesh_trace import schema
+from kmesh_trace.writer import TraceWriter
 
 FORMAT = "weka"
 DEFAULT_ARRIVAL = "users:8"
@@ -47,7 +50,7 @@ LOCAL_ID_BITS = 40
 MAX_FILES = 1 << (63 - LOCAL_ID_BITS)
 #: A Parquet part is written once this many rows or block ids are pending.
 ROWS_PER_PART = 200_000
-IDS_PER_PART = 4_000_000
+IDS_PER_PART = 1_000_000
 _TYPES = ("n", "s", "subagent")
 
 
@@ -229,20 +232,27 @@ class _FileReader:
         self.walk(e.get("requests"), sub, f"{where}.requests")
 
 
-def _hash_values(reader: _FileReader, scope: str, ordinal: int) -> np.ndarray:
-    """All good requests' ids, flat in file order, namespaced; bad requests are dropped (and counted)."""
+def _hash_values(reader: _FileReader, scope: str, ordinal: int, maybe_bools: bool) -> np.ndarray:
+    """All good requests' ids, flat in file order, namespaced; bad requests are dropped (and counted).
+
+    Fast path: one C-level conversion of the whole file's ids (`array('q')` refuses floats, nulls and
+    values beyond int64, but takes booleans as 0/1, so it runs only on files without a JSON true or
+    false anywhere); any doubt sends the file to the plain request-by-request check."""
     reqs = reader.reqs
-    flat: list = []
-    for r in reqs:
-        flat.extend(r.hashes)
-    try:  # one Arrow conversion for the whole file; doubtful files are checked request by request
-        arr = pa.array(flat)
-        ok = arr.null_count == 0 and (len(arr) == 0 or pa.types.is_int64(arr.type))
-        values = arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) if ok else None
-        ok = ok and (values.size == 0 or (values.min() >= 0 and (scope == "global" or values.max() < 1 << LOCAL_ID_BITS)))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
-        ok = False
-    if not ok:
+    values = None
+    if not maybe_bools:
+        flat: list = []
+        for r in reqs:
+            flat.extend(r.hashes)
+        try:
+            values = np.frombuffer(array("q", flat), np.int64) if flat else np.zeros(0, np.int64)
+        except (TypeError, OverflowError):
+            values = None
+        del flat
+        if values is not None and values.size and (
+                values.min() < 0 or (scope == "local" and values.max() >= 1 << LOCAL_ID_BITS)):
+            values = None
+    if values is None:
         good = []
         for r in reqs:
             try:
@@ -257,9 +267,9 @@ def _hash_values(reader: _FileReader, scope: str, ordinal: int) -> np.ndarray:
         reader.reqs = good
         flat = [h for r in good for h in r.hashes]
         values = np.array(flat, dtype=np.int64) if flat else np.zeros(0, np.int64)
-    values = values.astype(np.uint64)
+    values = values.view(np.uint64)
     if scope == "local":
-        values |= np.uint64(LOCAL_BIT | ordinal << LOCAL_ID_BITS)
+        values = values | np.uint64(LOCAL_BIT | ordinal << LOCAL_ID_BITS)
     return values
 
 
@@ -291,14 +301,25 @@ def _latest_at_or_before(items: list[tuple[float, int]], t: float, before: int) 
     return best
 
 
+#: The invocation columns an import fills, typed as the contract types them (the writer adds the rest).
+_FILE_SCHEMA = pa.schema([schema.INVOCATIONS.column(c).field() for c in (
+    "request_id", "seq", "family_id", "parent_id", "num_prompt_tokens", "num_output_tokens", "prompt_block_hashes",
+    "arrival_ns", "first_token_ns", "finish_ns", "status", "agent_id", "agent_type")])
+
+
 class _Batch:
-    """Tables waiting to become one Parquet part each of invocations and lineage."""
+    """Tables waiting to become one Parquet part each of invocations and lineage.
+
+    Parts are encoded and written on one background thread (Arrow and zstd release the GIL), so the
+    next files are parsed meanwhile; at most one batch is in flight, which bounds memory."""
 
     def __init__(self, writer: TraceWriter):
         self.writer = writer
         self.inv: list[pa.Table] = []
         self.edges: list[dict] = []
         self.rows = self.ids = 0
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kmesh-import-writer")
+        self._pending: Future | None = None
 
     def add(self, inv: pa.Table, edges: list[dict], num_ids: int) -> None:
         self.inv.append(inv)
@@ -309,11 +330,28 @@ class _Batch:
             self.flush()
 
     def flush(self) -> None:
-        if self.inv:
-            self.writer.write("invocations", pa.concat_tables(self.inv))
-        if self.edges:
-            self.writer.write("lineage", self.edges)
+        self.wait()
+        inv, edges = self.inv, self.edges
         self.inv, self.edges, self.rows, self.ids = [], [], 0, 0
+        if inv or edges:
+            self._pending = self._pool.submit(self._write, inv, edges)
+
+    def _write(self, inv: list[pa.Table], edges: list[dict]) -> None:
+        if inv:
+            self.writer.write("invocations", pa.concat_tables(inv))
+        if edges:
+            self.writer.write("lineage", edges)
+
+    def wait(self) -> None:
+        """Block until the batch in flight is written; re-raise its error."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> None:
+        self.flush()
+        self.wait()
+        self._pool.shutdown()
 
 
 def _file_table(fid: str, reader: _FileReader, values: np.ndarray, first_seq: int, start_s: float,
@@ -325,10 +363,12 @@ def _file_table(fid: str, reader: _FileReader, values: np.ndarray, first_seq: in
     order = sorted(range(len(reqs)), key=lambda i: (reqs[i].t, i))
     reqs_sorted = [reqs[i] for i in order]
     # Reorder the flat ids by time without a Python loop over ids.
-    idx = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in order]) if len(values) else np.zeros(0, np.int64)
+    if order != list(range(len(reqs))):
+        values = values[np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in order])]
+        lengths = lengths[order]
     new_offsets = np.zeros(len(reqs) + 1, np.int32)
-    np.cumsum(lengths[order] if order else lengths, out=new_offsets[1:])
-    hashes = pa.ListArray.from_arrays(pa.array(new_offsets, pa.int32()), pa.array(values[idx], pa.uint64()))
+    np.cumsum(lengths, out=new_offsets[1:])
+    hashes = pa.ListArray.from_arrays(pa.array(new_offsets, pa.int32()), pa.array(values, pa.uint64()))
     threads = reader.threads
     counters: dict[int, int] = {}
     ids = []
@@ -344,7 +384,7 @@ def _file_table(fid: str, reader: _FileReader, values: np.ndarray, first_seq: in
         first_token.append(None if r.ttft is None else a + round(r.ttft * 1e9))
         finish.append(None if r.api_time is None else a + round(r.api_time * 1e9))
     parent_ids = [None if p is None else ids[p] for p in parents]
-    table = to_contract("invocations", {
+    table = pa.Table.from_pydict({
         "request_id": ids,
         "seq": pa.array(range(first_seq, first_seq + len(reqs)), pa.int64()),
         "family_id": [fid] * len(reqs),
@@ -358,7 +398,7 @@ def _file_table(fid: str, reader: _FileReader, values: np.ndarray, first_seq: in
         "status": ["length_capped" if r.stop == "max_tokens" else "finished" for r in reqs_sorted],
         "agent_id": [threads[r.thread].agent_id for r in reqs_sorted],
         "agent_type": [threads[r.thread].agent_type for r in reqs_sorted],
-    })
+    }, schema=_FILE_SCHEMA)
     edges = [{"child_request_id": ids[i], "parent_request_id": parent_ids[i], "declared_parent_id": parent_ids[i],
               "family_id": fid, "edge_kind": "declared"} for i in range(len(ids)) if parent_ids[i] is not None]
     return table, edges
@@ -395,6 +435,7 @@ def import_weka(src: str | Path, out: str | Path, *, engine_id: str = "import-we
         data = path.read_bytes()
         if on_bytes is not None:
             on_bytes(len(data))
+        maybe_bools = b"true" in data or b"false" in data
         try:
             conv = json.loads(data)
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -412,14 +453,14 @@ def import_weka(src: str | Path, out: str | Path, *, engine_id: str = "import-we
         reader = _FileReader(path.name, block_size, report)
         reader.walk(conv.get("requests"), reader.threads[0], "requests")
         del conv
-        values = _hash_values(reader, scope, ordinal)
+        values = _hash_values(reader, scope, ordinal, maybe_bools)
         table, edges = _file_table(fid, reader, values, report.num_invocations, clock.start(reader.end), block_size)
         report.num_families += 1
         report.num_invocations += table.num_rows
         report.num_block_hashes += len(values)
         report.num_lineage_edges += len(edges)
         batch.add(table, edges, len(values))
-    batch.flush()
+    batch.close()
     writer.update_metadata(block_size=report.block_size, num_malformed_lines=report.num_malformed_lines,
                            malformed_lines=report.malformed_lines, import_counts=_counts(report))
     writer.close()
