@@ -146,9 +146,10 @@ def bench_size(src: Path, work: Path, min_ids: int, pairs: int) -> dict:
     per_id, per_id_col = parquet_bytes(trace, imp[-1]["block_ids"])
     b = statistics.median(x["seconds"] for x in base)
     m = statistics.median(x["seconds"] for x in imp)
+    best = min(x["seconds"] for x in imp) / min(x["seconds"] for x in base)
     shutil.rmtree(corpus)
     return {"files": files, "block_ids": imp[-1]["block_ids"], "requests": imp[-1]["requests"],
-            "malformed": imp[-1]["malformed"], "baseline_s": b, "import_s": m, "ratio": m / b,
+            "malformed": imp[-1]["malformed"], "baseline_s": b, "import_s": m, "ratio": m / b, "ratio_min": best,
             "bytes_per_id": per_id, "bytes_per_id_hash_column": per_id_col,
             "baseline_peak_rss": max(x["peak_rss"] for x in base), "import_peak_rss": max(x["peak_rss"] for x in imp),
             "trace": str(trace)}
@@ -159,8 +160,8 @@ def main() -> int:
     ap.add_argument("--src", type=Path, default=default_src())
     ap.add_argument("--block-ids", type=int, default=10_000_000)
     ap.add_argument("--small-block-ids", type=int, default=1_000_000)
-    ap.add_argument("--pairs", type=int, default=2, help="baseline/import pairs per size (A B B A)")
-    ap.add_argument("--capacity-blocks", type=int, default=65536)
+    ap.add_argument("--pairs", type=int, default=3, help="baseline/import pairs per size (A B B A)")
+    ap.add_argument("--capacity-blocks", type=int, default=4096)
     ap.add_argument("--skip-headroom", action="store_true")
     args = ap.parse_args()
     if not args.src.is_dir():
@@ -168,6 +169,7 @@ def main() -> int:
         return 1
     work = Path(tempfile.mkdtemp(prefix="kmesh-agentic-bench-", dir="/tmp"))
     mib = 1 << 20
+    print("load average at start: {:.2f} {:.2f} {:.2f} on {} CPUs".format(*os.getloadavg(), os.cpu_count()))
     try:
         sizes = {}
         for n in (args.small_block_ids, args.block_ids):
@@ -176,7 +178,7 @@ def main() -> int:
                   f"{r['malformed']} malformed")
             print(f"  baseline read + json.loads: median {r['baseline_s']:.2f} s, peak RSS {r['baseline_peak_rss'] / mib:.0f} MiB")
             print(f"  import weka:                median {r['import_s']:.2f} s, peak RSS {r['import_peak_rss'] / mib:.0f} MiB")
-            print(f"  ratio import/baseline:      {r['ratio']:.2f}  (goal <= 1.5)")
+            print(f"  ratio import/baseline:      {r['ratio']:.2f} (medians), {r['ratio_min']:.2f} (min/min)  (goal <= 1.5)")
             print(f"  Parquet bytes per block id: {r['bytes_per_id']:.3f} (whole invocations table), "
                   f"{r['bytes_per_id_hash_column']:.3f} (hash column)  (goal <= 4)")
         small, large = sizes[args.small_block_ids], sizes[args.block_ids]
@@ -200,6 +202,7 @@ def main() -> int:
             raise SystemExit(p.stderr[-2000:])
         rss_kib = int(p.stderr.strip().splitlines()[-1])
         print(f"  kmesh-trace headroom (all four): {dt:.2f} s, peak RSS {rss_kib / 1024:.0f} MiB")
+        print("load average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
