@@ -72,6 +72,7 @@ def info_cmd(
     if notes:
         info["note"] = (f"token ids are approximate: the importer tokenized text with {', '.join(map(str, notes))}, "
                         "not the serving model's tokenizer")
+        err.print(f"note: {info['note']}", markup=False, highlight=False)
     if as_json:
         print_json(info)
         return
@@ -93,8 +94,6 @@ def info_cmd(
                 v = json.dumps(v)
             mt.add_row(k, str(v))
         out.print(mt)
-    if notes:
-        err.print(f"note: {info['note']}", markup=False, highlight=False)
 
 
 @handles_errors
