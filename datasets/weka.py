@@ -26,7 +26,8 @@ How the import reads it (docs/IMPORT.md says why):
 from __future__ import annotations
 
 import heapq
-from array import array
+import re
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 import json
 import math
@@ -122,7 +123,9 @@ class _Req:
     where: str
     n_in: int
     n_out: int | None
-    hashes: list
+    hashes: list | None  # the parsed ids (plain path only)
+    start: int  # first position of the request's ids in the file's id array
+    end: int
     api_time: float | None
     ttft: float | None
     stop: Any
@@ -175,18 +178,74 @@ def _opt_str(obj: dict, key: str) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
-class _FileReader:
-    """Walks one conversation's entries into requests and threads, counting every bad entry."""
+class _NotFast(Exception):
+    """The fast path cannot vouch for a file; it is read again the plain way."""
 
-    def __init__(self, name: str, block_size: int, report: WekaReport):
-        self.name, self.block_size, self.report = name, block_size, report
+
+_IDS_KEY = b'"hash_ids":['
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def split_ids(data: bytes) -> tuple[bytes, list[int], np.ndarray]:
+    """Cut every `"hash_ids":[digits and commas]` out of a file's JSON text, parsing the ids with numpy.
+
+    Returns (the text with each such list replaced by the placeholder -1-k, the number of ids of
+    list k, all ids in list order). A list holding anything but digits and commas is left in the
+    text. Raises _NotFast when the numbers are not what JSON would read (empty items, leading
+    zeros, values beyond int64); the caller checks that every placeholder lands in a request."""
+    parts, counts, bodies = [], [], []
+    pos, n_key = 0, len(_IDS_KEY)
+    find = data.find
+    while (i := find(_IDS_KEY, pos)) >= 0:
+        j = find(b"]", i + n_key)
+        if j < 0:
+            break
+        body = data[i + n_key:j]
+        if body.translate(None, b"0123456789,"):
+            parts.append(data[pos:j + 1])
+        else:
+            parts.append(data[pos:i + n_key - 1])
+            parts.append(b"%d" % (-1 - len(counts)))
+            counts.append(body.count(b",") + 1 if body else 0)
+            if body:
+                bodies.append(body)
+        pos = j + 1
+    parts.append(data[pos:])
+    joined = b",".join(bodies)
+    if joined.startswith(b"0") and joined[1:2].isdigit() or re.search(rb",0[0-9]", joined):
+        raise _NotFast("a leading zero")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy warns of data it could not read; the count below decides
+            values = np.fromstring(joined, dtype=np.int64, sep=",") if joined else np.zeros(0, np.int64)
+    except ValueError:
+        raise _NotFast("an empty item") from None
+    if len(values) != sum(counts) or (len(values) and values.max() == _INT64_MAX):
+        raise _NotFast("an empty item or a value beyond int64")
+    return b"".join(parts), counts, values
+
+
+class _FileReader:
+    """Walks one conversation's entries into requests and threads, keeping every bad entry.
+
+    With `spans` (from `split_ids`), each request's `hash_ids` must be a placeholder of one id list,
+    used once; anything else raises _NotFast. Without, `hash_ids` is the parsed list (plain path)."""
+
+    def __init__(self, name: str, block_size: int, spans: list[int] | None = None):
+        self.name, self.block_size = name, block_size
         self.reqs: list[_Req] = []
         self.threads: list[_Thread] = [_Thread(0, None, 0.0, None, None, "m")]
         self.end = 0.0  # latest known finish, seconds from the conversation's start
+        self.bad: list[tuple[str, str]] = []
+        self.spans = spans
+        if spans is not None:
+            self.span_start = np.zeros(len(spans) + 1, np.int64)
+            np.cumsum(spans, out=self.span_start[1:])
+            self.span_used = [False] * len(spans)
 
     def walk(self, entries: Any, thread: _Thread, path: str) -> None:
         if not isinstance(entries, list):
-            self.report.entry(f"{self.name}: {path}", "field requests missing or not a list")
+            self.bad.append((path, "field requests missing or not a list"))
             return
         for i, e in enumerate(entries):
             where = f"{path}[{i}]"
@@ -204,19 +263,30 @@ class _FileReader:
                     continue
                 n_in = require_int(e, "in", minimum=1)
                 n_out = require_int(e, "out") if e.get("out") is not None else None
-                hashes = e.get("hash_ids")
-                if type(hashes) is not list:
-                    raise RecordError("field hash_ids missing or not a list")
-                if len(hashes) != n_in // self.block_size:
-                    raise RecordError(f"hash_ids has {len(hashes)} entries but in {n_in} // block_size "
+                hashes, start, n_ids = self._ids(e.get("hash_ids"))
+                if n_ids != n_in // self.block_size:
+                    raise RecordError(f"hash_ids has {n_ids} entries but in {n_in} // block_size "
                                       f"{self.block_size} is {n_in // self.block_size}")
                 api, ttft = _opt_number(e, "api_time"), _opt_number(e, "ttft")
             except RecordError as err:
-                self.report.entry(f"{self.name}: {where}", str(err))
+                self.bad.append((where, str(err)))
                 continue
             t_abs = thread.start + t
-            self.reqs.append(_Req(t_abs, len(self.reqs), thread.number, where, n_in, n_out, hashes, api, ttft, e.get("stop")))
+            self.reqs.append(_Req(t_abs, len(self.reqs), thread.number, where, n_in, n_out, hashes, start,
+                                  start + n_ids, api, ttft, e.get("stop")))
             self.end = max(self.end, t_abs + (api or 0.0))
+
+    def _ids(self, h: Any) -> tuple[list | None, int, int]:
+        """(the id list on the plain path, first position in the file's ids on the fast path, count)."""
+        if self.spans is None:
+            if type(h) is not list:
+                raise RecordError("field hash_ids missing or not a list")
+            return h, 0, len(h)
+        if type(h) is not int or h >= 0 or -1 - h >= len(self.spans) or self.span_used[-1 - h]:
+            raise _NotFast("hash_ids is not one of the lists cut out of the text")
+        k = -1 - h
+        self.span_used[k] = True
+        return None, int(self.span_start[k]), self.spans[k]
 
     def _subagent(self, e: dict, thread: _Thread, where: str, t: float) -> None:
         agent_id = _opt_str(e, "agent_id")
@@ -225,48 +295,83 @@ class _FileReader:
             else f"sub{number}"
         sub = _Thread(number, thread.number, thread.start + t, agent_id, _opt_str(e, "subagent_type"), label)
         self.threads.append(sub)
-        self.report.num_subagents += 1
         dur = e.get("duration_ms")
         if isinstance(dur, (int, float)) and not isinstance(dur, bool) and math.isfinite(dur) and dur >= 0:
             self.end = max(self.end, sub.start + dur / 1000)
         self.walk(e.get("requests"), sub, f"{where}.requests")
 
+    def finish_fast(self, values: np.ndarray, scope: str) -> np.ndarray:
+        """The fast path's ids, once every list was used by a request and every id is in range."""
+        if not all(self.span_used):
+            raise _NotFast("an id list outside a request")
+        if len(values) and (values.min() < 0 or (scope == "local" and values.max() >= 1 << LOCAL_ID_BITS)):
+            raise _NotFast("ids out of range")
+        return values
 
-def _hash_values(reader: _FileReader, scope: str, ordinal: int, maybe_bools: bool) -> np.ndarray:
-    """All good requests' ids, flat in file order, namespaced; bad requests are dropped (and counted).
-
-    Fast path: one C-level conversion of the whole file's ids (`array('q')` refuses floats, nulls and
-    values beyond int64, but takes booleans as 0/1, so it runs only on files without a JSON true or
-    false anywhere); any doubt sends the file to the plain request-by-request check."""
-    reqs = reader.reqs
-    values = None
-    if not maybe_bools:
-        flat: list = []
-        for r in reqs:
-            flat.extend(r.hashes)
-        try:
-            values = np.frombuffer(array("q", flat), np.int64) if flat else np.zeros(0, np.int64)
-        except (TypeError, OverflowError):
-            values = None
-        del flat
-        if values is not None and values.size and (
-                values.min() < 0 or (scope == "local" and values.max() >= 1 << LOCAL_ID_BITS)):
-            values = None
-    if values is None:
-        good = []
-        for r in reqs:
+    def finish_plain(self, scope: str) -> np.ndarray:
+        """Check every id of every request one by one; drop (and keep as bad) the requests that fail."""
+        good, flat = [], []
+        for r in self.reqs:
             try:
                 require_hash_list({"hash_ids": r.hashes}, "hash_ids")
                 if r.hashes and scope == "global" and max(r.hashes) >= LOCAL_BIT:
                     raise RecordError("a global hash id is 2^63 or more (that range holds namespaced local ids)")
                 if r.hashes and scope == "local" and max(r.hashes) >= 1 << LOCAL_ID_BITS:
                     raise RecordError(f"a local hash id is 2^{LOCAL_ID_BITS} or more and cannot be namespaced")
-                good.append(r)
             except RecordError as err:
-                reader.report.entry(f"{reader.name}: {r.where}", str(err))
-        reader.reqs = good
-        flat = [h for r in good for h in r.hashes]
-        values = np.array(flat, dtype=np.int64) if flat else np.zeros(0, np.int64)
+                self.bad.append((r.where, str(err)))
+                continue
+            r.start, r.end = len(flat), len(flat) + len(r.hashes)
+            flat.extend(r.hashes)
+            good.append(r)
+        self.reqs = good
+        self.bad.sort(key=lambda b: _path_key(b[0]))
+        return np.array(flat, dtype=np.uint64).view(np.int64) if flat else np.zeros(0, np.int64)
+
+
+def _path_key(where: str) -> list[int]:
+    """Document order of an entry path such as requests[3].requests[1]."""
+    return [int(x) for x in re.findall(r"\[(\d+)\]", where)]
+
+
+def read_conversation(data: bytes, name: str, ordinal: int, block_size: int | None, families: set[str],
+                      fast: bool = True) -> tuple[dict, _FileReader, np.ndarray] | str:
+    """(the file's top-level fields, its requests, its namespaced ids in file order), or why the file is
+    malformed. The fast path cuts the id lists out of the text before `json.loads`; the plain path
+    (the reference, and where the fast one has any doubt) parses the whole text and checks every id."""
+    if fast:
+        try:
+            text, spans, values = split_ids(data)
+            conv = json.loads(text)
+            problem = _check_file(conv, block_size, families)
+            if problem:
+                raise _NotFast(problem)
+            scope = conv.get("hash_id_scope") or "local"
+            reader = _FileReader(name, conv["block_size"], spans)
+            reader.walk(conv["requests"], reader.threads[0], "requests")
+            values = reader.finish_fast(values, scope)
+            return _top(conv), reader, _namespace(values, scope, ordinal)
+        except (_NotFast, UnicodeDecodeError, ValueError, RecursionError):
+            pass
+    try:
+        conv = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        return f"not JSON ({type(e).__name__})"
+    problem = _check_file(conv, block_size, families)
+    if problem:
+        return problem
+    scope = conv.get("hash_id_scope") or "local"
+    reader = _FileReader(name, conv["block_size"])
+    reader.walk(conv["requests"], reader.threads[0], "requests")
+    values = reader.finish_plain(scope)
+    return _top(conv), reader, _namespace(values, scope, ordinal)
+
+
+def _top(conv: dict) -> dict:
+    return {"id": conv["id"], "block_size": conv["block_size"]}
+
+
+def _namespace(values: np.ndarray, scope: str, ordinal: int) -> np.ndarray:
     values = values.view(np.uint64)
     if scope == "local":
         values = values | np.uint64(LOCAL_BIT | ordinal << LOCAL_ID_BITS)
@@ -357,18 +462,17 @@ class _Batch:
 def _file_table(fid: str, reader: _FileReader, values: np.ndarray, first_seq: int, start_s: float,
                 block_size: int) -> tuple[pa.Table, list[dict]]:
     reqs = reader.reqs
-    lengths = np.fromiter((len(r.hashes) for r in reqs), np.int64, len(reqs))
-    offsets = np.zeros(len(reqs) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
     order = sorted(range(len(reqs)), key=lambda i: (reqs[i].t, i))
     reqs_sorted = [reqs[i] for i in order]
-    # Reorder the flat ids by time without a Python loop over ids.
-    if order != list(range(len(reqs))):
-        values = values[np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in order])]
-        lengths = lengths[order]
-    new_offsets = np.zeros(len(reqs) + 1, np.int32)
-    np.cumsum(lengths, out=new_offsets[1:])
-    hashes = pa.ListArray.from_arrays(pa.array(new_offsets, pa.int32()), pa.array(values, pa.uint64()))
+    lengths = np.fromiter((r.end - r.start for r in reqs_sorted), np.int64, len(reqs))
+    starts = np.fromiter((r.start for r in reqs_sorted), np.int64, len(reqs))
+    offsets = np.zeros(len(reqs) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if len(reqs) and not (starts == offsets[:-1]).all():  # not already in file order, back to back
+        values = values[np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])]
+    elif len(reqs):
+        values = values[:offsets[-1]]
+    hashes = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(values, pa.uint64()))
     threads = reader.threads
     counters: dict[int, int] = {}
     ids = []
@@ -414,8 +518,9 @@ def conversation_files(src: Path) -> list[Path]:
 
 
 def import_weka(src: str | Path, out: str | Path, *, engine_id: str = "import-weka", arrival: str | Arrival = DEFAULT_ARRIVAL,
-                on_bytes: Callable[[int], None] | None = None) -> WekaReport:
-    """Import a directory of kv-cache-tester conversation files (or one file); see the module docstring."""
+                on_bytes: Callable[[int], None] | None = None, fast: bool = True) -> WekaReport:
+    """Import a directory of kv-cache-tester conversation files (or one file); see the module docstring.
+    `fast=False` reads every file the plain way (the reference the fast path is tested against)."""
     src = Path(src)
     arrival = arrival if isinstance(arrival, Arrival) else Arrival.parse(arrival)
     files = conversation_files(src)
@@ -435,31 +540,25 @@ def import_weka(src: str | Path, out: str | Path, *, engine_id: str = "import-we
         data = path.read_bytes()
         if on_bytes is not None:
             on_bytes(len(data))
-        maybe_bools = b"true" in data or b"false" in data
-        try:
-            conv = json.loads(data)
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            report.bad_file(path.name, f"not JSON ({type(e).__name__})")
-            continue
+        got = read_conversation(data, path.name, ordinal, report.block_size, families, fast)
         del data
-        problem = _check_file(conv, report.block_size, families)
-        if problem:
-            report.bad_file(path.name, problem)
+        if isinstance(got, str):
+            report.bad_file(path.name, got)
             continue
-        fid, block_size = conv["id"], conv["block_size"]
-        scope = conv.get("hash_id_scope") or "local"
+        top, reader, values = got
+        fid, block_size = top["id"], top["block_size"]
         report.block_size = block_size
         families.add(fid)
-        reader = _FileReader(path.name, block_size, report)
-        reader.walk(conv.get("requests"), reader.threads[0], "requests")
-        del conv
-        values = _hash_values(reader, scope, ordinal, maybe_bools)
+        for where, why in reader.bad:
+            report.entry(f"{path.name}: {where}", why)
+        report.num_subagents += len(reader.threads) - 1
         table, edges = _file_table(fid, reader, values, report.num_invocations, clock.start(reader.end), block_size)
         report.num_families += 1
         report.num_invocations += table.num_rows
-        report.num_block_hashes += len(values)
+        num_ids = sum(r.end - r.start for r in reader.reqs)
+        report.num_block_hashes += num_ids
         report.num_lineage_edges += len(edges)
-        batch.add(table, edges, len(values))
+        batch.add(table, edges, num_ids)
     batch.close()
     writer.update_metadata(block_size=report.block_size, num_malformed_lines=report.num_malformed_lines,
                            malformed_lines=report.malformed_lines, import_counts=_counts(report))

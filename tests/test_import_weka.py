@@ -277,3 +277,60 @@ def test_duplicate_file_id_and_block_size_change_are_malformed_files(tmp_path):
     assert rep.num_invocations == 1 and rep.num_malformed_files == 2
     assert rep.malformed_lines == ["b.json: id 'a' repeats an earlier file's",
                                    "c.json: block_size 8 differs from the 4 of the files before it (one trace, one block size)"]
+
+
+# ---- the fast path (ids cut out of the text) agrees with the plain path ------------------------
+
+def _tables(path):
+    t = open_trace(path)
+    return (t.frame("invocations").drop("engine").sort("seq").to_dicts(),
+            t.frame("lineage").drop("engine").sort("child_request_id").to_dicts(), t.metadata["malformed_lines"])
+
+
+def assert_fast_equals_plain(tmp_path, src, **kw):
+    fast = import_weka(src, tmp_path / "fast", **kw).to_dict()
+    plain = import_weka(src, tmp_path / "plain", fast=False, **kw).to_dict()
+    assert {k: v for k, v in fast.items() if k != "out"} == {k: v for k, v in plain.items() if k != "out"}
+    assert _tables(tmp_path / "fast") == _tables(tmp_path / "plain")
+    return fast
+
+
+@pytest.mark.shared_data
+def test_fast_equals_plain_on_the_samples(tmp_path, shared_datasets):
+    src = shared_datasets / "weka-claude-code"
+    if not src.is_dir():
+        pytest.skip(f"{src} is absent")
+    assert assert_fast_equals_plain(tmp_path, src)["num_block_hashes"] == 152_091
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fast_equals_plain_on_fuzzed_input(tmp_path, seed):
+    (tmp_path / "f").mkdir()
+    test_fuzzed_malformed_entries_are_all_accounted_for(tmp_path / "f", seed)
+    assert_fast_equals_plain(tmp_path, tmp_path / "f" / "in")
+
+
+@pytest.mark.parametrize("text", [
+    '{"id": "a", "block_size": 4, "requests": [{"t": 0, "type": "n", "in": 8, "hash_ids": [01, 2]}]}',
+    '{"id": "a", "block_size": 4, "requests": [{"t": 0, "type": "n", "in": 8, "hash_ids": [1,,2]}]}',
+    '{"id": "a", "block_size": 4, "requests": [{"t": 0, "type": "n", "in": 8, "hash_ids":[1,2,]}]}',
+    '{"id": "a", "block_size": 4, "x\\"hash_ids":[1], "requests": [{"t": 0, "type": "n", "in": 4, "hash_ids":[1]}]}',
+    '{"id": "a", "block_size": 4, "hash_ids":[5], "requests": [{"t": 0, "type": "n", "in": 4, "hash_ids":[1]}]}',
+    '{"id": "a", "block_size": 4, "requests": [{"t": 0, "type": "n", "in": 4, "hash_ids": -1}, '
+    '{"t": 1, "type": "n", "in": 4, "hash_ids":[3]}]}',
+    '{"id": "a", "block_size": 4, "requests": [{"t": 0, "type": "n", "in": 8, "hash_ids":[1, 2]}, '
+    '{"t": 1, "type": "n", "in": 8, "hash_ids":[1,2]}]}',
+    '{"id": "a", "block_size": 4, "requests": [{"t": 0, "type": "n", "in": 4, "note": "\\"hash_ids\\":[7]", "hash_ids":[9]}]}',
+    '{"id": "a", "block_size": 4, "hash_id_scope": "global", "requests": [{"t": 0, "type": "n", "in": 8, '
+    '"hash_ids":[9223372036854775807,99999999999999999999]}]}',
+    '{"id": "a", "block_size": 4, "hash_id_scope": "global", "requests": [{"t": 0, "type": "n", "in": 4, '
+    '"hash_ids":[9223372036854775808]}]}',
+    '{"id": "a", "block_size": 4, "requests": [{"t": 0, "type": "x", "in": 4, "hash_ids":[1]}, '
+    '{"t": 1, "type": "n", "in": 4, "hash_ids":[2]}]}',
+    '{\n  "id": "a",\n  "block_size": 4,\n  "requests": [\n    {"t": 0, "type": "n", "in": 8, "hash_ids": [\n 1,\n 2\n ]}\n  ]\n}',
+])
+def test_fast_path_doubts_go_the_plain_way(tmp_path, text):
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.json").write_text(text)
+    assert_fast_equals_plain(tmp_path, d)
