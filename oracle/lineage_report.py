@@ -147,6 +147,8 @@ def lineage_report(trace, *, edge_kind: str | None = None, engine: str | None = 
         have = ", ".join(sorted(kinds)) or "none"
         raise KmeshTraceError(f"the trace has no {edge_kind} edges (it has: {have}).")
     notes = []
+    if edge_kind is None:
+        notes.append("the trace has no lineage edges (its lineage table is empty)")
     if len(kinds) > 1:
         notes.append(f"the trace has edges of kinds {', '.join(sorted(kinds))}; this report reads {edge_kind} (--edges)")
     cols = ["engine", "request_id", "family_id", "arrival_ns", "finish_ns", "num_prompt_tokens",

@@ -61,9 +61,10 @@ def lineage_cmd(
     if as_json:
         print_json(d)
         return
+    edges_text = (f"{d['num_edges']:,} {d['edge_kind']} edges ({d['num_dangling_edges']:,} dangling)"
+                  if d["edge_kind"] else "no lineage edges")
     out.print(f"{d['num_requests']:,} requests, {d['num_families']:,} families, {d['num_singletons']:,} singletons; "
-              f"{d['num_edges']:,} {d['edge_kind'] or 'no'} edges ({d['num_dangling_edges']:,} dangling), "
-              f"{d['num_parents']:,} parents; block size {d['block_size']}", markup=False, highlight=False)
+              f"{edges_text}, {d['num_parents']:,} parents; block size {d['block_size']}", markup=False, highlight=False)
     dt = RichTable(title="distributions", title_justify="left")
     for h in ("what", "count", "min", "p50", "p90", "p99", "max", "mean"):
         dt.add_column(h, justify="left" if h == "what" else "right")
