@@ -46,6 +46,7 @@ BYTES_TOKENIZER = "utf-8-bytes"
 BYTES_BLOCK_SIZE = 64
 TOKENIZER_BLOCK_SIZE = 16
 ROWS_PER_PART = 20_000
+TOKENS_PER_PART = 1 << 30
 
 
 class ByteTokenizer:
@@ -227,8 +228,17 @@ class _Import:
                     edges.append({"child_request_id": c.request_id, "parent_request_id": p.request_id,
                                   "family_id": c.family_id, "edge_kind": "content",
                                   "num_shared_tokens": _common_prefix(c.prompt, p.prompt, p.output)})
-        for start in range(0, len(records), ROWS_PER_PART):
-            self._write_rows(records[start:start + ROWS_PER_PART])
+        part: list[_Record] = []
+        tokens = 0
+        for r in records:  # parts bounded in rows and in tokens (list offsets are 32-bit)
+            n = len(r.prompt) + len(r.output)
+            if part and (len(part) >= ROWS_PER_PART or tokens + n > TOKENS_PER_PART):
+                self._write_rows(part)
+                part, tokens = [], 0
+            part.append(r)
+            tokens += n
+        if part:
+            self._write_rows(part)
         if edges:
             self.writer.write("lineage", edges)
             self.report.num_lineage_edges += len(edges)
@@ -238,8 +248,7 @@ class _Import:
             offsets = np.zeros(len(arrays) + 1, np.int64)
             np.cumsum([len(a) for a in arrays], out=offsets[1:])
             values = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
-            return pa.LargeListArray.from_arrays(offsets, values).cast(pa.list_(pa.int32())) \
-                if offsets[-1] >= 2**31 else pa.ListArray.from_arrays(offsets.astype(np.int32), values)
+            return pa.ListArray.from_arrays(offsets.astype(np.int32), values)
 
         n = len(rows)
         table = to_contract("invocations", {
