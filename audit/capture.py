@@ -19,6 +19,11 @@
   `num_shared_tokens` is that length (these stop only the retention analysis);
 - recorded drops are zero and the writer closed cleanly (`complete`).
 Each finding is a `Problem` naming the analyses it stops from qualifying.
+
+An imported partition (`source` import:FORMAT) is no capture: it has no engine and no block events,
+so it never qualifies, and its `seq` is the import order (a warning, not a clock fault). For each one
+`imports` says what it does support (what-if analyses at a capacity the user gives) and what in it
+stays approximate or modelled (token ids, edges guessed from text, arrival across conversations).
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ class CaptureAudit:
     engines: list[str]
     rows: dict[str, int]
     problems: list[Problem] = field(default_factory=list)
+    #: engine id -> {source, supports, approximate} for imported partitions.
+    imports: dict[str, dict] = field(default_factory=dict)
 
     @property
     def verdict(self) -> dict[str, dict]:
@@ -71,8 +78,11 @@ class CaptureAudit:
         return exit_code(self.problems)
 
     def to_dict(self) -> dict:
-        return {"path": self.path, "engines": self.engines, "rows": self.rows, "verdict": self.verdict,
-                "problems": [p.to_dict() for p in self.problems]}
+        d = {"path": self.path, "engines": self.engines, "rows": self.rows, "verdict": self.verdict,
+             "problems": [p.to_dict() for p in self.problems]}
+        if self.imports:
+            d["imports"] = self.imports
+        return d
 
 
 class _Findings:
@@ -115,8 +125,10 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     touches = _replay_block_events(ev, f)
     _check_cached_tokens(t, inv, touches, f)
     _check_clocks(t, inv, f)
-    _check_lineage(t.frame("lineage"), inv, f)
-    return CaptureAudit(path=str(t.path), engines=sorted(t.engines), rows=rows, problems=f.problems())
+    lineage = t.frame("lineage")
+    _check_lineage(lineage, inv, f)
+    return CaptureAudit(path=str(t.path), engines=sorted(t.engines), rows=rows, problems=f.problems(),
+                        imports=_imports(t, inv, lineage))
 
 
 # ---- metadata and columns --------------------------------------------------------------------
@@ -302,7 +314,11 @@ def _check_clocks(t: Trace, inv, f: _Findings) -> None:
                 "engine", "seq", "request_id", "arrival_ns", "first_scheduled_ns", "first_token_ns", "finish_ns").iter_rows():
             where = f"invocations:{eng}:{rid}"
             if prev[0] == eng and arr is not None and prev[1] is not None and arr < prev[1]:
-                f.add("clock_not_monotonic", "invocation arrival_ns goes back in seq order", where)
+                if _is_import(t, eng):
+                    f.add("import_order", "an import's seq is its import order (file by file), not arrival order; "
+                          "analyses order by arrival_ns", where, severity=WARNING)
+                else:
+                    f.add("clock_not_monotonic", "invocation arrival_ns goes back in seq order", where)
             if arr is not None:
                 prev = (eng, arr)
             times = [x for x in (arr, sched, first, fin) if x is not None]
@@ -345,3 +361,45 @@ def _check_lineage(lin, inv, f: _Findings) -> None:
                   "an exact_prefix edge's child prompt does not start with the parent's prompt + output "
                   "(or num_shared_tokens is not that length)", where, blocks=(RETENTION,))
 
+
+
+# ---- imported partitions -------------------------------------------------------------------
+
+
+def _is_import(t: Trace, engine: str) -> bool:
+    return str(t.engines.get(engine, {}).get("source", "")).startswith("import:")
+
+
+def _imports(t: Trace, inv, lineage) -> dict[str, dict]:
+    """What each imported partition supports, and what in it is approximate or modelled."""
+    import polars as pl
+
+    out = {}
+    for eng, meta in sorted(t.engines.items()):
+        if not _is_import(t, eng):
+            continue
+        rows = inv.filter(pl.col("engine") == eng) if inv.height else inv
+        kinds = sorted(set(lineage.filter(pl.col("engine") == eng).get_column("edge_kind").to_list())) if lineage.height else []
+        has_tokens = rows.height > 0 and rows.get_column("prompt_token_ids").null_count() < rows.height
+        has_finish = rows.height > 0 and rows.get_column("finish_ns").null_count() < rows.height
+        supports = ["headroom what-if: the policies and the Belady bound at a capacity you give (--capacity-blocks); "
+                    "no stock, since no engine served this trace"]
+        approximate = []
+        if meta.get("token_ids_approximate"):
+            approximate.append(f"token ids come from the importer's tokenizer ({meta.get('tokenizer')}), not the "
+                               "serving model's: block counts and hit tokens are approximate")
+        elif not has_tokens:
+            approximate.append("prompts are block ids from the source (no token ids): block-exact, output blocks unknown")
+        for kind in kinds:
+            edges = "--edges declared" if kind == "declared" else ("--edges inferred" if kind == "exact_prefix" else f"--edges {kind}")
+            supports.append(f"pressure what-if over {kind} edges ({edges}) and the lineage report")
+        if "content" in kinds:
+            approximate.append("content edges are guessed from text (an input extends the previous one, or repeats its "
+                               "output); they are not lineage")
+        if meta.get("arrival"):
+            approximate.append(f"arrival across conversations is modelled ({meta['arrival']}); times within one "
+                               "conversation are as recorded")
+        if not has_finish:
+            approximate.append("no finish times: the replay is sequential and reuse gaps are unknown")
+        out[eng] = {"source": meta.get("source"), "supports": supports, "approximate": approximate}
+    return out

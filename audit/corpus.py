@@ -62,6 +62,30 @@ class _KeyPlan:
         self.output_key = next((k for k in F.OUTPUT_KEYS if k in present), None)
 
 
+def session_record(obj: dict, ts: float | None, where: int, plan: _KeyPlan | None = None) -> SessionRecord:
+    """The session, input and output of one record (the session is the first session key not null)."""
+    plan = plan or _KeyPlan(tuple(obj))
+    session = None
+    for k in plan.session_keys:
+        v = obj[k]
+        if v is not None:
+            session = (k, v if isinstance(v, (str, int, float)) else canonical(v))
+            break
+    inp = obj[plan.input_key] if plan.input_key is not None else None
+    out = obj[plan.output_key] if plan.output_key is not None else None
+    return SessionRecord(session, ts, where, inp, out)
+
+
+def first_timestamp(obj: dict, plan: _KeyPlan | None = None) -> float | None:
+    """The record's first numeric timestamp value, as the audit orders records by."""
+    plan = plan or _KeyPlan(tuple(obj))
+    for k in plan.ts_keys:
+        v = obj[k]
+        if type(v) is int or type(v) is float:
+            return v
+    return None
+
+
 class CorpusChangedError(CorpusUnreadableError):
     """A file changed between two reads of one audit."""
 
@@ -345,16 +369,7 @@ class _Pass:
         return first_ts
 
     def session_record(self, obj: dict, ts: float | None, where: int) -> SessionRecord:
-        plan = self.plan(tuple(obj))
-        session = None
-        for k in plan.session_keys:
-            v = obj[k]
-            if v is not None:
-                session = (k, v if isinstance(v, (str, int, float)) else canonical(v))
-                break
-        inp = obj[plan.input_key] if plan.input_key is not None else None
-        out = obj[plan.output_key] if plan.output_key is not None else None
-        return SessionRecord(session, ts, where, inp, out)
+        return session_record(obj, ts, where, self.plan(tuple(obj)))
 
     # ---- after the pass ----
 

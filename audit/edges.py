@@ -85,27 +85,36 @@ def _order(r: SessionRecord) -> tuple:
     return (r.ts is None, r.ts if r.ts is not None else -math.inf, r.where)
 
 
-def content_edges(records: list[SessionRecord]) -> ContentEdges:
-    out = ContentEdges()
+def sessions(records: list[SessionRecord]) -> dict[tuple, list[SessionRecord]]:
+    """Records grouped by session (without one: by file), each group in timestamp, file, line order."""
     groups: dict[tuple, list[SessionRecord]] = {}
     for r in records:
-        if r.session is None:
-            out.records_without_session += 1
-            key = ("file", r.where >> 32)
-        else:
-            key = ("session",) + r.session
+        key = ("file", r.where >> 32) if r.session is None else ("session",) + r.session
         groups.setdefault(key, []).append(r)
-    out.sessions = len(groups)
     for group in groups.values():
         group.sort(key=_order)
+    return groups
+
+
+def pair_edges(prev: SessionRecord, cur: SessionRecord) -> tuple[bool, bool]:
+    """(input_extends_previous, previous_output_in_next_input) for one consecutive pair."""
+    e1 = extends(prev.input, cur.input)
+    # When the input extends the previous one, a new output lands after it: search there first.
+    start = max(0, len(prev.input) - len(prev.output)) if e1 and type(prev.output) is str else 0
+    return e1, reappears(prev.output, cur.input, start)
+
+
+def content_edges(records: list[SessionRecord]) -> ContentEdges:
+    out = ContentEdges()
+    out.records_without_session = sum(r.session is None for r in records)
+    groups = sessions(records)
+    out.sessions = len(groups)
+    for group in groups.values():
         for prev, cur in zip(group, group[1:]):
             out.pairs += 1
             if prev.ts is not None and prev.ts == cur.ts:
                 out.timestamp_ties += 1
-            e1 = extends(prev.input, cur.input)
-            # When the input extends the previous one, a new output lands after it: search there first.
-            start = max(0, len(prev.input) - len(prev.output)) if e1 and type(prev.output) is str else 0
-            e2 = reappears(prev.output, cur.input, start)
+            e1, e2 = pair_edges(prev, cur)
             out.input_extends_previous += e1
             out.previous_output_in_next_input += e2
             out.pairs_with_edge += e1 or e2

@@ -44,6 +44,8 @@ class RowBuffer:
         return batch
 
     def to_columns(self, batch: list[tuple]) -> dict[str, Any]:
-        """Transpose drained rows into {column: values} for `TraceWriter.write`."""
+        """Transpose drained rows into {column: values} for `TraceWriter.write`. Rows may stop before the
+        table's last columns (nullable ones a later schema added); the writer fills those with nulls."""
+        width = min(len(row) for row in batch) if batch else 0
         # One comprehension per column: several times faster than zip(*batch) on large batches.
-        return {c: [row[i] for row in batch] for i, c in enumerate(self.columns)}
+        return {c: [row[i] for row in batch] for i, c in enumerate(self.columns[:width])}

@@ -17,6 +17,7 @@ from kmesh_trace.errors import KmeshTraceError
 
 if TYPE_CHECKING:
     from kmesh_trace.oracle.headroom import HeadroomResult
+    from kmesh_trace.oracle.lineage_report import LineageReport
     from kmesh_trace.oracle.pressure import SweepPoint
 
 PLOT_SUFFIXES = (".png", ".svg")
@@ -71,6 +72,39 @@ def plot_pressure_sweep(points: Sequence["SweepPoint"], path: str | Path, block_
     ax.set_ylabel("tokens (held - stock)")
     ax.set_title("Family holds: net cached tokens against capacity")
     ax.legend()
+    return _save(fig, path)
+
+
+def plot_lineage(report: "LineageReport", path: str | Path) -> Path:
+    """Three panels: children per parent (histogram), parent finish -> child arrival (CDF, seconds),
+    shared-prefix blocks per edge (CDF)."""
+    import numpy as np
+
+    path = check_plot_path(path)
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+    ax = axes[0]
+    fan = np.asarray(report.fan_out_values, dtype=np.int64)
+    if fan.size:
+        counts = np.bincount(fan)
+        ax.bar(np.arange(len(counts))[1:], counts[1:])
+    ax.set_xlabel("children per parent")
+    ax.set_ylabel("parents")
+    for ax, values, label, log in ((axes[1], report.gap_values, "parent finish -> child arrival (s)", True),
+                                   (axes[2], report.shared_values, f"shared-prefix blocks ({report.block_size} tokens)", False)):
+        v = np.sort(np.asarray(values, dtype=np.float64))
+        if v.size:
+            ax.step(v, np.arange(1, v.size + 1) / v.size, where="post")
+            if log and v.min() > 0:
+                ax.set_xscale("log")
+        else:
+            ax.text(0.5, 0.5, "unknown in this trace", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel(label)
+        ax.set_ylabel("fraction of edges")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Lineage ({report.edge_kind} edges): {report.num_families:,} families, {report.num_edges:,} edges",
+                 fontsize=10)
     return _save(fig, path)
 
 

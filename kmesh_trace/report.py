@@ -179,19 +179,24 @@ def pressure_section(ctx: ReportContext) -> Section:
     return Section("Retention pressure", command, data, body)
 
 
-LINEAGE_QUERY = ("SELECT edge_kind, count(*) AS num_edges, count(DISTINCT parent_request_id) AS num_parents, "
-                 "count(DISTINCT family_id) AS num_families, sum(num_shared_tokens) AS num_shared_tokens "
-                 "FROM lineage GROUP BY edge_kind ORDER BY edge_kind")
-
-
 def lineage_section(ctx: ReportContext) -> Section | None:
+    from kmesh_trace.oracle.lineage_report import lineage_report
+    from kmesh_trace.plots import plot_lineage
+
     if not ctx.trace.row_counts().get("lineage"):
         return None
-    rows = ctx.trace.sql(LINEAGE_QUERY).to_dicts()
-    keys = ["edge_kind", "num_edges", "num_parents", "num_families", "num_shared_tokens"]
-    body = [table(["edge kind", "edges", "parents", "families", "shared tokens"], [[r[k] for k in keys] for r in rows],
-                  id="lineage-edges", keys=keys)]
-    return Section("Lineage", f"kmesh-trace sql {ctx.trace_arg} \"{LINEAGE_QUERY}\" --format json", rows, body)
+    rep = lineage_report(ctx.trace, engine=ctx.engine)
+    d = rep.to_dict()
+    keys = ["what", "count", "min", "p50", "p90", "max", "mean"]
+    rows = [[label, *(d[key][k] for k in keys[1:])] for label, key in (
+        ("children per parent", "fan_out"), ("family depth (edges)", "depth"), ("family size (requests)", "family_size"),
+        ("parent finish -> child arrival (s)", "gap_s"), ("shared-prefix blocks", "shared_blocks"))]
+    body = [paragraph(f"{d['num_requests']:,} requests, {d['num_families']:,} families, {d['num_edges']:,} "
+                      f"{d['edge_kind']} edges ({d['num_dangling_edges']:,} dangling), {d['num_parents']:,} parents."),
+            svg(lambda p: plot_lineage(rep, p)),
+            table(keys, rows, id="lineage-distributions")]
+    body += [paragraph(f"Note: {n}") for n in rep.notes]
+    return Section("Lineage", f"kmesh-trace lineage {ctx.trace_arg}{ctx.engine_flag()} --json", d, body)
 
 
 #: The page's sections, in order: id -> builder. One line per section.

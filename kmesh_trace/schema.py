@@ -106,10 +106,12 @@ INVOCATIONS = Table(
         _c("num_cached_tokens", pa.int64(), "tokens", True, "Prompt tokens served from the engine's local prefix cache (stock hits); null when unknown."),
         _c("num_external_tokens", pa.int64(), "tokens", True, "Prompt tokens loaded through a KV connector; null when unknown."),
         _c("num_preemptions", pa.int32(), "count", True, "Times the request was preempted; null when unknown."),
+        _c("agent_id", pa.string(), None, True, "Sub-agent the request was sent by (imported agentic traces, e.g. `agent_001`); null for the main conversation or when unknown."),
+        _c("agent_type", pa.string(), None, True, "Kind of that sub-agent as the source names it (e.g. Explore, Plan); null when `agent_id` is."),
     ),
 )
 
-EDGE_KINDS = ("declared", "exact_prefix")
+EDGE_KINDS = ("declared", "exact_prefix", "content")
 
 LINEAGE = Table(
     "lineage",
@@ -119,7 +121,7 @@ LINEAGE = Table(
         _c("parent_request_id", pa.string(), None, True, "Engine request id of the parent; null when a declared parent is not in the trace."),
         _c("declared_parent_id", pa.string(), None, True, "The parent id as the caller declared it; null for inferred edges."),
         _c("family_id", pa.string(), None, True, "Family the edge belongs to, when declared."),
-        _c("edge_kind", pa.string(), None, False, "declared (from the caller) or exact_prefix (child prompt starts with the parent's whole prompt + output)."),
+        _c("edge_kind", pa.string(), None, False, "declared (from the caller or the source's own structure), exact_prefix (child prompt starts with the parent's whole prompt + output) or content (an importer's guess from text: the next call of a session extends the previous input or repeats its output; never lineage)."),
         _c("num_shared_tokens", pa.int64(), "tokens", True, "Tokens of the parent's prompt + output that the child's prompt repeats exactly; null when unknown."),
     ),
 )
@@ -185,6 +187,11 @@ METADATA_FIELDS: dict[str, tuple[str | None, str]] = {
     "num_malformed_lines": ("lines", "Input lines an importer could not read."),
     "malformed_lines": (None, "file:line of each malformed input line (first 1000)."),
     "complete": (None, "True once the writer closed cleanly; false while writing or after a crash."),
+    "token_ids_approximate": (None, "True when the token ids are not the serving model's (an importer tokenized text itself); every report on the trace says so."),
+    "tokenizer": (None, "How an importer turned text into token ids (e.g. utf-8-bytes, or tokenizers:FILE sha256:...)."),
+    "arrival": (None, "How an importer placed conversations on one time axis (e.g. users:8, stagger:30, as-recorded)."),
+    "duplicate_records": (None, "file:line of each exact duplicate record an importer imported once (first 1000), with the line it repeats."),
+    "import_counts": (None, "What an importer read, imported, skipped and merged (files, entries, duplicates), by name."),
 }
 
 

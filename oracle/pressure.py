@@ -11,7 +11,8 @@ Edges: `declared` uses each request's `parent_index` (and `num_expected_children
 hold is released after that many child admissions, else after all the children the edges list);
 `inferred` uses exact-prefix edges given as `lineage` (child index -> parent index, e.g. the trace's
 lineage rows with edge_kind 'exact_prefix') or, when none are given, infers them from block hashes
-(`infer_exact_prefix_edges`).
+(`infer_exact_prefix_edges`); `content` uses the trace's content edges given as `lineage` (an importer's
+guess from text, e.g. `import lmcache-agent`; `trace_stream(..., edge_kind="content")` reads them).
 
 To predict a captured run: `res = what_if_trace("TRACE_DIR")` (the trace's block size, usable blocks,
 times and declared lineage); `res.stock.hit_tokens` / `res.held.hit_tokens` are the per-request hit
@@ -30,7 +31,7 @@ from kmesh_trace.oracle.stream import RequestBlocks, engine_geometry, pool_capac
 __all__ = ["FamilyRow", "PressureResult", "SweepPoint", "TraceStream", "what_if", "what_if_trace", "sweep",
            "hold_policy", "infer_exact_prefix_edges", "trace_stream"]
 
-EDGE_MODES = ("declared", "inferred")
+EDGE_MODES = ("declared", "inferred", "content")
 
 
 @dataclass
@@ -214,6 +215,8 @@ def _edges(requests: list[RequestBlocks], mode: str, block_size: int,
         raise KmeshTraceError(f"Unknown edge mode {mode!r}; use one of {', '.join(EDGE_MODES)}.")
     if mode == "declared":
         edges, source = {r.index: r.parent_index for r in requests if r.parent_index is not None}, "declared"
+    elif mode == "content":
+        edges, source = dict(lineage or {}), "lineage"
     elif lineage is not None:
         edges, source = dict(lineage), "lineage"
     else:
@@ -288,13 +291,13 @@ class TraceStream:
     lineage: dict[int, int] | None  # the trace's exact_prefix edges; None when it has none
 
 
-def trace_stream(trace, engine: str | None = None) -> TraceStream:
-    """Read an opened trace (`kmesh_trace.trace.open_trace`) for `what_if`."""
+def trace_stream(trace, engine: str | None = None, edge_kind: str = "exact_prefix") -> TraceStream:
+    """Read an opened trace (`kmesh_trace.trace.open_trace`) for `what_if`; `lineage` holds its `edge_kind` edges."""
     import polars as pl
 
     block_size, num_usable_blocks = engine_geometry(trace, engine)
     reqs = request_blocks(trace, engine)
-    lf = trace.scan("lineage").filter(pl.col("edge_kind") == "exact_prefix")
+    lf = trace.scan("lineage").filter(pl.col("edge_kind") == edge_kind)
     if engine is not None:
         lf = lf.filter(pl.col("engine") == engine)
     rows = lf.select("child_request_id", "parent_request_id").collect()
@@ -303,7 +306,7 @@ def trace_stream(trace, engine: str | None = None) -> TraceStream:
     for child, parent in rows.iter_rows():
         c, p = index.get(child), index.get(parent)
         if c is not None and p is not None and p < c and p > lineage.get(c, -1):
-            lineage[c] = p  # several exact-prefix ancestors: the nearest one is the parent
+            lineage[c] = p  # several ancestors: the nearest one is the parent
     return TraceStream(reqs, block_size, num_usable_blocks, lineage or None)
 
 

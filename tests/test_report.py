@@ -141,16 +141,18 @@ def test_report_page_in_chromium_shows_the_commands_numbers(browser, trace, tmp_
     keys = dom.tables["pressure-sweep"]["keys"]
     assert dom.records("pressure-sweep") == [{k: p[k] for k in keys} for p in sweep]
 
-    lineage = _json(cli, "sql", trace, report_mod.LINEAGE_QUERY, "--format", "json")
-    assert dom.records("lineage-edges") == lineage == embedded["lineage"]
-    assert lineage[0]["num_edges"] == 5
+    lineage = _json(cli, "lineage", trace, "--json")
+    assert embedded["lineage"] == lineage
+    assert lineage["num_edges"] == 5
+    fan_out = next(r for r in dom.records("lineage-distributions") if r["what"] == "children per parent")
+    assert fan_out["count"] == lineage["fan_out"]["count"] and fan_out["max"] == lineage["fan_out"]["max"]
 
     # Each section says which command reproduces it, and those commands are the ones checked above.
     html = page.read_text()
     for command in (f"kmesh-trace info {trace} --json", f"kmesh-trace headroom {trace} --capacity-blocks {CAPS} --json",
                     f"kmesh-trace audit capture {trace} --json"):
         assert f"Reproduce: <code>{command}</code>" in html
-    assert html.count("<svg") == 2  # the headroom curve and the pressure sweep, inline
+    assert html.count("<svg") == 3  # the headroom curve, the pressure sweep and the lineage plot, inline
 
 
 def test_a_section_is_one_line_and_a_failing_one_says_why(trace, tmp_path, monkeypatch):

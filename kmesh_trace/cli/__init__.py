@@ -55,6 +55,7 @@ _COMMAND_MODULES = [
     "kmesh_trace.cli.demo",  # demo
     "kmesh_trace.cli.audit",  # audit corpus|capture
     "kmesh_trace.cli.report",  # report
+    "kmesh_trace.cli.lineage",  # lineage
 ]
 
 for _name in _COMMAND_MODULES:

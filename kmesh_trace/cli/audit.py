@@ -125,6 +125,13 @@ def _render_capture(result) -> None:
     for analysis, v in result.verdict.items():
         vt.add_row(analysis, "yes" if v["qualified"] else "no", ", ".join(v["blocked_by"]))
     out.print(vt)
+    for eng, imp in result.imports.items():
+        it = RichTable(title=f"imported partition {eng} ({imp['source']}): not a capture", title_justify="left")
+        it.add_column("supports", overflow="fold")
+        it.add_column("stays approximate or modelled", overflow="fold")
+        for i in range(max(len(imp["supports"]), len(imp["approximate"]))):
+            it.add_row(*(col[i] if i < len(col) else "" for col in (imp["supports"], imp["approximate"])))
+        out.print(it)
     if result.problems:
         out.print(_problems_table(result.problems))
 

@@ -244,3 +244,12 @@ def build_scenario(scenario):
     for note in built.notes:
         err.print(f"note: {scenario.value}: {note}", markup=False, highlight=False)
     return built
+def approximate_tokens_note(trace) -> str | None:
+    """Say on stderr (and return) that a trace's token ids are an importer's approximation, when they are."""
+    names = sorted({str(m.get("tokenizer")) for m in trace.engines.values() if m.get("token_ids_approximate")})
+    if not names:
+        return None
+    note = (f"token ids are approximate: the importer tokenized text with {', '.join(names)}, not the serving "
+            "model's tokenizer, so block and token counts are estimates")
+    err.print(f"note: {note}", markup=False, highlight=False)
+    return note

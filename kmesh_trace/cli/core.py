@@ -66,6 +66,11 @@ def info_cmd(
 ) -> None:
     """Tables, row counts and engine metadata of a trace."""
     info = _trace_info(trace)
+    notes = [m["tokenizer"] for m in info["engines"].values() if m.get("token_ids_approximate")]
+    if notes:
+        info["note"] = (f"token ids are approximate: the importer tokenized text with {', '.join(map(str, notes))}, "
+                        "not the serving model's tokenizer")
+        err.print(f"note: {info['note']}", markup=False, highlight=False)
     emit(output, info, render=lambda: _render_info(info))
 
 

@@ -12,6 +12,7 @@ from kmesh_trace.cli.common import (
     CapacityOption,
     Output,
     ScenarioOption,
+    approximate_tokens_note,
     build_scenario,
     check_out_file,
     emit,
@@ -53,17 +54,24 @@ def headroom_cmd(
     if scenario is not None:
         w = build_scenario(scenario)
         result = headroom_of_requests(w.requests, w.block_size, caps, names, num_usable_blocks=w.num_usable_blocks)
+        approximate = None
     else:
         from kmesh_trace.trace import open_trace
 
         with open_trace(trace) as t:
             result = headroom(t, caps, names, engine=engine)
+            approximate = approximate_tokens_note(t)
+        if approximate:
+            result.notes.append(approximate)
     if plot is not None:
         plot_headroom(result, plot)
         err.print(f"wrote {plot}")
     for note in result.notes:
-        err.print(f"note: {note}")
+        if note != approximate:  # already said
+            err.print(f"note: {note}")
     d = result.to_dict()
+    if approximate:
+        d["note"] = approximate
     emit(output, d, rows=d["results"], render=lambda: render(d))
 
 

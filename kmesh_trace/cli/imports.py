@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.table import Table as RichTable
@@ -15,6 +16,13 @@ from kmesh_trace.errors import InputFormatError, KmeshTraceError
 class ImportFormat(str, Enum):
     mooncake = "mooncake"
     bailian = "bailian"
+    weka = "weka"
+    lmcache_agent = "lmcache-agent"
+
+
+#: Formats whose SRC is a directory (of conversation files, or of sources of JSONL files).
+_DIRECTORY_FORMATS = (ImportFormat.weka, ImportFormat.lmcache_agent)
+_SUMMARY_KEYS = ("num_lines", "num_blank_lines", "num_invocations", "num_block_hashes", "num_lineage_edges", "num_malformed_lines")
 
 
 def register(app: typer.Typer) -> None:
@@ -22,6 +30,14 @@ def register(app: typer.Typer) -> None:
 
 
 def _importer(fmt: ImportFormat):
+    if fmt is ImportFormat.weka:
+        from kmesh_trace.datasets.importers.weka import import_weka
+
+        return import_weka
+    if fmt is ImportFormat.lmcache_agent:
+        from kmesh_trace.datasets.importers.lmcache_agent import import_lmcache_agent
+
+        return import_lmcache_agent
     if fmt is ImportFormat.mooncake:
         from kmesh_trace.datasets.importers.mooncake import import_mooncake
 
@@ -33,23 +49,50 @@ def _importer(fmt: ImportFormat):
 
 @handles_errors
 def import_cmd(
-    fmt: ImportFormat = typer.Argument(..., metavar="FORMAT", help="Input format: mooncake or bailian."),
-    src: Path = typer.Argument(..., help="The JSONL file to import."),
+    fmt: ImportFormat = typer.Argument(..., metavar="FORMAT", help="Input format: mooncake, bailian, weka or lmcache-agent."),
+    src: Path = typer.Argument(..., help="The JSONL file to import (weka, lmcache-agent: the directory)."),
     out_dir: Path = typer.Option(..., "--out", help="Trace directory to write (created if missing)."),
     engine_id: str = typer.Option(None, "--engine-id", help="Engine partition name (default: import-FORMAT)."),
+    arrival: str = typer.Option(None, "--arrival", help="weka: when each conversation starts: as-recorded, "
+                                "stagger:SECONDS or users:N (default users:8; see docs/IMPORT.md)."),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="lmcache-agent: a tokenizer.json (needs the "
+                                             "tokenizers package); default: UTF-8 bytes."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="lmcache-agent: tokens per block "
+                                             "(default 64 for UTF-8 bytes, 16 with --tokenizer)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable summary."),
 ) -> None:
-    """Import a public trace (Mooncake FAST'25 or Bailian JSONL) into a trace directory.
+    """Import a public trace (Mooncake, Bailian, kv-cache-tester agentic conversations, LMCache agent traces) into a trace directory.
 
     Exit codes: 0 ok; 1 could not run (usage, input or I/O error)."""
-    if not src.is_file():
+    directory = fmt in _DIRECTORY_FORMATS
+    if directory and not src.is_dir() and not (fmt is ImportFormat.weka and src.is_file()):
+        raise InputFormatError(f"{src} is not a directory; {fmt.value} imports a directory.")
+    if not directory and not src.is_file():
         raise InputFormatError(f"{src} is not a readable file.")
+    if arrival is not None and fmt is not ImportFormat.weka:
+        raise KmeshTraceError("--arrival applies to weka imports only.")
+    if (tokenizer is not None or block_size is not None) and fmt is not ImportFormat.lmcache_agent:
+        raise KmeshTraceError("--tokenizer and --block-size apply to lmcache-agent imports only.")
+    kwargs = {}
+    if fmt is ImportFormat.weka:
+        from kmesh_trace.datasets.importers.weka import DEFAULT_ARRIVAL, Arrival, conversation_files
+
+        kwargs["arrival"] = Arrival.parse(arrival or DEFAULT_ARRIVAL)  # a bad value fails before any work
+        total = sum(p.stat().st_size for p in conversation_files(src))
+    elif fmt is ImportFormat.lmcache_agent:
+        from kmesh_trace.audit.corpus import _jsonl_bytes
+        from kmesh_trace.audit.inventory import walk
+
+        kwargs.update(tokenizer=tokenizer, block_size=block_size)
+        total = _jsonl_bytes(walk(src))
+    else:
+        total = src.stat().st_size
     engine_id = engine_id or f"import-{fmt.value}"
     if (out_dir / "invocations" / f"engine={engine_id}").exists():
         raise KmeshTraceError(f"{out_dir} already holds an import as engine {engine_id}; choose another --out or --engine-id.")
     with progress() as bar:
-        task = bar.add_task(f"importing {src.name}", total=src.stat().st_size)
-        report = _importer(fmt)(src, out_dir, engine_id=engine_id, on_bytes=lambda n: bar.advance(task, n))
+        task = bar.add_task(f"importing {src.name}", total=total)
+        report = _importer(fmt)(src, out_dir, engine_id=engine_id, on_bytes=lambda n: bar.advance(task, n), **kwargs)
     summary = report.to_dict()
     if as_json:
         print_json(summary)
@@ -57,10 +100,15 @@ def import_cmd(
     rt = RichTable(title=f"{fmt.value} import into {out_dir}", title_justify="left", show_header=False)
     rt.add_column("what")
     rt.add_column("count", justify="right")
-    for key in ("num_lines", "num_blank_lines", "num_invocations", "num_block_hashes", "num_lineage_edges", "num_malformed_lines"):
+    for key in getattr(report, "SUMMARY_KEYS", _SUMMARY_KEYS):
         rt.add_row(key, f"{summary[key]:,}")
+    for key in ("arrival", "tokenizer"):
+        if key in summary:
+            rt.add_row(key, str(summary[key]))
     out.print(rt)
+    if summary.get("num_duplicate_records"):
+        err.print(f"{summary['num_duplicate_records']} exact duplicate record(s) imported once; listed in the trace metadata.")
     if report.num_malformed_lines:
-        err.print(f"{report.num_malformed_lines} malformed line(s) skipped and recorded in the trace metadata; first:")
+        err.print(f"{report.num_malformed_lines} malformed line(s) or entries skipped and recorded in the trace metadata; first:")
         for loc in report.malformed_lines[:10]:
             err.print(f"  {loc}", markup=False, highlight=False)

@@ -13,6 +13,7 @@ from kmesh_trace.cli.common import (
     CapacityOption,
     Output,
     ScenarioOption,
+    approximate_tokens_note,
     build_scenario,
     check_out_file,
     emit,
@@ -30,6 +31,7 @@ MAX_FAMILY_ROWS = 20
 class Edges(str, Enum):
     declared = "declared"
     inferred = "inferred"
+    content = "content"
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +43,7 @@ def register(app: typer.Typer) -> None:
 def pressure_cmd(
     trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
     scenario: ScenarioOption = None,
-    edges: Edges = typer.Option(Edges.declared, "--edges", help="Families from declared lineage or inferred exact-prefix edges."),
+    edges: Edges = typer.Option(Edges.declared, "--edges", help="Families from declared lineage, inferred exact-prefix edges, or an import's content edges (guessed from text)."),
     expiry_s: Optional[float] = typer.Option(None, "--expiry-s", help="Release a hold this many seconds after it was taken (needs trace times)."),
     max_held_blocks: Optional[int] = typer.Option(None, "--max-held-blocks", help="Refuse a hold that would put more blocks under hold."),
     max_families: Optional[int] = typer.Option(None, "--max-families", help="Refuse a hold that would make more families hold at once."),
@@ -73,12 +75,14 @@ def pressure_cmd(
         check_out_file(check_plot_path(plot), "--plot")
     if scenario is not None:
         w = build_scenario(scenario)
+        approximate = None
         reqs, block_size, usable, lineage = w.requests, w.block_size, w.num_usable_blocks, None
     else:
         from kmesh_trace.trace import open_trace
 
         with open_trace(trace) as t:
-            ts = trace_stream(t, engine)
+            ts = trace_stream(t, engine, "content" if edges is Edges.content else "exact_prefix")
+            approximate = approximate_tokens_note(t)
         reqs, block_size, usable, lineage = ts.requests, ts.block_size, ts.num_usable_blocks, ts.lineage
     num_timed = sum(r.arrival_ns is not None and r.finish_ns is not None for r in reqs)
     if 0 < num_timed < len(reqs):
@@ -92,11 +96,15 @@ def pressure_cmd(
             plot_pressure_sweep(points, plot, block_size)
             err.print(f"wrote {plot}")
         d = {"block_size": block_size, "edges": edges.value, "sweep": [p.to_dict() for p in points]}
+        if approximate:
+            d["note"] = approximate
         emit(output, d, rows=d["sweep"], render=lambda: _render_sweep(d))
         return
     usable = pool_capacity(caps[0] if caps else None, usable)
     res = what_if(reqs, block_size=block_size, num_usable_blocks=usable, **opts)
     d = res.to_dict(per_request=per_request)
+    if approximate:
+        d["note"] = approximate
     emit(output, d, rows=d["families"], render=lambda: _render(d))
 
 

@@ -1,0 +1,600 @@
+"""Importer for agentic coding conversations in the kv-cache-tester trace format (Claude Code, with sub-agents).
+
+A directory holds one JSON file per conversation: `id`, `block_size`, `hash_id_scope` (`local` or
+`global`) and `requests`; each request has `t` (seconds from the conversation's start), `in`, `out`,
+`hash_ids` (one id per FULL input block: `len(hash_ids) == in // block_size`), `api_time`, `ttft`;
+a `subagent` entry has `agent_id`, `subagent_type` and its own `requests`, timed from its own start.
+
+How the import reads it (docs/IMPORT.md says why):
+- one file = one conversation = one family (`family_id` = the file's `id`); files are read one at a
+  time in name order, so memory is bounded by the largest file and one Parquet batch, never by the
+  corpus;
+- a request's time is its `t` plus the start of every sub-agent it is nested in; within a file,
+  requests are ordered by that time, ties in file order;
+- declared lineage: a request's parent is the previous request of its thread (the main conversation
+  or one sub-agent); a sub-agent's first request has as parent the latest request of the enclosing
+  thread at or before the sub-agent's start (none when the sub-agent starts first);
+- `local` ids are namespaced per file: id -> 2^63 | file_ordinal << 40 | id (ids must be below 2^40),
+  so equal ids of two files are different blocks and delta encoding still packs them; `global` ids
+  are kept as they are (below 2^63, so the two spaces never meet);
+- conversations are placed on one time axis by an `Arrival` model, written into the metadata;
+- `seq` is the import order (file by file, then time); analyses order by (arrival_ns, seq);
+- a malformed file or entry is counted and listed (`file: requests[3].requests[1]: why`) and skipped;
+  a skipped request's thread continues from the previous good request.
+
+Speed: the ids are most of a file. The fast path cuts each `"hash_ids":[...]` list of digits and
+commas out of the text and parses them all with one numpy call, so `json.loads` reads only the small
+rest and no Python int is made per id; Parquet parts are written on a background thread. Any doubt
+(a list the cut did not take, a placeholder out of place, a leading zero, an id out of range) sends
+the file down the plain path: `json.loads` of the whole text and a check of every id, which is the
+reference the tests compare the fast path with (`fast=False`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from kmesh_trace.datasets.importers.common import ImportReport, RecordError, require_hash_list, require_int, require_number
+from kmesh_trace.errors import InputFormatError, KmeshTraceError
+from kmesh_trace import schema
+from kmesh_trace.writer import TraceWriter
+
+FORMAT = "weka"
+DEFAULT_ARRIVAL = "users:8"
+#: Local ids are namespaced as LOCAL_BIT | file_ordinal << LOCAL_ID_BITS | id.
+LOCAL_BIT = 1 << 63
+LOCAL_ID_BITS = 40
+MAX_FILES = 1 << (63 - LOCAL_ID_BITS)
+#: A Parquet part is written once this many rows or block ids are pending.
+ROWS_PER_PART = 200_000
+IDS_PER_PART = 1_000_000
+_TYPES = ("n", "s", "subagent")
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """Where conversation k (in file order) starts on the trace's time axis.
+
+    as-recorded: every conversation at 0; stagger:S: at k x S seconds; users:N: N users replay the
+    conversations back to back, each taking the next conversation when their previous one ends (the
+    earliest-free user first, the lowest user number on ties)."""
+
+    mode: str
+    seconds: float | None = None
+    users: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Arrival":
+        text = text.strip()
+        name, _, arg = text.partition(":")
+        try:
+            if name == "as-recorded" and not arg:
+                return cls("as-recorded")
+            if name == "stagger" and arg:
+                s = float(arg)
+                if math.isfinite(s) and s >= 0:
+                    return cls("stagger", seconds=s)
+            if name == "users" and arg:
+                n = int(arg)
+                if n >= 1:
+                    return cls("users", users=n)
+        except ValueError:
+            pass
+        raise KmeshTraceError(f"--arrival {text!r} is not one of as-recorded, stagger:SECONDS (>= 0) or users:N (N >= 1).")
+
+    def __str__(self) -> str:
+        if self.mode == "stagger":
+            return f"stagger:{self.seconds:g}"
+        if self.mode == "users":
+            return f"users:{self.users}"
+        return self.mode
+
+
+class _Clock:
+    """Start times (seconds) of conversations in file order under an `Arrival`."""
+
+    def __init__(self, arrival: Arrival):
+        self.arrival = arrival
+        self.k = 0
+        self.free = [(0.0, u) for u in range(arrival.users or 0)]  # (free at, user), a heap
+
+    def start(self, duration_s: float) -> float:
+        a = self.arrival
+        if a.mode == "as-recorded":
+            start = 0.0
+        elif a.mode == "stagger":
+            start = self.k * a.seconds
+        else:
+            start, user = heapq.heappop(self.free)
+            heapq.heappush(self.free, (start + max(duration_s, 0.0), user))
+        self.k += 1
+        return start
+
+
+@dataclass(slots=True)
+class _Req:
+    t: float  # seconds from the conversation's start
+    pos: int  # file order
+    thread: int  # 0 = main conversation, else the sub-agent's thread number
+    where: str
+    n_in: int
+    n_out: int | None
+    hashes: list | None  # the parsed ids (plain path only)
+    start: int  # first position of the request's ids in the file's id array
+    end: int
+    api_time: float | None
+    ttft: float | None
+    stop: Any
+
+
+@dataclass(slots=True)
+class _Thread:
+    number: int
+    parent: int | None  # enclosing thread
+    start: float  # seconds from the conversation's start
+    agent_id: str | None
+    agent_type: str | None
+    label: str  # request id segment
+
+
+@dataclass
+class WekaReport(ImportReport):
+    arrival: str = DEFAULT_ARRIVAL
+    block_size: int | None = None
+    num_files: int = 0
+    num_families: int = 0
+    num_subagents: int = 0
+    num_malformed_files: int = 0
+    num_malformed_entries: int = 0
+
+    SUMMARY_KEYS: ClassVar[tuple[str, ...]] = (
+        "num_files", "num_families", "num_invocations", "num_subagents", "num_block_hashes", "num_lineage_edges",
+        "num_malformed_files", "num_malformed_entries")
+
+    def entry(self, where: str, reason: str) -> None:
+        self.num_malformed_entries += 1
+        self.malformed(where, reason)
+
+    def bad_file(self, where: str, reason: str) -> None:
+        self.num_malformed_files += 1
+        self.malformed(where, reason)
+
+
+def _opt_number(obj: dict, key: str) -> float | None:
+    if obj.get(key) is None:
+        return None
+    v = require_number(obj, key)
+    if v < 0:
+        raise RecordError(f"field {key} is negative")
+    return float(v)
+
+
+def _opt_str(obj: dict, key: str) -> str | None:
+    v = obj.get(key)
+    return v if isinstance(v, str) and v else None
+
+
+class _NotFast(Exception):
+    """The fast path cannot vouch for a file; it is read again the plain way."""
+
+
+_IDS_KEY = b'"hash_ids":['
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def split_ids(data: bytes) -> tuple[bytes, list[int], np.ndarray]:
+    """Cut every `"hash_ids":[digits and commas]` out of a file's JSON text, parsing the ids with numpy.
+
+    Returns (the text with each such list replaced by the placeholder -1-k, the number of ids of
+    list k, all ids in list order). A list holding anything but digits and commas is left in the
+    text. Raises _NotFast when the numbers are not what JSON would read (empty items, leading
+    zeros, values beyond int64); the caller checks that every placeholder lands in a request."""
+    parts, counts, bodies = [], [], []
+    pos, n_key = 0, len(_IDS_KEY)
+    find = data.find
+    while (i := find(_IDS_KEY, pos)) >= 0:
+        j = find(b"]", i + n_key)
+        if j < 0:
+            break
+        body = data[i + n_key:j]
+        if body.translate(None, b"0123456789,"):
+            parts.append(data[pos:j + 1])
+        else:
+            parts.append(data[pos:i + n_key - 1])
+            parts.append(b"%d" % (-1 - len(counts)))
+            counts.append(body.count(b",") + 1 if body else 0)
+            if body:
+                bodies.append(body)
+        pos = j + 1
+    parts.append(data[pos:])
+    joined = b",".join(bodies)
+    if joined.startswith(b"0") and joined[1:2].isdigit() or re.search(rb",0[0-9]", joined):
+        raise _NotFast("a leading zero")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy warns of data it could not read; the count below decides
+            values = np.fromstring(joined, dtype=np.int64, sep=",") if joined else np.zeros(0, np.int64)
+    except ValueError:
+        raise _NotFast("an empty item") from None
+    if len(values) != sum(counts) or (len(values) and values.max() == _INT64_MAX):
+        raise _NotFast("an empty item or a value beyond int64")
+    return b"".join(parts), counts, values
+
+
+class _FileReader:
+    """Walks one conversation's entries into requests and threads, keeping every bad entry.
+
+    With `spans` (from `split_ids`), each request's `hash_ids` must be a placeholder of one id list,
+    used once; anything else raises _NotFast. Without, `hash_ids` is the parsed list (plain path)."""
+
+    def __init__(self, name: str, block_size: int, spans: list[int] | None = None):
+        self.name, self.block_size = name, block_size
+        self.reqs: list[_Req] = []
+        self.threads: list[_Thread] = [_Thread(0, None, 0.0, None, None, "m")]
+        self.end = 0.0  # latest known finish, seconds from the conversation's start
+        self.bad: list[tuple[str, str]] = []
+        self.spans = spans
+        if spans is not None:
+            self.span_start = np.zeros(len(spans) + 1, np.int64)
+            np.cumsum(spans, out=self.span_start[1:])
+            self.span_used = [False] * len(spans)
+
+    def walk(self, entries: Any, thread: _Thread, path: str) -> None:
+        if not isinstance(entries, list):
+            self.bad.append((path, "field requests missing or not a list"))
+            return
+        for i, e in enumerate(entries):
+            where = f"{path}[{i}]"
+            try:
+                if not isinstance(e, dict):
+                    raise RecordError("entry is not an object")
+                typ = e.get("type")
+                if typ not in _TYPES:
+                    raise RecordError(f"field type is {typ!r}, not one of {', '.join(_TYPES)}")
+                t = require_number(e, "t")
+                if t < 0:
+                    raise RecordError("field t is negative")
+                if typ == "subagent":
+                    self._subagent(e, thread, where, float(t))
+                    continue
+                n_in = require_int(e, "in", minimum=1)
+                n_out = require_int(e, "out") if e.get("out") is not None else None
+                hashes, start, n_ids = self._ids(e.get("hash_ids"))
+                if n_ids != n_in // self.block_size:
+                    raise RecordError(f"hash_ids has {n_ids} entries but in {n_in} // block_size "
+                                      f"{self.block_size} is {n_in // self.block_size}")
+                api, ttft = _opt_number(e, "api_time"), _opt_number(e, "ttft")
+            except RecordError as err:
+                self.bad.append((where, str(err)))
+                continue
+            t_abs = thread.start + t
+            self.reqs.append(_Req(t_abs, len(self.reqs), thread.number, where, n_in, n_out, hashes, start,
+                                  start + n_ids, api, ttft, e.get("stop")))
+            self.end = max(self.end, t_abs + (api or 0.0))
+
+    def _ids(self, h: Any) -> tuple[list | None, int, int]:
+        """(the id list on the plain path, first position in the file's ids on the fast path, count)."""
+        if self.spans is None:
+            if type(h) is not list:
+                raise RecordError("field hash_ids missing or not a list")
+            return h, 0, len(h)
+        if type(h) is not int or h >= 0 or -1 - h >= len(self.spans) or self.span_used[-1 - h]:
+            raise _NotFast("hash_ids is not one of the lists cut out of the text")
+        k = -1 - h
+        self.span_used[k] = True
+        return None, int(self.span_start[k]), self.spans[k]
+
+    def _subagent(self, e: dict, thread: _Thread, where: str, t: float) -> None:
+        agent_id = _opt_str(e, "agent_id")
+        number = len(self.threads)
+        label = agent_id if agent_id and agent_id not in {th.label for th in self.threads} and "/" not in agent_id \
+            else f"sub{number}"
+        sub = _Thread(number, thread.number, thread.start + t, agent_id, _opt_str(e, "subagent_type"), label)
+        self.threads.append(sub)
+        dur = e.get("duration_ms")
+        if isinstance(dur, (int, float)) and not isinstance(dur, bool) and math.isfinite(dur) and dur >= 0:
+            self.end = max(self.end, sub.start + dur / 1000)
+        self.walk(e.get("requests"), sub, f"{where}.requests")
+
+    def finish_fast(self, values: np.ndarray, scope: str) -> np.ndarray:
+        """The fast path's ids, once every list was used by a request and every id is in range."""
+        if not all(self.span_used):
+            raise _NotFast("an id list outside a request")
+        if len(values) and (values.min() < 0 or (scope == "local" and values.max() >= 1 << LOCAL_ID_BITS)):
+            raise _NotFast("ids out of range")
+        return values
+
+    def finish_plain(self, scope: str) -> np.ndarray:
+        """Check every id of every request one by one; drop (and keep as bad) the requests that fail."""
+        good, flat = [], []
+        for r in self.reqs:
+            try:
+                require_hash_list({"hash_ids": r.hashes}, "hash_ids")
+                if r.hashes and scope == "global" and max(r.hashes) >= LOCAL_BIT:
+                    raise RecordError("a global hash id is 2^63 or more (that range holds namespaced local ids)")
+                if r.hashes and scope == "local" and max(r.hashes) >= 1 << LOCAL_ID_BITS:
+                    raise RecordError(f"a local hash id is 2^{LOCAL_ID_BITS} or more and cannot be namespaced")
+            except RecordError as err:
+                self.bad.append((r.where, str(err)))
+                continue
+            r.start, r.end = len(flat), len(flat) + len(r.hashes)
+            flat.extend(r.hashes)
+            good.append(r)
+        self.reqs = good
+        self.bad.sort(key=lambda b: _path_key(b[0]))
+        return np.array(flat, dtype=np.uint64).view(np.int64) if flat else np.zeros(0, np.int64)
+
+
+def _path_key(where: str) -> list[int]:
+    """Document order of an entry path such as requests[3].requests[1]."""
+    return [int(x) for x in re.findall(r"\[(\d+)\]", where)]
+
+
+def read_conversation(data: bytes, name: str, ordinal: int, block_size: int | None, families: set[str],
+                      fast: bool = True) -> tuple[dict, _FileReader, np.ndarray] | str:
+    """(the file's top-level fields, its requests, its namespaced ids in file order), or why the file is
+    malformed. The fast path cuts the id lists out of the text before `json.loads`; the plain path
+    (the reference, and where the fast one has any doubt) parses the whole text and checks every id."""
+    if fast:
+        try:
+            text, spans, values = split_ids(data)
+            conv = json.loads(text)
+            problem = _check_file(conv, block_size, families)
+            if problem:
+                raise _NotFast(problem)
+            scope = conv.get("hash_id_scope") or "local"
+            reader = _FileReader(name, conv["block_size"], spans)
+            reader.walk(conv["requests"], reader.threads[0], "requests")
+            values = reader.finish_fast(values, scope)
+            return _top(conv), reader, _namespace(values, scope, ordinal)
+        except (_NotFast, UnicodeDecodeError, ValueError, RecursionError):
+            pass
+    try:
+        conv = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        return f"not JSON ({type(e).__name__})"
+    problem = _check_file(conv, block_size, families)
+    if problem:
+        return problem
+    scope = conv.get("hash_id_scope") or "local"
+    reader = _FileReader(name, conv["block_size"])
+    reader.walk(conv["requests"], reader.threads[0], "requests")
+    values = reader.finish_plain(scope)
+    return _top(conv), reader, _namespace(values, scope, ordinal)
+
+
+def _top(conv: dict) -> dict:
+    return {"id": conv["id"], "block_size": conv["block_size"]}
+
+
+def _namespace(values: np.ndarray, scope: str, ordinal: int) -> np.ndarray:
+    values = values.view(np.uint64)
+    if scope == "local":
+        values = values | np.uint64(LOCAL_BIT | ordinal << LOCAL_ID_BITS)
+    return values
+
+
+def _lineage(reqs: list[_Req], threads: list[_Thread]) -> list[int | None]:
+    """Parent position (in `reqs`, sorted by time) of each request, by the declared rules."""
+    parents: list[int | None] = []
+    last: dict[int, int] = {}  # thread -> its latest request so far
+    by_thread: dict[int, list[tuple[float, int]]] = {}
+    for i, r in enumerate(reqs):
+        by_thread.setdefault(r.thread, []).append((r.t, i))
+    for i, r in enumerate(reqs):
+        p = last.get(r.thread)
+        if p is None and r.thread != 0:
+            th = threads[r.thread]
+            p = _latest_at_or_before(by_thread.get(th.parent, []), th.start, i)
+        parents.append(p)
+        last[r.thread] = i
+    return parents
+
+
+def _latest_at_or_before(items: list[tuple[float, int]], t: float, before: int) -> int | None:
+    """The latest (time, position) of `items` with time <= t and position < `before`."""
+    best = None
+    for ti, i in items:
+        if ti <= t and i < before:
+            best = i
+        elif ti > t:
+            break
+    return best
+
+
+#: The invocation columns an import fills, typed as the contract types them (the writer adds the rest).
+_FILE_SCHEMA = pa.schema([schema.INVOCATIONS.column(c).field() for c in (
+    "request_id", "seq", "family_id", "parent_id", "num_prompt_tokens", "num_output_tokens", "prompt_block_hashes",
+    "arrival_ns", "first_token_ns", "finish_ns", "status", "agent_id", "agent_type")])
+
+
+class _Batch:
+    """Tables waiting to become one Parquet part each of invocations and lineage.
+
+    Parts are encoded and written on one background thread (Arrow and zstd release the GIL), so the
+    next files are parsed meanwhile; at most one batch is in flight, which bounds memory."""
+
+    def __init__(self, writer: TraceWriter):
+        self.writer = writer
+        self.inv: list[pa.Table] = []
+        self.edges: list[dict] = []
+        self.rows = self.ids = 0
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kmesh-import-writer")
+        self._pending: Future | None = None
+
+    def add(self, inv: pa.Table, edges: list[dict], num_ids: int) -> None:
+        self.inv.append(inv)
+        self.edges.extend(edges)
+        self.rows += inv.num_rows
+        self.ids += num_ids
+        if self.rows >= ROWS_PER_PART or self.ids >= IDS_PER_PART:
+            self.flush()
+
+    def flush(self) -> None:
+        self.wait()
+        inv, edges = self.inv, self.edges
+        self.inv, self.edges, self.rows, self.ids = [], [], 0, 0
+        if inv or edges:
+            self._pending = self._pool.submit(self._write, inv, edges)
+
+    def _write(self, inv: list[pa.Table], edges: list[dict]) -> None:
+        if inv:
+            self.writer.write("invocations", pa.concat_tables(inv))
+        if edges:
+            self.writer.write("lineage", edges)
+
+    def wait(self) -> None:
+        """Block until the batch in flight is written; re-raise its error."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> None:
+        self.flush()
+        self.wait()
+        self._pool.shutdown()
+
+
+def _file_table(fid: str, reader: _FileReader, values: np.ndarray, first_seq: int, start_s: float,
+                block_size: int) -> tuple[pa.Table, list[dict]]:
+    reqs = reader.reqs
+    order = sorted(range(len(reqs)), key=lambda i: (reqs[i].t, i))
+    reqs_sorted = [reqs[i] for i in order]
+    lengths = np.fromiter((r.end - r.start for r in reqs_sorted), np.int64, len(reqs))
+    starts = np.fromiter((r.start for r in reqs_sorted), np.int64, len(reqs))
+    offsets = np.zeros(len(reqs) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if len(reqs) and not (starts == offsets[:-1]).all():  # not already in file order, back to back
+        values = values[np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])]
+    elif len(reqs):
+        values = values[:offsets[-1]]
+    hashes = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(values, pa.uint64()))
+    threads = reader.threads
+    counters: dict[int, int] = {}
+    ids = []
+    for r in reqs_sorted:
+        n = counters.get(r.thread, 0)
+        counters[r.thread] = n + 1
+        ids.append(f"{fid}/{threads[r.thread].label}/{n}")
+    parents = _lineage(reqs_sorted, threads)
+    arrival, first_token, finish = [], [], []
+    for r in reqs_sorted:
+        a = round((start_s + r.t) * 1e9)
+        arrival.append(a)
+        first_token.append(None if r.ttft is None else a + round(r.ttft * 1e9))
+        finish.append(None if r.api_time is None else a + round(r.api_time * 1e9))
+    parent_ids = [None if p is None else ids[p] for p in parents]
+    table = pa.Table.from_pydict({
+        "request_id": ids,
+        "seq": pa.array(range(first_seq, first_seq + len(reqs)), pa.int64()),
+        "family_id": [fid] * len(reqs),
+        "parent_id": parent_ids,
+        "num_prompt_tokens": [r.n_in for r in reqs_sorted],
+        "num_output_tokens": [r.n_out for r in reqs_sorted],
+        "prompt_block_hashes": hashes,
+        "arrival_ns": arrival,
+        "first_token_ns": first_token,
+        "finish_ns": finish,
+        "status": ["length_capped" if r.stop == "max_tokens" else "finished" for r in reqs_sorted],
+        "agent_id": [threads[r.thread].agent_id for r in reqs_sorted],
+        "agent_type": [threads[r.thread].agent_type for r in reqs_sorted],
+    }, schema=_FILE_SCHEMA)
+    edges = [{"child_request_id": ids[i], "parent_request_id": parent_ids[i], "declared_parent_id": parent_ids[i],
+              "family_id": fid, "edge_kind": "declared"} for i in range(len(ids)) if parent_ids[i] is not None]
+    return table, edges
+
+
+def conversation_files(src: Path) -> list[Path]:
+    """The `.json` files of `src` (a directory, searched one level deep, or one file), in name order."""
+    if src.is_file():
+        return [src]
+    if not src.is_dir():
+        raise InputFormatError(f"{src} is neither a directory nor a file.")
+    return sorted(p for p in src.iterdir() if p.suffix.lower() == ".json" and p.is_file())
+
+
+def import_weka(src: str | Path, out: str | Path, *, engine_id: str = "import-weka", arrival: str | Arrival = DEFAULT_ARRIVAL,
+                on_bytes: Callable[[int], None] | None = None, fast: bool = True) -> WekaReport:
+    """Import a directory of kv-cache-tester conversation files (or one file); see the module docstring.
+    `fast=False` reads every file the plain way (the reference the fast path is tested against)."""
+    src = Path(src)
+    arrival = arrival if isinstance(arrival, Arrival) else Arrival.parse(arrival)
+    files = conversation_files(src)
+    if not files:
+        raise InputFormatError(f"{src} holds no .json conversation files.")
+    if len(files) > MAX_FILES:
+        raise InputFormatError(f"{src} holds {len(files):,} files; one import takes at most {MAX_FILES:,}.")
+    report = WekaReport(FORMAT, str(src), str(out), engine_id, arrival=str(arrival))
+    config = {"format": FORMAT, "source": str(src), "arrival": str(arrival)}
+    writer = TraceWriter(out, engine_id, {"engine": "kv-cache-tester trace", "capture_config": config,
+                                          "arrival": str(arrival)}, source=f"import:{FORMAT}")
+    batch = _Batch(writer)
+    clock = _Clock(arrival)
+    families: set[str] = set()
+    for ordinal, path in enumerate(files):
+        report.num_files += 1
+        data = path.read_bytes()
+        if on_bytes is not None:
+            on_bytes(len(data))
+        got = read_conversation(data, path.name, ordinal, report.block_size, families, fast)
+        del data
+        if isinstance(got, str):
+            report.bad_file(path.name, got)
+            continue
+        top, reader, values = got
+        fid, block_size = top["id"], top["block_size"]
+        report.block_size = block_size
+        families.add(fid)
+        for where, why in reader.bad:
+            report.entry(f"{path.name}: {where}", why)
+        report.num_subagents += len(reader.threads) - 1
+        table, edges = _file_table(fid, reader, values, report.num_invocations, clock.start(reader.end), block_size)
+        report.num_families += 1
+        report.num_invocations += table.num_rows
+        num_ids = sum(r.end - r.start for r in reader.reqs)
+        report.num_block_hashes += num_ids
+        report.num_lineage_edges += len(edges)
+        batch.add(table, edges, num_ids)
+    batch.close()
+    writer.update_metadata(block_size=report.block_size, num_malformed_lines=report.num_malformed_lines,
+                           malformed_lines=report.malformed_lines, import_counts=_counts(report))
+    writer.close()
+    return report
+
+
+def _check_file(conv: Any, block_size: int | None, families: set[str]) -> str | None:
+    """Why a parsed file cannot be imported as a whole, or None."""
+    if not isinstance(conv, dict):
+        return "the file's JSON value is not an object"
+    fid = conv.get("id")
+    if not isinstance(fid, str) or not fid:
+        return "field id missing or not a string"
+    if fid in families:
+        return f"id {fid!r} repeats an earlier file's"
+    bs = conv.get("block_size")
+    if type(bs) is not int or bs <= 0:
+        return "field block_size missing or not a positive integer"
+    if block_size is not None and bs != block_size:
+        return f"block_size {bs} differs from the {block_size} of the files before it (one trace, one block size)"
+    if conv.get("hash_id_scope") not in (None, "local", "global"):
+        return f"hash_id_scope {conv.get('hash_id_scope')!r} is neither local nor global"
+    if not isinstance(conv.get("requests"), list):
+        return "field requests missing or not a list"
+    return None
+
+
+def _counts(report: WekaReport) -> dict[str, int]:
+    keys = ("num_files", "num_families", "num_invocations", "num_subagents", "num_block_hashes",
+            "num_lineage_edges", "num_malformed_files", "num_malformed_entries")
+    return {k: getattr(report, k) for k in keys}
