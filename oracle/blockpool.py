@@ -204,11 +204,11 @@ class PoolModel:
                 del free[b]
             ref[b] += 1
 
-    def allocate(self, keys: list) -> tuple[list[int], int]:
+    def allocate(self, keys: list, evicted: list | None = None) -> tuple[list[int], int]:
         """Pop one block per key from the head (evicting its old hash), then cache it under the key
         (None: a block left partial, not cached). Returns the blocks and how many cached blocks were
-        evicted. vLLM's `get_new_blocks` then `cache_full_blocks`, fused because this is the replay's
-        hot loop."""
+        evicted; `evicted`, when given, receives each evicted hash (private keys excepted) in order.
+        vLLM's `get_new_blocks` then `cache_full_blocks`, fused because this is the replay's hot loop."""
         free, ref, key, cached = self.free, self.ref_cnt, self.block_key, self.cached
         popleft = free.popitem
         out = []
@@ -219,6 +219,8 @@ class PoolModel:
             if old is not None:
                 num_evicted += 1
                 if old.__class__ is not _PrivateKey:
+                    if evicted is not None:
+                        evicted.append(old)
                     v = cached[old]
                     if v.__class__ is int:
                         del cached[old]
@@ -285,6 +287,12 @@ class _Hold:
 
 
 class _PoolSimulation:
+    """The replay. Subclasses (the tier model) observe it through `_looked_up` (a request's GPU prefix
+    hits, before its blocks are allocated), `_allocated` (the hashes its allocation evicted, when
+    `track_evictions`) and `_finished`; the base class does nothing there, so the pool is unchanged."""
+
+    track_evictions = False
+
     def __init__(self, requests, block_size, num_usable_blocks, holds, timed):
         self.requests = requests
         self.bs = block_size
@@ -331,6 +339,7 @@ class _PoolSimulation:
             else:
                 return  # larger than the whole pool: not admitted
         self.num_deferred += deferred
+        self._looked_up(i, hits)
         pool.touch(hits)
         n_hit = len(hits)
         n_prompt_full = r.num_full_prompt_blocks(bs)
@@ -344,7 +353,10 @@ class _PoolSimulation:
                 keys.append(out[o] if 0 <= o < len(out) else _PRIVATE)
         if num_blocks > num_full:
             keys.append(None)
-        new, num_evicted = pool.allocate(keys)
+        evicted = [] if self.track_evictions else None
+        new, num_evicted = pool.allocate(keys, evicted)
+        if evicted is not None:
+            self._allocated(i, evicted)
         blocks = hits + new
         self.req_blocks[i] = blocks
         self.hit_blocks[i] = n_hit
@@ -361,6 +373,16 @@ class _PoolSimulation:
             self._take(i, blocks[: self._needs(self.requests[i])[1]])
         blocks.reverse()
         self.pool.free_blocks(blocks)
+        self._finished(i)
+
+    def _looked_up(self, i: int, hits: list[int]) -> None:
+        pass
+
+    def _allocated(self, i: int, evicted: list) -> None:
+        pass
+
+    def _finished(self, i: int) -> None:
+        pass
 
     # -- holds ----------------------------------------------------------------------------------
 
