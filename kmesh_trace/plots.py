@@ -1,4 +1,5 @@
-"""Figures of analysis results: the headroom hit-ratio curves and the retention-pressure capacity sweep.
+"""Figures of analysis results: the headroom hit-ratio curves, the retention-pressure capacity sweep and
+the host x SSD tier sweep.
 
 Rendering, not analysis (STYLE.md rule 4): the analyses in kmesh_trace.oracle return result objects
 and this module draws them (matplotlib, Agg backend, imported only when a plot is drawn). Every figure
@@ -18,6 +19,7 @@ from kmesh_trace.errors import KmeshTraceError
 if TYPE_CHECKING:
     from kmesh_trace.oracle.headroom import HeadroomResult
     from kmesh_trace.oracle.pressure import SweepPoint
+    from kmesh_trace.oracle.tiers import SweepResult
 
 PLOT_SUFFIXES = (".png", ".svg")
 
@@ -71,6 +73,36 @@ def plot_pressure_sweep(points: Sequence["SweepPoint"], path: str | Path, block_
     ax.set_ylabel("tokens (held - stock)")
     ax.set_title("Family holds: net cached tokens against capacity")
     ax.legend()
+    return _save(fig, path)
+
+
+def plot_tier_sweep(sweep: "SweepResult", path: str | Path, block_size: int) -> Path:
+    """The host x SSD sweep as a heatmap of its metric, the best and the smallest near-best cell marked."""
+    path = check_plot_path(path)
+    plt = _pyplot()
+    grid = sweep.grid()
+    fig, ax = plt.subplots(figsize=(1.2 * len(sweep.ssd_blocks) + 3, 0.8 * len(sweep.host_blocks) + 2.2))
+    im = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis")
+    fig.colorbar(im, ax=ax, label=sweep.metric.replace("_", " "))
+    ax.set_xticks(range(len(sweep.ssd_blocks)), [f"{s:,}" if s else "none" for s in sweep.ssd_blocks])
+    ax.set_yticks(range(len(sweep.host_blocks)), [f"{h:,}" if h else "none" for h in sweep.host_blocks])
+    ax.set_xlabel(f"SSD tier ({block_size}-token blocks)")
+    ax.set_ylabel(f"host tier ({block_size}-token blocks)")
+    fmt = "{:.3g}" if sweep.metric == "prefill_seconds_saved" else "{:,.0f}"
+    lo, hi = float(grid.min()), float(grid.max())
+    for a in range(grid.shape[0]):
+        for b in range(grid.shape[1]):
+            dark = hi > lo and (grid[a, b] - lo) / (hi - lo) < 0.5
+            ax.text(b, a, fmt.format(grid[a, b]), ha="center", va="center", fontsize=8,
+                    color="white" if dark else "black")
+    bi, bj = sweep.best()
+    si, sj = sweep.smallest_within()
+    ax.scatter([bj], [bi], marker="*", s=220, facecolor="none", edgecolor="red", linewidth=1.5, label="best")
+    ax.scatter([sj], [si], marker="s", s=500, facecolor="none", edgecolor="orange", linewidth=2,
+               label=f"smallest within {sweep.within_pct:g}%")
+    ax.legend(loc="upper left", bbox_to_anchor=(0, -0.18), ncol=2, fontsize=8, frameon=False)
+    gpu = sweep.results[0][0].config.gpu_blocks
+    ax.set_title(f"Lower tiers at {gpu:,} GPU blocks: {sweep.metric.replace('_', ' ')}", fontsize=10)
     return _save(fig, path)
 
 

@@ -8,8 +8,8 @@
   host-to-GPU copy time `bench.json` records (`h2d_copy_ms_per_restore`) when the directory has it.
   A measured restore of one size cannot separate latency from throughput, so the latency is 0 unless
   given. Flags override any of it.
-- Prefill cost: `kmesh_trace.oracle.prefill_cost.PrefillCost` (fit on the capture's measured prefill
-  times, or from a throughput) when that module is installed; otherwise only a given throughput.
+- Prefill cost: `kmesh_trace.oracle.prefill_cost.PrefillCost`, from a given throughput or fitted on the
+  capture's measured prefill times (the fit report is shown).
 """
 
 from __future__ import annotations
@@ -122,40 +122,20 @@ def _restore_bytes(path: Path, summary: dict, route: str) -> int:
                           "re-run `replay run --out`.")
 
 
-class _Throughput:
-    """A constant prefill throughput (tokens per second); used only when the prefill cost model is absent."""
+def prefill_model(trace=None, tokens_per_s: float | None = None, engine: str | None = None):
+    """(prefill cost model, a description, its FitReport or None): a given throughput wins; else the
+    capture's measured prefill times are fitted; else (None, what to do, None)."""
+    from kmesh_trace.oracle.prefill_cost import PrefillCost
 
-    def __init__(self, tokens_per_s: float):
-        self.tokens_per_s = tokens_per_s
-
-    def seconds(self, start: int, end: int) -> float:
-        return max(end - start, 0) / self.tokens_per_s
-
-
-def prefill_model(trace=None, tokens_per_s: float | None = None):
-    """(prefill cost with `.seconds(start, end)`, a description, the fit report or None).
-
-    A given throughput wins; else the capture's measured prefill times are fitted by
-    `kmesh_trace.oracle.prefill_cost` when it is installed; else (None, reason, None)."""
-    try:
-        from kmesh_trace.oracle.prefill_cost import PrefillCost
-    except ImportError:
-        PrefillCost = None
     if tokens_per_s is not None:
-        if tokens_per_s <= 0:
-            raise KmeshTraceError("--prefill-tokens-per-s must be positive.")
-        if PrefillCost is not None:
-            return PrefillCost.from_throughput(tokens_per_s), f"{tokens_per_s:,.0f} tokens/s (flag)", None
-        return _Throughput(tokens_per_s), f"{tokens_per_s:,.0f} tokens/s (flag)", None
+        return PrefillCost.from_throughput(tokens_per_s), f"{tokens_per_s:,.0f} tokens/s (--prefill-tokens-per-s)", None
     if trace is None:
-        return None, "no prefill cost (pass --prefill-tokens-per-s)", None
-    if PrefillCost is None:
-        return None, "no prefill cost: this install cannot fit one; pass --prefill-tokens-per-s", None
+        return None, "no prefill cost: pass --prefill-tokens-per-s", None
     try:
-        cost, report = PrefillCost.fit(trace)
+        cost, report = PrefillCost.fit(trace, engine)
     except KmeshTraceError as e:
-        return None, f"no prefill cost ({e}); pass --prefill-tokens-per-s", None
-    return cost, "fitted on the capture's prefill times", report
+        return None, f"no prefill cost ({e})", None
+    return cost, "fitted on the capture's measured prefills", report
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)

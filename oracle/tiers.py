@@ -24,8 +24,8 @@ tiers observe the replay:
   blocks are looked up, as vLLM always computes the last prompt token. A request reads each chunk it
   needs once; bytes read count whole chunks, so a partly needed chunk amplifies reads.
 - **Timing** (with arrival and finish times on every request): a request issues its reads when it is
-  admitted (its arrival, unless the pool made it wait for finishes); a
-  tier serves one request's reads back to back (latency, then bytes / throughput, cumulatively). A block
+  admitted (its arrival, unless the pool made it wait for finishes); a tier serves reads one after
+  another, across requests (latency, then bytes / throughput, cumulatively). A block
   restored into the GPU is usable from its read's completion: a later request that finds it in the pool
   before then either waits for it (`singleflight`: concurrent needs of one chunk share one read) or, as
   vLLM does (it caches restored blocks only once the load finishes), looks it up below and reads it again.
@@ -54,7 +54,7 @@ from kmesh_trace.oracle.blockpool import PoolResult, _PoolSimulation
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, num_cached_blocks
 
 __all__ = ["TierSpec", "RestoreCost", "TierConfig", "TierResult", "TierRead", "PrefillSeconds",
-           "simulate_tiers", "sweep_tiers", "SweepResult", "TIER_NAMES", "WRITE_POLICIES", "LOOKUP_MODES"]
+           "simulate_tiers", "sweep_tiers", "SweepResult", "family_burst_arms", "TIER_NAMES", "WRITE_POLICIES", "LOOKUP_MODES"]
 
 TIER_NAMES = ("host", "ssd")
 WRITE_POLICIES = ("on-evict", "write-through")
@@ -62,9 +62,10 @@ LOOKUP_MODES = ("any", "gpu-prefix")
 
 
 class PrefillSeconds(Protocol):
-    """The prefill cost model's interface: seconds to compute prompt tokens [start, end)."""
+    """The prefill cost model's interface (`kmesh_trace.oracle.prefill_cost.PrefillCost`): seconds to
+    compute prompt positions [start, end), elementwise over arrays."""
 
-    def seconds(self, start: int, end: int) -> float: ...
+    def seconds_array(self, start: np.ndarray, end: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ class TierResult:
 
     @property
     def hit_tokens_per_request(self) -> np.ndarray:
-        p = np.asarray(self.pool.num_prompt_tokens, np.int64)
+        p = self._prompt_tokens()
         return np.minimum(self.hit_blocks * self.block_size, np.maximum(p - 1, 0))
 
     def hit_tokens_by_tier(self) -> dict[str, int]:
@@ -210,20 +211,20 @@ class TierResult:
         wait = self.restore_wait_p95_s if p95_restore else self.restore_wait_s
         if self.prefill is None or wait is None:
             return None
-        hits = self.hit_tokens_per_request
-        return wait + np.array([self.prefill.seconds(int(h), int(p))
-                                for h, p in zip(hits.tolist(), self.pool.num_prompt_tokens)])
+        return wait + self.prefill.seconds_array(self.hit_tokens_per_request, self._prompt_tokens())
 
     def prefill_seconds_saved(self) -> float | None:
         """Prefill seconds this configuration saves against the GPU tier alone, net of restore waits."""
         if self.prefill is None or self.restore_wait_s is None:
             return None
-        bs, pre = self.block_size, self.prefill
-        base = np.minimum(np.asarray(self.pool.hit_blocks, np.int64) * bs,
-                          np.maximum(np.asarray(self.pool.num_prompt_tokens, np.int64) - 1, 0))
-        saved = sum(pre.seconds(int(b), int(p)) - pre.seconds(int(h), int(p))
-                    for b, h, p in zip(base.tolist(), self.hit_tokens_per_request.tolist(), self.pool.num_prompt_tokens))
-        return float(saved - self.restore_wait_s.sum())
+        p = self._prompt_tokens()
+        base = np.minimum(np.asarray(self.pool.hit_blocks, np.int64) * self.block_size, np.maximum(p - 1, 0))
+        pre = self.prefill.seconds_array
+        saved = pre(base, p) - pre(self.hit_tokens_per_request, p)
+        return float(saved.sum() - self.restore_wait_s.sum())
+
+    def _prompt_tokens(self) -> np.ndarray:
+        return np.asarray(self.pool.num_prompt_tokens, np.int64)
 
     def to_dict(self) -> dict:
         ttft = self.ttft_s()
@@ -285,7 +286,8 @@ def simulate_tiers(requests: Sequence[RequestBlocks], config: TierConfig, *, blo
 
 
 class _Tier:
-    __slots__ = ("spec", "lru", "capacity", "chunk", "cost", "num_reads", "read_bytes", "num_stores", "refresh_on_hit")
+    __slots__ = ("spec", "lru", "capacity", "chunk", "cost", "num_reads", "read_bytes", "num_stores", "refresh_on_hit",
+                 "busy")
 
     def __init__(self, spec: TierSpec, cost: RestoreCost | None):
         self.spec, self.cost = spec, cost
@@ -294,6 +296,7 @@ class _Tier:
         self.chunk = spec.chunk_blocks
         self.num_reads = self.read_bytes = self.num_stores = 0
         self.refresh_on_hit = spec.retain and spec.write == "on-evict"
+        self.busy = (0, 0)  # when the tier finishes the reads issued so far (p50, p95 clocks), timed replays
 
     def store(self, key) -> object | None:
         """Store or refresh `key`; returns the chunk key the LRU evicted, if any."""
@@ -400,11 +403,14 @@ class _TierSimulation(_PoolSimulation):
         if c is None:
             done = (t_ns, t_ns)
         else:
-            if clock[ti] is None:
-                clock[ti] = [t_ns + int(c.latency_s * 1e9)] * 2
+            if clock[ti] is None:  # a request's first read on this tier queues behind earlier requests' reads
+                lat = int(c.latency_s * 1e9)
+                clock[ti] = [max(t_ns, tier.busy[0]) + lat, max(t_ns, tier.busy[1]) + lat]
             clock[ti][0] += int(nbytes / (c.gbps * 1e9) * 1e9)
             clock[ti][1] += int(nbytes / ((c.gbps_p95 or c.gbps) * 1e9) * 1e9)
             done = (clock[ti][0], clock[ti][1])
+            if self.timed:
+                tier.busy = done
         if self.config.singleflight and self.timed:
             self.inflight[(ti, key)] = done
         return done
@@ -669,3 +675,36 @@ def sweep_tiers(requests: Sequence[RequestBlocks], base: TierConfig, host_blocks
     return SweepResult(list(host_blocks), list(ssd_blocks), rows,
                        "prefill_seconds_saved" if with_seconds else "hit_tokens", within_pct)
 
+
+
+# ---------------------------------------------------------------------------------------------------
+# The family-burst scenario's arms
+# ---------------------------------------------------------------------------------------------------
+
+
+def family_burst_arms(burst, *, costs: dict[str, RestoreCost] | None = None,
+                      prefill: PrefillSeconds | None = None) -> list[dict]:
+    """The `baseline`, `singleflight` and `retention` arms of a `datasets.family_burst.FamilyBurst`."""
+    n = len(burst.ancestor_hashes)
+    ssd = TierSpec("ssd", n)
+    arms = {
+        "baseline": (TierConfig(burst.gpu_blocks, (ssd,)), {"ssd": burst.ancestor_hashes}),
+        "singleflight": (TierConfig(burst.gpu_blocks, (ssd,), singleflight=True), {"ssd": burst.ancestor_hashes}),
+        "retention": (TierConfig(burst.gpu_blocks, (TierSpec("host", n), ssd)),
+                      {"host": burst.ancestor_hashes, "ssd": burst.ancestor_hashes}),
+    }
+    out = []
+    for name, (config, preload) in arms.items():
+        r = simulate_tiers(burst.requests, config, block_size=burst.block_size,
+                           kv_bytes_per_token=burst.kv_bytes_per_token, costs=costs, prefill=prefill,
+                           timed=True, preload=preload)
+        d = r.to_dict()
+        waits = r.restore_wait_s
+        out.append({"arm": name, "num_lower_tier_reads": d["num_lower_tier_reads"],
+                    "lower_tier_read_bytes": d["lower_tier_read_bytes"], "num_reads_by_tier": d["num_reads_by_tier"],
+                    "read_bytes_by_tier": d["read_bytes_by_tier"], "num_shared_reads": d["num_shared_reads"],
+                    "read_amplification": d["read_amplification"], "hit_tokens_by_tier": d["hit_tokens_by_tier"],
+                    "restore_wait_p50_s": None if waits is None else float(np.percentile(waits, 50)),
+                    "restore_wait_max_s": None if waits is None else float(waits.max()),
+                    "ttft": d["ttft"]})
+    return out
