@@ -334,6 +334,7 @@ class _TierSimulation(_PoolSimulation):
         self.below = {id(t): next((k for k, o in enumerate(self.on_evict) if self.tiers.index(o) > ti), None)
                       for ti, t in enumerate(self.tiers)}
         self.track_evictions = bool(self.on_evict)
+        self.single_tier = self.tiers[0] if len(self.tiers) == 1 and self.tiers[0].chunk == 1 else None
         for t in self.tiers:
             for key in preload.get(t.spec.name, ()):
                 t.store(key)
@@ -375,9 +376,35 @@ class _TierSimulation(_PoolSimulation):
         if not evicted:
             return
         gpu_ready = self.gpu_ready
+        if gpu_ready:
+            for h in evicted:
+                gpu_ready.pop(h, None)
+        # The on-evict tiers' stores, inlined (this runs once per GPU eviction; there are at most two tiers).
+        first = self.on_evict[0]
+        lru, cap = first.lru, first.capacity
+        second = self.on_evict[1] if len(self.on_evict) > 1 else None
+        lru2, cap2 = (second.lru, second.capacity) if second is not None else (None, 0)
+        popitem = lru.popitem
         for h in evicted:
-            gpu_ready.pop(h, None)
-            self._offload(h, 0)
+            if h in lru:
+                lru.move_to_end(h)
+                continue
+            if cap <= 0:
+                v = h
+            else:
+                first.num_stores += 1
+                lru[h] = None
+                if len(lru) <= cap:
+                    continue
+                v = popitem(last=False)[0]
+            if cap2 > 0:
+                if v in lru2:
+                    lru2.move_to_end(v)
+                else:
+                    second.num_stores += 1
+                    lru2[v] = None
+                    if len(lru2) > cap2:
+                        lru2.popitem(last=False)
 
     def _offload(self, key, start: int) -> None:
         """An evicted block or chunk goes to the next on-evict tier at or below position `start`."""
@@ -460,6 +487,9 @@ class _TierSimulation(_PoolSimulation):
         read_now: dict = {}  # (tier index, key) -> completion, chunks this request already reads or shares
         read_once: list = []
         loaded: list = []
+        counts = [0] * len(self.tiers)
+        needed = self.needed
+        single = self.single_tier  # one lower tier of one-block chunks: the lookup inlined
         j = n_gpu
         while j < max_hit:
             h = chain[j]
@@ -467,16 +497,22 @@ class _TierSimulation(_PoolSimulation):
                 hit["gpu"][i] += 1
                 j += 1
                 continue
-            got = staged.get(h)
-            if got is not None:
-                wait[0], wait[1] = max(wait[0], got[0]), max(wait[1], got[1])
-                hit[got[2]][i] += 1
-                self.needed.add(h)
-                j += 1
-                continue
-            found = self._find_below(chain, j)
-            if found is None:
-                break
+            if staged:
+                got = staged.get(h)
+                if got is not None:
+                    wait[0], wait[1] = max(wait[0], got[0]), max(wait[1], got[1])
+                    hit[got[2]][i] += 1
+                    needed.add(h)
+                    j += 1
+                    continue
+            if single is not None:
+                if h not in single.lru:
+                    break
+                found = (0, h)
+            else:
+                found = self._find_below(chain, j)
+                if found is None:
+                    break
             ti, key = found
             tier = self.tiers[ti]
             done = read_now.get(found)
@@ -492,11 +528,17 @@ class _TierSimulation(_PoolSimulation):
                     elif tier.refresh_on_hit:
                         tier.lru.move_to_end(key)
                 read_now[found] = done
-            wait[0], wait[1] = max(wait[0], done[0]), max(wait[1], done[1])
-            hit[tier.spec.name][i] += 1
-            self.needed.add(h)
+            if done[0] > wait[0]:
+                wait[0] = done[0]
+            if done[1] > wait[1]:
+                wait[1] = done[1]
+            counts[ti] += 1
+            needed.add(h)
             loaded.append((h, done, tier.spec.name))
             j += 1
+        for ti, n in enumerate(counts):
+            if n:
+                hit[self.tiers[ti].spec.name][i] += n
         for ti, key in read_once:
             self.tiers[ti].lru.pop(key, None)
         if self.timed and loaded:
