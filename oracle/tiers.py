@@ -34,6 +34,10 @@ tiers observe the replay:
   GPU pool no longer holds are read from the lower tiers into a staging area outside the pool's
   accounting; the children use them, waiting only for what is still in flight. Staged blocks are dropped
   once every declared child of that parent has been admitted.
+- **Monotonicity**: in a sequential replay, more capacity in an LRU tier never lowers the hit tokens
+  (tests/test_tiers.py checks it). A timed replay can lose a few: a larger tier restores a block that a
+  concurrent request would otherwise have found recomputed in the pool, and a restore is not usable
+  until it completes (singleflight removes the effect).
 - **Costs**: bytes = blocks x block_size x kv bytes per token; a request's restore wait is the latest
   completion among the chunks it needs, minus its arrival (or the sum of its read durations, untimed);
   its estimated time to first token = restore wait + the prefill cost of the tokens it recomputes; the

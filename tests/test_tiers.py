@@ -45,6 +45,7 @@ def family_workload(seed: int, bs: int = 4, timed: bool = False, num_families: i
         t += rng.randint(0, 3) * 1_000_000
         reqs.append(RequestBlocks(index=i, request_id=str(i), num_prompt_tokens=len(prompt), num_output_tokens=len(out),
                                   prompt_hashes=ph, output_hashes=oh, parent_index=parent if parent and parent >= 0 else None,
+                                  prompt_token_ids=prompt, output_token_ids=out,
                                   arrival_ns=t if timed else None,
                                   finish_ns=t + rng.randint(1, 6) * 1_000_000 if timed else None))
     return reqs
@@ -302,3 +303,39 @@ def test_sweep_picks_the_smallest_near_best():
     assert g[a, b] == g.max()
     assert all(sw.host_blocks[x] + sw.ssd_blocks[y] >= sw.host_blocks[a] + sw.ssd_blocks[b]
                for x in range(3) for y in range(2) if g[x, y] == g.max())
+
+
+def test_cli_trace_equals_headroom_and_writes_a_journal(cli, tmp_path):
+    from kmesh_trace.native.store import open_store
+    from kmesh_trace.writer import TraceWriter
+
+    reqs = family_workload(5, timed=True, num_families=12)
+    with TraceWriter(tmp_path / "t", "e0", {"block_size": 4, "num_usable_blocks": 64}) as w:
+        w.write("invocations", {
+            "request_id": [r.request_id for r in reqs], "seq": list(range(len(reqs))),
+            "parent_id": [None if r.parent_index is None else str(r.parent_index) for r in reqs],
+            "num_prompt_tokens": [r.num_prompt_tokens for r in reqs],
+            "num_output_tokens": [r.num_output_tokens for r in reqs],
+            "prompt_token_ids": [r.prompt_token_ids for r in reqs], "output_token_ids": [r.output_token_ids for r in reqs],
+            "arrival_ns": [r.arrival_ns for r in reqs], "finish_ns": [r.finish_ns for r in reqs]})
+    for cap in ("8", "12", "64"):
+        h = json.loads(cli(["headroom", tmp_path / "t", "--policies", "vllm", "--capacity-blocks", cap, "--json"]).stdout)
+        r = cli(["tiers", tmp_path / "t", "--gpu-blocks", cap, "--json"])
+        assert r.exit_code == 0, r.output
+        gpu_only = json.loads(r.stdout)["configurations"][0]
+        assert gpu_only["hit_tokens"] == h["results"][0]["hit_tokens"]
+        assert gpu_only["recomputed_tokens"] == h["results"][0]["prefill_tokens"]
+    r = cli(["tiers", tmp_path / "t", "--gpu-blocks", "8", "--ssd", "2048", "--kv-bytes-per-token", "1024",
+             "--ssd-gbps", "2", "--prefill-tokens-per-s", "10000", "--journal", tmp_path / "store", "--json",
+             "--out", tmp_path / "tiers.json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert json.loads((tmp_path / "tiers.json").read_text()) == d
+    tiered = d["configurations"][1]
+    assert tiered["hit_tokens"] >= d["configurations"][0]["hit_tokens"]
+    store = open_store(tmp_path / "store")
+    j = d["journal"]
+    assert j["tier"] == "ssd" and j["chunk_bytes"] == 4 * 1024
+    assert len(store.restores) == j["num_restores"] == min(16, j["num_reads_total"])
+    assert sum(len(c) for c in store.restores.values()) * 4096 == store.num_bytes
+    assert store.meta["source"].startswith("tiers:")

@@ -186,7 +186,7 @@ def _write_journal(result, path: Path, max_restores: int, source: str) -> dict:
         task = bar.add_task("writing payloads", total=len(plan))
         s = st.prepare(path, plan, source=f"tiers:{source}:{tier}", progress=lambda done, _: bar.update(task, completed=done))
     err.print(f"wrote a replay store of {len(plan):,} restores ({s.num_bytes / 2**20:,.1f} MiB) to {path}; "
-              f"run `kmesh-trace replay run --store {path} --out DIR` and feed DIR back with --restore-results")
+              f"run `kmesh-trace replay run {path} --out DIR` on the GPU host and feed DIR back with --restore-results")
     return {"path": str(path), "tier": tier, "num_restores": len(plan), "num_reads_total": len(reads),
             "chunk_bytes": aligned, "chunk_bytes_unaligned": chunk_bytes, "num_bytes": s.num_bytes}
 
