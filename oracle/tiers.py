@@ -57,7 +57,7 @@ from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.blockpool import PoolResult, _PoolSimulation
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, num_cached_blocks
 
-__all__ = ["TierSpec", "RestoreCost", "TierConfig", "TierResult", "TierRead", "PrefillSeconds",
+__all__ = ["simple_cpu", "TierSpec", "RestoreCost", "TierConfig", "TierResult", "TierRead", "PrefillSeconds",
            "simulate_tiers", "sweep_tiers", "SweepResult", "family_burst_arms", "TIER_NAMES", "WRITE_POLICIES", "LOOKUP_MODES"]
 
 TIER_NAMES = ("host", "ssd")
@@ -124,10 +124,20 @@ class TierConfig:
     early_prep: bool = False
     prep_lead_s: float | None = None
     lookup: str = "any"
+    #: "simple-cpu": reproduce vLLM's SimpleCPUOffloadConnector (eager mode) exactly; see `simple_cpu`.
+    connector: str | None = None
 
     def check(self) -> None:
         if self.gpu_blocks <= 0:
             raise KmeshTraceError("the GPU tier needs a positive block count.")
+        if self.connector not in (None, "simple-cpu"):
+            raise KmeshTraceError(f"unknown connector model {self.connector!r}; the one modelled is simple-cpu.")
+        if self.connector == "simple-cpu" and (
+                len(self.tiers) != 1 or self.tiers[0].write != "write-through" or self.tiers[0].chunk_blocks != 1
+                or not self.tiers[0].retain or self.lookup != "gpu-prefix" or self.singleflight or self.early_prep):
+            raise KmeshTraceError("the simple-cpu connector model is one retained write-through tier of one-block "
+                                  "chunks with gpu-prefix lookup, no singleflight and no early preparation; "
+                                  "use simple_cpu(gpu_blocks, cpu_blocks).")
         names = [t.name for t in self.tiers]
         if len(set(names)) != len(names) or names != sorted(names, key=TIER_NAMES.index):
             raise KmeshTraceError("give each lower tier once, host before ssd.")
@@ -143,6 +153,18 @@ class TierConfig:
         by = {t.name: t for t in self.tiers}
         return " ".join([f"gpu={self.gpu_blocks}"] + [f"{n}={by[n].capacity_blocks if n in by else '-'}"
                                                         for n in TIER_NAMES])
+
+
+def simple_cpu(gpu_blocks: int, cpu_blocks: int, tier: str = "host") -> TierConfig:
+    """vLLM's SimpleCPUOffloadConnector in eager mode (`vllm/v1/simple_kv_offload/manager.py`), sequential
+    replays: a CPU block pool of `cpu_blocks` usable blocks; every full block a request computes or reuses
+    is stored unless the pool already holds it (a store that finds it refreshes nothing); a load refreshes
+    the blocks it reads; lookups only extend the GPU prefix. The stores issued in a request's last step and
+    at its finish still hold their GPU blocks when the request's blocks are freed, so those blocks are
+    freed after the others, in block order (the GPU pool's free-queue order changes accordingly). The
+    connector's `disk` backend runs the same scheduler logic: model it as `tier="ssd"`."""
+    return TierConfig(gpu_blocks, (TierSpec(tier, cpu_blocks, write="write-through"),), lookup="gpu-prefix",
+                      connector="simple-cpu")
 
 
 @dataclass(slots=True)
@@ -174,6 +196,7 @@ class TierResult:
     num_shared_reads: int  # chunk needs served by another request's in-flight read (singleflight)
     num_stores: dict[str, int]
     is_child: np.ndarray  # bool per request: has a declared parent
+    stores_per_request: np.ndarray | None = None  # lower-tier stores made while each request ran (sequential)
     prefill: PrefillSeconds | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -299,14 +322,15 @@ class _Tier:
         self.capacity = spec.num_chunks
         self.chunk = spec.chunk_blocks
         self.num_reads = self.read_bytes = self.num_stores = 0
-        self.refresh_on_hit = spec.retain and spec.write == "on-evict"
+        self.refresh_on_hit = spec.retain and spec.write == "on-evict"  # (simple-cpu: set by the simulation)
         self.busy = (0, 0)  # when the tier finishes the reads issued so far (p50, p95 clocks), timed replays
 
-    def store(self, key) -> object | None:
+    def store(self, key, refresh: bool = True) -> object | None:
         """Store or refresh `key`; returns the chunk key the LRU evicted, if any."""
         lru = self.lru
         if key in lru:
-            lru.move_to_end(key)
+            if refresh:
+                lru.move_to_end(key)
             return None
         if self.capacity <= 0:
             return None
@@ -339,6 +363,13 @@ class _TierSimulation(_PoolSimulation):
                       for ti, t in enumerate(self.tiers)}
         self.track_evictions = bool(self.on_evict)
         self.single_tier = self.tiers[0] if len(self.tiers) == 1 and self.tiers[0].chunk == 1 else None
+        self.simple = config.connector == "simple-cpu"
+        if self.simple:
+            if timed:
+                raise KmeshTraceError("the simple-cpu connector model replays sequentially; pass timed=False.")
+            self.tiers[0].refresh_on_hit = True
+            self.stored_now: list[int] = []  # chain positions the current request newly stored
+        self.store_marks: dict[int, int] = {}  # request -> lower-tier stores before it, for per-request counts
         for t in self.tiers:
             for key in preload.get(t.spec.name, ()):
                 t.store(key)
@@ -467,6 +498,7 @@ class _TierSimulation(_PoolSimulation):
         hit["gpu"][i] = n_gpu
         if not self.tiers:
             return
+        self.store_marks[i] = sum(t.num_stores for t in self.tiers)
         wait = [t, t]  # latest completion this request needs (p50, p95)
         gpu_ready = self.gpu_ready
         singleflight = self.config.singleflight and self.timed
@@ -556,16 +588,19 @@ class _TierSimulation(_PoolSimulation):
             else:
                 self.wait[i], self.wait95[i] = wait[0] / 1e9, wait[1] / 1e9
         if self.write_through:
-            self._write_through(r)
+            self._write_through(i, r)
         if self.children_left and r.parent_index in self.children_left:
             self._child_admitted(r.parent_index)
 
-    def _write_through(self, r: RequestBlocks) -> None:
+    def _write_through(self, i: int, r: RequestBlocks) -> None:
         n = num_cached_blocks(r.num_prompt_tokens, r.num_output_tokens, self.bs)
         nf = r.num_full_prompt_blocks(self.bs)
         chain = r.prompt_hashes[:min(n, nf)]
         if n > nf:
             chain = chain + r.output_hashes[:n - nf]
+        if self.simple:
+            self._simple_stores(i, r, chain)
+            return
         for tier in self.write_through:
             k = tier.chunk
             below = self.below[id(tier)]
@@ -573,6 +608,49 @@ class _TierSimulation(_PoolSimulation):
                 evicted = tier.store(chain[j])
                 if evicted is not None and below is not None:
                     self._offload(evicted, below)
+
+    def _simple_stores(self, i: int, r: RequestBlocks, chain: list) -> None:
+        """SimpleCPUOffloadConnector's eager stores, one batch per build: each step's build stores the blocks
+        the earlier steps confirmed (the prefill step's build: the hit tokens; decode step k's: P + k - 1;
+        the finish: P + G - 1), checking the whole batch against the pool before any of its stores evicts."""
+        tier, bs = self.tiers[0], self.bs
+        lru = tier.lru
+        p, g = r.num_prompt_tokens, r.num_output_tokens
+        hits = int(self.hit["gpu"][i] + self.hit[tier.spec.name][i])
+        self.stored_now = stored = []
+        start = 0
+        for confirmed in (hits * bs, *range(p, p + g - 1), p + g - 1):
+            end = min(confirmed // bs, len(chain))
+            if end <= start:
+                continue
+            batch = [j for j in range(start, end) if chain[j] not in lru]
+            for j in batch:
+                tier.store(chain[j], refresh=False)
+            stored.extend(batch)
+            start = end
+
+    def _finish(self, i: int) -> None:
+        if not self.simple:
+            return super()._finish(i)
+        # A store holds its GPU block until the worker reports it done, which the scheduler learns after it
+        # has freed the requests that finished in that step. So the stores issued for a request's last step
+        # (the blocks its earlier steps confirmed) and at its finish (`_queue_finished_eager_store`) still
+        # hold their blocks when vLLM frees the request's blocks (tail first); they are freed afterwards, in
+        # block order. Builds store what earlier steps confirmed: the prefill step's build sees the hit
+        # tokens, decode step k's sees P + k - 1; so the late stores are the blocks that were not full when
+        # the build before the last step ran (none: G = 1; the hits: G = 2; P + G - 3 tokens: G >= 3).
+        r, bs = self.requests[i], self.bs
+        blocks = self.req_blocks.pop(i)
+        p, g = r.num_prompt_tokens, r.num_output_tokens
+        hits = int(self.hit["gpu"][i] + self.hit[self.tiers[0].spec.name][i])
+        confirmed = 0 if g <= 1 else (hits * bs if g == 2 else p + g - 3)
+        last = set(range(confirmed // bs, num_cached_blocks(p, g, bs)))
+        flushed = [blocks[j] for j in self.stored_now if j in last]
+        pool = self.pool
+        pool.touch(flushed)
+        blocks.reverse()
+        pool.free_blocks(blocks)
+        pool.free_blocks(flushed)
 
     def _expire_ready(self, t: int) -> None:
         heap, ready = self.ready_heap, self.gpu_ready
@@ -637,7 +715,13 @@ class _TierSimulation(_PoolSimulation):
             notes.append("no kv bytes per token: bytes read are not estimated.")
         if self.config.singleflight and not self.timed:
             notes.append("singleflight needs arrival and finish times; the replay is sequential, so it changes nothing.")
+        stores = np.zeros(len(self.requests), np.int64)
+        order = list(self.store_marks)
+        ends = [self.store_marks[k] for k in order[1:]] + [sum(t.num_stores for t in self.tiers)]
+        for k, end in zip(order, ends):
+            stores[k] = end - self.store_marks[k]
         return TierResult(
+            stores_per_request=stores,
             config=self.config, block_size=self.bs, kv_bytes_per_token=self.kvbpt, pool=pool,
             hit_blocks_by_tier=self.hit, restore_wait_s=self.wait, restore_wait_p95_s=self.wait95, reads=self.reads,
             num_chunk_reads={t.spec.name: t.num_reads for t in self.tiers},
