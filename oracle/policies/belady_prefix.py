@@ -30,32 +30,9 @@ import numba
 import numpy as np
 
 from kmesh_trace.oracle.policies.base import StreamPolicy, reference_accesses
-from kmesh_trace.oracle.policies.belady import _sift_down, _sift_up
+from kmesh_trace.oracle.policies.belady import _heap_push, _heap_remove, _sift_down, _sift_up
+from kmesh_trace.oracle.policies.lru import prefix_hits
 from kmesh_trace.oracle.stream import NEVER, AccessStream, RequestBlocks
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _heap_remove(key, who, where, o, size):  # pragma: no cover (compiled); returns the new size
-    i = where[o]
-    where[o] = -1
-    size -= 1
-    if i < size:
-        m = who[size]
-        key[i] = key[size]
-        who[i] = m
-        where[m] = i
-        _sift_up(key, who, where, i)
-        _sift_down(key, who, where, where[m], size)
-    return size
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _heap_push(key, who, where, o, k, size):  # pragma: no cover (compiled); returns the new size
-    key[size] = k
-    who[size] = o
-    where[o] = size
-    _sift_up(key, who, where, size)
-    return size + 1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -77,12 +54,7 @@ def _belady_prefix_kernel(obj, eligible, next_use, req_start, num_objects, capac
     hits = np.zeros(n_req, np.int64)
     for r in range(n_req):
         a, b = req_start[r], req_start[r + 1]
-        h = 0
-        for t in range(a, b):
-            if not eligible[t] or not resident[obj[t]]:
-                break
-            h += 1
-        hits[r] = h
+        hits[r] = prefix_hits(obj, eligible, resident, a, b)
         if cap == 0:
             continue
         for t in range(a, b):
