@@ -18,6 +18,7 @@ from kmesh_trace.errors import KmeshTraceError
 
 if TYPE_CHECKING:
     from kmesh_trace.oracle.headroom import HeadroomResult
+    from kmesh_trace.oracle.headroom_curve import CurveResult
     from kmesh_trace.oracle.pressure import SweepPoint
     from kmesh_trace.oracle.tiers import SweepResult
 
@@ -56,6 +57,36 @@ def plot_headroom(result: "HeadroomResult", path: str | Path) -> Path:
     if result.headroom_tokens is not None:
         title += f" (headroom {result.headroom_tokens:,} tokens at {result.headroom_capacity_blocks:,} blocks)"
     ax.set_title(title, fontsize=10)
+    return _save(fig, path)
+
+
+def plot_headroom_curve(result: "CurveResult", path: str | Path) -> Path:
+    """Hit ratio at every capacity: exact curves as steps, grid policies as points, the infinite cache
+    as a dashed line and stock as a star."""
+    path = check_plot_path(path)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    n = max(result.num_reads, 1)
+    top = max(result.grid[-1], 2)
+    for name, cur in result.curves.items():
+        caps, hits = cur.capacities, cur.hit_blocks
+        if cur.exact:
+            x = [max(int(c), 1) for c in caps] + [top]
+            ax.step(x, [h / n for h in hits] + [hits[-1] / n], where="post", label=f"{name} (exact)")
+        else:
+            ax.plot(caps, hits / n, marker="o", markersize=3, label=name)
+    ax.axhline(result.infinite_hit_blocks / n, color="grey", linestyle="--", linewidth=1, label="infinite")
+    if result.stock is not None:
+        ax.scatter([result.stock["capacity_blocks"]], [result.stock["hit_tokens"] / result.block_size / n], marker="*",
+                   s=160, color="black", zorder=5, label=f"stock ({result.stock['source']})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(1, top)
+    ax.set_xlabel(f"capacity (blocks of {result.block_size} tokens)")
+    ax.set_ylabel("hit ratio (hit block reads / block reads)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Prefix-cache hit ratio at every capacity (window: {result.window})", fontsize=10)
     return _save(fig, path)
 
 
