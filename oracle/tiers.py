@@ -271,7 +271,7 @@ class TierResult:
             "host_blocks": by["host"].capacity_blocks if "host" in by else None,
             "ssd_blocks": by["ssd"].capacity_blocks if "ssd" in by else None,
             "singleflight": self.config.singleflight, "early_prep": self.config.early_prep,
-            "prep_lead_s": self.config.prep_lead_s, "lookup": self.config.lookup,
+            "prep_lead_s": self.config.prep_lead_s, "lookup": self.config.lookup, "connector": self.config.connector,
             "num_requests": self.num_requests,
             "hit_tokens": self.hit_tokens,
             "hit_tokens_by_tier": self.hit_tokens_by_tier(),

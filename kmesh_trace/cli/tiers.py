@@ -22,6 +22,10 @@ class Write(str, Enum):
     write_through = "write-through"
 
 
+class Connector(str, Enum):
+    simple_cpu = "simple-cpu"
+
+
 class Lookup(str, Enum):
     any = "any"
     gpu_prefix = "gpu-prefix"
@@ -45,6 +49,7 @@ def tiers_cmd(
     singleflight: bool = typer.Option(False, "--singleflight/--no-singleflight", help="Concurrent needs of one chunk share one read."),
     early_prep: bool = typer.Option(False, "--early-prep/--no-early-prep", help="Load a declared family's ancestor ahead of its children."),
     prep_lead_s: Optional[float] = typer.Option(None, "--prep-lead-s", help="With --early-prep: prepare this long before the first child (default: when the parent finishes)."),
+    vllm_connector: Optional[Connector] = typer.Option(None, "--vllm-connector", help="simple-cpu: reproduce vLLM's SimpleCPUOffloadConnector (eager) on one tier, --host (cpu backend) or --ssd (disk backend), replayed sequentially."),
     lookup: Lookup = typer.Option(Lookup.any, "--lookup", help="any: GPU then lower tiers block by block; gpu-prefix: lower tiers only extend the GPU prefix (vLLM's connectors)."),
     kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", help="KV bytes per token (default: the capture's engine metadata)."),
     model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json giving the KV bytes per token."),
@@ -138,6 +143,13 @@ def tiers_cmd(
                   if c is not None)
     base = tm.TierConfig(gpu, tiers, singleflight, early_prep, prep_lead_s, lookup.value)
     kw = dict(block_size=block_size, kv_bytes_per_token=kvbpt, costs=costs, prefill=prefill)
+    if vllm_connector is not None:
+        if len(tiers) != 1 or swept:
+            raise KmeshTraceError("--vllm-connector simple-cpu models one tier: give --host (cpu backend) or --ssd "
+                                  "(disk backend), and no sweep.")
+        base = tm.simple_cpu(gpu, tiers[0].capacity_blocks, tiers[0].name)
+        kw["timed"] = False
+        err.print("note: the simple-cpu connector model replays the trace sequentially (one request at a time)")
     head = {"trace": str(trace), "block_size": block_size, "gpu_blocks": gpu, "kv_bytes_per_token": kvbpt,
             "kv_bytes_source": kv_src, "costs": {k: v.to_dict() for k, v in costs.items()}, "cost_notes": notes,
             "prefill": prefill_src, "prefill_fit": fit.to_json() if fit is not None else None}
@@ -157,7 +169,7 @@ def tiers_cmd(
             err.print(f"wrote {plot}")
         _emit({**head, "sweep": sw.to_dict()}, as_json, out_file, _render_sweep)
         return
-    results = [tm.simulate_tiers(reqs, tm.TierConfig(gpu), **kw)]
+    results = [tm.simulate_tiers(reqs, tm.TierConfig(gpu), **kw)]  # the GPU pool alone, for comparison
     if tiers:
         results.append(tm.simulate_tiers(reqs, base, **kw))
     for note in dict.fromkeys(n for r in results for n in r.notes):
@@ -229,7 +241,8 @@ def _render_configs(d: dict) -> None:
         rb = c["read_bytes_by_tier"] or {}
         ttft = c["ttft"] or {}
         amp = c["read_amplification"]
-        name = c["label"] + (" sf" if c["singleflight"] else "") + (" prep" if c["early_prep"] else "")
+        name = (c["label"] + (" sf" if c["singleflight"] else "") + (" prep" if c["early_prep"] else "")
+                + (f" {c['connector']}" if c["connector"] else ""))
 
         def tt(g):
             v = ttft.get(g)
