@@ -55,7 +55,8 @@ def kv_bytes_from_config(path: Path, dtype: str | None = None) -> int:
     return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES[name]
 
 
-def kv_bytes_per_token(metadata: dict | None, given: int | None = None, config: Path | None = None) -> tuple[int | None, str]:
+def kv_bytes_per_token(metadata: dict | None, given: int | None = None,
+                       config: Path | None = None) -> tuple[int | None, str]:
     """(KV bytes per token, where it came from): the caller's value, the model config, the capture."""
     if given is not None:
         if given <= 0:

@@ -58,7 +58,8 @@ from kmesh_trace.oracle.blockpool import PoolResult, _PoolSimulation
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, num_cached_blocks
 
 __all__ = ["simple_cpu", "TierSpec", "RestoreCost", "TierConfig", "TierResult", "TierRead", "PrefillSeconds",
-           "simulate_tiers", "sweep_tiers", "SweepResult", "family_burst_arms", "TIER_NAMES", "WRITE_POLICIES", "LOOKUP_MODES"]
+           "simulate_tiers", "sweep_tiers", "SweepResult", "family_burst_arms", "TIER_NAMES", "WRITE_POLICIES",
+           "LOOKUP_MODES"]
 
 TIER_NAMES = ("host", "ssd")
 WRITE_POLICIES = ("on-evict", "write-through")
@@ -91,7 +92,7 @@ class TierSpec:
             raise KmeshTraceError(f"the {self.name} tier needs a capacity >= 0 and a chunk of at least one block.")
         if self.write == "on-evict" and self.chunk_blocks != 1:
             raise KmeshTraceError(f"the {self.name} tier is on-evict, which stores the single blocks the GPU pool "
-                                  "evicts; use one-block chunks or --write write-through.")
+                                  "evicts; use one-block chunks or the write-through policy.")
 
     @property
     def num_chunks(self) -> int:
@@ -386,7 +387,7 @@ class _TierSimulation(_PoolSimulation):
         self.ready_heap: list = []
         # Early preparation: parent -> children still to be admitted, staged blocks, pending events.
         self.children_left: dict[int, int] = {}
-        self.staged: dict = {}  # block hash -> (done_ns, done_p95_ns, tier name, parent)
+        self.staged: dict = {}  # block hash -> (done_ns, done_p95_ns, tier name), staged by early preparation
         self.staged_by_parent: dict[int, list] = {}
         self.prep_heap: list = []
         if config.early_prep and self.tiers:
@@ -710,11 +711,13 @@ class _TierSimulation(_PoolSimulation):
     def result(self, pool: PoolResult, prefill: PrefillSeconds | None) -> TierResult:
         notes = []
         if self.tiers and not self.with_costs:
-            notes.append("no restore cost for every tier: restore waits, singleflight timing and TTFT are not estimated.")
+            notes.append("no restore cost for every tier: restore waits, singleflight timing and TTFT are not "
+                         "estimated.")
         if self.tiers and not self.kvbpt:
             notes.append("no kv bytes per token: bytes read are not estimated.")
         if self.config.singleflight and not self.timed:
-            notes.append("singleflight needs arrival and finish times; the replay is sequential, so it changes nothing.")
+            notes.append("singleflight needs arrival and finish times; the replay is sequential, so it changes "
+                         "nothing.")
         stores = np.zeros(len(self.requests), np.int64)
         order = list(self.store_marks)
         ends = [self.store_marks[k] for k in order[1:]] + [sum(t.num_stores for t in self.tiers)]

