@@ -420,27 +420,31 @@ class _TierSimulation(_PoolSimulation):
         lru, cap = first.lru, first.capacity
         second = self.on_evict[1] if len(self.on_evict) > 1 else None
         lru2, cap2 = (second.lru, second.capacity) if second is not None else (None, 0)
-        popitem = lru.popitem
+        refresh, popitem = lru.move_to_end, lru.popitem
+        n1 = n2 = 0
         for h in evicted:
             if h in lru:
-                lru.move_to_end(h)
+                refresh(h)
                 continue
             if cap <= 0:
                 v = h
             else:
-                first.num_stores += 1
+                n1 += 1
                 lru[h] = None
                 if len(lru) <= cap:
                     continue
-                v = popitem(last=False)[0]
+                v = popitem(False)[0]
             if cap2 > 0:
                 if v in lru2:
                     lru2.move_to_end(v)
                 else:
-                    second.num_stores += 1
+                    n2 += 1
                     lru2[v] = None
                     if len(lru2) > cap2:
-                        lru2.popitem(last=False)
+                        lru2.popitem(False)
+        first.num_stores += n1
+        if n2:
+            second.num_stores += n2
 
     def _offload(self, key, start: int) -> None:
         """An evicted block or chunk goes to the next on-evict tier at or below position `start`."""
