@@ -1,10 +1,10 @@
 """Tiered capacity planning: what host-memory and SSD tiers below the GPU pool buy, and what restoring costs.
 
 It owns the tier simulation (DESIGN.md "Tiers"). The GPU tier is the vLLM block-pool model of
-`kmesh_trace.oracle.blockpool`, unchanged: a block restored from a lower tier is allocated and cached in
-the pool exactly as if it had been recomputed, so the pool evolves as in the single-tier `vllm` model
-and, with every lower tier absent, the results equal that model's row of `headroom` exactly. The lower
-tiers observe the replay:
+`kmesh_trace.oracle.blockpool`, unchanged (but for the `simple-cpu` connector model, below): a block
+restored from a lower tier is allocated and cached in the pool exactly as if it had been recomputed, so
+the pool evolves as in the single-tier `vllm` model and, with every lower tier absent, the results equal
+that model's row of `headroom` exactly. The lower tiers observe the replay:
 
 - **Tiers**: `host` then `ssd`, each optional, each an LRU over *chunks* of `chunk_blocks` consecutive
   blocks (1 by default; LMCache's 256-token chunks are 256 // block_size). A chunk is keyed by the chained
@@ -34,6 +34,9 @@ tiers observe the replay:
   GPU pool no longer holds are read from the lower tiers into a staging area outside the pool's
   accounting; the children use them, waiting only for what is still in flight. Staged blocks are dropped
   once every declared child of that parent has been admitted.
+- **vLLM's own offloading**: `simple_cpu(gpu_blocks, cpu_blocks)` configures the model to reproduce vLLM's
+  SimpleCPUOffloadConnector in eager mode (sequential replays), request by request, GPU free-queue order
+  included (tests/test_tiers_vllm.py drives vLLM's real scheduler and connector against it).
 - **Monotonicity**: in a sequential replay, more capacity in an LRU tier never lowers the hit tokens
   (tests/test_tiers.py checks it). A timed replay can lose a few: a larger tier restores a block that a
   concurrent request would otherwise have found recomputed in the pool, and a restore is not usable
@@ -715,7 +718,7 @@ class _TierSimulation(_PoolSimulation):
     def result(self, pool: PoolResult, prefill: PrefillSeconds | None) -> TierResult:
         notes = []
         if self.tiers and not self.with_costs:
-            notes.append("no restore cost for every tier: restore waits, singleflight timing and TTFT are not "
+            notes.append("a lower tier has no restore cost: restore waits, singleflight timing and TTFT are not "
                          "estimated.")
         if self.tiers and not self.kvbpt:
             notes.append("no kv bytes per token: bytes read are not estimated.")

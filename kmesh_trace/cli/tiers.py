@@ -228,6 +228,11 @@ def _render_configs(d: dict) -> None:
     kv_text = f"{kv:,} bytes/token ({d['kv_bytes_source']})" if kv else "bytes unknown"
     out.print(f"GPU pool {d['gpu_blocks']:,} blocks of {d['block_size']} tokens; KV {kv_text}; prefill: {d['prefill']}",
               markup=False, highlight=False)
+    fit = d.get("prefill_fit")
+    if fit:
+        out.print(f"prefill fit: {fit['n']:,} measured prefills, r2 {fit['r2']:.3f}, median relative error "
+                  f"{fit['median_relative_error']:.1%} ({fit['num_skipped']:,} without a usable measurement)",
+                  markup=False, highlight=False)
     for n in d["cost_notes"]:
         out.print(f"restore cost: {n}", markup=False, highlight=False)
     ht_ = RichTable(title="tiers: hit tokens by tier", title_justify="left")
