@@ -297,8 +297,8 @@ class _Hold:
 
 class _PoolSimulation:
     """The replay. Subclasses (the tier model) observe it through `_looked_up` (a request's GPU prefix
-    hits, before its blocks are allocated), `_allocated` (the hashes its allocation evicted, when
-    `track_evictions`) and `_finished`; the base class does nothing there, so the pool is unchanged."""
+    hits, before its blocks are allocated) and `_allocated` (the hashes its allocation evicted, when
+    `track_evictions`); the base class does nothing there, so the pool is unchanged."""
 
     track_evictions = False
 
@@ -393,15 +393,11 @@ class _PoolSimulation:
             self._take(i, blocks[: self._needs(self.requests[i])[1]])
         blocks.reverse()
         self.pool.free_blocks(blocks)
-        self._finished(i)
 
     def _looked_up(self, i: int, hits: list[int]) -> None:
         pass
 
     def _allocated(self, i: int, evicted: list) -> None:
-        pass
-
-    def _finished(self, i: int) -> None:
         pass
 
     # -- holds ----------------------------------------------------------------------------------
