@@ -2,12 +2,13 @@
 
 - KV bytes per token: the capture's engine metadata (`kv_bytes_per_token`) when present, else the
   caller's number, else a Hugging Face `config.json` (2 x layers x KV heads x head dim x dtype bytes).
-- Restore cost per tier, from a `kmesh-trace replay run` results directory (`summary.json`, and
-  `restores.parquet` for the bytes of a measured restore): the SSD tier uses one measured route's p50
-  and p95 restore time (timer 1: bytes in place) as throughputs; the host tier uses the pinned
-  host-to-GPU copy time `bench.json` records (`h2d_copy_ms_per_restore`) when the directory has it.
-  A measured restore of one size cannot separate latency from throughput, so the latency is 0 unless
-  given. Flags override any of it.
+- Restore cost per tier, from a `kmesh-trace replay run` results directory: the SSD tier uses one
+  measured route's restores (`restores.parquet`: bytes / timer 1, bytes in place, per measured and
+  accepted restore; its median is the p50 throughput, its 5th percentile the throughput of a p95
+  restore), else `summary.json`'s p50/p95 times with the store's bytes per restore; the host tier uses
+  the pinned host-to-GPU copy time `bench.json` records (`h2d_copy_ms_per_restore`) when present. The
+  latency is 0 unless given (restores of one size cannot separate it from the throughput). Flags
+  override any of it.
 - Prefill cost: `kmesh_trace.oracle.prefill_cost.PrefillCost`, from a given throughput or fitted on the
   capture's measured prefill times (the fit report is shown).
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+
+import numpy as np
 
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
 from kmesh_trace.oracle.tiers import RestoreCost
@@ -87,36 +90,53 @@ def restore_costs_from_results(path: Path, ssd_route: str | None = None) -> tupl
         ssd_route = next((r for r in SSD_ROUTES if r in routes), None)
     if ssd_route not in routes:
         raise KmeshTraceError(f"{path} has no measured route {ssd_route!r}; it measured {', '.join(routes)}.")
-    nbytes = _restore_bytes(path, summary, ssd_route)
     r = routes[ssd_route]
-    p50, p95 = r["timer1"]["p50_ms"], r["timer1"].get("p95_ms") or r["timer1"]["p50_ms"]
+    measured = _measured_restores(path, ssd_route)
+    if measured:  # per-restore throughputs: restores of different sizes (a `tiers --journal` store) mix fairly
+        rates = np.array([b / t for b, t in measured])  # bytes per ns = GB/s
+        gbps, gbps_p95 = float(np.percentile(rates, 50)), float(np.percentile(rates, 5))
+        nbytes = int(np.median([b for b, _ in measured]))
+        how = f"{len(measured)} measured restores, median {nbytes / 2**20:.1f} MiB"
+    else:
+        nbytes = _summary_restore_bytes(path, summary)
+        p50, p95 = r["timer1"]["p50_ms"], r["timer1"].get("p95_ms") or r["timer1"]["p50_ms"]
+        gbps, gbps_p95 = nbytes / (p50 * 1e-3) / 1e9, nbytes / (p95 * 1e-3) / 1e9
+        how = f"{nbytes / 2**20:.1f} MiB restores, p50 {p50:.2f} ms, p95 {p95:.2f} ms (summary.json)"
     src = f"{path.name}:{ssd_route}"
     mode = r.get("mode")
     if mode:
         src += f" ({mode})"
-    costs = {"ssd": RestoreCost(nbytes / (p50 * 1e-3) / 1e9, 0.0, nbytes / (p95 * 1e-3) / 1e9, src)}
-    notes = [f"ssd tier: route {ssd_route}, {nbytes / 2**20:.1f} MiB restores, p50 {p50:.2f} ms, p95 {p95:.2f} ms"]
+    costs = {"ssd": RestoreCost(gbps, 0.0, gbps_p95, src)}
+    notes = [f"ssd tier: route {ssd_route}, {how}: {gbps:.2f} GB/s p50, {gbps_p95:.2f} GB/s at the p95 restore"]
     bench = path / "bench.json"
     if bench.is_file():
         try:
-            h2d = json.loads(bench.read_text()).get("h2d_copy_ms_per_restore")
+            b = json.loads(bench.read_text())
         except (OSError, json.JSONDecodeError):
-            h2d = None
-        if h2d:
-            costs["host"] = RestoreCost(nbytes / (h2d * 1e-3) / 1e9, 0.0, None, f"{path.name}:bench.json h2d copy")
-            notes.append(f"host tier: pinned host-to-GPU copy, {h2d:.2f} ms per restore")
+            b = {}
+        h2d, per = b.get("h2d_copy_ms_per_restore"), (b.get("bytes") or 0) // max(int(b.get("files") or 1), 1)
+        if h2d and per:
+            costs["host"] = RestoreCost(per / (h2d * 1e-3) / 1e9, 0.0, None, f"{path.name}:bench.json h2d copy")
+            notes.append(f"host tier: pinned host-to-GPU copy, {h2d:.2f} ms per {per / 2**20:.1f} MiB (bench.json)")
     return costs, notes
 
 
-def _restore_bytes(path: Path, summary: dict, route: str) -> int:
+def _measured_restores(path: Path, route: str) -> list[tuple[int, int]]:
+    """(bytes, timer-1 ns) of the route's measured, accepted restores in restores.parquet (empty without it)."""
     rp = path / "restores.parquet"
-    if rp.is_file():
-        import pyarrow.parquet as pq
+    if not rp.is_file():
+        return []
+    import pyarrow.parquet as pq
 
-        t = pq.read_table(rp, columns=["route", "kind", "num_bytes"]).to_pydict()
-        sizes = sorted(b for r, k, b in zip(t["route"], t["kind"], t["num_bytes"]) if r == route and k == "measured")
-        if sizes:
-            return int(sizes[len(sizes) // 2])
+    try:
+        t = pq.read_table(rp, columns=["route", "kind", "num_bytes", "timer1_ns", "accepted"]).to_pydict()
+    except Exception as e:  # pyarrow raises several types for a damaged or foreign file
+        raise InputFormatError(f"cannot read {rp}: {e}; re-run `replay run --out`.") from e
+    return [(b, t1) for r, k, b, t1, ok in zip(t["route"], t["kind"], t["num_bytes"], t["timer1_ns"], t["accepted"])
+            if r == route and k == "measured" and ok and b and t1]
+
+
+def _summary_restore_bytes(path: Path, summary: dict) -> int:
     if summary.get("store_bytes") and summary.get("num_store_restores"):
         return int(summary["store_bytes"]) // int(summary["num_store_restores"])
     raise KmeshTraceError(f"{path} does not say how many bytes a restore moved (no restores.parquet); "
