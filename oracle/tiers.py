@@ -533,6 +533,7 @@ class _TierSimulation(_PoolSimulation):
         loaded: list = []
         counts = [0] * len(self.tiers)
         needed = self.needed
+        timed = self.timed
         single = self.single_tier  # one lower tier of one-block chunks: the lookup inlined
         j = n_gpu
         while j < max_hit:
@@ -549,26 +550,26 @@ class _TierSimulation(_PoolSimulation):
                     needed.add(h)
                     j += 1
                     continue
-            if single is not None:
+            if single is not None:  # no tuples here: this loop runs once per lower-tier hit
                 if h not in single.lru:
                     break
-                found = (0, h)
+                ti, key, found = 0, h, h
             else:
                 found = self._find_below(chain, j)
                 if found is None:
                     break
-            ti, key = found
+                ti, key = found
             tier = self.tiers[ti]
             done = read_now.get(found)
             if done is None:
-                shared = self.inflight.get(found) if singleflight else None
+                shared = self.inflight.get((ti, key)) if singleflight else None
                 if shared is not None and shared[0] >= t:
                     done = shared
                     self.num_shared += 1
                 else:
                     done = self._read(ti, key, t, clock, i, False)
                     if not tier.spec.retain:
-                        read_once.append(found)
+                        read_once.append((ti, key))
                     elif tier.refresh_on_hit:
                         tier.lru.move_to_end(key)
                 read_now[found] = done
@@ -578,14 +579,15 @@ class _TierSimulation(_PoolSimulation):
                 wait[1] = done[1]
             counts[ti] += 1
             needed.add(h)
-            loaded.append((h, done, tier.spec.name))
+            if timed:
+                loaded.append((h, done, tier.spec.name))
             j += 1
         for ti, n in enumerate(counts):
             if n:
                 hit[self.tiers[ti].spec.name][i] += n
         for ti, key in read_once:
             self.tiers[ti].lru.pop(key, None)
-        if self.timed and loaded:
+        if loaded:
             for h, done, name in loaded:
                 if done[0] >= t:
                     gpu_ready[h] = (done[0], done[1], name)
