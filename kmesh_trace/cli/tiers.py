@@ -152,7 +152,8 @@ def tiers_cmd(
         err.print("note: the simple-cpu connector model replays the trace sequentially (one request at a time)")
     head = {"trace": str(trace), "block_size": block_size, "gpu_blocks": gpu, "kv_bytes_per_token": kvbpt,
             "kv_bytes_source": kv_src, "costs": {k: v.to_dict() for k, v in costs.items()}, "cost_notes": notes,
-            "prefill": prefill_src, "prefill_fit": fit.to_json() if fit is not None else None}
+            "prefill": prefill_src, "prefill_model": prefill.to_json() if prefill is not None else None,
+            "prefill_fit": {k: v for k, v in fit.to_json().items() if k != "points"} if fit is not None else None}
     if swept:
         hs = [tc.parse_capacity(x, block_bytes, "--sweep-host") for x in (sweep_host or "0").split(",")]
         ss = [tc.parse_capacity(x, block_bytes, "--sweep-ssd") for x in (sweep_ssd or "0").split(",")]
