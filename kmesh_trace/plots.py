@@ -1,4 +1,5 @@
-"""Figures of analysis results: the headroom hit-ratio curves and the retention-pressure capacity sweep.
+"""Figures of analysis results: the headroom hit-ratio curves, the retention-pressure capacity sweep and
+the host x SSD tier sweep, and the shape of a trace's lineage.
 
 Rendering, not analysis: the analyses in kmesh_trace.oracle return result objects
 and this module draws them (matplotlib, Agg backend, imported only when a plot is drawn). Every figure
@@ -17,8 +18,10 @@ from kmesh_trace.errors import KmeshTraceError
 
 if TYPE_CHECKING:
     from kmesh_trace.oracle.headroom import HeadroomResult
+    from kmesh_trace.oracle.headroom_curve import CurveResult
     from kmesh_trace.oracle.lineage_report import LineageReport
     from kmesh_trace.oracle.pressure import SweepPoint
+    from kmesh_trace.oracle.tiers import SweepResult
 
 PLOT_SUFFIXES = (".png", ".svg")
 
@@ -58,6 +61,36 @@ def plot_headroom(result: "HeadroomResult", path: str | Path) -> Path:
     return _save(fig, path)
 
 
+def plot_headroom_curve(result: "CurveResult", path: str | Path) -> Path:
+    """Hit ratio at every capacity: exact curves as steps, grid policies as points, the infinite cache
+    as a dashed line and stock as a star."""
+    path = check_plot_path(path)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    n = max(result.num_reads, 1)
+    top = max(result.grid[-1], 2)
+    for name, cur in result.curves.items():
+        caps, hits = cur.capacities, cur.hit_blocks
+        if cur.exact:
+            x = [max(int(c), 1) for c in caps] + [top]
+            ax.step(x, [h / n for h in hits] + [hits[-1] / n], where="post", label=f"{name} (exact)")
+        else:
+            ax.plot(caps, hits / n, marker="o", markersize=3, label=name)
+    ax.axhline(result.infinite_hit_blocks / n, color="grey", linestyle="--", linewidth=1, label="infinite")
+    if result.stock is not None:
+        ax.scatter([result.stock["capacity_blocks"]], [result.stock["hit_tokens"] / result.block_size / n], marker="*",
+                   s=160, color="black", zorder=5, label=f"stock ({result.stock['source']})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(1, top)
+    ax.set_xlabel(f"capacity (blocks of {result.block_size} tokens)")
+    ax.set_ylabel("hit ratio (hit block reads / block reads)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Prefix-cache hit ratio at every capacity (window: {result.window})", fontsize=10)
+    return _save(fig, path)
+
+
 def plot_pressure_sweep(points: Sequence["SweepPoint"], path: str | Path, block_size: int) -> Path:
     """Net cached tokens of family holds against pool capacity, with its saved and displaced parts."""
     path = check_plot_path(path)
@@ -72,6 +105,36 @@ def plot_pressure_sweep(points: Sequence["SweepPoint"], path: str | Path, block_
     ax.set_ylabel("tokens (held - stock)")
     ax.set_title("Family holds: net cached tokens against capacity")
     ax.legend()
+    return _save(fig, path)
+
+
+def plot_tier_sweep(sweep: "SweepResult", path: str | Path, block_size: int) -> Path:
+    """The host x SSD sweep as a heatmap of its metric, the best and the smallest near-best cell marked."""
+    path = check_plot_path(path)
+    plt = _pyplot()
+    grid = sweep.grid()
+    fig, ax = plt.subplots(figsize=(1.2 * len(sweep.ssd_blocks) + 3, 0.8 * len(sweep.host_blocks) + 2.2))
+    im = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis")
+    fig.colorbar(im, ax=ax, label=sweep.metric.replace("_", " "))
+    ax.set_xticks(range(len(sweep.ssd_blocks)), [f"{s:,}" if s else "none" for s in sweep.ssd_blocks])
+    ax.set_yticks(range(len(sweep.host_blocks)), [f"{h:,}" if h else "none" for h in sweep.host_blocks])
+    ax.set_xlabel(f"SSD tier ({block_size}-token blocks)")
+    ax.set_ylabel(f"host tier ({block_size}-token blocks)")
+    fmt = "{:.3g}" if sweep.metric == "prefill_seconds_saved" else "{:,.0f}"
+    lo, hi = float(grid.min()), float(grid.max())
+    for a in range(grid.shape[0]):
+        for b in range(grid.shape[1]):
+            dark = hi > lo and (grid[a, b] - lo) / (hi - lo) < 0.5
+            ax.text(b, a, fmt.format(grid[a, b]), ha="center", va="center", fontsize=8,
+                    color="white" if dark else "black")
+    bi, bj = sweep.best()
+    si, sj = sweep.smallest_within()
+    ax.scatter([bj], [bi], marker="*", s=220, facecolor="none", edgecolor="red", linewidth=1.5, label="best")
+    ax.scatter([sj], [si], marker="s", s=500, facecolor="none", edgecolor="orange", linewidth=2,
+               label=f"smallest within {sweep.within_pct:g}%")
+    ax.legend(loc="upper left", bbox_to_anchor=(0, -0.18), ncol=2, fontsize=8, frameon=False)
+    gpu = sweep.results[0][0].config.gpu_blocks
+    ax.set_title(f"Lower tiers at {gpu:,} GPU blocks: {sweep.metric.replace('_', ' ')}", fontsize=10)
     return _save(fig, path)
 
 

@@ -15,7 +15,14 @@ one full-attention KV group, block hashes at the pool's block size. What it copi
   vLLM does not de-duplicate: a newly computed block whose hash is already cached is cached a second
   time under the same hash, and a lookup returns the oldest surviving block of that hash.
 - Admission follows `allocate_slots`: a request needs its new blocks plus those of its hits that sit in
-  the free queue (touching them takes them out); if that exceeds the free blocks it is not admitted.
+  the free queue (touching them takes them out); if that exceeds the free blocks it waits for running
+  requests to finish (timed) or, alone, is not admitted. vLLM's scheduler gates admission on the prompt
+  alone (`full_sequence_must_fit` covers the prompt, not the output): a request whose prompt fits but
+  whose prompt and output do not even in the whole pool is admitted (its hits count), computes until
+  every block is full and cached, and is then preempted for good (a *stalled* request: a real engine
+  would wait on it forever; vLLM's start-up check on max_model_len keeps real pools from this).
+  vLLM's watermark is not modelled: it applies only while other requests run, which the model's
+  timed rule (all of a request's blocks at admission) does not reproduce step by step.
 - Generated tokens: vLLM caches every block that becomes full while tokens are computed, and the final
   sampled token never has KV. A request with P prompt tokens and G >= 1 generated tokens therefore holds
   ceil((P + G - 1) / block_size) blocks and caches its first (P + G - 1) // block_size of them (G = 0:
@@ -113,6 +120,8 @@ class PoolResult:
     num_deferred: int = 0
     holds: list[ModelHold] = field(default_factory=list)
     timed: bool = False
+    # True: admitted (its prompt fit) but its output outgrew the pool; vLLM preempts it for good (module doc)
+    stalled: list[bool] = field(default_factory=list)
 
     @property
     def total_hit_tokens(self) -> int:
@@ -204,11 +213,11 @@ class PoolModel:
                 del free[b]
             ref[b] += 1
 
-    def allocate(self, keys: list) -> tuple[list[int], int]:
+    def allocate(self, keys: list, evicted: list | None = None) -> tuple[list[int], int]:
         """Pop one block per key from the head (evicting its old hash), then cache it under the key
         (None: a block left partial, not cached). Returns the blocks and how many cached blocks were
-        evicted. vLLM's `get_new_blocks` then `cache_full_blocks`, fused because this is the replay's
-        hot loop."""
+        evicted; `evicted`, when given, receives each evicted hash (private keys excepted) in order.
+        vLLM's `get_new_blocks` then `cache_full_blocks`, fused because this is the replay's hot loop."""
         free, ref, key, cached = self.free, self.ref_cnt, self.block_key, self.cached
         popleft = free.popitem
         out = []
@@ -219,6 +228,8 @@ class PoolModel:
             if old is not None:
                 num_evicted += 1
                 if old.__class__ is not _PrivateKey:
+                    if evicted is not None:
+                        evicted.append(old)
                     v = cached[old]
                     if v.__class__ is int:
                         del cached[old]
@@ -285,6 +296,12 @@ class _Hold:
 
 
 class _PoolSimulation:
+    """The replay. Subclasses (the tier model) observe it through `_looked_up` (a request's GPU prefix
+    hits, before its blocks are allocated) and `_allocated` (the hashes its allocation evicted, when
+    `track_evictions`); the base class does nothing there, so the pool is unchanged."""
+
+    track_evictions = False
+
     def __init__(self, requests, block_size, num_usable_blocks, holds, timed):
         self.requests = requests
         self.bs = block_size
@@ -295,6 +312,7 @@ class _PoolSimulation:
         self.hit_blocks = [0] * n
         self.num_evictions = [0] * n
         self.admitted = [False] * n
+        self.stalled = [False] * n
         self.req_blocks: dict[int, list[int]] = {}
         self.num_deferred = 0
         # Hold state: active holds oldest first, by parent index.
@@ -317,10 +335,12 @@ class _PoolSimulation:
         pool, bs = self.pool, self.bs
         num_blocks, num_full = self._needs(r)
         max_hit = min(r.max_hit_blocks(bs), r.num_full_prompt_blocks(bs))
-        deferred = False
+        prompt_blocks = -(-r.num_prompt_tokens // bs)
+        deferred = stalled = False
         while True:
             hits = pool.lookup(r.prompt_hashes, max_hit)
-            need = num_blocks - len(hits) + pool.num_evictable(hits)
+            evictable = pool.num_evictable(hits)
+            need = num_blocks - len(hits) + evictable
             if need <= pool.num_free():
                 break
             if self.active:  # a hold never blocks an admission
@@ -328,9 +348,14 @@ class _PoolSimulation:
             elif running:
                 deferred = True
                 self._finish(heapq.heappop(running)[1])
+            elif prompt_blocks - len(hits) + evictable <= pool.num_free():
+                stalled = True  # vLLM admits on the prompt alone; its output then outgrows the pool
+                num_blocks = num_full = len(hits) + pool.num_free() - evictable
+                break
             else:
-                return  # larger than the whole pool: not admitted
+                return  # even the prompt is larger than the whole pool: not admitted
         self.num_deferred += deferred
+        self._looked_up(i, hits)
         pool.touch(hits)
         n_hit = len(hits)
         n_prompt_full = r.num_full_prompt_blocks(bs)
@@ -344,12 +369,19 @@ class _PoolSimulation:
                 keys.append(out[o] if 0 <= o < len(out) else _PRIVATE)
         if num_blocks > num_full:
             keys.append(None)
-        new, num_evicted = pool.allocate(keys)
+        evicted = [] if self.track_evictions else None
+        new, num_evicted = pool.allocate(keys, evicted)
+        if evicted is not None:
+            self._allocated(i, evicted)
         blocks = hits + new
-        self.req_blocks[i] = blocks
         self.hit_blocks[i] = n_hit
         self.num_evictions[i] = num_evicted
         self.admitted[i] = True
+        if stalled:  # it filled every block, all full and cached, then was preempted for good
+            self.stalled[i] = True
+            pool.free_blocks(blocks[::-1])
+            return
+        self.req_blocks[i] = blocks
         if self.policy is not None:
             self._child_admitted(i)
 
@@ -361,6 +393,12 @@ class _PoolSimulation:
             self._take(i, blocks[: self._needs(self.requests[i])[1]])
         blocks.reverse()
         self.pool.free_blocks(blocks)
+
+    def _looked_up(self, i: int, hits: list[int]) -> None:
+        pass
+
+    def _allocated(self, i: int, evicted: list) -> None:
+        pass
 
     # -- holds ----------------------------------------------------------------------------------
 
@@ -432,7 +470,7 @@ class _PoolSimulation:
                 if with_holds:
                     self._boundary()
                 self.admit(i, running)
-                if self.admitted[i]:
+                if self.admitted[i] and not self.stalled[i]:
                     heapq.heappush(running, (max(r.finish_ns, r.arrival_ns), i))
             while running:
                 self._finish(heapq.heappop(running)[1])
@@ -441,7 +479,7 @@ class _PoolSimulation:
                 if with_holds:
                     self._boundary()
                 self.admit(i, None)
-                if self.admitted[i]:
+                if self.admitted[i] and not self.stalled[i]:
                     self._finish(i)
         for p in list(self.active):
             self._release(p, "close")
@@ -451,5 +489,5 @@ class _PoolSimulation:
             hit_tokens=[h * bs for h in self.hit_blocks], num_evictions=self.num_evictions,
             admitted=self.admitted, num_prompt_tokens=[r.num_prompt_tokens for r in reqs],
             free_queue=self.pool.free_queue(), num_deferred=self.num_deferred, holds=self.records,
-            timed=self.timed,
+            timed=self.timed, stalled=self.stalled,
         )

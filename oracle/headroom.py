@@ -10,7 +10,11 @@ they are among the capacities asked for), else the first capacity asked for.
 What each policy counts as a hit (all share the token rules in `policies.base`):
 - infinite: any eligible prompt read of a block written before;
 - lru, vllm: a prefix lookup, stopping at the request's first miss;
-- belady: any eligible prompt read of a resident block, the cache chosen with the future known.
+- belady: any eligible prompt read of a resident block, the cache chosen with the future known;
+- belady-prefix: a prefix lookup on a prefix-tree cache chosen with the future known (reachable).
+[belady-prefix, belady] brackets the best any prefix cache could do; a wide bracket is noted.
+With a `PrefillCost`, every policy's prefill is also given in seconds (`prefill_seconds`), and the
+headroom too. Whole curves over capacity are `headroom_curve`'s.
 A read is eligible when it is one of the first (num_prompt_tokens - 1) // block_size blocks; every
 prompt block hash the trace lists (an import's partial last block included) is one read.
 """
@@ -25,9 +29,12 @@ import numpy as np
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.policies import POLICIES, PolicyResult, Workload, get_policy
 from kmesh_trace.oracle.policies.base import result_of
+from kmesh_trace.oracle.prefill_cost import PrefillCost
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, engine_geometry, pool_capacity, request_blocks
 
-DEFAULT_POLICIES = ("infinite", "lru", "vllm", "belady")
+#: A bracket wider than this share of belady's hit tokens makes the headroom a range, not a number.
+WIDE_BRACKET = 0.05
+DEFAULT_POLICIES = ("infinite", "lru", "vllm", "belady-prefix", "belady")
 
 
 @dataclass
@@ -39,18 +46,44 @@ class HeadroomResult:
     stock_source: str | None  # "capture", "vllm", or None when no stock could be had
     stock: PolicyResult | None = None
     notes: list[str] = field(default_factory=list)
+    bound: PolicyResult | None = None
+    cost: PrefillCost | None = None  # when set, to_dict adds prefill seconds
+
+    def bracket(self) -> dict | None:
+        """[belady-prefix, belady] prefill tokens at the headroom capacity, when both were replayed there."""
+        low = _find(self.results, "belady-prefix", self.headroom_capacity_blocks)
+        if low is None or self.bound is None:
+            return None
+        width = low.prefill_tokens - self.bound.prefill_tokens
+        return {"belady_prefix_prefill_tokens": low.prefill_tokens, "belady_prefill_tokens": self.bound.prefill_tokens,
+                "width_tokens": width, "wide": width > WIDE_BRACKET * max(self.bound.hit_tokens, 1)}
 
     def to_dict(self) -> dict:
         rows = [r.to_dict() for r in self.results]
         if self.stock is not None and self.stock_source == "capture":
             rows.append(self.stock.to_dict())
-        return {
+        d = {
             "block_size": self.block_size,
             "results": rows,
             "headroom_tokens": self.headroom_tokens,
             "headroom_capacity_blocks": self.headroom_capacity_blocks,
             "stock_source": self.stock_source,
         }
+        if (bracket := self.bracket()) is not None:
+            d["bracket"] = bracket
+        if self.cost is not None:
+            results = self.results + ([self.stock] if self.stock is not None and self.stock_source == "capture" else [])
+            for row, r in zip(rows, results):
+                row["prefill_seconds"] = prefill_seconds(r, self.cost)
+            d["prefill_cost"] = self.cost.to_json()
+            if self.stock is not None and self.bound is not None:
+                d["headroom_seconds"] = prefill_seconds(self.stock, self.cost) - prefill_seconds(self.bound, self.cost)
+        return d
+
+
+def prefill_seconds(result: PolicyResult, cost: PrefillCost) -> float:
+    """Prefill seconds of a replay: each request computes positions [hit tokens, prompt tokens)."""
+    return float(cost.seconds_array(result.hit_tokens_per_request, result.num_prompt_tokens).sum())
 
 
 def headroom(trace, capacities: Sequence[int] | None = None, policies: Sequence[str] | None = None, *,
@@ -92,7 +125,11 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
         stock = _find(results, "vllm", cap) or POLICIES["vllm"].simulate(workload, cap)
         source = "vllm"
     bound = _find(results, "belady", cap) or POLICIES["belady"].simulate(workload, cap)
-    return HeadroomResult(block_size, results, stock.prefill_tokens - bound.prefill_tokens, cap, source, stock, notes)
+    res = HeadroomResult(block_size, results, stock.prefill_tokens - bound.prefill_tokens, cap, source, stock, notes, bound)
+    if (b := res.bracket()) is not None and b["wide"]:
+        notes.append(f"the bracket [belady-prefix, belady] is {b['width_tokens']:,} prefill tokens wide at {cap:,} blocks: "
+                     "a prefix cache may not reach belady, so the headroom is a range, not a number.")
+    return res
 
 
 def _find(results: list[PolicyResult], policy: str, capacity: int) -> PolicyResult | None:

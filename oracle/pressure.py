@@ -89,6 +89,7 @@ class PressureResult:
             "prefill_tokens": res.prefill_tokens,
             "evictions": res.total_evictions,
             "num_not_admitted": res.admitted.count(False),
+            "num_stalled": res.stalled.count(True),
             "num_deferred": res.num_deferred,
         }
 

@@ -49,6 +49,7 @@ class RealPool:
         self.sc, self.bs, self.policy, self.timed = sc, bs, policy, timed
         n = len(sc.requests)
         self.hits, self.evictions, self.admitted = [0] * n, [0] * n, [False] * n
+        self.stalled: set[int] = set()  # admitted on the prompt, then preempted for good
         self.reqs: dict[int, Request] = {}
         self.active: dict[int, tuple[list, str]] = {}  # parent -> (held blocks, family), oldest first
         self.outcome: dict[int, tuple[str, str | None, int]] = {}  # parent -> (status, reason, served)
@@ -110,7 +111,23 @@ class RealPool:
                 self._release(next(iter(self.active)), "pressure")
             elif running:
                 self._finish(heapq.heappop(running)[1])
-            else:
+            else:  # alone: vLLM's own gate (the prompt) decides, then decode until the pool runs out
+                self._evicted()
+                if self.m.allocate_slots(req, P - num_hit, num_hit, computed, full_sequence_must_fit=True) is None:
+                    return
+                req.num_computed_tokens = P
+                for tok in q.output_token_ids:
+                    req.append_output_token_ids(tok)
+                    if self.m.allocate_slots(req, 1) is None:
+                        break
+                    req.num_computed_tokens += 1
+                else:
+                    raise AssertionError("the whole request fit after all")
+                self.m.free(req)  # preempted, for good: its output outgrew the pool
+                self.evictions[i] = self._evicted()
+                self.hits[i] = num_hit
+                self.admitted[i] = True
+                self.stalled.add(i)
                 return
         self._evicted()
         if self.timed:  # all blocks at admission, then the generated tokens' full blocks get cached
@@ -156,14 +173,14 @@ class RealPool:
                 self.now = max(self.now, q.arrival_ns)
                 self._boundary()
                 self._admit(i, running)
-                if self.admitted[i]:
+                if self.admitted[i] and i not in self.stalled:
                     heapq.heappush(running, (q.finish_ns, i))
             while running:
                 self._finish(heapq.heappop(running)[1])
         else:
             for i in range(len(self.sc.requests)):
                 self._admit(i, None)
-                if self.admitted[i]:
+                if self.admitted[i] and i not in self.stalled:
                     self._finish(i)
         for p in list(self.active):
             self._release(p, "close")
@@ -180,6 +197,7 @@ def assert_same(sc: Scenario, policy: HoldPolicy | None = None, timed: bool = Fa
     assert model.hit_tokens == real.hits
     assert model.num_evictions == real.evictions
     assert model.admitted == real.admitted
+    assert [i for i, s in enumerate(model.stalled) if s] == sorted(real.stalled)
     assert model.free_queue == real.free_queue()
     assert {h.parent_index: (h.status, h.release_reason, h.num_children_served) for h in model.holds} == real.outcome
     # Everything drains: every usable block is back in the free queue.

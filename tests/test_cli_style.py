@@ -13,7 +13,7 @@ from kmesh_trace.cli import app
 from kmesh_trace.datasets.workloads import WORKLOADS, get
 from kmesh_trace.errors import KmeshTraceError
 
-SCENARIO_COMMANDS = ["headroom", "pressure"]
+SCENARIO_COMMANDS = ["headroom", "pressure", "tiers"]
 
 
 @pytest.mark.parametrize("command", SCENARIO_COMMANDS)
@@ -96,7 +96,11 @@ def test_analysis_errors_name_parameters_and_the_cli_names_its_options(cli, tmp_
     src = tmp_path / "m.jsonl"
     src.write_text('{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}\n')
     import_mooncake(src, tmp_path / "t")
-    r = cli(["headroom", tmp_path / "t"])
+    r = cli(["pressure", tmp_path / "t", "--edges", "inferred"])
     assert r.exit_code == 1
     assert r.stderr == ("Error: the trace does not record the engine's usable blocks (imported traces cannot); "
                         "pass --capacity-blocks N.\n")
+    r = cli(["tiers", tmp_path / "t"])  # the same parameter is another option there
+    assert r.exit_code == 1
+    assert r.stderr == ("Error: the trace does not record the engine's usable blocks (imported traces cannot); "
+                        "pass --gpu-blocks N.\n")

@@ -94,7 +94,7 @@ def test_cli_headroom_scenario_table_and_errors(cli, tmp_path):
     assert r.stdout.endswith("headroom: 0 prefill tokens at 512 blocks (stock from vllm minus belady)\n")
     r = cli(["headroom", "--scenario", "fork-tree", "--policies", "fifo"])
     assert r.exit_code == 1
-    assert r.stderr.strip() == "Error: unknown policy 'fifo'; the policies are infinite, lru, vllm, belady."
+    assert r.stderr.strip() == "Error: unknown policy 'fifo'; the policies are infinite, lru, vllm, belady, belady-prefix."
     r = cli(["headroom", "--scenario", "fork-tree", "--capacity-blocks", "12x"])
     assert r.stderr.strip() == ("Error: --capacity-blocks must be comma-separated integers above zero, e.g. 256,512,1024 "
                                 "(got '12x').")

@@ -78,3 +78,19 @@ def test_belady_bounds_the_pool_model_and_headroom_is_positive(mooncake):
         assert by["vllm", cap].hit_blocks <= by["belady", cap].hit_blocks
     assert res.stock_source == "vllm" and res.headroom_capacity_blocks == 1024
     assert res.headroom_tokens == by["vllm", 1024].prefill_tokens - by["belady", 1024].prefill_tokens > 0
+
+
+def test_one_pass_curves_equal_the_replays_at_sampled_capacities(mooncake):
+    from kmesh_trace.oracle.curves import belady_curve, lru_curve
+
+    _, _, _, w = mooncake
+    lru, bel = lru_curve(w.stream), belady_curve(w.stream)
+    half = w.stream.num_requests // 2
+    lru_w, bel_w = lru_curve(w.stream, half), belady_curve(w.stream, half)
+    caps = sorted({*CAPACITIES, 3, 777, bel.max_level - 1, bel.max_level, lru.max_level - 1, lru.max_level})
+    for c in caps:
+        lh, bh = lru_hits(w.stream, c)[0], belady_hits(w.stream, c)[0]
+        assert lru.hit_blocks([c])[0] == lh.sum() and bel.hit_blocks([c])[0] == bh.sum(), c
+        assert lru_w.hit_blocks([c])[0] == lh[half:].sum() and bel_w.hit_blocks([c])[0] == bh[half:].sum(), c
+    # Flat from the deepest level on: every reuse a cache of that size can serve.
+    assert bel.hit_blocks([bel.max_level])[0] == bel.hit_blocks([10**9])[0] == belady_hits(w.stream, 10**9)[0].sum()

@@ -47,6 +47,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("hold-stress", "One family whose hold competes with unrelated reuse on 128 usable 16-token blocks.", f"{_W}.hold_stress:scale_1"),
     Workload("hold-stress-x2", "hold-stress with every token size doubled (32-token blocks), as a CPU engine runs it.", f"{_W}.hold_stress:scale_2"),
     Workload("agent", "The demo's agent workload (6 families, 24 competitors), parents' outputs as placeholders.", f"{_W}.agent:full"),
+    Workload("family-burst", "Five children sent together, each extending one 48 MiB ancestor of 16 chunks (256-token blocks); `tiers` runs its lower-tier arms.", f"{_W}.family_burst:built"),
     Workload("agent-small", "The reduced agent workload the test suite runs (2 families, 6 competitors).", f"{_W}.agent:small"),
 )}
 

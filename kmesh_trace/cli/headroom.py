@@ -1,7 +1,9 @@
-"""`headroom`: stock prefix-cache hits against LRU, the vLLM pool model and the Belady bound."""
+"""`headroom`: stock prefix-cache hits against LRU, the vLLM pool model and the Belady bracket, at given
+capacities or (`--curve`, the default without --capacity-blocks) along the whole capacity axis."""
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -25,6 +27,11 @@ from kmesh_trace.cli.common import (
 from kmesh_trace.errors import KmeshTraceError
 
 
+class Window(str, Enum):
+    all = "all"
+    last_half = "last-half"
+
+
 def register(app: typer.Typer) -> None:
     app.command("headroom")(headroom_cmd)
 
@@ -35,43 +42,61 @@ def headroom_cmd(
     trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
     capacity_blocks: CapacityOption = None,
     policies: Optional[str] = typer.Option(
-        None, "--policies", help="Policies, comma-separated, from: infinite, lru, vllm, belady (default: all)."),
+        None, "--policies", help="Policies, comma-separated, from: infinite, lru, vllm, belady, belady-prefix (default: all)."),
+    curve: bool = typer.Option(
+        False, "--curve", help="Every capacity: lru and belady exact from one pass each, vllm and belady-prefix on a grid "
+                               "(the default when no --capacity-blocks is given)."),
+    window: Window = typer.Option(Window.all, "--window", help="Requests counted in a curve: all, or the last half "
+                                  "(the first half warms the cache)."),
+    tokens_per_s: Optional[float] = typer.Option(
+        None, "--prefill-tokens-per-s", help="Prefill throughput at position 0, for seconds (default: fitted to a "
+                                             "capture's measured prefills)."),
+    attention_factor: float = typer.Option(
+        0.0, "--attention-factor", help="With --prefill-tokens-per-s: extra cost of a token per earlier position, as a "
+                                        "fraction of its position-0 cost."),
+    processes: Optional[int] = typer.Option(None, "--processes", min=1, help="Worker processes for grid replays "
+                                            "(default: the cores)."),
     scenario: ScenarioOption = None,
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write hit ratio against capacity to FILE.png or FILE.svg."),
     output: Output = None,
 ) -> None:
     """Prefill tokens the stock cache failed to reuse that an ideal cache of the same capacity would have."""
-    from kmesh_trace.oracle.headroom import headroom, headroom_of_requests
+    from kmesh_trace.oracle.headroom import headroom_of_requests
     from kmesh_trace.plots import check_plot_path, plot_headroom
 
     caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     if (trace is None) == (scenario is None):
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
+    if curve and caps is not None:
+        raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
     if plot is not None:  # a bad --plot must fail before the replays, not after them
         check_out_file(check_plot_path(plot), "--plot")
+    cost = fit = None
+    if tokens_per_s is not None:
+        from kmesh_trace.oracle.prefill_cost import PrefillCost
+
+        cost = PrefillCost.from_throughput(tokens_per_s, attention_factor=attention_factor)
+    approximate = None
     if scenario is not None:
         w = build_scenario(scenario)
-        result = headroom_of_requests(w.requests, w.block_size, caps, names, num_usable_blocks=w.num_usable_blocks)
-        approximate = None
+        reqs, block_size, usable = w.requests, w.block_size, w.num_usable_blocks
     else:
+        from kmesh_trace.oracle.stream import engine_geometry, request_blocks
         from kmesh_trace.trace import open_trace
 
         with open_trace(trace) as t:
-            result = headroom(t, caps, names, engine=engine)
+            block_size, usable = engine_geometry(t, engine)
+            reqs = request_blocks(t, engine)
+            if cost is None:
+                cost, fit = _fitted_cost(t, engine)
             approximate = approximate_tokens_note(t)
-        if approximate:
-            result.notes.append(approximate)
-    if plot is not None:
-        plot_headroom(result, plot)
-        err.print(f"wrote {plot}")
-    for note in result.notes:
-        if note != approximate:  # already said
-            err.print(f"note: {note}")
-    d = result.to_dict()
-    if approximate:
-        d["note"] = approximate
+    if caps is None:
+        return _curve(reqs, block_size, usable, names, window.value, cost, fit, processes, plot, output, approximate)
+    result = headroom_of_requests(reqs, block_size, caps, names, num_usable_blocks=usable)
+    result.cost = cost
+    d = _plot_and_notes(result, plot, plot_headroom, approximate)
     emit(output, d, rows=d["results"], render=lambda: render(d))
 
 
@@ -84,5 +109,95 @@ def render(d: dict) -> None:
                    f"{r['prefill_tokens']:,}", f"{r['hit_ratio']:.4f}")
     out.print(rt)
     if d["headroom_tokens"] is not None:
-        out.print(f"headroom: {d['headroom_tokens']:,} prefill tokens at {d['headroom_capacity_blocks']:,} blocks "
+        secs = f" = {d['headroom_seconds']:,.3f} prefill seconds" if "headroom_seconds" in d else ""
+        out.print(f"headroom: {d['headroom_tokens']:,} prefill tokens{secs} at {d['headroom_capacity_blocks']:,} blocks "
                   f"(stock from {d['stock_source']} minus belady)")
+    if "bracket" in d:
+        b = d["bracket"]
+        out.print(f"bracket: belady-prefix {b['belady_prefix_prefill_tokens']:,} .. belady {b['belady_prefill_tokens']:,} "
+                  f"prefill tokens (width {b['width_tokens']:,}{', wide' if b['wide'] else ''})")
+
+
+def _plot_and_notes(result, plot, plotter, approximate: str | None) -> dict:
+    """Write the plot, print the notes (the approximate-token note was said already); the result as a dict."""
+    if plot is not None:
+        plotter(result, plot)
+        err.print(f"wrote {plot}")
+    for note in result.notes:
+        err.print(f"note: {note}")
+    d = result.to_dict()
+    if approximate:
+        d["note"] = approximate
+    return d
+
+
+def _fitted_cost(trace, engine):
+    """The prefill cost fitted to a capture's measured prefills, or (None, None) with a note when it has none."""
+    from kmesh_trace.oracle.prefill_cost import PrefillCost
+
+    try:
+        cost, fit = PrefillCost.fit(trace, engine)
+    except KmeshTraceError as e:
+        if trace.metadata.get("source", "").startswith("import"):
+            return None, None  # imports have no timings: seconds need --prefill-tokens-per-s
+        err.print(f"note: no prefill seconds: {e}")
+        return None, None
+    fit_d = fit.to_json()
+    fit_d.pop("points")
+    err.print(f"prefill cost fitted to {fit.n} measured prefills: r2 {fit.r2:.3f}, median relative error "
+              f"{fit.median_relative_error:.1%}")
+    return cost, fit_d
+
+
+def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, output, approximate) -> None:
+    from kmesh_trace.oracle.headroom_curve import headroom_curve
+    from kmesh_trace.plots import plot_headroom_curve
+
+    with err.status("replaying") as status:
+        res = headroom_curve(reqs, block_size, policies=names, window=window, num_usable_blocks=usable, cost=cost,
+                             cost_fit=fit, processes=processes, progress=lambda what: status.update(f"replaying: {what}"))
+    d = _plot_and_notes(res, plot, plot_headroom_curve, approximate)
+    emit(output, d, rows=res.along_grid(), render=lambda: _render_curve(res, block_size, window, cost))
+
+
+def _render_curve(res, block_size, window, cost) -> None:
+    rows = res.along_grid()
+    pols = list(res.curves)
+    rt = RichTable(title=f"hit ratio by capacity ({block_size}-token blocks, window: {window}, "
+                         f"{res.num_requests:,} requests)", title_justify="left")
+    rt.add_column("capacity_blocks", justify="right")
+    for p in pols:
+        rt.add_column(p, justify="right")
+    rt.add_column("headroom_tokens", justify="right")
+    if cost is not None:
+        rt.add_column("headroom_s", justify="right")
+    for row in rows:
+        cells = [f"{row['capacity_blocks']:,}"] + [f"{row[p]['hit_ratio']:.4f}" for p in pols]
+        cells.append(f"{row['headroom_tokens']:,}" if "headroom_tokens" in row else "")
+        if cost is not None:
+            cells.append(f"{row['headroom_seconds']:,.3f}" if "headroom_seconds" in row else "")
+        rt.add_row(*cells)
+    out.print(rt)
+    inf_ratio = res.infinite_hit_blocks / res.num_reads if res.num_reads else 0.0
+    ft = RichTable(title=f"capacity (blocks) reaching a share of the infinite cache's hit ratio ({inf_ratio:.4f})",
+                   title_justify="left")
+    ft.add_column("policy")
+    for f in ("50%", "90%", "99%"):
+        ft.add_column(f, justify="right")
+    for p, row in res.capacity_for_fraction().items():
+        exact = res.curves[p].exact
+        ft.add_row(p + ("" if exact else " (grid, at most)"),
+                   *[("-" if v is None else f"{v:,}") for v in row.values()])
+    out.print(ft)
+    if res.stock is not None:
+        s = res.stock
+        out.print(f"stock ({s['source']}) at {s['capacity_blocks']:,} blocks: {s['prefill_tokens']:,} prefill tokens")
+    if res.ttft:
+        tt = RichTable(title="estimated prefill seconds per request at the stock capacity (time to first token, "
+                             "queueing excluded)", title_justify="left")
+        tt.add_column("policy")
+        for q in ("mean", "p50", "p90", "p99"):
+            tt.add_column(q, justify="right")
+        for p, qs in res.ttft.items():
+            tt.add_row(p, *[f"{qs[q]:.4f}" for q in ("mean", "p50", "p90", "p99")])
+        out.print(tt)

@@ -11,11 +11,12 @@ from __future__ import annotations
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.policies.base import Policy, PolicyResult, Workload
 from kmesh_trace.oracle.policies.belady import Belady
+from kmesh_trace.oracle.policies.belady_prefix import BeladyPrefix
 from kmesh_trace.oracle.policies.infinite import Infinite
 from kmesh_trace.oracle.policies.lru import LRU
 from kmesh_trace.oracle.policies.vllm import VLLM
 
-POLICIES: dict[str, Policy] = {p.name: p for p in (Infinite(), LRU(), VLLM(), Belady())}
+POLICIES: dict[str, Policy] = {p.name: p for p in (Infinite(), LRU(), VLLM(), Belady(), BeladyPrefix())}
 
 __all__ = ["POLICIES", "Policy", "PolicyResult", "Workload", "get_policy"]
 

@@ -58,6 +58,30 @@ def _sift_down(key, who, where, i, size):  # pragma: no cover (compiled)
     where[o] = i
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _heap_remove(key, who, where, o, size):  # pragma: no cover (compiled); returns the new size
+    i = where[o]
+    where[o] = -1
+    size -= 1
+    if i < size:
+        m = who[size]
+        key[i] = key[size]
+        who[i] = m
+        where[m] = i
+        _sift_up(key, who, where, i)
+        _sift_down(key, who, where, where[m], size)
+    return size
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _heap_push(key, who, where, o, k, size):  # pragma: no cover (compiled); returns the new size
+    key[size] = k
+    who[size] = o
+    where[o] = size
+    _sift_up(key, who, where, size)
+    return size + 1
+
+
 @numba.njit(cache=True, nogil=True)
 def _belady_kernel(obj, eligible, next_use, req_start, num_objects, capacity, never):  # pragma: no cover
     # Max-heap of resident blocks keyed by next counted use; where[o] = heap slot or -1.
@@ -79,15 +103,7 @@ def _belady_kernel(obj, eligible, next_use, req_start, num_objects, capacity, ne
                 if eligible[t]:
                     h += 1
                 if nu == never:  # no counted future: drop it now, freeing its slot
-                    where[o] = -1
-                    size -= 1
-                    if i < size:  # move the last slot into the hole, then restore heap order
-                        m = who[size]
-                        key[i] = key[size]
-                        who[i] = m
-                        where[m] = i
-                        _sift_up(key, who, where, i)
-                        _sift_down(key, who, where, where[m], size)
+                    size = _heap_remove(key, who, where, o, size)
                 else:
                     key[i] = nu
                     _sift_up(key, who, where, i)

