@@ -107,7 +107,7 @@ def restore_costs_from_results(path: Path, ssd_route: str | None = None) -> tupl
     if mode:
         src += f" ({mode})"
     costs = {"ssd": RestoreCost(gbps, 0.0, gbps_p95, src)}
-    notes = [f"ssd tier: route {ssd_route}, {how}: {gbps:.2f} GB/s p50, {gbps_p95:.2f} GB/s at the p95 restore"]
+    notes = [f"ssd tier: route {ssd_route}{f' ({mode} mode)' if mode else ''}, {how}: {gbps:.2f} GB/s p50, {gbps_p95:.2f} GB/s at the p95 restore"]
     bench = path / "bench.json"
     if bench.is_file():
         try:
