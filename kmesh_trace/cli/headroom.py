@@ -9,7 +9,9 @@ from typing import Optional
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import check_out_file, err, handles_errors, out, parse_ints, print_json
+from kmesh_trace.cli.common import (check_out_file, err, handles_errors, out, parse_ints, print_json,
+                                    run_tasks_with_progress)
+from kmesh_trace.distributed import RAY_HELP
 from kmesh_trace.errors import KmeshTraceError
 
 
@@ -34,9 +36,11 @@ def headroom_cmd(
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write hit ratio against capacity to FILE.png or FILE.svg."),
+    ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
 ) -> None:
     """Prefill tokens the stock cache failed to reuse that an ideal cache of the same capacity would have."""
     from kmesh_trace.oracle.headroom import headroom, headroom_of_requests
+    from kmesh_trace.oracle.policies import Workload
     from kmesh_trace.plots import check_plot_path, plot_headroom
 
     caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
@@ -49,12 +53,14 @@ def headroom_cmd(
         from kmesh_trace.datasets.fork_tree import BLOCK_SIZE, NUM_USABLE_BLOCKS, fork_tree_requests
 
         reqs = fork_tree_requests(aligned=scenario is Scenario.fork_tree)
-        result = headroom_of_requests(reqs, BLOCK_SIZE, caps, names, num_usable_blocks=NUM_USABLE_BLOCKS)
+        simulate = None if ray is None else _tasks(Workload(BLOCK_SIZE, reqs), None, ray)
+        result = headroom_of_requests(reqs, BLOCK_SIZE, caps, names, num_usable_blocks=NUM_USABLE_BLOCKS,
+                                      simulate=simulate)
     else:
         from kmesh_trace.trace import open_trace
 
         with open_trace(trace) as t:
-            result = headroom(t, caps, names, engine=engine)
+            result = headroom(t, caps, names, engine=engine, simulate=None if ray is None else _tasks(str(trace), engine, ray))
     if plot is not None:
         plot_headroom(result, plot)
         err.print(f"wrote {plot}")
@@ -74,3 +80,14 @@ def headroom_cmd(
     if d["headroom_tokens"] is not None:
         out.print(f"headroom: {d['headroom_tokens']:,} prefill tokens at {d['headroom_capacity_blocks']:,} blocks "
                   f"(stock from {d['stock_source']} minus belady)")
+
+
+def _tasks(source, engine: str | None, ray: str):
+    """headroom's `simulate`: one task per (policy, capacity) point, each reading `source` itself."""
+    from kmesh_trace.distributed import Task
+    from kmesh_trace.oracle.tasks import headroom_point
+
+    where = f"engine={engine}" if engine else "the trace"
+    return lambda points: run_tasks_with_progress(
+        headroom_point, [Task(f"{where}: {p} at {c} blocks", (source, engine, p, c)) for p, c in points],
+        ray=ray, label="headroom")

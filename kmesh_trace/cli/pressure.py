@@ -9,7 +9,9 @@ from typing import Optional
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import check_out_file, err, handles_errors, out, parse_ints, print_json
+from kmesh_trace.cli.common import (check_out_file, err, handles_errors, out, parse_ints, print_json,
+                                    run_tasks_with_progress)
+from kmesh_trace.distributed import RAY_HELP
 from kmesh_trace.errors import KmeshTraceError
 
 MAX_FAMILY_ROWS = 20
@@ -43,9 +45,10 @@ def pressure_cmd(
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
     per_request: bool = typer.Option(False, "--per-request", help="Also list every request's hits and evictions in each arm."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
 ) -> None:
     """Replay the trace stock and with family holds through the vLLM block-pool model; report the tradeoff."""
-    from kmesh_trace.oracle.pressure import sweep, trace_stream, what_if
+    from kmesh_trace.oracle.pressure import TraceStream, sweep, trace_stream, what_if
     from kmesh_trace.oracle.stream import pool_capacity
     from kmesh_trace.plots import check_plot_path, plot_pressure_sweep
 
@@ -75,8 +78,11 @@ def pressure_cmd(
         usable = pool_capacity(capacity_blocks, usable)
     opts = dict(edges=edges.value, lineage=lineage, expiry_s=expiry_s, max_held_blocks=max_held_blocks,
                 max_families=max_families)
+    if ray is not None:  # one task per capacity, each reading the engine's parts itself
+        source = str(trace) if trace is not None else TraceStream(reqs, block_size, usable, lineage)
+        on_ray = _on_ray(source, engine, {k: v for k, v in opts.items() if k != "lineage"}, ray)
     if caps is not None:
-        points = sweep(reqs, block_size=block_size, capacities=caps, **opts)
+        points = on_ray(caps, False) if ray is not None else sweep(reqs, block_size=block_size, capacities=caps, **opts)
         if plot is not None:
             plot_pressure_sweep(points, plot, block_size)
             err.print(f"wrote {plot}")
@@ -92,7 +98,7 @@ def pressure_cmd(
                                               p.saved_child_tokens, p.displaced_hit_tokens, p.net_cached_tokens)))
         out.print(rt)
         return
-    res = what_if(reqs, block_size=block_size, num_usable_blocks=usable, **opts)
+    res = on_ray([usable], True)[0] if ray is not None else what_if(reqs, block_size=block_size, num_usable_blocks=usable, **opts)
     d = res.to_dict(per_request=per_request)
     if as_json:
         print_json(d)
@@ -138,3 +144,14 @@ def _render(d: dict) -> None:
               f"held_block_steps {d['held_block_steps']:,}"
               + (f"  held_block_seconds {secs:,.3f}" if secs is not None else ""))
 
+
+
+def _on_ray(source, engine: str | None, options: dict, ray: str):
+    """(capacities, whole) -> one what-if per capacity as Ray tasks (`whole`: PressureResults, else SweepPoints)."""
+    from kmesh_trace.distributed import Task
+    from kmesh_trace.oracle.tasks import pressure_point
+
+    where = f"engine={engine}" if engine else "the trace"
+    return lambda caps, whole: run_tasks_with_progress(
+        pressure_point, [Task(f"{where}: what-if at {c} blocks", (source, engine, c, options, whole)) for c in caps],
+        ray=ray, label="pressure")
