@@ -204,3 +204,18 @@ def test_cli_fleet_refuses_a_trace_without_usable_blocks_unless_given(cli, tmp_p
     r = cli(["fleet", tmp_path / "t", "--capacity-blocks", "4", "--json"])
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["num_requests"] == 1
+
+
+def test_a_worker_reads_a_trace_once_until_its_parts_change(tmp_path):
+    from kmesh_trace.oracle.tasks import load_at
+    from kmesh_trace.writer import TraceWriter
+
+    trace = write_fleet_trace(tmp_path / "t", num_engines=2)
+    first = load_at(str(trace), None, "fleet", fleet_workload)
+    assert load_at(str(trace), None, "fleet", fleet_workload) is first
+    with TraceWriter(trace, "e1", {"block_size": BLOCK_SIZE, "num_usable_blocks": 24}) as w:
+        w.write("invocations", {"request_id": ["late"], "seq": [30], "num_prompt_tokens": [9],
+                                "prompt_block_hashes": [[1, 2, 3]], "arrival_ns": [10**6], "finish_ns": [10**6 + 1]})
+    again = load_at(str(trace), None, "fleet", fleet_workload)
+    assert again is not first and len(again.requests) == len(first.requests) + 1
+    assert again.requests[-1].request_id == "late"
