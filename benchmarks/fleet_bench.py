@@ -1,0 +1,115 @@
+"""Fleet benchmark: a routing sweep on a local Ray cluster against the same sweep in one process.
+
+One run: the Mooncake conversation trace (../shared/datasets or $KMESH_DATASETS, or --src) imported into a temporary
+trace directory; a sweep of --routings x --engines x --capacities (plus the global pools) run by
+`kmesh_trace.oracle.tasks.fleet_sweep`, in this process (`ray=None`: the trace read once, then every
+run in turn) and as Ray tasks on a local cluster of --workers CPUs (each task reads the trace's parts
+itself; a worker keeps what it read while the parts are unchanged). The arms alternate A B B A for
+--rounds pairs; the first Ray sweep on the fresh cluster (workers starting, importing, reading) is
+timed apart as `cold`. Every sweep's result must equal the in-process one, run for run.
+
+Also printed, for docs/SCALING.md: each policy's single-run time at one point (block reads replayed
+per second by one task) and the memory the in-process workload takes (peak RSS growth per request).
+The machine is shared: the load average before and after is printed with the figures.
+
+    .venv/bin/python benchmarks/fleet_bench.py [--src conversation_trace.jsonl] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+DATASETS = Path(os.environ.get("KMESH_DATASETS") or Path(__file__).resolve().parents[2] / "shared" / "datasets")
+DEFAULT_SRC = DATASETS / "mooncake" / "conversation_trace.jsonl"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--src", type=Path, default=DEFAULT_SRC)
+    ap.add_argument("--engines", type=_ints, default=[8, 16])
+    ap.add_argument("--capacities", type=_ints, default=[1000, 2000])
+    ap.add_argument("--routings", default="round-robin,least-loaded,family,prefix-aware")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="A B B A pairs of (one process, Ray)")
+    args = ap.parse_args()
+    if not args.src.is_file():
+        raise SystemExit(f"Mooncake trace not found at {args.src} (give --src, or set up ../shared/datasets)")
+
+    import ray
+
+    from kmesh_trace.datasets.mooncake import import_mooncake
+    from kmesh_trace.oracle.fleet import fleet_workload, plan, simulate_run
+    from kmesh_trace.oracle.tasks import fleet_sweep
+    from kmesh_trace.parts import open_parts
+
+    routings = args.routings.split(",")
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as d:
+        trace = str(Path(d) / "trace")
+        import_mooncake(args.src, trace)
+        opts = dict(overload=1.25, edges="auto")
+
+        def sweep(ray_address):
+            t = time.perf_counter()
+            res = fleet_sweep(trace, args.engines, args.capacities, routings, ray=ray_address, **opts)
+            return time.perf_counter() - t, res.to_dict()
+
+        num_runs = len(plan(args.engines, args.capacities, routings))
+        t = time.perf_counter()
+        ray.init(num_cpus=args.workers, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+        start_s = time.perf_counter() - t
+        address = ray.get_runtime_context().gcs_address
+        cold_s, reference = sweep(address)
+        times: dict[str, list[float]] = {"one process": [], "ray": []}
+        for _ in range(args.rounds):
+            for arm in ("one process", "ray", "ray", "one process"):
+                s, res = sweep(None if arm == "one process" else address)
+                assert res == reference, f"the {arm} sweep differs from the first Ray sweep"
+                times[arm].append(s)
+        ray.shutdown()
+        load_after = os.getloadavg()
+
+        # Per-task figures for SCALING.md: one run of each policy at one point, in this process.
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t = time.perf_counter()
+        w = fleet_workload(open_parts(trace))
+        read_s = time.perf_counter() - t
+        rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        num_reads = sum(len(r.prompt_hashes) for r in w.requests)
+        n, c = args.engines[-1], args.capacities[0]
+        per_policy = {}
+        for policy in [*routings, "global"]:
+            t = time.perf_counter()
+            simulate_run(w, policy, n, c, **opts)
+            per_policy[policy] = time.perf_counter() - t
+
+    med = {arm: statistics.median(v) for arm, v in times.items()}
+    print(f"trace: {args.src.name}, {len(w.requests):,} requests, {num_reads:,} block reads, block size {w.block_size}")
+    print(f"sweep: routings {','.join(routings)} x engines {args.engines} x capacities {args.capacities} "
+          f"= {num_runs} runs (global pools included), {args.rounds} A B B A rounds")
+    print(f"ray cluster start: {start_s:.1f} s (not in the sweep times); cold first Ray sweep: {cold_s:.2f} s")
+    for arm, v in times.items():
+        print(f"  {arm:12s} median {med[arm]:.2f} s  ({', '.join(f'{x:.2f}' for x in v)})")
+    print(f"speedup one process / ray ({args.workers} workers): {med['one process'] / med['ray']:.2f} "
+          f"(goal >= 1.6); every sweep identical to the first: yes")
+    print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, "
+          f"after {tuple(round(x, 2) for x in load_after)}; {os.cpu_count()} CPUs")
+    print(f"per task, {n} engines x {c} blocks: trace read {read_s:.2f} s; "
+          f"workload peak RSS growth {(rss1 - rss0) / 1024:.0f} MiB ({(rss1 - rss0) * 1024 / len(w.requests):,.0f} B/request)")
+    for policy, s in per_policy.items():
+        print(f"  {policy:13s} {s:.2f} s  {num_reads / s:,.0f} block reads/s  {len(w.requests) / s:,.0f} requests/s")
+
+
+if __name__ == "__main__":
+    main()
