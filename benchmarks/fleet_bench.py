@@ -10,7 +10,8 @@ timed apart as `cold`. Every sweep's result must equal the in-process one, run f
 
 Also printed, for docs/SCALING.md: each policy's single-run time at one point (block reads replayed
 per second by one task) and the memory the in-process workload takes (peak RSS growth per request).
-The machine is shared: the load average before and after is printed with the figures.
+The machine is shared: the load average before and after, and the machine's idle CPU share during
+each sweep (from /proc/stat), are printed with the figures.
 
     .venv/bin/python benchmarks/fleet_bench.py [--src conversation_trace.jsonl] [--rounds 2]
 """
@@ -28,6 +29,13 @@ from pathlib import Path
 
 DATASETS = Path(os.environ.get("KMESH_DATASETS") or Path(__file__).resolve().parents[2] / "shared" / "datasets")
 DEFAULT_SRC = DATASETS / "mooncake" / "conversation_trace.jsonl"
+
+
+def _cpu_jiffies() -> tuple[int, int]:
+    """(idle, total) CPU time of the whole machine so far, from /proc/stat (idle + iowait count as idle)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return fields[3] + fields[4], sum(fields)
 
 
 def _ints(text: str) -> list[int]:
@@ -61,10 +69,15 @@ def main() -> None:
         opts = dict(overload=1.25, edges="auto")
 
         def sweep(ray_address):
+            idle0, total0 = _cpu_jiffies()
             t = time.perf_counter()
             res = fleet_sweep(trace, args.engines, args.capacities, routings, ray=ray_address, **opts)
-            return time.perf_counter() - t, res.to_dict()
+            s = time.perf_counter() - t
+            idle1, total1 = _cpu_jiffies()
+            idle[ray_address is not None].append((idle1 - idle0) / max(total1 - total0, 1))
+            return s, res.to_dict()
 
+        idle: dict[bool, list[float]] = {False: [], True: []}
         num_runs = len(plan(args.engines, args.capacities, routings))
         t = time.perf_counter()
         ray.init(num_cpus=args.workers, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
@@ -72,11 +85,13 @@ def main() -> None:
         address = ray.get_runtime_context().gcs_address
         cold_s, reference = sweep(address)
         times: dict[str, list[float]] = {"one process": [], "ray": []}
+        pairs: list[float] = []  # one process / ray, per adjacent pair (A B, then B A)
         for _ in range(args.rounds):
             for arm in ("one process", "ray", "ray", "one process"):
                 s, res = sweep(None if arm == "one process" else address)
                 assert res == reference, f"the {arm} sweep differs from the first Ray sweep"
                 times[arm].append(s)
+            pairs += [times["one process"][-2] / times["ray"][-2], times["one process"][-1] / times["ray"][-1]]
         ray.shutdown()
         load_after = os.getloadavg()
 
@@ -101,8 +116,11 @@ def main() -> None:
     print(f"ray cluster start: {start_s:.1f} s (not in the sweep times); cold first Ray sweep: {cold_s:.2f} s")
     for arm, v in times.items():
         print(f"  {arm:12s} median {med[arm]:.2f} s  ({', '.join(f'{x:.2f}' for x in v)})")
-    print(f"speedup one process / ray ({args.workers} workers): {med['one process'] / med['ray']:.2f} "
+    print(f"speedup one process / ray ({args.workers} workers): median of pairs {statistics.median(pairs):.2f} "
+          f"({', '.join(f'{x:.2f}' for x in pairs)}), ratio of medians {med['one process'] / med['ray']:.2f} "
           f"(goal >= 1.6); every sweep identical to the first: yes")
+    print(f"idle CPU share of the machine during the sweeps: one process "
+          f"{', '.join(f'{x:.0%}' for x in idle[False])}; ray {', '.join(f'{x:.0%}' for x in idle[True][1:])}")
     print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, "
           f"after {tuple(round(x, 2) for x in load_after)}; {os.cpu_count()} CPUs")
     print(f"per task, {n} engines x {c} blocks: trace read {read_s:.2f} s; "
