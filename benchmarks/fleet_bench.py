@@ -11,7 +11,10 @@ timed apart as `cold`. Every sweep's result must equal the in-process one, run f
 Also printed, for docs/SCALING.md: each policy's single-run time at one point (block reads replayed
 per second by one task) and the memory the in-process workload takes (peak RSS growth per request).
 The machine is shared: the load average before and after, and the machine's idle CPU share during
-each sweep (from /proc/stat), are printed with the figures.
+each sweep (from /proc/stat), are printed with the figures. Because a loaded machine leaves a second
+worker no free core, the CPU seconds of every run are also measured, in this process and inside each
+Ray task, and the Ray tasks' CPU times are dealt in order to --workers free workers: the projected
+speedup on idle cores, labelled as a projection.
 
     .venv/bin/python benchmarks/fleet_bench.py [--src conversation_trace.jsonl] [--rounds 2]
 """
@@ -36,6 +39,26 @@ def _cpu_jiffies() -> tuple[int, int]:
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     return fields[3] + fields[4], sum(fields)
+
+
+def _cpu_fleet_run(*args):
+    """A fleet run as a Ray task that also reports the CPU seconds it took in its worker."""
+    from kmesh_trace.oracle.tasks import fleet_run
+
+    t = time.process_time()
+    run = fleet_run(*args)
+    return run, time.process_time() - t
+
+
+def _greedy_makespan(durations: list[float], workers: int) -> float:
+    """When the last of `durations` ends if each goes, in order, to the worker that frees first (how
+    Ray hands queued tasks to idle workers)."""
+    import heapq
+
+    free = [0.0] * workers
+    for d in durations:
+        heapq.heappush(free, heapq.heappop(free) + d)
+    return max(free)
 
 
 def _ints(text: str) -> list[int]:
@@ -92,6 +115,21 @@ def main() -> None:
                 assert res == reference, f"the {arm} sweep differs from the first Ray sweep"
                 times[arm].append(s)
             pairs += [times["one process"][-2] / times["ray"][-2], times["one process"][-1] / times["ray"][-1]]
+        # CPU seconds per run: in this process, and inside each Ray task (measured by the task itself).
+        from kmesh_trace.distributed import Task, run_tasks
+        from kmesh_trace.oracle.fleet import assemble
+
+        runs = plan(args.engines, args.capacities, routings)
+        w = fleet_workload(open_parts(trace))
+        local_cpu = []
+        for policy, n, c in runs:
+            t = time.process_time()
+            simulate_run(w, policy, n, c, **opts)
+            local_cpu.append(time.process_time() - t)
+        out = run_tasks(_cpu_fleet_run, [Task(f"{p} {n} {c}", (trace, p, n, c, 1.25, "auto")) for p, n, c in runs],
+                        ray=address)
+        assert assemble([r for r, _ in out], args.engines, args.capacities, routings, 1.25).to_dict() == reference
+        ray_cpu = [s for _, s in out]
         ray.shutdown()
         load_after = os.getloadavg()
 
@@ -121,6 +159,11 @@ def main() -> None:
           f"(goal >= 1.6); every sweep identical to the first: yes")
     print(f"idle CPU share of the machine during the sweeps: one process "
           f"{', '.join(f'{x:.0%}' for x in idle[False])}; ray {', '.join(f'{x:.0%}' for x in idle[True][1:])}")
+    makespan = _greedy_makespan(ray_cpu, args.workers)
+    print(f"CPU seconds of the runs: one process {sum(local_cpu):.2f}, inside the Ray tasks {sum(ray_cpu):.2f} "
+          f"(ratio {sum(ray_cpu) / sum(local_cpu):.2f}); the Ray tasks' CPU times dealt in order to {args.workers} "
+          f"free workers end after {makespan:.2f} s: a projected speedup of {sum(local_cpu) / makespan:.2f} on "
+          f"{args.workers} idle cores (a projection from measured CPU times, not a wall-clock measurement)")
     print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, "
           f"after {tuple(round(x, 2) for x in load_after)}; {os.cpu_count()} CPUs")
     print(f"per task, {n} engines x {c} blocks: trace read {read_s:.2f} s; "

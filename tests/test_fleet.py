@@ -219,3 +219,20 @@ def test_a_worker_reads_a_trace_once_until_its_parts_change(tmp_path):
     again = load_at(str(trace), None, "fleet", fleet_workload)
     assert again is not first and len(again.requests) == len(first.requests) + 1
     assert again.requests[-1].request_id == "late"
+
+
+def test_reading_parts_by_location_gives_clear_errors(tmp_path):
+    from kmesh_trace.errors import TraceNotFoundError
+
+    with pytest.raises(TraceNotFoundError, match=r"is not a kmesh-trace trace \(no kmesh_trace.json\)"):
+        open_parts(str(tmp_path))
+    with pytest.raises(KmeshTraceError, match=r"cannot open foo://bar/x: .*give a trace directory or a pyarrow "
+                                              r"filesystem URL"):
+        open_parts("foo://bar/x")
+    trace = write_fleet_trace(tmp_path / "t", num_engines=2)
+    with pytest.raises(KmeshTraceError, match=r"has no engine 'e9'; its engines are e0, e1\."):
+        open_parts(str(trace), ["e9"])
+    one = open_parts(str(trace), ["e1"])
+    assert list(one.engines) == ["e1"] and [p.split("/")[-2] for p in one.parts("invocations")] == ["engine=e1"]
+    assert one.scan("invocations").collect()["request_id"].to_list() == [f"q{i}" for i in range(1, 60, 2)]
+    assert one.scan("lineage").collect().height == 0
