@@ -95,7 +95,7 @@ def test_prefix_aware_picks_the_longest_cached_prefix_within_the_load_bound():
 
 def test_one_engine_is_the_global_pool_and_simulate_pool():
     reqs = requests_from_rows(random_rows(3), BLOCK_SIZE)
-    w = fleet_workload_of(reqs)
+    w = workload(reqs)
     ref = simulate_pool(reqs, block_size=BLOCK_SIZE, num_usable_blocks=10)
     for policy in (*ROUTINGS, GLOBAL):
         run = simulate_run(w, policy, 1, 10)
@@ -109,7 +109,7 @@ def test_a_global_pool_that_never_evicts_is_ahead_of_every_routing(seed):
     # every repeated prefix: no routing over smaller pools can hit more. (Short of that, nothing
     # guarantees it: splitting an LRU-like pool can keep blocks a shared one drops.)
     reqs = requests_from_rows(random_rows(seed, timed=seed % 2 == 0), BLOCK_SIZE)
-    w = fleet_workload_of(reqs)
+    w = workload(reqs)
     num_engines = random.Random(seed).randint(2, 5)
     distinct = len({h for r in reqs for h in r.prompt_hashes}) + sum(r.num_output_tokens for r in reqs)
     capacity = -(-distinct // num_engines)
@@ -117,10 +117,6 @@ def test_a_global_pool_that_never_evicts_is_ahead_of_every_routing(seed):
     assert g.num_evictions == 0
     for policy in ROUTINGS:
         assert g.hit_tokens >= simulate_run(w, policy, num_engines, capacity).hit_tokens, policy
-
-
-def fleet_workload_of(reqs):
-    return workload(reqs)
 
 
 def test_a_sweep_shares_global_pools_and_reports_the_gap():
