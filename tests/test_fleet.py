@@ -200,6 +200,13 @@ def test_cli_fleet_refuses_a_trace_without_usable_blocks_unless_given(cli, tmp_p
     r = cli(["fleet", tmp_path / "t", "--capacity-blocks", "4", "--json"])
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["num_requests"] == 1
+    with TraceWriter(tmp_path / "t", "e1", {"block_size": BLOCK_SIZE, "num_usable_blocks": 8}) as w:
+        w.write("invocations", {"request_id": ["b"], "seq": [0], "num_prompt_tokens": [9],
+                                "prompt_block_hashes": [[1, 2, 3]]})
+    r = cli(["fleet", tmp_path / "t"])
+    assert r.exit_code == 1
+    assert r.stderr.strip() == ("Error: the trace's engines have different pools (8, None usable blocks); "
+                                "pass --capacity-blocks N.")
 
 
 def test_a_worker_reads_a_trace_once_until_its_parts_change(tmp_path):

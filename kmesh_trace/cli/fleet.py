@@ -67,7 +67,10 @@ def fleet_cmd(
         caps = parse_ints(capacity_blocks, "--capacity-blocks")
     else:
         usable = {m.get("num_usable_blocks") for m in parts.engines.values()}
-        caps = [pool_capacity(None, usable.pop() if len(usable) == 1 else None)]
+        if len(usable) > 1:
+            raise KmeshTraceError(f"the trace's engines have different pools ({', '.join(map(str, sorted(usable, key=str)))} "
+                                  "usable blocks); pass --capacity-blocks N.")
+        caps = [pool_capacity(None, usable.pop())]
     check_options(routings, ns, caps, overload)
     with progress() as bar:
         tid = bar.add_task("fleet", total=None)
