@@ -60,7 +60,8 @@ def headroom_cmd(
         from kmesh_trace.trace import open_trace
 
         with open_trace(trace) as t:
-            result = headroom(t, caps, names, engine=engine, simulate=None if ray is None else _tasks(str(trace), engine, ray))
+            simulate = None if ray is None else _tasks(str(trace), engine, ray)
+            result = headroom(t, caps, names, engine=engine, simulate=simulate)
     if plot is not None:
         plot_headroom(result, plot)
         err.print(f"wrote {plot}")

@@ -82,7 +82,10 @@ def pressure_cmd(
         source = str(trace) if trace is not None else TraceStream(reqs, block_size, usable, lineage)
         on_ray = _on_ray(source, engine, {k: v for k, v in opts.items() if k != "lineage"}, ray)
     if caps is not None:
-        points = on_ray(caps, False) if ray is not None else sweep(reqs, block_size=block_size, capacities=caps, **opts)
+        if ray is not None:
+            points = on_ray(caps, False)
+        else:
+            points = sweep(reqs, block_size=block_size, capacities=caps, **opts)
         if plot is not None:
             plot_pressure_sweep(points, plot, block_size)
             err.print(f"wrote {plot}")
@@ -98,7 +101,10 @@ def pressure_cmd(
                                               p.saved_child_tokens, p.displaced_hit_tokens, p.net_cached_tokens)))
         out.print(rt)
         return
-    res = on_ray([usable], True)[0] if ray is not None else what_if(reqs, block_size=block_size, num_usable_blocks=usable, **opts)
+    if ray is not None:
+        res = on_ray([usable], True)[0]
+    else:
+        res = what_if(reqs, block_size=block_size, num_usable_blocks=usable, **opts)
     d = res.to_dict(per_request=per_request)
     if as_json:
         print_json(d)
@@ -143,7 +149,6 @@ def _render(d: dict) -> None:
     out.print(f"holds {d['num_holds']:,}  unused {d['unused_holds']:,}  refused {d['refused_holds']:,}  "
               f"held_block_steps {d['held_block_steps']:,}"
               + (f"  held_block_seconds {secs:,.3f}" if secs is not None else ""))
-
 
 
 def _on_ray(source, engine: str | None, options: dict, ray: str):
