@@ -66,8 +66,9 @@ def connect(address: str = "auto"):
                 ray.init(address="auto", **quiet)
             except ConnectionError:  # nothing running here: start a local cluster for this process
                 ray.init(include_dashboard=False, **quiet)
-    except ConnectionError as e:
-        target = address if address != "auto" else os.environ.get("RAY_ADDRESS")
+    except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as e:
+        # A wrong address fails only after Ray's own connection retries (minutes).
+        target = address if address != "auto" else os.environ.get("RAY_ADDRESS") or "this machine"
         raise KmeshTraceError(f"cannot join the Ray cluster at {target}: {str(e).splitlines()[0]}; check the "
                               "address (ray status shows it) or use --ray auto for a local cluster.") from None
     return ray

@@ -4,6 +4,8 @@ results; retries, persistent failures and a missing Ray give one clear error."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -84,3 +86,13 @@ def test_without_ray_the_option_says_how_to_get_it(cli, fleet_trace, monkeypatch
     assert r.exit_code == 1
     assert r.stderr.strip() == ("Error: --ray needs Ray, which is not installed; install it with: "
                                 "pip install 'kmesh-trace[fleet]'")
+
+
+def test_ray_address_joins_the_running_cluster(ray_cluster, cli, fleet_trace):
+    # Another process (the CLI) joins the session's cluster through RAY_ADDRESS.
+    args = ["fleet", str(fleet_trace), "--engines", "2", "--capacity-blocks", "8", "--json"]
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    r = subprocess.run([sys.executable, "-m", "kmesh_trace.cli", *args, "--ray", "auto"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout == cli(args).stdout
