@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from kmesh_trace.errors import KmeshTraceError, MissingDependencyError
 
-__all__ = ["INSTALL_HINT", "MAX_RETRIES", "RAY_HELP", "Task", "TaskFailedError", "connect", "run_tasks"]
+__all__ = ["INSTALL_HINT", "LOCAL_SYSTEM_CONFIG", "MAX_RETRIES", "RAY_HELP", "Task", "TaskFailedError", "connect", "run_tasks"]
 
 INSTALL_HINT = "pip install 'kmesh-trace[fleet]'"
 RAY_HELP = ("Run the pieces (engine partitions, sweep points) as Ray tasks: 'auto' joins RAY_ADDRESS's "
@@ -32,6 +32,9 @@ RAY_HELP = ("Run the pieces (engine partitions, sweep points) as Ray tasks: 'aut
 #: a transient I/O error (a re-read may succeed). A caller's mistake (KmeshTraceError) is not retried.
 MAX_RETRIES = 2
 _RETRIED = [OSError, ConnectionError, TimeoutError]
+#: For a local cluster started here: Ray runs its workers at nice 15 by default, which on a shared
+#: machine hands their CPU to every other process; the single-process run they replace runs at nice 0.
+LOCAL_SYSTEM_CONFIG = {"worker_niceness": 0}
 
 
 class TaskFailedError(KmeshTraceError):
@@ -65,7 +68,7 @@ def connect(address: str = "auto"):
             try:
                 ray.init(address="auto", **quiet)
             except ConnectionError:  # nothing running here: start a local cluster for this process
-                ray.init(include_dashboard=False, **quiet)
+                ray.init(include_dashboard=False, _system_config=LOCAL_SYSTEM_CONFIG, **quiet)
     except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as e:
         # A wrong address fails only after Ray's own connection retries (minutes).
         target = address if address != "auto" else os.environ.get("RAY_ADDRESS") or "this machine"

@@ -39,7 +39,9 @@ def ray_cluster():
 
     ray = pytest.importorskip("ray", reason="ray is not installed; pip install 'kmesh-trace[fleet]' runs the Ray tests")
     tests_dir = str(Path(__file__).resolve().parent)
+    from kmesh_trace.distributed import LOCAL_SYSTEM_CONFIG
+
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": tests_dir}})
+             runtime_env={"env_vars": {"PYTHONPATH": tests_dir}}, _system_config=LOCAL_SYSTEM_CONFIG)
     yield ray
     ray.shutdown()
