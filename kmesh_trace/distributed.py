@@ -43,7 +43,7 @@ class TaskFailedError(KmeshTraceError):
 
 @dataclass(frozen=True)
 class Task:
-    """One piece of work: `name` says what it covers ("engine=e1", "N=8 C=512 prefix-aware") in
+    """One piece of work: `name` says what it covers ("engine=e1: lru at 512 blocks") in
     progress and errors; `args` are the function's positional arguments (small and picklable)."""
 
     name: str
@@ -72,7 +72,7 @@ def connect(address: str = "auto"):
     except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as e:
         # A wrong address fails only after Ray's own connection retries (minutes).
         target = address if address != "auto" else os.environ.get("RAY_ADDRESS") or "this machine"
-        raise KmeshTraceError(f"cannot join the Ray cluster at {target}: {str(e).splitlines()[0]}; check the "
+        raise KmeshTraceError(f"cannot join the Ray cluster at {target} ({_one_line(e)}); check the "
                               "address (ray status shows it) or use --ray auto for a local cluster.") from None
     return ray
 
