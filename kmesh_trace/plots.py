@@ -1,5 +1,5 @@
-"""Figures of analysis results: the headroom hit-ratio curves, the retention-pressure capacity sweep and
-the host x SSD tier sweep, and the shape of a trace's lineage.
+"""Figures of analysis results: the headroom hit-ratio curves, the retention-pressure capacity sweep, the
+host x SSD tier sweep, the shape of a trace's lineage and the fleet routing sweep.
 
 Rendering, not analysis: the analyses in kmesh_trace.oracle return result objects
 and this module draws them (matplotlib, Agg backend, imported only when a plot is drawn). Every figure
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 from kmesh_trace.errors import KmeshTraceError
 
 if TYPE_CHECKING:
+    from kmesh_trace.oracle.fleet import FleetResult
     from kmesh_trace.oracle.headroom import HeadroomResult
     from kmesh_trace.oracle.headroom_curve import CurveResult
     from kmesh_trace.oracle.lineage_report import LineageReport
@@ -168,6 +169,35 @@ def plot_lineage(report: "LineageReport", path: str | Path) -> Path:
         ax.grid(alpha=0.3)
     fig.suptitle(f"Lineage ({report.edge_kind} edges): {report.num_families:,} families, {report.num_edges:,} edges",
                  fontsize=10)
+    return _save(fig, path)
+
+
+def plot_fleet(result: "FleetResult", path: str | Path) -> Path:
+    """Hit ratio of each routing policy and of the global pool: against the per-engine capacity, one panel
+    per fleet size (or against the fleet size, when the sweep has one capacity)."""
+    path = check_plot_path(path)
+    plt = _pyplot()
+    engines = list(dict.fromkeys(p.num_engines for p in result.points))
+    caps = list(dict.fromkeys(p.capacity_blocks for p in result.points))
+    by_caps = len(caps) > 1
+    panels = engines if by_caps else [None]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False, sharey=True)
+    for ax, n in zip(axes[0], panels):
+        points = [p for p in result.points if n is None or p.num_engines == n]
+        xs = [p.capacity_blocks if by_caps else p.num_engines for p in points]
+        for k, run in enumerate(points[0].runs):
+            ys = [p.runs[k].hit_ratio for p in points]
+            is_global = run.policy == "global"
+            ax.plot(xs, ys, marker="o", label=run.policy, linestyle="--" if is_global else "-",
+                    color="black" if is_global else None)
+        if len(xs) > 1 and max(xs) >= 8 * min(xs):
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"capacity per engine (blocks of {result.block_size} tokens)" if by_caps else "engines")
+        ax.set_title(f"{n} engines" if by_caps else f"{caps[0]:,} blocks per engine", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("hit ratio (hit block reads / block reads)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Fleet routing against one global pool of engines x capacity", fontsize=11)
     return _save(fig, path)
 
 

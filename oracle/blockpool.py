@@ -52,7 +52,7 @@ from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.holds import hold_status
 from kmesh_trace.oracle.stream import RequestBlocks, num_computed_tokens
 
-__all__ = ["HoldPolicy", "ModelHold", "PoolResult", "PoolModel", "simulate_pool"]
+__all__ = ["HoldPolicy", "ModelHold", "PoolResult", "PoolModel", "PoolReplay", "simulate_pool"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def simulate_pool(requests: list[RequestBlocks], *, block_size: int, num_usable_
     if holds is not None and holds.expiry_ns is not None and not timed:
         raise KmeshTraceError("Hold expiry needs arrival and finish times on every request; drop the expiry "
                               "or use a trace with times.")
-    return _PoolSimulation(requests, block_size, num_usable_blocks, holds, timed).run()
+    return PoolReplay(requests, block_size, num_usable_blocks, holds, timed).run()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -295,26 +295,36 @@ class _Hold:
         self.taken_boundary = taken_boundary
 
 
-class _PoolSimulation:
-    """The replay. Subclasses (the tier model) observe it through `_looked_up` (a request's GPU prefix
-    hits, before its blocks are allocated) and `_allocated` (the hashes its allocation evicted, when
-    `track_evictions`); the base class does nothing there, so the pool is unchanged."""
+class PoolReplay:
+    """One replay through the pool, step by step: `simulate_pool` feeds it a whole stream (`run`); a
+    caller that interleaves several pools (the fleet what-if routes each request to one engine) feeds
+    it one request at a time with `feed`, may ask `advance`, `cached_prefix_blocks` and `num_running`
+    between requests, and ends with `close`. Both ways apply the same steps in the same order, so a
+    stream fed request by request gives `simulate_pool`'s result exactly.
+
+    Request indices are positions in `requests` (the list given, then the requests fed); hold
+    policies refer to them.
+
+    Subclasses (the tier model) observe it through `_looked_up` (a request's GPU prefix hits, before its
+    blocks are allocated) and `_allocated` (the hashes its allocation evicted, when `track_evictions`);
+    the base class does nothing there, so the pool is unchanged."""
 
     track_evictions = False
 
-    def __init__(self, requests, block_size, num_usable_blocks, holds, timed):
-        self.requests = requests
+    def __init__(self, requests, block_size, num_usable_blocks, holds=None, timed=False):
+        self.requests = list(requests)
         self.bs = block_size
         self.pool = PoolModel(num_usable_blocks)
         self.policy = holds
         self.timed = timed
-        n = len(requests)
+        n = len(self.requests)
         self.hit_blocks = [0] * n
         self.num_evictions = [0] * n
         self.admitted = [False] * n
         self.stalled = [False] * n
         self.req_blocks: dict[int, list[int]] = {}
         self.num_deferred = 0
+        self.running: list[tuple[int, int]] = []  # timed: (finish_ns, index) of admitted requests
         # Hold state: active holds oldest first, by parent index.
         self.active: dict[int, _Hold] = {}
         self.records: list[ModelHold] = []
@@ -458,36 +468,66 @@ class _PoolSimulation:
 
     # -- the stream -----------------------------------------------------------------------------
 
-    def run(self) -> PoolResult:
-        reqs = self.requests
-        with_holds = self.policy is not None
+    def _arrive(self, i: int) -> None:
+        r = self.requests[i]
         if self.timed:
-            running: list[tuple[int, int]] = []
-            for i, r in enumerate(reqs):
-                while running and running[0][0] <= r.arrival_ns:
-                    self._finish(heapq.heappop(running)[1])
-                self.now = max(self.now, r.arrival_ns)
-                if with_holds:
-                    self._boundary()
-                self.admit(i, running)
-                if self.admitted[i] and not self.stalled[i]:
-                    heapq.heappush(running, (max(r.finish_ns, r.arrival_ns), i))
-            while running:
-                self._finish(heapq.heappop(running)[1])
+            self.advance(r.arrival_ns)
+            self.now = max(self.now, r.arrival_ns)
+            if self.policy is not None:
+                self._boundary()
+            self.admit(i, self.running)
+            if self.admitted[i] and not self.stalled[i]:
+                heapq.heappush(self.running, (max(r.finish_ns, r.arrival_ns), i))
         else:
-            for i in range(len(reqs)):
-                if with_holds:
-                    self._boundary()
-                self.admit(i, None)
-                if self.admitted[i] and not self.stalled[i]:
-                    self._finish(i)
+            if self.policy is not None:
+                self._boundary()
+            self.admit(i, None)
+            if self.admitted[i] and not self.stalled[i]:
+                self._finish(i)
+
+    def advance(self, now_ns: int | None) -> None:
+        """Timed: finish every running request whose finish time is at or before `now_ns`."""
+        running = self.running
+        while running and running[0][0] <= now_ns:
+            self._finish(heapq.heappop(running)[1])
+
+    def feed(self, r: RequestBlocks) -> int:
+        """Replay one more request (arrival order); returns its index here."""
+        i = len(self.requests)
+        self.requests.append(r)
+        self.hit_blocks.append(0)
+        self.num_evictions.append(0)
+        self.admitted.append(False)
+        self.stalled.append(False)
+        self._arrive(i)
+        return i
+
+    def cached_prefix_blocks(self, r: RequestBlocks) -> int:
+        """Blocks of `r`'s prompt a lookup would hit now (what a prefix-aware router scores)."""
+        bs = self.bs
+        return len(self.pool.lookup(r.prompt_hashes, min(r.max_hit_blocks(bs), r.num_full_prompt_blocks(bs))))
+
+    @property
+    def num_running(self) -> int:
+        """Requests holding blocks now (timed replays; a sequential replay frees each one at once)."""
+        return len(self.running)
+
+    def run(self) -> PoolResult:
+        for i in range(len(self.requests)):
+            self._arrive(i)
+        return self.close()
+
+    def close(self) -> PoolResult:
+        """Finish what is running, release the holds, and return the result."""
+        while self.running:
+            self._finish(heapq.heappop(self.running)[1])
         for p in list(self.active):
             self._release(p, "close")
         bs = self.bs
         return PoolResult(
             block_size=bs, num_usable_blocks=self.pool.num_usable_blocks, hit_blocks=self.hit_blocks,
             hit_tokens=[h * bs for h in self.hit_blocks], num_evictions=self.num_evictions,
-            admitted=self.admitted, num_prompt_tokens=[r.num_prompt_tokens for r in reqs],
+            admitted=self.admitted, num_prompt_tokens=[r.num_prompt_tokens for r in self.requests],
             free_queue=self.pool.free_queue(), num_deferred=self.num_deferred, holds=self.records,
             timed=self.timed, stalled=self.stalled,
         )

@@ -22,7 +22,7 @@ prompt block hash the trace lists (an import's partial last block included) is o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -35,6 +35,8 @@ from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, engine_ge
 #: A bracket wider than this share of belady's hit tokens makes the headroom a range, not a number.
 WIDE_BRACKET = 0.05
 DEFAULT_POLICIES = ("infinite", "lru", "vllm", "belady-prefix", "belady")
+#: Replays (policy, capacity) points and returns their results in the same order.
+Simulate = Callable[[list[tuple[str, int]]], list[PolicyResult]]
 
 
 @dataclass
@@ -87,16 +89,18 @@ def prefill_seconds(result: PolicyResult, cost: PrefillCost) -> float:
 
 
 def headroom(trace, capacities: Sequence[int] | None = None, policies: Sequence[str] | None = None, *,
-             engine: str | None = None) -> HeadroomResult:
+             engine: str | None = None, simulate: Simulate | None = None) -> HeadroomResult:
     """Headroom of an opened trace (`kmesh_trace.trace.open_trace`)."""
     block_size, num_usable_blocks = engine_geometry(trace, engine)
     return headroom_of_requests(request_blocks(trace, engine), block_size, capacities, policies,
-                                num_usable_blocks=num_usable_blocks)
+                                num_usable_blocks=num_usable_blocks, simulate=simulate)
 
 
 def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | None,
                          capacities: Sequence[int] | None = None, policies: Sequence[str] | None = None, *,
-                         num_usable_blocks: int | None = None) -> HeadroomResult:
+                         num_usable_blocks: int | None = None, simulate: Simulate | None = None) -> HeadroomResult:
+    """`simulate(points)`, when given, replays the (policy, capacity) points (e.g. as distributed tasks,
+    `kmesh_trace.oracle.tasks.headroom_point`) and returns their results in order."""
     block_size = check_block_size(block_size)
     names = list(policies or DEFAULT_POLICIES)
     for name in names:
@@ -105,11 +109,11 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
     if any(c <= 0 for c in caps):
         raise KmeshTraceError("capacities must be positive block counts.")
     workload = Workload(block_size, requests)
-    results = []
-    for name in names:
-        pol = POLICIES[name]
-        for c in caps:
-            results.append(pol.simulate(workload, c))
+    points = [(name, c) for name in names for c in caps]
+    if simulate is not None:
+        results = simulate(points)
+    else:
+        results = [POLICIES[name].simulate(workload, c) for name, c in points]
 
     notes: list[str] = []
     captured = bool(requests) and all(r.stock_cached_tokens is not None for r in requests)

@@ -29,7 +29,8 @@ from kmesh_trace.oracle.blockpool import HoldPolicy, PoolResult, simulate_pool
 from kmesh_trace.oracle.stream import RequestBlocks, engine_geometry, pool_capacity, request_blocks
 
 __all__ = ["FamilyRow", "PressureResult", "SweepPoint", "TraceStream", "what_if", "what_if_trace", "sweep",
-           "hold_policy", "infer_exact_prefix_edges", "trace_stream"]
+           "hold_policy", "infer_exact_prefix_edges", "trace_stream",
+           "sweep_point"]
 
 EDGE_MODES = ("declared", "inferred", "content")
 
@@ -274,12 +275,13 @@ def _families(requests, edges, policy, stock: PoolResult, held: PoolResult) -> l
 
 def sweep(requests: list[RequestBlocks], *, block_size: int, capacities: list[int], **kwargs) -> list[SweepPoint]:
     """`what_if` at each capacity (usable blocks); same keyword options."""
-    out = []
-    for cap in capacities:
-        r = what_if(requests, block_size=block_size, num_usable_blocks=cap, **kwargs)
-        out.append(SweepPoint(cap, r.saved_child_tokens, r.displaced_hit_tokens, r.net_cached_tokens,
-                              r.stock.total_hit_tokens, r.held.total_hit_tokens))
-    return out
+    return [sweep_point(what_if(requests, block_size=block_size, num_usable_blocks=cap, **kwargs)) for cap in capacities]
+
+
+def sweep_point(r: PressureResult) -> SweepPoint:
+    """The sweep's row of one what-if."""
+    return SweepPoint(r.capacity_blocks, r.saved_child_tokens, r.displaced_hit_tokens, r.net_cached_tokens,
+                      r.stock.total_hit_tokens, r.held.total_hit_tokens)
 
 
 @dataclass

@@ -57,7 +57,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.oracle.blockpool import PoolResult, _PoolSimulation
+from kmesh_trace.oracle.blockpool import PoolReplay, PoolResult
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, num_cached_blocks
 
 __all__ = ["simple_cpu", "TierSpec", "RestoreCost", "TierConfig", "TierResult", "TierRead", "PrefillSeconds",
@@ -352,7 +352,7 @@ class _Tier:
         return chain[end] if end < len(chain) else None
 
 
-class _TierSimulation(_PoolSimulation):
+class _TierSimulation(PoolReplay):
     def __init__(self, requests, block_size, config: TierConfig, kv_bytes_per_token, costs, timed, preload):
         super().__init__(requests, block_size, config.gpu_blocks, None, timed)
         self.config = config

@@ -29,3 +29,19 @@ def cli():
 
     runner = CliRunner()
     return lambda args: runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster (2 CPUs, no dashboard) for the whole session; skipped without Ray. Its
+    workers see tests/ on their path, so task functions may come from test helpers."""
+    import logging
+
+    ray = pytest.importorskip("ray", reason="ray is not installed; pip install 'kmesh-trace[fleet]' runs the Ray tests")
+    tests_dir = str(Path(__file__).resolve().parent)
+    from kmesh_trace.distributed import LOCAL_SYSTEM_CONFIG
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": tests_dir}}, _system_config=LOCAL_SYSTEM_CONFIG)
+    yield ray
+    ray.shutdown()

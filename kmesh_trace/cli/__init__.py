@@ -51,6 +51,7 @@ _COMMAND_MODULES = [
     "kmesh_trace.cli.headroom",  # headroom
     "kmesh_trace.cli.pressure",  # pressure
     "kmesh_trace.cli.tiers",  # tiers
+    "kmesh_trace.cli.fleet",  # fleet
     "kmesh_trace.cli.export",  # export perfetto
     "kmesh_trace.cli.replay",  # replay probe|prepare|run
     "kmesh_trace.cli.demo",  # demo

@@ -23,7 +23,9 @@ from kmesh_trace.cli.common import (
     out,
     output_options,
     parse_ints,
+    run_tasks_with_progress,
 )
+from kmesh_trace.distributed import RAY_HELP
 from kmesh_trace.errors import KmeshTraceError
 
 
@@ -59,6 +61,7 @@ def headroom_cmd(
     scenario: ScenarioOption = None,
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write hit ratio against capacity to FILE.png or FILE.svg."),
+    ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
     output: Output = None,
 ) -> None:
     """Prefill tokens the stock cache failed to reuse that an ideal cache of the same capacity would have."""
@@ -93,8 +96,15 @@ def headroom_cmd(
                 cost, fit = _fitted_cost(t, engine)
             approximate = approximate_tokens_note(t)
     if caps is None:
+        if ray is not None:
+            raise KmeshTraceError("--ray distributes the replays at given capacities; add --capacity-blocks.")
         return _curve(reqs, block_size, usable, names, window.value, cost, fit, processes, plot, output, approximate)
-    result = headroom_of_requests(reqs, block_size, caps, names, num_usable_blocks=usable)
+    simulate = None
+    if ray is not None:  # one task per (policy, capacity) point, each reading its own input
+        from kmesh_trace.oracle.policies import Workload
+
+        simulate = _tasks(Workload(block_size, reqs) if scenario is not None else str(trace), engine, ray)
+    result = headroom_of_requests(reqs, block_size, caps, names, num_usable_blocks=usable, simulate=simulate)
     result.cost = cost
     d = _plot_and_notes(result, plot, plot_headroom, approximate)
     emit(output, d, rows=d["results"], render=lambda: render(d))
@@ -201,3 +211,14 @@ def _render_curve(res, block_size, window, cost) -> None:
         for p, qs in res.ttft.items():
             tt.add_row(p, *[f"{qs[q]:.4f}" for q in ("mean", "p50", "p90", "p99")])
         out.print(tt)
+
+
+def _tasks(source, engine: str | None, ray: str):
+    """headroom's `simulate`: one task per (policy, capacity) point, each reading `source` itself."""
+    from kmesh_trace.distributed import Task
+    from kmesh_trace.oracle.tasks import headroom_point
+
+    where = f"engine={engine}" if engine else "the trace"
+    return lambda points: run_tasks_with_progress(
+        headroom_point, [Task(f"{where}: {p} at {c} blocks", (source, engine, p, c)) for p, c in points],
+        ray=ray, label="headroom")

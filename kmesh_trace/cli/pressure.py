@@ -22,7 +22,9 @@ from kmesh_trace.cli.common import (
     out,
     output_options,
     parse_ints,
+    run_tasks_with_progress,
 )
+from kmesh_trace.distributed import RAY_HELP
 from kmesh_trace.errors import KmeshTraceError
 
 MAX_FAMILY_ROWS = 20
@@ -52,12 +54,13 @@ def pressure_cmd(
     plot: Optional[Path] = typer.Option(None, "--plot", help="With several capacities: write net tokens against capacity to FILE.png or FILE.svg."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
     per_request: bool = typer.Option(False, "--per-request", help="Also list every request's hits and evictions in each arm."),
+    ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
     output: Output = None,
 ) -> None:
     """Replay the trace stock and with family holds through the vLLM block-pool model; report the tradeoff.
 
     One capacity gives the detailed report; several (--capacity-blocks 64,96,128) a sweep table."""
-    from kmesh_trace.oracle.pressure import sweep, trace_stream, what_if
+    from kmesh_trace.oracle.pressure import TraceStream, sweep, trace_stream, what_if
     from kmesh_trace.oracle.stream import pool_capacity
     from kmesh_trace.plots import check_plot_path, plot_pressure_sweep
 
@@ -90,8 +93,14 @@ def pressure_cmd(
                   "the replay is sequential (each request freed before the next)")
     opts = dict(edges=edges.value, lineage=lineage, expiry_s=expiry_s, max_held_blocks=max_held_blocks,
                 max_families=max_families)
+    if ray is not None:  # one task per capacity, each reading the engine's parts itself
+        source = str(trace) if trace is not None else TraceStream(reqs, block_size, usable, lineage)
+        on_ray = _on_ray(source, engine, {k: v for k, v in opts.items() if k != "lineage"}, ray)
     if is_sweep:
-        points = sweep(reqs, block_size=block_size, capacities=caps, **opts)
+        if ray is not None:
+            points = on_ray(caps, False)
+        else:
+            points = sweep(reqs, block_size=block_size, capacities=caps, **opts)
         if plot is not None:
             plot_pressure_sweep(points, plot, block_size)
             err.print(f"wrote {plot}")
@@ -101,7 +110,10 @@ def pressure_cmd(
         emit(output, d, rows=d["sweep"], render=lambda: _render_sweep(d))
         return
     usable = pool_capacity(caps[0] if caps else None, usable)
-    res = what_if(reqs, block_size=block_size, num_usable_blocks=usable, **opts)
+    if ray is not None:
+        res = on_ray([usable], True)[0]
+    else:
+        res = what_if(reqs, block_size=block_size, num_usable_blocks=usable, **opts)
     d = res.to_dict(per_request=per_request)
     if approximate:
         d["note"] = approximate
@@ -158,3 +170,13 @@ def _render(d: dict) -> None:
               f"held_block_steps {d['held_block_steps']:,}"
               + (f"  held_block_seconds {secs:,.3f}" if secs is not None else ""))
 
+
+def _on_ray(source, engine: str | None, options: dict, ray: str):
+    """(capacities, whole) -> one what-if per capacity as Ray tasks (`whole`: PressureResults, else SweepPoints)."""
+    from kmesh_trace.distributed import Task
+    from kmesh_trace.oracle.tasks import pressure_point
+
+    where = f"engine={engine}" if engine else "the trace"
+    return lambda caps, whole: run_tasks_with_progress(
+        pressure_point, [Task(f"{where}: what-if at {c} blocks", (source, engine, c, options, whole)) for c in caps],
+        ray=ray, label="pressure")

@@ -1,0 +1,102 @@
+"""`fleet`: route a trace's requests over N engines under each routing policy, against one global pool."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table as RichTable
+
+from kmesh_trace.cli.common import Output, check_out_file, emit, err, handles_errors, out, output_options, parse_ints, progress
+from kmesh_trace.distributed import RAY_HELP
+from kmesh_trace.errors import KmeshTraceError
+
+
+class Edges(str, Enum):
+    auto = "auto"
+    declared = "declared"
+    inferred = "inferred"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fleet")(fleet_cmd)
+
+
+@handles_errors
+@output_options(csv=True)
+def fleet_cmd(
+    trace: str = typer.Argument(..., help="Trace directory or pyarrow filesystem URL (s3://bucket/trace); every "
+                                           "engine partition's requests are routed."),
+    engines: Optional[str] = typer.Option(
+        None, "--engines", help="Fleet sizes, comma-separated (default: the trace's engine partitions)."),
+    capacity_blocks: Optional[str] = typer.Option(
+        None, "--capacity-blocks", help="Usable blocks per engine, comma-separated (default: the trace's)."),
+    routing: str = typer.Option(
+        "round-robin,least-loaded,family,prefix-aware", "--routing",
+        help="Routing policies, comma-separated, from: round-robin, least-loaded, family, prefix-aware."),
+    edges: Edges = typer.Option(
+        Edges.auto, "--edges", help="Families for `family` routing: declared lineage, inferred exact-prefix "
+                                    "edges, or auto (declared when the trace declares any)."),
+    overload: float = typer.Option(
+        1.25, "--overload", help="prefix-aware skips an engine whose load exceeds this multiple of the mean load (+1)."),
+    ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also write hit ratio by policy to FILE.png or FILE.svg."),
+    output: Output = None,
+) -> None:
+    """Hit ratio, prefill tokens and load imbalance of each routing policy, and its gap to a global pool."""
+    from kmesh_trace.oracle.fleet import ROUTINGS, check_options
+    from kmesh_trace.oracle.stream import pool_capacity
+    from kmesh_trace.oracle.tasks import fleet_sweep
+    from kmesh_trace.parts import open_parts
+    from kmesh_trace.plots import check_plot_path, plot_fleet
+
+    routings = [r.strip() for r in routing.split(",") if r.strip()]
+    if not routings:
+        raise KmeshTraceError(f"--routing needs at least one policy from: {', '.join(ROUTINGS)}.")
+    if plot is not None:
+        check_out_file(check_plot_path(plot), "--plot")
+    parts = open_parts(trace)  # metadata only: the tasks (or the one read below) read the parts
+    if not parts.engines:
+        raise KmeshTraceError(f"{trace} has no engine partitions; there are no requests to route.")
+    ns = parse_ints(engines, "--engines") if engines is not None else [len(parts.engines)]
+    if capacity_blocks is not None:
+        caps = parse_ints(capacity_blocks, "--capacity-blocks")
+    else:
+        usable = {m.get("num_usable_blocks") for m in parts.engines.values()}
+        if len(usable) > 1:
+            raise KmeshTraceError(f"the trace's engines have different pools ({', '.join(map(str, sorted(usable, key=str)))} "
+                                  "usable blocks); pass --capacity-blocks N.")
+        caps = [pool_capacity(None, usable.pop())]
+    check_options(routings, ns, caps, overload)
+    with progress() as bar:
+        tid = bar.add_task("fleet", total=None)
+        result = fleet_sweep(trace, ns, caps, routings, overload=overload, edges=edges.value, ray=ray,
+                             on_start=lambda n: bar.update(tid, total=n), on_done=lambda t: bar.advance(tid))
+    if result.num_requests == 0:
+        raise KmeshTraceError(f"{trace} has no invocations; there are no requests to route.")
+    d = result.to_dict()
+    if plot is not None:
+        plot_fleet(result, plot)
+        err.print(f"wrote {plot}")
+    rows = [{"num_engines": p["num_engines"], "capacity_blocks": p["capacity_blocks"], **run}
+            for p in d["points"] for run in p["runs"]]
+    emit(output, d, rows=rows, render=lambda: _render(d))
+
+
+def _render(d: dict) -> None:
+    out.print(f"fleet: {d['num_requests']:,} requests, {d['block_size']}-token blocks, load = {d['load']}"
+              + (f", families {d['family_source']}" if d["family_source"] else ""))
+    for p in d["points"]:
+        rt = RichTable(title=f"{p['num_engines']:,} engines x {p['capacity_blocks']:,} blocks", title_justify="left")
+        for h in ("policy", "hit_ratio", "prefill", "max/mean", "gap", "closed"):
+            rt.add_column(h, justify="left" if h == "policy" else "right")
+        for r in p["runs"]:
+            imb, closed = r["load_imbalance"], r["gap_closed"]
+            rt.add_row(r["policy"], f"{r['hit_ratio']:.4f}", f"{r['prefill_tokens']:,}",
+                       "-" if imb is None else f"{imb:.2f}", f"{r['gap_tokens']:,}",
+                       "-" if closed is None else f"{closed:.1%}")
+        out.print(rt)
+    err.print("prefill: prompt tokens computed; max/mean: requests per engine; gap: prefill tokens beyond the global pool of engines x blocks; "
+              "closed: the share of round-robin's gap a policy closes")

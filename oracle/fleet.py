@@ -1,0 +1,357 @@
+"""The fleet what-if: N engines, each with its own vLLM block pool, behind a router, against one global pool.
+
+It owns routing (docs/DESIGN.md "Fleet"). Every request of a trace, in arrival order, goes to one of N
+engines, each a `PoolReplay` (the vLLM block-pool model of `kmesh_trace.oracle.blockpool`) of C usable
+blocks, fed one request at a time so the router sees each engine's cache and load as they are when
+the request arrives. Routing is sequential within a run; runs (policy x N x C) are independent.
+
+Routing policies:
+- `round-robin`: request k goes to engine k mod N.
+- `least-loaded`: the engine with the least load (ties: the lowest index).
+- `family`: a request goes where its family's root went; a new family goes to the least-loaded
+  engine. The family is the declared `family_id`, else the root of the declared parent chain, else
+  (`edges="inferred"`, or `auto` on a trace that declares no lineage) the root of the inferred
+  exact-prefix edges (`kmesh_trace.oracle.pressure.infer_exact_prefix_edges`).
+- `prefix-aware`: the engine whose cache holds the longest prefix of the request's prompt blocks (what a
+  lookup would hit now), among engines not overloaded (load <= overload x mean load + 1); ties go to
+  the least-loaded, then the lowest index. It scores engines the way llm-d's precise prefix scorer
+  and Dynamo's KV router do, by cached blocks, with load as the tie-break and the guard.
+*Load* is an engine's running requests when every request has arrival and finish times (a timed
+replay holds a request's blocks until it finishes), else the requests routed to it so far (a
+sequential replay frees each request before the next, so nothing is ever running).
+
+`global` is the reference: one pool of N x C usable blocks that serves every request (Mooncake's
+global cache). Per run: hit blocks and tokens, hit ratio (hit blocks / listed prompt block reads, as
+in `headroom`), prefill tokens, evictions, load imbalance (max / mean requests per engine) and the
+gap to the global pool in prefill tokens; `gap_closed` is the share of round-robin's gap a policy
+closes.
+
+The global pool is not always ahead: it holds at least what every routing holds when it never evicts
+(its hits are then every repeated prefix, the most any prefix cache can have) and equals the single
+engine when N = 1; beyond that, splitting one LRU-like pool can happen to keep blocks a bigger shared
+one drops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.blockpool import PoolReplay, PoolResult
+from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, requests_from_rows
+
+__all__ = ["DEFAULT_OVERLOAD", "EDGE_MODES", "GLOBAL", "ROUTINGS", "FleetPoint", "FleetResult", "FleetRun",
+           "FleetWorkload", "Routed", "fleet_workload", "route", "simulate_run", "assemble", "check_options"]
+
+ROUTINGS = ("round-robin", "least-loaded", "family", "prefix-aware")
+GLOBAL = "global"
+EDGE_MODES = ("auto", "declared", "inferred")
+DEFAULT_OVERLOAD = 1.25
+
+# The invocation columns the stream needs, plus the partition (the order of simultaneous arrivals).
+_COLUMNS = ("request_id", "caller_request_id", "seq", "family_id", "parent_id", "num_expected_children",
+            "num_prompt_tokens", "num_output_tokens", "prompt_token_ids", "output_token_ids",
+            "prompt_block_hashes", "arrival_ns", "finish_ns", "num_cached_tokens", "engine")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The workload: every request of every engine partition, in arrival order
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FleetWorkload:
+    block_size: int
+    requests: list[RequestBlocks]
+    num_usable_blocks: int | None = None  # the trace's per-engine pool, when every engine records the same
+    num_partitions: int = 1
+    _families: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def timed(self) -> bool:
+        return bool(self.requests) and all(r.arrival_ns is not None and r.finish_ns is not None for r in self.requests)
+
+    def families(self, edges: str = "auto") -> tuple[list[str], str]:
+        """(family key per request, where the families came from: declared or inferred)."""
+        if edges not in EDGE_MODES:
+            raise KmeshTraceError(f"unknown edge mode {edges!r}; use one of {', '.join(EDGE_MODES)}.")
+        if edges == "auto":
+            declared = any(r.family_id is not None or r.parent_index is not None for r in self.requests)
+            edges = "declared" if declared else "inferred"
+        if edges not in self._families:
+            self._families[edges] = (_family_keys(self.requests, self.block_size, edges), edges)
+        return self._families[edges]
+
+
+def fleet_workload(trace) -> FleetWorkload:
+    """Every engine partition's invocations of an opened trace (`open_trace` or `kmesh_trace.parts.open_parts`),
+    merged in arrival order (simultaneous arrivals: by partition, then seq)."""
+    block_size = check_block_size(trace.block_size)
+    df = (trace.scan("invocations").select(_COLUMNS)
+          .sort(["arrival_ns", "engine", "seq"], nulls_last=True).collect())
+    requests = requests_from_rows(df.iter_rows(named=True), block_size)
+    usable = {m.get("num_usable_blocks") for m in trace.engines.values()}
+    return FleetWorkload(block_size, requests, usable.pop() if len(usable) == 1 else None, len(trace.engines))
+
+
+def _family_keys(requests: Sequence[RequestBlocks], block_size: int, edges: str) -> list[str]:
+    if edges == "declared":
+        parent = {i: r.parent_index for i, r in enumerate(requests) if r.parent_index is not None}
+    else:
+        from kmesh_trace.oracle.pressure import infer_exact_prefix_edges
+
+        parent = infer_exact_prefix_edges(list(requests), block_size)
+    keys: list[str] = []
+    for i, r in enumerate(requests):
+        p = parent.get(i)
+        if edges == "declared" and r.family_id is not None:
+            keys.append(f"family:{r.family_id}")
+        elif p is not None and p < i:
+            keys.append(keys[p])
+        else:
+            keys.append(f"root:{i}")
+    return keys
+
+
+# ---------------------------------------------------------------------------------------------------
+# One routed run
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Routed:
+    """Which engine each request went to, and each engine's replay."""
+
+    engine_of: list[int]
+    pools: list[PoolResult]
+
+
+# A router: (request position, request) -> engine.
+_Choose = Callable[[int, RequestBlocks], int]
+
+
+class _Fleet:
+    def __init__(self, workload: FleetWorkload, num_engines: int, capacity_blocks: int):
+        self.timed = workload.timed
+        self.replays = [PoolReplay([], workload.block_size, capacity_blocks, None, self.timed) for _ in range(num_engines)]
+        self.routed = [0] * num_engines
+
+    def loads(self) -> list[int]:
+        return [r.num_running for r in self.replays] if self.timed else self.routed
+
+    def least_loaded(self) -> int:
+        loads = self.loads()
+        return min(range(len(loads)), key=loads.__getitem__)
+
+
+def _round_robin(fleet: _Fleet, workload, overload, edges) -> _Choose:
+    n = len(fleet.replays)
+    return lambda i, r: i % n
+
+
+def _least_loaded(fleet: _Fleet, workload, overload, edges) -> _Choose:
+    return lambda i, r: fleet.least_loaded()
+
+
+def _family(fleet: _Fleet, workload, overload, edges) -> _Choose:
+    keys, _ = workload.families(edges)
+    home: dict[str, int] = {}
+
+    def choose(i: int, r: RequestBlocks) -> int:
+        k = keys[i]
+        e = home.get(k)
+        if e is None:
+            e = home[k] = fleet.least_loaded()
+        return e
+
+    return choose
+
+
+def _prefix_aware(fleet: _Fleet, workload, overload, edges) -> _Choose:
+    replays = fleet.replays
+
+    def choose(i: int, r: RequestBlocks) -> int:
+        loads = fleet.loads()
+        bound = overload * sum(loads) / len(loads) + 1
+        return min((e for e in range(len(replays)) if loads[e] <= bound),
+                   key=lambda e: (-replays[e].cached_prefix_blocks(r), loads[e], e))
+
+    return choose
+
+
+_ROUTERS = {"round-robin": _round_robin, "least-loaded": _least_loaded, "family": _family,
+            "prefix-aware": _prefix_aware}
+
+
+def route(workload: FleetWorkload, routing: str, num_engines: int, capacity_blocks: int, *,
+          overload: float = DEFAULT_OVERLOAD, edges: str = "auto") -> Routed:
+    """Route every request of `workload` to one of `num_engines` pools of `capacity_blocks`."""
+    check_options([routing], [num_engines], [capacity_blocks], overload)
+    fleet = _Fleet(workload, num_engines, capacity_blocks)
+    choose = _ROUTERS[routing](fleet, workload, overload, edges)
+    stateful = fleet.timed and routing != "round-robin"
+    engine_of = []
+    for i, r in enumerate(workload.requests):
+        if stateful:  # loads and caches as they are at this arrival (feeding one engine advances only it)
+            for rep in fleet.replays:
+                rep.advance(r.arrival_ns)
+        e = choose(i, r)
+        fleet.replays[e].feed(r)
+        fleet.routed[e] += 1
+        engine_of.append(e)
+    return Routed(engine_of, [rep.close() for rep in fleet.replays])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FleetRun:
+    """One policy (a routing, or `global`) at one fleet size and per-engine capacity."""
+
+    policy: str
+    num_engines: int
+    capacity_blocks: int  # per engine; the global pool has num_engines x capacity_blocks
+    block_size: int
+    num_requests_per_engine: list[int]  # global: one pool
+    hit_blocks: int
+    hit_tokens: int
+    prefill_tokens: int
+    num_reads: int
+    num_evictions: int
+    num_not_admitted: int
+    num_deferred: int
+    timed: bool
+    family_source: str | None = None  # family routing: declared or inferred
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hit_blocks / self.num_reads if self.num_reads else 0.0
+
+    @property
+    def load_imbalance(self) -> float | None:
+        """max / mean requests per engine (None for the global pool)."""
+        counts = self.num_requests_per_engine
+        if self.policy == GLOBAL or not sum(counts):
+            return None
+        return max(counts) / (sum(counts) / self.num_engines)
+
+    def to_dict(self) -> dict:
+        return {"policy": self.policy, "num_engines": self.num_engines, "capacity_blocks": self.capacity_blocks,
+                "hit_blocks": self.hit_blocks, "hit_tokens": self.hit_tokens, "prefill_tokens": self.prefill_tokens,
+                "hit_ratio": self.hit_ratio, "load_imbalance": self.load_imbalance,
+                "num_requests_per_engine": self.num_requests_per_engine, "num_evictions": self.num_evictions,
+                "num_not_admitted": self.num_not_admitted, "num_deferred": self.num_deferred}
+
+
+def simulate_run(workload: FleetWorkload, policy: str, num_engines: int, capacity_blocks: int, *,
+                 overload: float = DEFAULT_OVERLOAD, edges: str = "auto") -> FleetRun:
+    """One run: `policy` is a routing from ROUTINGS or `global`."""
+    if policy == GLOBAL:
+        check_options([], [num_engines], [capacity_blocks], overload)
+        reqs = workload.requests
+        pools = [PoolReplay(reqs, workload.block_size, num_engines * capacity_blocks, None, workload.timed).run()]
+        counts = [len(reqs)]
+    else:
+        routed = route(workload, policy, num_engines, capacity_blocks, overload=overload, edges=edges)
+        pools = routed.pools
+        counts = [len(p.hit_blocks) for p in pools]
+    return FleetRun(
+        policy=policy, num_engines=num_engines, capacity_blocks=capacity_blocks, block_size=workload.block_size,
+        num_requests_per_engine=counts, hit_blocks=sum(p.total_hit_blocks for p in pools),
+        hit_tokens=sum(p.total_hit_tokens for p in pools), prefill_tokens=sum(p.prefill_tokens for p in pools),
+        num_reads=sum(len(r.prompt_hashes) for r in workload.requests),
+        num_evictions=sum(p.total_evictions for p in pools),
+        num_not_admitted=sum(p.admitted.count(False) for p in pools),
+        num_deferred=sum(p.num_deferred for p in pools), timed=workload.timed,
+        family_source=workload.families(edges)[1] if policy == "family" else None,
+    )
+
+
+@dataclass
+class FleetPoint:
+    """Every policy at one (engines, capacity) point; `runs` ends with the global pool."""
+
+    num_engines: int
+    capacity_blocks: int
+    runs: list[FleetRun]
+
+    @property
+    def global_run(self) -> FleetRun:
+        return next(r for r in self.runs if r.policy == GLOBAL)
+
+    def gap_tokens(self, run: FleetRun) -> int:
+        """Prefill tokens `run` computes beyond the global pool."""
+        return run.prefill_tokens - self.global_run.prefill_tokens
+
+    def gap_closed(self, run: FleetRun) -> float | None:
+        """The share of round-robin's gap to the global pool that `run` closes (None without round-robin
+        or when round-robin has no gap)."""
+        rr = next((r for r in self.runs if r.policy == "round-robin"), None)
+        if rr is None or self.gap_tokens(rr) <= 0:
+            return None
+        return (rr.prefill_tokens - run.prefill_tokens) / self.gap_tokens(rr)
+
+    def to_dict(self) -> dict:
+        return {"num_engines": self.num_engines, "capacity_blocks": self.capacity_blocks,
+                "runs": [{**r.to_dict(), "gap_tokens": self.gap_tokens(r), "gap_closed": self.gap_closed(r)}
+                         for r in self.runs]}
+
+
+@dataclass
+class FleetResult:
+    block_size: int
+    num_requests: int
+    timed: bool
+    overload: float
+    family_source: str | None
+    points: list[FleetPoint]
+
+    def to_dict(self) -> dict:
+        return {"block_size": self.block_size, "num_requests": self.num_requests, "timed": self.timed,
+                "load": "running requests" if self.timed else "requests routed so far",
+                "overload": self.overload, "family_source": self.family_source,
+                "points": [p.to_dict() for p in self.points]}
+
+
+def check_options(routings: Sequence[str], engines: Sequence[int], capacities: Sequence[int],
+                  overload: float) -> None:
+    for name in routings:
+        if name not in _ROUTERS:
+            raise KmeshTraceError(f"unknown routing {name!r}; the routings are {', '.join(ROUTINGS)}.")
+    if any(n <= 0 for n in engines):
+        raise KmeshTraceError("--engines must be positive engine counts.")
+    if any(c <= 0 for c in capacities):
+        raise KmeshTraceError("--capacity-blocks must be positive block counts.")
+    if not overload >= 1:
+        raise KmeshTraceError(f"--overload must be at least 1 (a multiple of the mean load); got {overload}.")
+
+
+def plan(engines: Sequence[int], capacities: Sequence[int], routings: Sequence[str]) -> list[tuple[str, int, int]]:
+    """The runs of a sweep, (policy, N, C): every routing at every point, then one global pool per
+    distinct total N x C (points with the same total share it)."""
+    runs = [(p, n, c) for n in engines for c in capacities for p in routings]
+    totals: dict[int, tuple[int, int]] = {}
+    for n in engines:
+        for c in capacities:
+            totals.setdefault(n * c, (n, c))
+    return runs + [(GLOBAL, n, c) for n, c in totals.values()]
+
+
+def assemble(runs: Sequence[FleetRun], engines: Sequence[int], capacities: Sequence[int],
+             routings: Sequence[str], overload: float) -> FleetResult:
+    """The sweep's result from the runs of `plan` (in any order)."""
+    by_key = {(r.policy, r.num_engines, r.capacity_blocks): r for r in runs}
+    by_total = {r.num_engines * r.capacity_blocks: r for r in runs if r.policy == GLOBAL}
+    points = []
+    for n in engines:
+        for c in capacities:
+            point_runs = [by_key[(p, n, c)] for p in routings]
+            point_runs.append(replace(by_total[n * c], num_engines=n, capacity_blocks=c))
+            points.append(FleetPoint(n, c, point_runs))
+    first = runs[0]
+    family = next((r.family_source for r in runs if r.family_source is not None), None)
+    return FleetResult(first.block_size, sum(first.num_requests_per_engine), first.timed, overload, family, points)
