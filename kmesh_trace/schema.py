@@ -175,6 +175,32 @@ METADATA_FIELDS: dict[str, tuple[str | None, str]] = {
 }
 
 
+#: The JSON type each metadata field must have when present (null is always allowed: the audit says
+#: which fields a capture must fill). `int` fields refuse booleans; fields not listed are not checked.
+METADATA_TYPES: dict[str, type] = {
+    "engine_id": str, "source": str, "schema_version": str, "host": str, "pid": int, "engine_index": int,
+    "engine": str, "model": str, "block_size": int, "num_usable_blocks": int, "null_block_id": int,
+    "wall_anchor_ns": int, "mono_anchor_ns": int, "capture_config": dict, "num_dropped_events": dict,
+    "num_malformed_lines": int, "malformed_lines": list, "complete": bool,
+}
+
+
+def metadata_type_error(name: str, value: object) -> str | None:
+    """Why `value` cannot be metadata field `name` (None when it can): the field's JSON type, counts
+    never negative, `num_dropped_events` a table -> count mapping."""
+    want = METADATA_TYPES.get(name)
+    if want is None or value is None:
+        return None
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        return f"field {name} is {type(value).__name__}, not {want.__name__}"
+    if name == "num_dropped_events":
+        bad = [k for k, v in value.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+        if bad:
+            return f"field num_dropped_events holds counts that are not integers >= 0 ({', '.join(map(str, bad[:3]))})"
+    if want is int and value < 0 and name in ("block_size", "num_usable_blocks", "num_malformed_lines", "pid"):
+        return f"field {name} is negative ({value})"
+    return None
+
 def table(name: str) -> Table:
     try:
         return TABLES[name]

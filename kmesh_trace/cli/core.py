@@ -12,6 +12,7 @@ from rich.table import Table as RichTable
 
 from kmesh_trace import schema
 from kmesh_trace.cli.common import err, handles_errors, out, print_json
+from kmesh_trace.errors import KmeshTraceError
 
 
 class SqlFormat(str, Enum):
@@ -91,26 +92,87 @@ def info_cmd(
         out.print(mt)
 
 
+#: Rows a table on the terminal shows unless --limit says otherwise (csv and json stream every row).
+TABLE_ROWS = 1000
+#: Seconds a query may run unless --timeout says otherwise.
+DEFAULT_SQL_TIMEOUT_S = 600.0
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+def parse_bytes(text: str, option: str) -> int:
+    """`4GB`, `512MiB` or a plain byte count, above zero."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).upper() if m else ""
+    if not m or unit not in _UNITS or float(m.group(1)) * _UNITS[unit] < 1 << 20:
+        raise KmeshTraceError(f"{option} must be a size of at least 1MiB such as 2GB or 512MiB (got {text!r}).")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def _csv_ready(df):
+    """Nested values (lists, structs) as JSON text: CSV has no nesting, and JSON keeps every value exact."""
+    import polars as pl
+
+    nested = [n for n, t in df.schema.items() if t.is_nested()]
+    if not nested:
+        return df
+    return df.with_columns(
+        pl.Series(n, [None if v is None else json.dumps(v, default=str) for v in df.get_column(n).to_list()], pl.String)
+        for n in nested)
+
+
 @handles_errors
 def sql_cmd(
     trace: Path = typer.Argument(..., help="Trace directory."),
     query: str = typer.Argument(..., help="A read-only SQL query over the tables invocations, lineage, block_events, transfers, engines."),
-    fmt: SqlFormat = typer.Option(SqlFormat.table, "--format", "-f", help="Output format."),
+    fmt: SqlFormat = typer.Option(SqlFormat.table, "--format", "-f", help="Output format (csv writes lists and structs as JSON text)."),
+    limit: int = typer.Option(None, "--limit", min=0, help=f"Print at most this many rows (default: {TABLE_ROWS} for a table, every row for csv and json, streamed)."),
+    timeout_s: float = typer.Option(DEFAULT_SQL_TIMEOUT_S, "--timeout", min=0, help="Stop the query after this many seconds (0: no limit)."),
+    memory_limit: str = typer.Option(None, "--memory-limit", help="Memory DuckDB may use, e.g. 2GB (default: a quarter of this machine's memory); beyond it DuckDB spills to a private temporary directory, removed at exit."),
 ) -> None:
-    """Query a trace with DuckDB SQL (read-only, confined to the trace directory)."""
+    """Query a trace with DuckDB SQL (read-only, confined to the trace directory, bounded in memory and time)."""
+    from itertools import chain
+
     from kmesh_trace.trace import check_read_only, open_trace
 
     check_read_only(query)  # before opening anything
-    df = open_trace(trace).sql(query)
-    if fmt is SqlFormat.json:
-        sys.stdout.write(df.write_json() + "\n")
-    elif fmt is SqlFormat.csv:
-        sys.stdout.write(df.write_csv())
-    else:
-        rt = RichTable()
-        for name in df.columns:
-            rt.add_column(name, overflow="fold")
-        for row in df.iter_rows():
-            rt.add_row(*("" if v is None else str(v) for v in row))
-        out.print(rt)
-        err.print(f"{df.height} row(s)", style="dim")
+    mem = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None else None
+    cap = limit if limit is not None else (TABLE_ROWS if fmt is SqlFormat.table else None)
+    with open_trace(trace, memory_limit=mem) as t:
+        batches = t.sql_batches(query, timeout_s=timeout_s or None)
+        first = next(batches)
+        shown, more = 0, False
+        table_rows = []
+        for df in chain([first], batches):
+            if cap is not None and shown + df.height > cap:
+                df, more = df.head(cap - shown), True
+            if fmt is SqlFormat.json:
+                body = df.write_json()[1:-1]
+                if body:
+                    sys.stdout.write(("[" if shown == 0 else ",") + body)
+            elif fmt is SqlFormat.csv:
+                if df.height or shown == 0:
+                    sys.stdout.write(_csv_ready(df).write_csv(include_header=shown == 0))
+            else:
+                table_rows.extend(df.iter_rows())
+            shown += df.height
+            if more:
+                batches.close()
+                break
+        if fmt is SqlFormat.json:
+            sys.stdout.write(("[" if shown == 0 else "") + "]\n")
+        elif fmt is SqlFormat.table:
+            rt = RichTable()
+            for name in first.columns:
+                rt.add_column(name, overflow="fold")
+            for row in table_rows:
+                rt.add_row(*("" if v is None else str(v) for v in row))
+            out.print(rt)
+    if more:
+        err.print(f"showing the first {shown:,} rows; the query returned more (raise --limit"
+                  + (", or use --format csv or json to stream every row)" if limit is None else ")"),
+                  markup=False, highlight=False, soft_wrap=True)
+    elif fmt is SqlFormat.table:
+        err.print(f"{shown} row(s)", style="dim")
