@@ -17,7 +17,10 @@
 - lineage: every edge's child (and parent, when given) is an invocation of the trace; an
   exact_prefix edge's child prompt starts with the parent's prompt + output, and
   `num_shared_tokens` is that length (these stop only the retention analysis);
-- recorded drops are zero and the writer closed cleanly (`complete`).
+- recorded drops are zero and the writer closed cleanly (`complete`);
+- the contract as opening the trace checks it (footers: table, columns, types, nulls in required
+  columns, parts that repeat another byte for byte; metadata field types) and invocation keys
+  (request_id, seq) unique within an engine partition.
 Each finding is a `Problem` naming the analyses it stops from qualifying.
 """
 
@@ -122,8 +125,9 @@ class _Findings:
 
 def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     """Audit a trace directory (or an opened Trace) for capture fitness."""
-    t = trace if isinstance(trace, Trace) else open_trace(trace)
+    t = trace if isinstance(trace, Trace) else open_trace(trace, strict=False)
     f = _Findings()
+    _check_contract(t, f)
     _check_metadata(t, f)
     _check_columns(t, f)
     rows = t.row_counts()
@@ -131,8 +135,9 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
         f.add("empty_table", "the capture holds no invocations", "invocations")
     if not rows["block_events"]:
         f.add("empty_table", "the capture holds no block events", "block_events", blocks=(RETENTION,))
-    inv = t.frame("invocations")
-    ev = t.frame("block_events")
+    inv = _without_required_nulls(t.frame("invocations"), "invocations", f)
+    ev = _without_required_nulls(t.frame("block_events"), "block_events", f)
+    _check_unique(inv, f)
     _check_filled(inv, "invocations", f)
     _check_filled(ev, "block_events", f)
     _check_values({"invocations": inv, "block_events": ev, "lineage": t.frame("lineage"), "transfers": t.frame("transfers")}, f)
@@ -144,6 +149,54 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
 
 
 # ---- metadata and columns --------------------------------------------------------------------
+
+
+#: What each contract violation found on open is called in the audit, and its message.
+_CONTRACT_FINDINGS = {
+    "damaged_part": "a part cannot be read or breaks the contract (schema, table, columns, types); it was left out",
+    "duplicate_part": "a part repeats another byte for byte (its rows would count twice); it was left out",
+    "null_in_required_column": "a part holds nulls in a column the contract requires; it was left out",
+    "invalid_metadata": "an engine metadata field has the wrong type (it was ignored)",
+}
+
+
+def _check_contract(t: Trace, f: _Findings) -> None:
+    """What opening the trace found (footers and metadata checked against the contract), each blocking."""
+    for pr in t.problems:
+        where = str(Path(pr.path).relative_to(t.path)) if Path(pr.path).is_relative_to(t.path) else pr.path
+        f.add(pr.code, _CONTRACT_FINDINGS[pr.code], f"{where}: {pr.message}")
+
+
+def _without_required_nulls(df, table: str, f: _Findings):
+    """Rows with a null in a required column (parts without footer statistics get here), reported and
+    left out so that the checks below compare only values."""
+    import polars as pl
+
+    required = [c.name for c in schema.table(table).columns if not c.nullable and c.name in df.columns]
+    if df.height == 0 or not required:
+        return df
+    bad = pl.any_horizontal(pl.col(c).is_null() for c in required)
+    n = df.filter(bad).height
+    if n:
+        f.add("null_in_required_column", f"rows of {table} hold nulls in columns the contract requires; they were left out",
+              table, count=n)
+        df = df.filter(~bad)
+    return df
+
+
+def _check_unique(inv, f: _Findings) -> None:
+    """Invocation keys repeat only when rows were duplicated (a part copied with other bytes, a writer
+    that ran twice): request_id and seq are unique within an engine partition."""
+    import polars as pl
+
+    if inv.height == 0:
+        return
+    for key in ("request_id", "seq"):
+        dup = inv.group_by("engine", key).agg(pl.len().alias("n")).filter(pl.col("n") > 1).sort("engine", key)
+        if dup.height:
+            f.add("duplicate_rows", f"invocations repeat a {key} within an engine partition",
+                  [f"invocations:{e}:{k} x{n}" for e, k, n in dup.head(MAX_LOCATIONS).iter_rows()],
+                  count=int(dup.get_column("n").sum() - dup.height))
 
 
 def _check_metadata(t: Trace, f: _Findings) -> None:

@@ -120,8 +120,8 @@ class Trace:
         return clean
 
     def _find_parts(self, name: str) -> list[Path]:
-        """The table's parts that can be read; an unreadable part or one outside the contract is a problem
-        (and is left out, so a non-strict reader still reads the rest)."""
+        """The table's parts that fit the contract; an unreadable part or one outside the contract is a
+        problem, and is left out (so a non-strict reader, the audit, still reads the rest)."""
         readable = []
         for p in sorted((self.path / name).glob("engine=*/part-*.parquet")):
             why = _part_damage(name, p)
@@ -133,6 +133,7 @@ class Trace:
                 self._problem("null_in_required_column", p, f"{p} breaks the contract: required column(s) "
                               f"{', '.join(f'{c} ({n} null)' for c, n in nulls)} hold nulls; move it out of the trace "
                               "or re-create it.")
+                continue
             readable.append(p)
         return readable
 

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table as RichTable
 
 from kmesh_trace.audit.findings import EXIT_CLEAN, Problem, summary
-from kmesh_trace.cli.common import check_out_file, err, fail, handles_errors, out, print_json, progress
+from kmesh_trace.cli.common import check_out_file, check_out_not_in_input, err, fail, handles_errors, out, print_json, progress
 
 audit_app = typer.Typer(
     help="Audit agent-trace corpora and captured traces for fitness. "
@@ -54,6 +54,7 @@ def corpus_cmd(
 
     if out_file is not None:  # the audit can take minutes: refuse an unwritable --out before it
         check_out_file(out_file, "--out")
+        check_out_not_in_input(out_file, [directory])
     with progress() as bar:
         task = bar.add_task("auditing", total=None)
         result = audit_corpus(directory, on_bytes=lambda n: bar.advance(task, n),

@@ -3,6 +3,7 @@ the checks of option values (integer lists, output paths) that must fail before 
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -34,10 +35,51 @@ def handles_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except KmeshTraceError as e:
             fail(str(e))
-        except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
-            fail(f"{e.strerror}: {e.filename}")
+        except OSError as e:
+            if e.errno == errno.EPIPE or e.strerror is None:
+                raise  # a closed pipe is quiet; an OSError without an errno is not the environment's
+            fail(os_error_message(e))
+        except Exception as e:
+            damage = _read_damage(e)
+            if damage is None:
+                raise
+            fail(str(damage))
 
     return wrapper
+
+
+def os_error_message(e: OSError) -> str:
+    """An operating-system refusal as one sentence: what failed, on which file, and what to do."""
+    hint = {errno.ENOSPC: "free some space or write elsewhere", errno.EROFS: "write to a writable filesystem",
+            errno.EDQUOT: "free some space or write elsewhere", errno.EACCES: "check its permissions",
+            errno.EPERM: "check its permissions"}.get(e.errno)
+    where = f": {e.filename}" if e.filename is not None else ""
+    return f"{e.strerror}{where}" + (f"; {hint}." if hint else "")
+
+
+def _read_damage(e: Exception):
+    """A decoding error from polars, Arrow or DuckDB while a trace is open: the damaged part, if one is."""
+    if type(e).__module__.split(".")[0] not in ("polars", "pyarrow", "duckdb", "_duckdb"):
+        return None
+    from kmesh_trace.trace import locate_damage
+
+    return locate_damage(e)
+
+
+def check_out_not_in_input(out_path: Path, inputs: "list[Path | None] | tuple[Path | None, ...]",
+                           option: str = "--out") -> Path:
+    """Refuse an output path that is, or lies inside, one of the inputs the command reads (a corpus
+    directory, a trace directory, a source file): writing there would change what is being read, or
+    destroy it. Symbolic links are resolved first, so a link cannot slip past."""
+    target = out_path.resolve()
+    for src in inputs:
+        if src is None:
+            continue
+        s = Path(src).resolve()
+        if target == s or s in target.parents:
+            raise KmeshTraceError(f"{option} {out_path} is {'the input' if target == s else 'inside the input'} {src}; "
+                                  f"write the output somewhere else.")
+    return out_path
 
 
 def parse_ints(text: str, what: str) -> list[int]:

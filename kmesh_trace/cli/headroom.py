@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import check_out_file, err, handles_errors, out, parse_ints, print_json
+from kmesh_trace.cli.common import check_out_file, check_out_not_in_input, err, handles_errors, out, parse_ints, print_json
 from kmesh_trace.errors import KmeshTraceError
 
 
@@ -45,6 +45,7 @@ def headroom_cmd(
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
     if plot is not None:  # a bad --plot must fail before the replays, not after them
         check_out_file(check_plot_path(plot), "--plot")
+        check_out_not_in_input(plot, [trace], "--plot")
     if scenario is not None:
         from kmesh_trace.datasets.fork_tree import BLOCK_SIZE, NUM_USABLE_BLOCKS, fork_tree_requests
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import err, handles_errors, out, print_json, progress
+from kmesh_trace.cli.common import check_out_dir, check_out_not_in_input, err, handles_errors, out, print_json, progress
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
 
 
@@ -42,6 +42,8 @@ def import_cmd(
     """Import a public trace (Mooncake FAST'25 or Bailian JSONL) into a trace directory."""
     if not src.is_file():
         raise InputFormatError(f"{src} is not a readable file.")
+    check_out_dir(out_dir, "--out")
+    check_out_not_in_input(out_dir, [src])
     engine_id = engine_id or f"import-{fmt.value}"
     if (out_dir / "invocations" / f"engine={engine_id}").exists():
         raise KmeshTraceError(f"{out_dir} already holds an import as engine {engine_id}; choose another --out or --engine-id.")

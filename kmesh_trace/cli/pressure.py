@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import check_out_file, err, handles_errors, out, parse_ints, print_json
+from kmesh_trace.cli.common import check_out_file, check_out_not_in_input, err, handles_errors, out, parse_ints, print_json
 from kmesh_trace.errors import KmeshTraceError
 
 MAX_FAMILY_ROWS = 20
@@ -55,6 +55,7 @@ def pressure_cmd(
         raise KmeshTraceError("--plot draws a capacity sweep; add --sweep-capacity a,b,c.")
     if plot is not None:
         check_out_file(check_plot_path(plot), "--plot")
+        check_out_not_in_input(plot, [trace], "--plot")
     caps = parse_ints(sweep_capacity, "--sweep-capacity") if sweep_capacity is not None else None
     if scenario is not None:
         from kmesh_trace.datasets.hold_stress import hold_stress

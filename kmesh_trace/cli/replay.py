@@ -14,7 +14,7 @@ import typer
 from rich import box
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import check_out_dir, err, fail, handles_errors, out, print_json, progress
+from kmesh_trace.cli.common import check_out_dir, check_out_not_in_input, err, fail, handles_errors, out, print_json, progress
 
 replay_app = typer.Typer(help="Replay KV restorations natively (io_uring, O_DIRECT, GPU routes) and verify them.",
                          no_args_is_help=True)
@@ -71,6 +71,7 @@ def prepare_cmd(
     from kmesh_trace.native import store as st
 
     check_out_dir(out_dir, "--out")
+    check_out_not_in_input(out_dir, [from_trace])
     if from_trace is not None:
         plan, source = st.plan_from_trace(from_trace, chunk_bytes, max_restores), f"trace:{from_trace}"
     else:
@@ -146,6 +147,7 @@ def run_cmd(
     cfg.check()
     if results is not None:  # written after the whole run: refuse a place it cannot go before it
         check_out_dir(results, "--out")
+        check_out_not_in_input(results, [store / "payload", store / "journal.parquet"])
     results = results or store / "runs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     with progress() as bar:
         task = bar.add_task("restoring", total=None)
