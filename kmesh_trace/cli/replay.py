@@ -70,12 +70,13 @@ def prepare_cmd(
     """Write payload files (deterministic pseudo-random) and a Parquet journal; default: one 48 MiB ancestor."""
     from kmesh_trace.native import store as st
 
+    st.check_seed(seed)
     check_out_dir(out_dir, "--out")
-    check_out_not_in_input(out_dir, [from_trace])
     if from_trace is not None:
         plan, source = st.plan_from_trace(from_trace, chunk_bytes, max_restores), f"trace:{from_trace}"
     else:
         plan, source = st.plan_uniform(num_restores, chunks, chunk_bytes), "uniform"
+    check_out_not_in_input(out_dir, [from_trace])
     with progress() as bar:
         task = bar.add_task("writing payloads", total=len(plan))
         s = st.prepare(out_dir, plan, seed=seed, source=source, progress=lambda done, _: bar.update(task, completed=done))
@@ -140,11 +141,11 @@ def run_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Restore the store's journal through each route, verify every byte, keep every sample."""
-    from kmesh_trace.native.runner import RunConfig, run
+    from kmesh_trace.native.runner import RunConfig, open_run, run
 
     cfg = RunConfig(routes=_routes(routes), pairs=pairs, restores=restores, warmup=warmup, corrupt=corrupt,
                     depth=depth, workers=workers, seed=seed)
-    cfg.check()
+    open_run(store, cfg)  # options, journal and run size: refused before the progress bar starts
     if results is not None:  # written after the whole run: refuse a place it cannot go before it
         check_out_dir(results, "--out")
         check_out_not_in_input(results, [store / "payload", store / "journal.parquet"])
