@@ -17,7 +17,9 @@
 - lineage: every edge's child (and parent, when given) is an invocation of the trace; an
   exact_prefix edge's child prompt starts with the parent's prompt + output, and
   `num_shared_tokens` is that length (these stop only the retention analysis);
-- recorded drops are zero and the writer closed cleanly (`complete`);
+- recorded drops are zero and the writer closed cleanly (`complete`), with counts from the loss
+  record when the metadata file could not be rewritten; the trace holds every row the writer wrote
+  (`num_rows_written`); every request the block events act for has an invocation row;
 - the contract as opening the trace checks it (footers: table, columns, types, nulls in required
   columns, parts that repeat another byte for byte; metadata field types) and invocation keys
   (request_id, seq) unique within an engine partition.
@@ -145,6 +147,7 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     _check_cached_tokens(t, inv, touches, f)
     _check_clocks(t, inv, f)
     _check_lineage(t.frame("lineage"), inv, f)
+    _check_requests_known(ev, inv, f)
     return CaptureAudit(path=str(t.path), engines=sorted(t.engines), rows=rows, problems=f.problems())
 
 
@@ -210,9 +213,27 @@ def _check_metadata(t: Trace, f: _Findings) -> None:
         dropped = meta.get("num_dropped_events") or {}
         total = sum(v for v in dropped.values() if isinstance(v, int)) if isinstance(dropped, dict) else 0
         if total:
-            f.add("dropped_events", "the capture recorded dropped events", f"{where}:num_dropped_events", count=total)
+            error = f" ({meta['write_error']})" if meta.get("write_error") else ""
+            f.add("dropped_events", "the capture recorded dropped events", f"{where}:num_dropped_events{error}",
+                  count=total)
         if meta.get("complete") is False:
             f.add("incomplete_capture", "the writer did not close cleanly (complete is false)", f"{where}:complete")
+        if meta.get("metadata_write_failed"):
+            f.add("metadata_stale", "the metadata file could not be rewritten (its counts come from the loss record)",
+                  f"{where}: {meta.get('write_error')}")
+        written = meta.get("num_rows_written")
+        if isinstance(written, dict):
+            found = _rows_per_engine(t, eid)
+            for table, n in sorted(written.items()):
+                if isinstance(n, int) and found.get(table, 0) < n:
+                    f.add("rows_missing", "the trace holds fewer rows than the writer wrote (parts lost or removed)",
+                          f"{table}/engine={eid}: {found.get(table, 0)} of {n}", count=n - found.get(table, 0))
+
+
+def _rows_per_engine(t: Trace, eid: str) -> dict[str, int]:
+    """Rows of each table in engine `eid`'s partition, from the part footers."""
+    return {name: sum(pq.read_metadata(p).num_rows for p in parts if p.parent.name == f"engine={eid}")
+            for name, parts in t.parts.items()}
 
 
 def _check_columns(t: Trace, f: _Findings) -> None:
@@ -385,6 +406,20 @@ def _check_clocks(t: Trace, inv, f: _Findings) -> None:
         for eng, rid, start, fin in tr.select("engine", "request_id", "start_ns", "finish_ns").iter_rows():
             if start is not None and fin is not None and fin < start:
                 f.add("clock_not_monotonic", "a transfer finished before it started", f"transfers:{eng}:{rid}")
+
+
+def _check_requests_known(ev, inv, f: _Findings) -> None:
+    """Every request the block events act for has an invocation row: a request the pool served but the
+    invocations lack means rows stopped early (a write that failed uncounted, a part lost)."""
+    import polars as pl
+
+    if ev.height == 0:
+        return
+    acted = ev.filter(pl.col("request_id").is_not_null()).select("engine", "request_id").unique()
+    missing = acted.join(inv.select("engine", "request_id"), on=["engine", "request_id"], how="anti").sort("engine", "request_id")
+    if missing.height:
+        f.add("requests_missing", "block events act for requests that have no invocation row (rows stopped early)",
+              [f"block_events:{e}:{r}" for e, r in missing.head(MAX_LOCATIONS).iter_rows()], count=missing.height)
 
 
 def _check_lineage(lin, inv, f: _Findings) -> None:

@@ -172,6 +172,11 @@ METADATA_FIELDS: dict[str, tuple[str | None, str]] = {
     "num_malformed_lines": ("lines", "Input lines an importer could not read."),
     "malformed_lines": (None, "file:line of each malformed input line (first 1000)."),
     "complete": (None, "True once the writer closed cleanly; false while writing or after a crash."),
+    "num_rows_written": ("rows", "Rows per table the writer wrote as parts (fewer rows in the trace: parts were lost)."),
+    "num_failed_writes": ("writes", "Parts the writer failed to write (their rows are counted in num_dropped_events)."),
+    "write_error": (None, "The first write error (e.g. a full disk), when there was one."),
+    "metadata_write_failed": (None, "True when this file could not be rewritten at the end; the loss record "
+                              "`engines/<engine_id>.loss` then holds the final counts."),
 }
 
 
@@ -181,7 +186,8 @@ METADATA_TYPES: dict[str, type] = {
     "engine_id": str, "source": str, "schema_version": str, "host": str, "pid": int, "engine_index": int,
     "engine": str, "model": str, "block_size": int, "num_usable_blocks": int, "null_block_id": int,
     "wall_anchor_ns": int, "mono_anchor_ns": int, "capture_config": dict, "num_dropped_events": dict,
-    "num_malformed_lines": int, "malformed_lines": list, "complete": bool,
+    "num_malformed_lines": int, "malformed_lines": list, "complete": bool, "num_rows_written": dict,
+    "num_failed_writes": int, "write_error": str, "metadata_write_failed": bool,
 }
 
 
@@ -193,10 +199,10 @@ def metadata_type_error(name: str, value: object) -> str | None:
         return None
     if not isinstance(value, want) or (want is int and isinstance(value, bool)):
         return f"field {name} is {type(value).__name__}, not {want.__name__}"
-    if name == "num_dropped_events":
+    if name in ("num_dropped_events", "num_rows_written"):
         bad = [k for k, v in value.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0]
         if bad:
-            return f"field num_dropped_events holds counts that are not integers >= 0 ({', '.join(map(str, bad[:3]))})"
+            return f"field {name} holds counts that are not integers >= 0 ({', '.join(map(str, bad[:3]))})"
     if want is int and value < 0 and name in ("block_size", "num_usable_blocks", "num_malformed_lines", "pid"):
         return f"field {name} is negative ({value})"
     return None

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from kmesh_trace import schema
 from kmesh_trace.errors import CorruptTraceError, KmeshTraceError, QueryRefusedError, TraceNotFoundError
-from kmesh_trace.writer import ENGINES_DIR, MARKER
+from kmesh_trace.writer import ENGINES_DIR, LOSS_SUFFIX, MARKER
 
 # The one statement type `Trace.sql(..., read_only=True)` accepts; everything else (COPY, ATTACH,
 # LOAD, INSTALL, CREATE, INSERT, SET, PRAGMA, and EXPLAIN, whose ANALYZE form runs its statement)
@@ -95,6 +95,7 @@ class Trace:
             schema.check_version(meta.get("schema_version"), str(meta_path))
             if not isinstance(meta.get("engine_id"), str):
                 raise CorruptTraceError(f"{meta_path} is damaged: it has no engine_id.")
+            meta = self._with_loss_record(meta_path.with_suffix(LOSS_SUFFIX), meta)
             self.engines[meta["engine_id"]] = self._checked_metadata(meta_path, meta)
         self.parts: dict[str, list[Path]] = {name: self._find_parts(name) for name in schema.TABLES}
         self._check_duplicate_parts()
@@ -104,6 +105,34 @@ class Trace:
 
     def _problem(self, code: str, path: Path, message: str) -> None:
         self.problems.append(PartProblem(code, str(path), message))
+
+    def _with_loss_record(self, loss_path: Path, meta: dict[str, Any]) -> dict[str, Any]:
+        """The metadata with the partition's loss record folded in: each count is the larger of the two
+        (the record can still be written when a full disk stops the metadata file)."""
+        if not loss_path.is_file():
+            return meta
+        try:
+            loss = json.loads(loss_path.read_bytes().decode("utf-8"))
+            if not isinstance(loss, dict):
+                raise ValueError("not an object")
+        except (ValueError, UnicodeDecodeError) as e:
+            self._problem("invalid_metadata", loss_path, f"{loss_path} is damaged: it is not a JSON object ({e}).")
+            return meta
+        meta = dict(meta)
+        for key in ("num_dropped_events", "num_rows_written"):
+            mine, theirs = meta.get(key), loss.get(key)
+            if isinstance(mine, dict) and isinstance(theirs, dict):
+                meta[key] = {t: max(mine.get(t, 0), theirs.get(t, 0), key=_count) for t in {*mine, *theirs}}
+            elif mine is None and theirs is not None:
+                meta[key] = theirs
+        if _count(loss.get("num_failed_writes")) > _count(meta.get("num_failed_writes")):
+            meta["num_failed_writes"] = loss["num_failed_writes"]
+        if meta.get("write_error") is None and loss.get("write_error") is not None:
+            meta["write_error"] = loss["write_error"]
+        if loss.get("metadata_write_failed") and not meta.get("metadata_write_failed"):
+            meta["metadata_write_failed"] = True  # the metadata file is older than the record
+            meta["complete"] = loss.get("complete", meta.get("complete"))
+        return meta
 
     def _checked_metadata(self, meta_path: Path, meta: dict[str, Any]) -> dict[str, Any]:
         """The metadata with every field of the wrong type recorded as a problem and dropped, so that no
@@ -331,6 +360,11 @@ def _narrow_wide_ints(df: pl.DataFrame) -> pl.DataFrame:
             except pl.exceptions.InvalidOperationError:
                 pass  # it does not fit: keep every digit
     return df
+
+
+def _count(v: Any) -> int:
+    """A count for comparison; anything that is not a count compares as 0 (its type is checked later)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 def _sql_str(text: str) -> str:
