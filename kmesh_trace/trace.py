@@ -266,15 +266,16 @@ class Trace:
 
     def sql(self, query: str, *, read_only: bool = True, timeout_s: float | None = None) -> pl.DataFrame:
         """Run SQL against the trace's views (tables: invocations, lineage, block_events, transfers, engines)."""
-        frames = list(self.sql_batches(query, read_only=read_only, timeout_s=timeout_s))
-        if not frames:
+        batches = list(self.sql_batches(query, read_only=read_only, timeout_s=timeout_s))
+        if not batches:
             return pl.DataFrame()
-        return _narrow_wide_ints(pl.concat(frames, how="vertical_relaxed") if len(frames) > 1 else frames[0])
+        return _narrow_wide_ints(_to_polars(pa.Table.from_batches(batches)))
 
     def sql_batches(self, query: str, *, read_only: bool = True, timeout_s: float | None = None,
-                    batch_rows: int = 65_536) -> Iterator[pl.DataFrame]:
-        """The query's result in frames of at most `batch_rows` rows, fetched as they are consumed, so a
-        large result never sits in memory whole. `timeout_s` bounds the whole run (interrupting DuckDB)."""
+                    batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
+        """The query's result as Arrow batches of at most `batch_rows` rows, fetched as they are consumed,
+        so a large result never sits in memory whole (an empty result is one empty batch). `timeout_s`
+        bounds the whole run (interrupting DuckDB)."""
         if read_only:
             check_read_only(query)
         deadline = None if not timeout_s else time.monotonic() + timeout_s
@@ -289,9 +290,9 @@ class Trace:
                 if batch is None:
                     break
                 empty = False
-                yield _narrow_wide_ints(pl.from_arrow(batch))
+                yield batch
             if empty:
-                yield _narrow_wide_ints(pl.from_arrow(reader.schema.empty_table()))
+                yield pa.RecordBatch.from_pylist([], schema=reader.schema)
         finally:
             reader.close()  # a pending result keeps the connection busy: end it before anything else runs
 
@@ -347,6 +348,32 @@ class Trace:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _to_polars(data: pa.RecordBatch | pa.Table) -> pl.DataFrame:
+    """A DuckDB result as polars; a column polars cannot import (an INTERVAL, for one) comes as text."""
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    cols = {}
+    for name, col in zip(data.column_names, data.columns):
+        if _polars_can_import(col.type):
+            cols[name] = pl.from_arrow(pa.table({name: col}))[name]
+        else:
+            cols[name] = pl.Series(name, [None if v is None else str(v) for v in col.to_pylist()], pl.String)
+    return pl.DataFrame(cols)
+
+
+def _polars_can_import(t: pa.DataType) -> bool:
+    """Whether polars takes this Arrow type (it panics on intervals, even inside lists and structs)."""
+    if pa.types.is_interval(t):
+        return False
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _polars_can_import(t.value_type)
+    if pa.types.is_struct(t):
+        return all(_polars_can_import(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _polars_can_import(t.key_type) and _polars_can_import(t.item_type)
+    return True
 
 
 def _narrow_wide_ints(df: pl.DataFrame) -> pl.DataFrame:

@@ -59,7 +59,9 @@ class _Group(TyperGroup):
         except BrokenPipeError:
             _silence_stdout()
             sys.exit(1)
-        except Exception as e:
+        except BaseException as e:  # Exception, and the BaseException a Rust panic in a dependency raises
+            if isinstance(e, GeneratorExit):
+                raise
             if isinstance(e, OSError) and e.errno == errno.EPIPE:
                 _silence_stdout()
                 sys.exit(1)

@@ -39,6 +39,9 @@ def handles_errors(fn: Callable) -> Callable:
             if e.errno == errno.EPIPE or e.strerror is None:
                 raise  # a closed pipe is quiet; an OSError without an errno is not the environment's
             fail(os_error_message(e))
+        except MemoryError:
+            fail("this machine ran out of memory for the command; ask for less (a smaller --capacity-blocks, "
+                 "fewer rows) or run it on a larger machine.")
         except Exception as e:
             damage = _read_damage(e)
             if damage is None:
@@ -82,15 +85,21 @@ def check_out_not_in_input(out_path: Path, inputs: "list[Path | None] | tuple[Pa
     return out_path
 
 
-def parse_ints(text: str, what: str) -> list[int]:
-    """Comma-separated integers above zero (`--capacity-blocks 256,512`); an empty item, a non-integer
-    or a value below 1 is one error naming the option `what`."""
+#: Block counts are int32 in the contract (block ids); a larger capacity names no pool.
+MAX_BLOCKS = (1 << 31) - 1
+
+
+def parse_ints(text: str, what: str, maximum: int = MAX_BLOCKS) -> list[int]:
+    """Comma-separated integers above zero and at most `maximum` (`--capacity-blocks 256,512`); an empty
+    item, a non-integer or a value out of range is one error naming the option `what`."""
     try:
         values = [int(x) for x in text.split(",")]  # int("") fails: an empty item is refused too
     except ValueError:
         values = []
     if not values or any(v <= 0 for v in values):
         raise KmeshTraceError(f"{what} must be comma-separated integers above zero, e.g. 256,512,1024 (got {text!r}).")
+    if any(v > maximum for v in values):
+        raise KmeshTraceError(f"{what} values must be at most {maximum:,} (got {text!r}).")
     return values
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from enum import Enum
@@ -111,16 +112,46 @@ def parse_bytes(text: str, option: str) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
-def _csv_ready(df):
-    """Nested values (lists, structs) as JSON text: CSV has no nesting, and JSON keeps every value exact."""
-    import polars as pl
+_INT64 = 1 << 63
 
-    nested = [n for n, t in df.schema.items() if t.is_nested()]
-    if not nested:
-        return df
-    return df.with_columns(
-        pl.Series(n, [None if v is None else json.dumps(v, default=str) for v in df.get_column(n).to_list()], pl.String)
-        for n in nested)
+
+def _cell(v):
+    """One result value as JSON data: integers beyond 64 bits and decimals as exact text, bytes as DuckDB
+    writes them, times as ISO text, NaN and infinities as null (JSON has none), anything else as text."""
+    import datetime
+    import decimal
+
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return v if -_INT64 <= v < _INT64 else str(v)
+    if isinstance(v, float):
+        return v if v == v and v not in (float("inf"), float("-inf")) else None
+    if isinstance(v, decimal.Decimal):
+        return _cell(int(v)) if v == v.to_integral_value() and v.as_tuple().exponent >= 0 else str(v)
+    if isinstance(v, (bytes, bytearray)):
+        return "".join(chr(b) if 32 <= b < 127 and b != 92 else f"\\x{b:02X}" for b in v)
+    if isinstance(v, dict):
+        return {str(k): _cell(x) for k, x in v.items()}
+    if isinstance(v, tuple) and hasattr(v, "_asdict"):  # an interval (months, days, nanoseconds)
+        return {k: _cell(x) for k, x in v._asdict().items()}
+    if isinstance(v, (list, tuple)):
+        return [_cell(x) for x in v]
+    if isinstance(v, (datetime.date, datetime.time)):
+        return v.isoformat()
+    return str(v)
+
+
+def _csv_field(v) -> str:
+    """One CSV cell: nested values as JSON text (CSV has no nesting), null as an empty field."""
+    v = _cell(v)
+    if v is None:
+        return ""
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, separators=(", ", ": "))
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
 
 
 @handles_errors
@@ -143,32 +174,38 @@ def sql_cmd(
     with open_trace(trace, memory_limit=mem) as t:
         batches = t.sql_batches(query, timeout_s=timeout_s or None)
         first = next(batches)
+        names = first.schema.names
         shown, more = 0, False
-        table_rows = []
-        for df in chain([first], batches):
-            if cap is not None and shown + df.height > cap:
-                df, more = df.head(cap - shown), True
-            if fmt is SqlFormat.json:
-                body = df.write_json()[1:-1]
-                if body:
-                    sys.stdout.write(("[" if shown == 0 else ",") + body)
-            elif fmt is SqlFormat.csv:
-                if df.height or shown == 0:
-                    sys.stdout.write(_csv_ready(df).write_csv(include_header=shown == 0))
-            else:
-                table_rows.extend(df.iter_rows())
-            shown += df.height
+        table_rows: list[list] = []
+        writer = csv.writer(sys.stdout, lineterminator="\n") if fmt is SqlFormat.csv else None
+        if writer is not None:
+            writer.writerow(names)
+        elif fmt is SqlFormat.json:
+            sys.stdout.write("[")
+        for batch in chain([first], batches):
+            rows = batch.to_pylist()
+            if cap is not None and shown + len(rows) > cap:
+                rows, more = rows[:cap - shown], True
+            for row in rows:
+                if fmt is SqlFormat.json:
+                    sys.stdout.write(("," if shown else "") + json.dumps({k: _cell(v) for k, v in row.items()},
+                                                                         separators=(",", ":")))
+                elif writer is not None:
+                    writer.writerow([_csv_field(row[k]) for k in names])
+                else:
+                    table_rows.append(["" if row[k] is None else str(row[k]) for k in names])
+                shown += 1
             if more:
                 batches.close()
                 break
         if fmt is SqlFormat.json:
-            sys.stdout.write(("[" if shown == 0 else "") + "]\n")
+            sys.stdout.write("]\n")
         elif fmt is SqlFormat.table:
             rt = RichTable()
-            for name in first.columns:
+            for name in names:
                 rt.add_column(name, overflow="fold")
             for row in table_rows:
-                rt.add_row(*("" if v is None else str(v) for v in row))
+                rt.add_row(*row)
             out.print(rt)
     if more:
         err.print(f"showing the first {shown:,} rows; the query returned more (raise --limit"
