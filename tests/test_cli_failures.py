@@ -275,3 +275,21 @@ def test_a_symlink_does_not_slip_past(tmp_path, cli):
     (tmp_path / "link").symlink_to(root / "engines")
     r = cli(["export", "perfetto", root, "--out", tmp_path / "link" / "e0.json"])
     assert r.exit_code == 1 and "inside the input" in r.stderr
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv", "table"])
+def test_sql_prints_every_duckdb_type(tmp_path, cli, fmt):
+    """Blobs, intervals (polars cannot import them, even nested), maps, 128-bit integers, NaN: no format fails."""
+    root = tiny(tmp_path / "t")
+    q = ("SELECT 'a\\x00'::BLOB AS b, INTERVAL 1 DAY AS i, [INTERVAL 2 HOUR] AS li, MAP {'k': 1} AS m, "
+         "170141183460469231731687303715884105727::HUGEINT AS h, 1.50::DECIMAL(10, 2) AS d, 'nan'::DOUBLE AS n, "
+         "{'x': 'y'::BLOB} AS s, TIMESTAMPTZ '2020-01-01 00:00+00' AS tz")
+    r = cli(["sql", root, q, "-f", fmt])
+    assert r.exit_code == 0, r.stderr
+    if fmt == "json":
+        assert json.loads(r.stdout) == [{"b": "a\\x00", "i": {"months": 0, "days": 1, "nanoseconds": 0},
+                                         "li": [{"months": 0, "days": 0, "nanoseconds": 7_200_000_000_000}],
+                                         "m": [["k", 1]], "h": "170141183460469231731687303715884105727",
+                                         "d": "1.50", "n": None, "s": {"x": "y"}, "tz": "2020-01-01T00:00:00+00:00"}]
+    elif fmt == "csv":
+        assert r.stdout.splitlines()[0] == "b,i,li,m,h,d,n,s,tz"

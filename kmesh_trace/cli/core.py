@@ -133,8 +133,8 @@ def _cell(v):
         return "".join(chr(b) if 32 <= b < 127 and b != 92 else f"\\x{b:02X}" for b in v)
     if isinstance(v, dict):
         return {str(k): _cell(x) for k, x in v.items()}
-    if isinstance(v, tuple) and hasattr(v, "_asdict"):  # an interval (months, days, nanoseconds)
-        return {k: _cell(x) for k, x in v._asdict().items()}
+    if type(v).__name__ == "MonthDayNano":  # an interval, as Arrow returns it
+        return {"months": v.months, "days": v.days, "nanoseconds": v.nanoseconds}
     if isinstance(v, (list, tuple)):
         return [_cell(x) for x in v]
     if isinstance(v, (datetime.date, datetime.time)):
