@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import uuid
 
 import pytest
 
@@ -21,19 +18,9 @@ META = {"block_size": 16, "num_usable_blocks": 64, "engine_index": 0, "engine": 
 
 
 @pytest.fixture
-def small_fs(tmp_path):
-    """A 256 KiB tmpfs: it fills after a few parts. Needs root (mount); skipped with the reason otherwise."""
-    mnt = tmp_path / f"fs-{uuid.uuid4().hex[:8]}"
-    mnt.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs needs root and mount(8)")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+def small_fs(tmpfs):
+    """A 256 KiB tmpfs: it fills after a few parts."""
+    return tmpfs("size=256k")
 
 
 def _invocations(first: int, n: int) -> dict:
