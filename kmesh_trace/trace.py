@@ -11,7 +11,6 @@ close, a capped spill size and an optional timeout.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -89,6 +88,7 @@ class Trace:
         schema.check_version(_read_json_object(marker).get("schema_version"), str(marker))
         #: Contract violations found on open; with strict=True (the default) the first one is raised.
         self.problems: list[PartProblem] = []
+        self._footers: dict[Path, pq.FileMetaData] = {}
         self.engines: dict[str, dict[str, Any]] = {}
         for meta_path in sorted((self.path / ENGINES_DIR).glob("*.json")):
             meta = _read_json_object(meta_path)
@@ -153,11 +153,16 @@ class Trace:
         problem, and is left out (so a non-strict reader, the audit, still reads the rest)."""
         readable = []
         for p in sorted((self.path / name).glob("engine=*/part-*.parquet")):
-            why = _part_damage(name, p)
+            try:
+                footer = pq.read_metadata(p)
+                why = _part_damage(name, p, footer)
+            except (pa.ArrowException, OSError) as e:
+                footer, why = None, _first_line(e)
             if why is not None:
                 self._problem("damaged_part", p, f"{p} is damaged ({why}); move it out of the trace to read the rest.")
                 continue
-            nulls = _required_nulls(name, p)
+            self._footers[p] = footer
+            nulls = _required_nulls(name, footer)
             if nulls:
                 self._problem("null_in_required_column", p, f"{p} breaks the contract: required column(s) "
                               f"{', '.join(f'{c} ({n} null)' for c, n in nulls)} hold nulls; move it out of the trace "
@@ -170,13 +175,17 @@ class Trace:
         """A part whose bytes repeat another part of the same partition (a copy under a new number) would
         count its rows twice; its footer fingerprint finds it without reading the data."""
         for name, parts in self.parts.items():
-            seen: dict[tuple, Path] = {}
+            seen: dict[tuple, list[Path]] = {}
             for p in parts:
-                key = (p.parent, _fingerprint(p))
-                first = seen.setdefault(key, p)
-                if first is not p and _same_bytes(first, p):
+                footer = self._footers[p]
+                # Only parts alike in size, rows and footer can be copies; only those are compared byte by byte.
+                alike = seen.setdefault((p.parent, p.stat().st_size, footer.num_rows, footer.serialized_size), [])
+                first = next((q for q in alike if _same_bytes(q, p)), None)
+                if first is not None:
                     self._problem("duplicate_part", p, f"{p} repeats {first.name} byte for byte, so its rows would "
                                   "count twice; remove the copy.")
+                else:
+                    alike.append(p)
         if any(pr.code == "duplicate_part" for pr in self.problems):
             dups = {Path(pr.path) for pr in self.problems if pr.code == "duplicate_part"}
             self.parts = {name: [p for p in parts if p not in dups] for name, parts in self.parts.items()}
@@ -225,7 +234,7 @@ class Trace:
         return {name: self.scan(name) for name in schema.TABLES}
 
     def row_counts(self) -> dict[str, int]:
-        return {name: sum(pq.ParquetFile(p).metadata.num_rows for p in parts) for name, parts in self.parts.items()}
+        return {name: sum(self._footers[p].num_rows for p in parts) for name, parts in self.parts.items()}
 
     # ---- DuckDB ------------------------------------------------------------------------------
 
@@ -430,13 +439,10 @@ def _same_type(have: pa.DataType, want: pa.DataType) -> bool:
     return have == want
 
 
-def _part_damage(name: str, path: Path) -> str | None:
+def _part_damage(name: str, path: Path, footer: pq.FileMetaData) -> str | None:
     """Why the part at `path` cannot be read as table `name` (None when its footer fits the contract)."""
-    try:
-        arrow_schema = pq.read_schema(path)
-    except (pa.ArrowException, OSError) as e:
-        return _first_line(e)
-    md = arrow_schema.metadata or {}
+    arrow_schema = footer.schema.to_arrow_schema()
+    md = footer.metadata or {}
     try:
         version = md.get(schema.VERSION_KEY)
         version = version.decode("utf-8") if version is not None else None
@@ -462,11 +468,10 @@ def _part_damage(name: str, path: Path) -> str | None:
     return None
 
 
-def _required_nulls(name: str, path: Path) -> list[tuple[str, int]]:
+def _required_nulls(name: str, md: pq.FileMetaData) -> list[tuple[str, int]]:
     """(column, nulls) of each required column whose footer statistics count nulls (no scan: a column
     without statistics is not checked here; `audit capture` reads the rows)."""
     required = {c.name for c in schema.table(name).columns if not c.nullable}
-    md = pq.read_metadata(path)
     counts: dict[str, int] = {}
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
@@ -475,17 +480,6 @@ def _required_nulls(name: str, path: Path) -> list[tuple[str, int]]:
             if col.path_in_schema in required and col.statistics is not None and col.statistics.has_null_count:
                 counts[col.path_in_schema] = counts.get(col.path_in_schema, 0) + col.statistics.null_count
     return [(c, n) for c, n in counts.items() if n]
-
-
-_FOOTER_BYTES = 1 << 16
-
-
-def _fingerprint(path: Path) -> tuple[int, str]:
-    """File size and a digest of its last 64 KiB (the footer: schema, row counts, statistics)."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        f.seek(max(0, size - _FOOTER_BYTES))
-        return size, hashlib.sha256(f.read()).hexdigest()
 
 
 def _same_bytes(a: Path, b: Path) -> bool:

@@ -282,3 +282,21 @@ def test_sql_prints_every_duckdb_type(tmp_path, cli, fmt):
                                          "d": "1.50", "n": None, "s": {"x": "y"}, "tz": "2020-01-01T00:00:00+00:00"}]
     elif fmt == "csv":
         assert r.stdout.splitlines()[0] == "b,i,li,m,h,d,n,s,tz"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--expiry-s", "nan"], "--expiry-s must be a finite number of seconds >= 0 (got nan)."),
+    (["--expiry-s", "inf"], "--expiry-s must be a finite number of seconds >= 0 (got inf)."),
+    (["--max-held-blocks", "-5"], "--max-held-blocks must be in 0..2,147,483,647 (got -5)."),
+    (["--capacity-blocks", "99999999999999999999"], "--capacity-blocks must be in 1..2,147,483,647 (got 99999999999999999999)."),
+    (["--sweep-capacity", "4,99999999999999999999"], "--sweep-capacity values must be at most 2,147,483,647 (got '4,99999999999999999999')."),
+])
+def test_pressure_refuses_unusable_numbers_in_one_line(cli, args, message):
+    r = cli(["pressure", "--scenario", "hold-stress", *args])
+    assert (r.exit_code, r.stderr) == (1, f"Error: {message}\n")
+
+
+def test_headroom_refuses_a_capacity_beyond_int32(cli):
+    r = cli(["headroom", "--scenario", "fork-tree", "--capacity-blocks", "99999999999999999999999"])
+    assert (r.exit_code, r.stderr) == (1, "Error: --capacity-blocks values must be at most 2,147,483,647 "
+                                          "(got '99999999999999999999999').\n")

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import check_out_file, check_out_not_in_input, err, handles_errors, out, parse_ints, print_json
+from kmesh_trace.cli.common import MAX_BLOCKS, check_out_file, check_out_not_in_input, err, handles_errors, out, parse_ints, print_json
 from kmesh_trace.errors import KmeshTraceError
 
 MAX_FAMILY_ROWS = 20
@@ -57,6 +57,7 @@ def pressure_cmd(
         check_out_file(check_plot_path(plot), "--plot")
         check_out_not_in_input(plot, [trace], "--plot")
     caps = parse_ints(sweep_capacity, "--sweep-capacity") if sweep_capacity is not None else None
+    _check_limits(expiry_s, max_held_blocks, max_families, capacity_blocks)
     if scenario is not None:
         from kmesh_trace.datasets.hold_stress import hold_stress
 
@@ -139,3 +140,15 @@ def _render(d: dict) -> None:
               f"held_block_steps {d['held_block_steps']:,}"
               + (f"  held_block_seconds {secs:,.3f}" if secs is not None else ""))
 
+
+
+def _check_limits(expiry_s: float | None, max_held_blocks: int | None, max_families: int | None,
+                  capacity_blocks: int | None) -> None:
+    """Option values the replay cannot use (NaN or infinite seconds, negative caps, a pool beyond the
+    contract's int32 block ids) are refused before any work, in one line."""
+    if expiry_s is not None and not 0 <= expiry_s < float("inf"):
+        raise KmeshTraceError(f"--expiry-s must be a finite number of seconds >= 0 (got {expiry_s}).")
+    for option, value, least in (("--max-held-blocks", max_held_blocks, 0), ("--max-families", max_families, 0),
+                                 ("--capacity-blocks", capacity_blocks, 1)):
+        if value is not None and not least <= value <= MAX_BLOCKS:
+            raise KmeshTraceError(f"{option} must be in {least}..{MAX_BLOCKS:,} (got {value}).")
