@@ -11,6 +11,7 @@ close, a capped spill size and an optional timeout.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -177,9 +178,9 @@ class Trace:
         for name, parts in self.parts.items():
             seen: dict[tuple, list[Path]] = {}
             for p in parts:
-                footer = self._footers[p]
-                # Only parts alike in size, rows and footer can be copies; only those are compared byte by byte.
-                alike = seen.setdefault((p.parent, p.stat().st_size, footer.num_rows, footer.serialized_size), [])
+                # A copy has the same size and the same footer bytes (row counts and every column's min/max
+                # statistics); only parts alike in both are compared byte by byte.
+                alike = seen.setdefault((p.parent, p.stat().st_size, _footer_digest(p, self._footers[p])), [])
                 first = next((q for q in alike if _same_bytes(q, p)), None)
                 if first is not None:
                     self._problem("duplicate_part", p, f"{p} repeats {first.name} byte for byte, so its rows would "
@@ -472,14 +473,24 @@ def _required_nulls(name: str, md: pq.FileMetaData) -> list[tuple[str, int]]:
     """(column, nulls) of each required column whose footer statistics count nulls (no scan: a column
     without statistics is not checked here; `audit capture` reads the rows)."""
     required = {c.name for c in schema.table(name).columns if not c.nullable}
+    leaves = [(i, md.schema.column(i).path) for i in range(md.num_columns)]
+    wanted = [(i, path) for i, path in leaves if path in required]
     counts: dict[str, int] = {}
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
-        for i in range(rg.num_columns):
-            col = rg.column(i)
-            if col.path_in_schema in required and col.statistics is not None and col.statistics.has_null_count:
-                counts[col.path_in_schema] = counts.get(col.path_in_schema, 0) + col.statistics.null_count
-    return [(c, n) for c, n in counts.items() if n]
+        for i, path in wanted:
+            stats = rg.column(i).statistics
+            if stats is not None and stats.has_null_count and stats.null_count:
+                counts[path] = counts.get(path, 0) + stats.null_count
+    return list(counts.items())
+
+
+def _footer_digest(path: Path, footer: pq.FileMetaData) -> str:
+    """SHA-256 of the part's serialized footer (its last bytes), read without the data pages."""
+    n = footer.serialized_size + 8  # the footer, its length and the closing magic
+    with open(path, "rb") as f:
+        f.seek(-n, os.SEEK_END)
+        return hashlib.sha256(f.read(n)).hexdigest()
 
 
 def _same_bytes(a: Path, b: Path) -> bool:
