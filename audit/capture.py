@@ -17,7 +17,12 @@
 - lineage: every edge's child (and parent, when given) is an invocation of the trace; an
   exact_prefix edge's child prompt starts with the parent's prompt + output, and
   `num_shared_tokens` is that length (these stop only the retention analysis);
-- recorded drops are zero and the writer closed cleanly (`complete`).
+- recorded drops are zero and the writer closed cleanly (`complete`), with counts from the loss
+  record when the metadata file could not be rewritten; the trace holds every row the writer wrote
+  (`num_rows_written`); every request the block events act for has an invocation row;
+- the contract as opening the trace checks it (footers: table, columns, types, nulls in required
+  columns, parts that repeat another byte for byte; metadata field types) and invocation keys
+  (request_id, seq) unique within an engine partition.
 Each finding is a `Problem` naming the analyses it stops from qualifying.
 
 An imported partition (`source` import:FORMAT) is no capture: it has no engine and no block events,
@@ -108,8 +113,9 @@ class _Findings:
 
 def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     """Audit a trace directory (or an opened Trace) for capture fitness."""
-    t = trace if isinstance(trace, Trace) else open_trace(trace)
+    t = trace if isinstance(trace, Trace) else open_trace(trace, strict=False)
     f = _Findings()
+    _check_contract(t, f)
     _check_metadata(t, f)
     _check_columns(t, f)
     rows = t.row_counts()
@@ -117,8 +123,9 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
         f.add("empty_table", "the capture holds no invocations", "invocations")
     if not rows["block_events"]:
         f.add("empty_table", "the capture holds no block events", "block_events", blocks=(RETENTION,))
-    inv = t.frame("invocations")
-    ev = t.frame("block_events")
+    inv = _without_required_nulls(t.frame("invocations"), "invocations", f)
+    ev = _without_required_nulls(t.frame("block_events"), "block_events", f)
+    _check_unique(inv, f)
     _check_filled(inv, "invocations", f)
     _check_filled(ev, "block_events", f)
     _check_values({"invocations": inv, "block_events": ev, "lineage": t.frame("lineage"), "transfers": t.frame("transfers")}, f)
@@ -127,11 +134,60 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     _check_clocks(t, inv, f)
     lineage = t.frame("lineage")
     _check_lineage(lineage, inv, f)
+    _check_requests_known(ev, inv, f)
     return CaptureAudit(path=str(t.path), engines=sorted(t.engines), rows=rows, problems=f.problems(),
                         imports=_imports(t, inv, lineage))
 
 
 # ---- metadata and columns --------------------------------------------------------------------
+
+
+#: What each contract violation found on open is called in the audit, and its message.
+_CONTRACT_FINDINGS = {
+    "damaged_part": "a part cannot be read or breaks the contract (schema, table, columns, types); it was left out",
+    "duplicate_part": "a part repeats another byte for byte (its rows would count twice); it was left out",
+    "null_in_required_column": "a part holds nulls in a column the contract requires; it was left out",
+    "invalid_metadata": "an engine metadata field has the wrong type (it was ignored)",
+}
+
+
+def _check_contract(t: Trace, f: _Findings) -> None:
+    """What opening the trace found (footers and metadata checked against the contract), each blocking."""
+    for pr in t.problems:
+        where = str(Path(pr.path).relative_to(t.path)) if Path(pr.path).is_relative_to(t.path) else pr.path
+        f.add(pr.code, _CONTRACT_FINDINGS[pr.code], f"{where}: {pr.message}")
+
+
+def _without_required_nulls(df, table: str, f: _Findings):
+    """Rows with a null in a required column (parts without footer statistics get here), reported and
+    left out so that the checks below compare only values."""
+    import polars as pl
+
+    required = [c.name for c in schema.table(table).columns if not c.nullable and c.name in df.columns]
+    if df.height == 0 or not required:
+        return df
+    bad = pl.any_horizontal(pl.col(c).is_null() for c in required)
+    n = df.filter(bad).height
+    if n:
+        f.add("null_in_required_column", f"rows of {table} hold nulls in columns the contract requires; they were left out",
+              table, count=n)
+        df = df.filter(~bad)
+    return df
+
+
+def _check_unique(inv, f: _Findings) -> None:
+    """Invocation keys repeat only when rows were duplicated (a part copied with other bytes, a writer
+    that ran twice): request_id and seq are unique within an engine partition."""
+    import polars as pl
+
+    if inv.height == 0:
+        return
+    for key in ("request_id", "seq"):
+        dup = inv.group_by("engine", key).agg(pl.len().alias("n")).filter(pl.col("n") > 1).sort("engine", key)
+        if dup.height:
+            f.add("duplicate_rows", f"invocations repeat a {key} within an engine partition",
+                  [f"invocations:{e}:{k} x{n}" for e, k, n in dup.head(MAX_LOCATIONS).iter_rows()],
+                  count=int(dup.get_column("n").sum() - dup.height))
 
 
 def _check_metadata(t: Trace, f: _Findings) -> None:
@@ -145,9 +201,27 @@ def _check_metadata(t: Trace, f: _Findings) -> None:
         dropped = meta.get("num_dropped_events") or {}
         total = sum(v for v in dropped.values() if isinstance(v, int)) if isinstance(dropped, dict) else 0
         if total:
-            f.add("dropped_events", "the capture recorded dropped events", f"{where}:num_dropped_events", count=total)
+            error = f" ({meta['write_error']})" if meta.get("write_error") else ""
+            f.add("dropped_events", "the capture recorded dropped events", f"{where}:num_dropped_events{error}",
+                  count=total)
         if meta.get("complete") is False:
             f.add("incomplete_capture", "the writer did not close cleanly (complete is false)", f"{where}:complete")
+        if meta.get("metadata_write_failed"):
+            f.add("metadata_stale", "the metadata file could not be rewritten (its counts come from the loss record)",
+                  f"{where}: {meta.get('write_error')}")
+        written = meta.get("num_rows_written")
+        if isinstance(written, dict):
+            found = _rows_per_engine(t, eid)
+            for table, n in sorted(written.items()):
+                if isinstance(n, int) and found.get(table, 0) < n:
+                    f.add("rows_missing", "the trace holds fewer rows than the writer wrote (parts lost or removed)",
+                          f"{table}/engine={eid}: {found.get(table, 0)} of {n}", count=n - found.get(table, 0))
+
+
+def _rows_per_engine(t: Trace, eid: str) -> dict[str, int]:
+    """Rows of each table in engine `eid`'s partition, from the part footers."""
+    return {name: sum(pq.read_metadata(p).num_rows for p in parts if p.parent.name == f"engine={eid}")
+            for name, parts in t.parts.items()}
 
 
 def _check_columns(t: Trace, f: _Findings) -> None:
@@ -329,6 +403,20 @@ def _check_clocks(t: Trace, inv, f: _Findings) -> None:
         for eng, rid, start, fin in tr.select("engine", "request_id", "start_ns", "finish_ns").iter_rows():
             if start is not None and fin is not None and fin < start:
                 f.add("clock_not_monotonic", "a transfer finished before it started", f"transfers:{eng}:{rid}")
+
+
+def _check_requests_known(ev, inv, f: _Findings) -> None:
+    """Every request the block events act for has an invocation row: a request the pool served but the
+    invocations lack means rows stopped early (a write that failed uncounted, a part lost)."""
+    import polars as pl
+
+    if ev.height == 0:
+        return
+    acted = ev.filter(pl.col("request_id").is_not_null()).select("engine", "request_id").unique()
+    missing = acted.join(inv.select("engine", "request_id"), on=["engine", "request_id"], how="anti").sort("engine", "request_id")
+    if missing.height:
+        f.add("requests_missing", "block events act for requests that have no invocation row (rows stopped early)",
+              [f"block_events:{e}:{r}" for e, r in missing.head(MAX_LOCATIONS).iter_rows()], count=missing.height)
 
 
 def _check_lineage(lin, inv, f: _Findings) -> None:

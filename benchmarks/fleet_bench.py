@@ -79,7 +79,7 @@ def main() -> None:
 
     import ray
 
-    from kmesh_trace.datasets.mooncake import import_mooncake
+    from kmesh_trace.datasets.importers.mooncake import import_mooncake
     from kmesh_trace.distributed import LOCAL_SYSTEM_CONFIG
     from kmesh_trace.oracle.fleet import fleet_workload, plan, simulate_run
     from kmesh_trace.oracle.tasks import fleet_sweep

@@ -192,6 +192,11 @@ METADATA_FIELDS: dict[str, tuple[str | None, str]] = {
     "arrival": (None, "How an importer placed conversations on one time axis (e.g. users:8, stagger:30, as-recorded)."),
     "duplicate_records": (None, "file:line of each exact duplicate record an importer imported once (first 1000), with the line it repeats."),
     "import_counts": (None, "What an importer read, imported, skipped and merged (files, entries, duplicates), by name."),
+    "num_rows_written": ("rows", "Rows per table the writer wrote as parts (fewer rows in the trace: parts were lost)."),
+    "num_failed_writes": ("writes", "Parts the writer failed to write (their rows are counted in num_dropped_events)."),
+    "write_error": (None, "The first write error (e.g. a full disk), when there was one."),
+    "metadata_write_failed": (None, "True when this file could not be rewritten at the end; the loss record "
+                              "`engines/<engine_id>.loss` then holds the final counts."),
 }
 
 
@@ -295,6 +300,35 @@ def check_rules() -> None:
     for name in REQUIRED_CAPTURE_METADATA:
         if name not in METADATA_FIELDS:
             raise KeyError(f"required metadata field {name} is not in METADATA_FIELDS")
+
+
+#: The JSON type each metadata field must have when present (null is always allowed: the audit says
+#: which fields a capture must fill). `int` fields refuse booleans; fields not listed are not checked.
+METADATA_TYPES: dict[str, type] = {
+    "engine_id": str, "source": str, "schema_version": str, "host": str, "pid": int, "engine_index": int,
+    "engine": str, "model": str, "block_size": int, "num_usable_blocks": int, "null_block_id": int,
+    "wall_anchor_ns": int, "mono_anchor_ns": int, "capture_config": dict, "num_dropped_events": dict,
+    "num_malformed_lines": int, "malformed_lines": list, "complete": bool, "num_rows_written": dict,
+    "num_failed_writes": int, "write_error": str, "metadata_write_failed": bool,
+}
+
+
+def metadata_type_error(name: str, value: object) -> str | None:
+    """Why `value` cannot be metadata field `name` (None when it can): the field's JSON type, counts
+    never negative, `num_dropped_events` a table -> count mapping."""
+    want = METADATA_TYPES.get(name)
+    if want is None or value is None:
+        return None
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        return f"field {name} is {type(value).__name__}, not {want.__name__}"
+    if name in ("num_dropped_events", "num_rows_written"):
+        bad = [k for k, v in value.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+        if bad:
+            return f"field {name} holds counts that are not integers >= 0 ({', '.join(map(str, bad[:3]))})"
+    if want is int and value < 0 and name in ("block_size", "num_usable_blocks", "num_malformed_lines", "pid"):
+        return f"field {name} is negative ({value})"
+    return None
+
 
 
 def table(name: str) -> Table:

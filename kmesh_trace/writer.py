@@ -6,6 +6,12 @@ metadata) and `TRACE/kmesh_trace.json` (marks the directory as a trace). Every f
 under a temporary name and renamed into place, so a reader never sees a half-written part, and a
 writer killed at any instant leaves every completed part readable.
 
+A full disk must not hide loss: each partition also has a *loss record*,
+`TRACE/engines/<engine_id>.loss`, a small file allocated when the writer starts and afterwards only
+overwritten in place (no new blocks), so that it can still be written when nothing else can. It
+holds the counts that say what is missing (rows written and dropped per table, failed writes, the
+first error); readers take the larger of its counts and the metadata file's.
+
 Imports only pyarrow and the schema: the capture hook uses it inside the engine process.
 """
 
@@ -28,6 +34,13 @@ from kmesh_trace.errors import KmeshTraceError
 
 MARKER = "kmesh_trace.json"
 ENGINES_DIR = "engines"
+#: Suffix of each partition's loss record, beside its metadata file.
+LOSS_SUFFIX = ".loss"
+#: Bytes reserved for a loss record: allocated at start, only overwritten in place.
+LOSS_RECORD_BYTES = 4096
+#: Metadata fields the loss record repeats (the counts; `write_error` is cut to fit).
+LOSS_FIELDS = ("engine_id", "num_dropped_events", "num_rows_written", "num_failed_writes", "write_error",
+               "metadata_write_failed", "complete")
 _PART_RE = re.compile(r"^part-(\d+)\.parquet$")
 _ENGINE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -152,14 +165,54 @@ class TraceWriter:
             "wall_anchor_ns": time.time_ns(),
             "mono_anchor_ns": time.monotonic_ns(),
             "num_dropped_events": {name: 0 for name in schema.TABLES},
+            "num_rows_written": {name: 0 for name in schema.TABLES},
+            "num_failed_writes": 0,
             "complete": False,
         }
         self.metadata.update(metadata or {})
+        self._reserve_loss_record()
         self._write_metadata()
 
     @property
     def metadata_path(self) -> Path:
         return self.root / ENGINES_DIR / f"{self.engine_id}.json"
+
+    @property
+    def loss_path(self) -> Path:
+        return self.root / ENGINES_DIR / f"{self.engine_id}{LOSS_SUFFIX}"
+
+    def _reserve_loss_record(self) -> None:
+        """Allocate the loss record's blocks now, while the disk has room (written whole and synced)."""
+        with open(self.loss_path, "wb") as f:
+            f.write(self._loss_bytes())
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _loss_bytes(self) -> bytes:
+        record = {k: self.metadata.get(k) for k in LOSS_FIELDS}
+        data = json.dumps(record, sort_keys=True, default=str).encode()
+        if len(data) >= LOSS_RECORD_BYTES:  # only the error text can grow: cut it
+            record["write_error"] = str(record["write_error"])[:200]
+            data = json.dumps(record, sort_keys=True, default=str).encode()
+        return data + b" " * (LOSS_RECORD_BYTES - 1 - len(data)) + b"\n"
+
+    def _write_loss_record(self) -> None:
+        """Overwrite the loss record in place: the same 4 KiB, no new blocks, so a full disk cannot stop it."""
+        fd = os.open(self.loss_path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, self._loss_bytes(), 0)
+        finally:
+            os.close(fd)
+
+    def _lost(self, table_name: str, n: int, error: BaseException) -> None:
+        """Count `n` rows of `table_name` that could not be written, wherever the count can still go."""
+        self.metadata["num_dropped_events"][table_name] = self.metadata["num_dropped_events"].get(table_name, 0) + n
+        self.metadata["num_failed_writes"] = self.metadata.get("num_failed_writes", 0) + 1
+        self.metadata.setdefault("write_error", f"{type(error).__name__}: {error}")
+        try:
+            self._write_metadata()
+        except OSError:
+            pass  # the loss record holds the counts (see _write_metadata)
 
     def partition_dir(self, table_name: str) -> Path:
         return self.root / table_name / f"engine={self.engine_id}"
@@ -178,10 +231,14 @@ class TraceWriter:
         if tbl.num_rows == 0:
             return None
         directory = self.partition_dir(table_name)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"part-{self._part_number(table_name, directory):05d}.parquet"
-        with atomic_output(path) as tmp:
-            pq.write_table(tbl, tmp, compression=self.compression, **_ENCODINGS[table_name])
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            path = directory / f"part-{self._part_number(table_name, directory):05d}.parquet"
+            with atomic_output(path) as tmp:
+                pq.write_table(tbl, tmp, compression=self.compression, **_ENCODINGS[table_name])
+        except OSError as e:  # a full disk, a vanished directory: the rows are lost, and counted
+            self._lost(table_name, tbl.num_rows, e)
+            raise
         self.num_rows[table_name] += tbl.num_rows
         return path
 
@@ -193,7 +250,19 @@ class TraceWriter:
         self.metadata["num_dropped_events"][table_name] = self.metadata["num_dropped_events"].get(table_name, 0) + n
 
     def _write_metadata(self) -> None:
-        write_json_atomic(self.metadata_path, self.metadata)
+        """The loss record first (in place, it cannot fail for space), then the metadata file (a new file
+        renamed into place, which needs free blocks); if that fails, the loss record says so."""
+        self.metadata["num_rows_written"] = dict(self.num_rows)
+        self._write_loss_record()
+        try:
+            write_json_atomic(self.metadata_path, self.metadata)
+        except OSError as e:
+            self.metadata["metadata_write_failed"] = True
+            self.metadata.setdefault("write_error", f"{type(e).__name__}: {e}")
+            self._write_loss_record()
+            raise
+        if self.metadata.pop("metadata_write_failed", None):  # the file is current again
+            self._write_loss_record()
 
     def close(self) -> None:
         self.update_metadata(complete=True)

@@ -20,7 +20,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +33,11 @@ from kmesh_trace.native.store import Chunk, Store, open_store, payload
 from kmesh_trace.writer import atomic_output, write_json_atomic
 
 _REFERENCE_CACHE_BYTES = 1 << 30
+#: Every timed restore and every read keeps a sample row in memory until the results are written, so
+#: one run is bounded; more samples than this are several runs.
+MAX_TIMED_RESTORES = 100_000
+MAX_READ_SAMPLES = 2_000_000
+MAX_SEED = (1 << 64) - 1
 
 
 @dataclass
@@ -56,6 +61,17 @@ class RunConfig:
             raise KmeshTraceError("--pairs must be >= 1, --restores >= --pairs, --warmup and --corrupt >= 0")
         if not 1 <= self.depth <= 4096 or not 1 <= self.workers <= 64:
             raise KmeshTraceError("--depth must be in 1..4096 and --workers in 1..64")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise KmeshTraceError(f"--seed must be in 0..{MAX_SEED} (got {self.seed})")
+        if self.num_timed_restores() > MAX_TIMED_RESTORES:
+            raise KmeshTraceError(
+                f"--restores, --warmup and --corrupt ask for {self.num_timed_restores():,} timed restores; one run keeps "
+                f"at most {MAX_TIMED_RESTORES:,} samples in memory: split the work into several runs")
+
+    def num_timed_restores(self, num_corrupt: int | None = None) -> int:
+        """Restores the run will time: measured, warm-ups (each arm) and corruption checks, over all routes."""
+        corrupt = self.corrupt if num_corrupt is None else num_corrupt
+        return len(self.routes) * (self.restores + self.pairs * self.warmup + corrupt)
 
 
 def _percentiles(v: list[int]) -> dict:
@@ -167,21 +183,34 @@ def _verify(chunks: list[Chunk], data: np.ndarray, starts: np.ndarray, ref: _Ref
     return out
 
 
-def schedule(cfg: RunConfig) -> list[tuple[int, int, str, str]]:
-    """(pair, position, route, kind) of every timed restore: A B, then B A, ...; each arm opens with warm-ups."""
-    per_pair = [cfg.restores // cfg.pairs + (1 if p < cfg.restores % cfg.pairs else 0) for p in range(cfg.pairs)]
-    plan = []
+def schedule(cfg: RunConfig) -> Iterator[tuple[int, int, str, str]]:
+    """(pair, position, route, kind) of every timed restore, planned as it is consumed: A B, then B A, ...;
+    each arm opens with warm-ups."""
     for p in range(cfg.pairs):
+        per_pair = cfg.restores // cfg.pairs + (1 if p < cfg.restores % cfg.pairs else 0)
         order = cfg.routes if p % 2 == 0 else cfg.routes[::-1]
         for pos, name in enumerate(order):
-            plan += [(p, pos, name, "warmup" if k < cfg.warmup else "measured") for k in range(cfg.warmup + per_pair[p])]
-    return plan
+            for k in range(cfg.warmup + per_pair):
+                yield p, pos, name, "warmup" if k < cfg.warmup else "measured"
+
+
+def open_run(store_path: Path, cfg: RunConfig) -> Store:
+    """The store of a run, after every check that needs no device: the options, the journal (read and
+    validated), and the samples the run would keep in memory."""
+    cfg.check()
+    store = open_store(store_path)
+    total = cfg.num_timed_restores()
+    max_chunks = max(len(cs) for cs in store.restores.values())
+    if total * max_chunks > MAX_READ_SAMPLES:
+        raise KmeshTraceError(
+            f"{total:,} timed restores of up to {max_chunks} chunks would keep {total * max_chunks:,} read samples in "
+            f"memory; one run keeps at most {MAX_READ_SAMPLES:,}: lower --restores or split the work into several runs")
+    return store
 
 
 def run(store_path: Path, cfg: RunConfig, on_progress: Callable[[int, int], None] | None = None,
         out: Path | None = None) -> RunResult:
-    cfg.check()
-    store = open_store(store_path)
+    store = open_run(store_path, cfg)
     for name in cfg.routes:
         p = probe_route(name, store.path)
         if not p.ok:
@@ -192,7 +221,7 @@ def run(store_path: Path, cfg: RunConfig, on_progress: Callable[[int, int], None
     picks = np.random.default_rng(cfg.seed).choice(len(chunks_all), cfg.corrupt, replace=False)
     corrupt = [chunks_all[i] for i in sorted(picks)]
     rids = sorted(store.restores)
-    total = len(cfg.routes) * (cfg.restores + cfg.pairs * cfg.warmup + cfg.corrupt)
+    total = cfg.num_timed_restores()
     max_bytes = max(store.restore_bytes(r) for r in rids)
 
     ref = _Reference(store)

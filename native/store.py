@@ -94,6 +94,16 @@ def check_chunk_bytes(what: str, value: int) -> None:
                          f"move; use a smaller chunk size")
 
 
+MAX_SEED = (1 << 64) - 1
+
+
+def check_seed(seed: object, where: str = "--seed") -> int:
+    """A payload seed: an integer in 0..2**64-1 (the generator's seed words are unsigned)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise StoreError(f"{where} must be an integer in 0..{MAX_SEED} (got {seed!r})")
+    return seed
+
+
 def plan_uniform(num_restores: int, num_chunks: int, chunk_bytes: int) -> list[list[int]]:
     """Chunk sizes of `num_restores` restores of `num_chunks` chunks of `chunk_bytes` each."""
     check_chunk_bytes("--chunk-bytes", chunk_bytes)
@@ -129,6 +139,7 @@ def plan_from_trace(trace: Path, chunk_bytes: int, max_restores: int) -> list[li
 def prepare(out: Path, plan: list[list[int]], seed: int = 0, source: str = "uniform", progress=None) -> Store:
     """Write payload files and the journal for `plan` (chunk sizes per restore) into `out`."""
     out = Path(out)
+    check_seed(seed)
     if (out / JOURNAL).exists():
         raise StoreError(f"{out} already holds a store; choose another --out or delete it first")
     (out / "payload").mkdir(parents=True, exist_ok=True)
@@ -173,20 +184,47 @@ def open_store(path: Path) -> Store:
     if missing:
         raise StoreError(f"{jpath} lacks columns {', '.join(missing)}; re-create the store with `replay prepare`")
     raw = (table.schema.metadata or {}).get(b"kmesh_replay_store")
-    meta = json.loads(raw) if raw else {}
-    if meta.get("format") != STORE_FORMAT:
+    try:
+        meta = json.loads(raw) if raw else {}
+    except (ValueError, UnicodeDecodeError):
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
         raise StoreError(f"{jpath} was not written by `replay prepare` ({STORE_FORMAT}); re-create the store")
+    seed = check_seed(meta.get("seed", 0), f"the seed in {jpath}")
+    try:
+        table = table.select(JOURNAL_SCHEMA.names).cast(JOURNAL_SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError) as e:
+        raise StoreError(f"{jpath} has columns of the wrong type ({str(e).splitlines()[0]}); re-create the store "
+                         f"with `replay prepare`") from None
+    nulls = [c for c in JOURNAL_SCHEMA.names if table[c].null_count]
+    if nulls:
+        raise StoreError(f"{jpath} has empty (null) entries in {', '.join(nulls)}; re-create the store with "
+                         f"`replay prepare`")
     cols = {f.name: table[f.name].to_pylist() for f in JOURNAL_SCHEMA}
     restores: dict[int, list[Chunk]] = {}
     sizes: dict[str, int] = {}
+    seen: set[tuple[int, int]] = set()
+    root = path.resolve()
     for row in zip(*cols.values()):
         c = Chunk(*row)
         check_chunk_bytes(f"chunk {c.chunk_key}: size", c.size_bytes)
-        if c.offset_bytes % ALIGNMENT:
-            raise StoreError(f"chunk {c.chunk_key}: offset {c.offset_bytes} is not a multiple of {ALIGNMENT} "
-                             f"(O_DIRECT alignment); re-create the store with `replay prepare`")
+        if c.offset_bytes < 0 or c.offset_bytes % ALIGNMENT:
+            raise StoreError(f"chunk {c.chunk_key}: offset {c.offset_bytes} is not a non-negative multiple of "
+                             f"{ALIGNMENT} (O_DIRECT alignment); re-create the store with `replay prepare`")
+        if (c.restore_id, c.chunk_index) in seen:
+            raise StoreError(f"chunk {c.chunk_key}: restore {c.restore_id} lists chunk {c.chunk_index} twice; "
+                             f"re-create the store with `replay prepare`")
+        seen.add((c.restore_id, c.chunk_index))
+        if len(c.sha256) != 64 or any(ch not in "0123456789abcdef" for ch in c.sha256):
+            raise StoreError(f"chunk {c.chunk_key}: sha256 {c.sha256[:80]!r} is not a SHA-256 in hex; re-create the "
+                             f"store with `replay prepare`")
         if c.file not in sizes:
             fp = path / c.file
+            # The journal names files relative to the store; one that leads outside it (an absolute path,
+            # `..`, a symbolic link) is refused here, not read and reported later as a failed verification.
+            if not fp.resolve().is_relative_to(root):
+                raise StoreError(f"chunk {c.chunk_key}: payload file {c.file!r} lies outside the store {path}; "
+                                 f"a journal only names files inside its store")
             if not fp.is_file():
                 raise StoreError(f"payload file {fp} listed in the journal is missing; re-create the store "
                                  f"with `replay prepare`")
@@ -197,4 +235,4 @@ def open_store(path: Path) -> Store:
         restores.setdefault(c.restore_id, []).append(c)
     if not restores:
         raise StoreError(f"{jpath} lists no chunks; re-create the store with `replay prepare`")
-    return Store(path, int(meta.get("seed", 0)), restores, meta)
+    return Store(path, seed, restores, meta)

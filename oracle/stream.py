@@ -110,6 +110,7 @@ def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[
     block_size = check_block_size(block_size)
     reqs: list[RequestBlocks] = []
     by_id: dict[str, int] = {}
+    seen: set[str] = set()
     parents: list[str | None] = []
     for i, row in enumerate(rows):
         n_prompt = int(row["num_prompt_tokens"])
@@ -128,6 +129,10 @@ def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[
                 f"invocation {row.get('request_id')!r} has neither prompt_token_ids nor prompt_block_hashes; "
                 "the oracle needs one of them to know which blocks repeat.")
         rid = str(row["request_id"])
+        if rid in seen:
+            raise KmeshTraceError(f"invocation {rid!r} appears twice; the trace holds duplicated rows, which would "
+                                  "count its blocks twice (`kmesh-trace audit capture` lists them).")
+        seen.add(rid)
         reqs.append(RequestBlocks(
             index=i, request_id=rid, num_prompt_tokens=n_prompt, num_output_tokens=n_out,
             prompt_hashes=prompt_hashes, output_hashes=output_hashes,

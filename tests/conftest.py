@@ -45,3 +45,29 @@ def ray_cluster():
              runtime_env={"env_vars": {"PYTHONPATH": tests_dir}}, _system_config=LOCAL_SYSTEM_CONFIG)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(options) -> a fresh tmpfs mounted with `options` (e.g. "size=256k", "ro,size=64k"), unmounted
+    after the test: a real full or read-only filesystem. Skips where mounting is not allowed (needs root)."""
+    import shutil
+    import subprocess
+    import uuid
+
+    mounted = []
+
+    def mount(options: str) -> Path:
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            pytest.skip("mounting a tmpfs needs root and mount(8)")
+        mnt = tmp_path / f"tmpfs-{uuid.uuid4().hex[:8]}"
+        mnt.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -320,3 +320,84 @@ def test_chunks_over_one_gib_are_refused_when_planned(ddir, cli):
     assert (r.exit_code, r.stderr) == (1, f"Error: {msg}\n")
     assert not (ddir / "s").exists()
     assert st.plan_uniform(1, 1, 1 << 30) == [[1 << 30]]  # exactly 1 GiB is readable
+
+
+# ---- issue 18: journals are checked when read, runs are bounded, seeds are checked -----------------
+
+import pyarrow as _pa
+import pyarrow.parquet as _pq
+
+from kmesh_trace.native import store as _st
+from kmesh_trace.native.runner import MAX_TIMED_RESTORES, RunConfig as _RunConfig, schedule as _schedule
+
+
+def _journal_edit(store_dir, column, index, value, type_):
+    jp = store_dir / _st.JOURNAL
+    t = _pq.read_table(jp)
+    vals = t[column].to_pylist()
+    vals[index] = value
+    field = t.schema.field(column).with_nullable(value is None)
+    t = t.set_column(t.schema.get_field_index(column), field, _pa.array(vals, type_))
+    _pq.write_table(t, jp)
+
+
+@pytest.mark.parametrize("column,value,type_,message", [
+    ("offset_bytes", -4096, _pa.int64(), "offset -4096 is not a non-negative multiple of 4096"),
+    ("file", "/etc/passwd", _pa.string(), "lies outside the store"),
+    ("file", "../outside.bin", _pa.string(), "lies outside the store"),
+    ("sha256", "not-a-digest", _pa.string(), "is not a SHA-256 in hex"),
+])
+def test_journal_entries_outside_the_store_are_refused_when_read(tmp_path, cli, column, value, type_, message):
+    _st.prepare(tmp_path / "s", _st.plan_uniform(1, 2, 4096))
+    (tmp_path / "outside.bin").write_bytes(b"\0" * 8192)
+    _journal_edit(tmp_path / "s", column, 1, value, type_)
+    with pytest.raises(_st.StoreError, match=message):
+        _st.open_store(tmp_path / "s")
+    r = cli(["replay", "run", tmp_path / "s", "--restores", 1, "--pairs", 1])
+    assert r.exit_code == 1 and r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1
+    assert message in r.stderr
+
+
+def test_a_symlink_out_of_the_store_is_refused(tmp_path):
+    _st.prepare(tmp_path / "s", _st.plan_uniform(1, 1, 4096))
+    (tmp_path / "outside.bin").write_bytes(b"\0" * 4096)
+    link = tmp_path / "s" / "payload" / "restore-000000.bin"
+    link.unlink()
+    link.symlink_to(tmp_path / "outside.bin")
+    with pytest.raises(_st.StoreError, match="lies outside the store"):
+        _st.open_store(tmp_path / "s")
+
+
+def test_a_repeated_chunk_and_null_entries_are_refused(tmp_path):
+    _st.prepare(tmp_path / "s", _st.plan_uniform(1, 2, 4096))
+    _journal_edit(tmp_path / "s", "chunk_index", 1, 0, _pa.int32())
+    with pytest.raises(_st.StoreError, match="lists chunk 0 twice"):
+        _st.open_store(tmp_path / "s")
+    _journal_edit(tmp_path / "s", "size_bytes", 1, None, _pa.int64())
+    with pytest.raises(_st.StoreError, match="null"):
+        _st.open_store(tmp_path / "s")
+
+
+@pytest.mark.parametrize("args", [["replay", "prepare", "--seed", "-1"], ["replay", "run", "STORE", "--seed", "-1"]])
+def test_a_negative_seed_is_one_error_line(tmp_path, cli, args):
+    _st.prepare(tmp_path / "s", _st.plan_uniform(1, 1, 4096))
+    args = [str(tmp_path / "s") if a == "STORE" else a for a in args]
+    if args[1] == "prepare":
+        args += ["--out", str(tmp_path / "new")]
+    r = cli(args)
+    assert r.exit_code == 1
+    assert r.stderr.startswith("Error: --seed must be an integer in 0..") or r.stderr.startswith("Error: --seed must be in 0..")
+    assert r.stderr.count("\n") == 1
+
+
+def test_a_billion_restores_are_refused_before_any_work(tmp_path, cli):
+    _st.prepare(tmp_path / "s", _st.plan_uniform(1, 1, 4096))
+    r = cli(["replay", "run", tmp_path / "s", "--restores", 1_000_000_000])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1
+    assert f"at most {MAX_TIMED_RESTORES:,} samples" in r.stderr
+    assert not (tmp_path / "s" / "runs").exists()
+
+
+def test_the_schedule_is_planned_lazily():
+    plan = _schedule(_RunConfig(routes=["host"], pairs=1, restores=10**12, warmup=0))
+    assert next(plan) == (0, 0, "host", "measured")  # a list of 10**12 entries would never get here

@@ -32,6 +32,7 @@ def test_layout_is_hive_partitioned(tmp_path):
     assert names == [
         "block_events/engine=e0/part-00000.parquet",
         "engines/e0.json",
+        "engines/e0.loss",
         "invocations/engine=e0/part-00000.parquet",
         "invocations/engine=e0/part-00001.parquet",
         "kmesh_trace.json",

@@ -72,17 +72,27 @@ def iter_records(path: Path, report: ImportReport, on_bytes: Callable[[int], Non
             yield lineno, obj
 
 
-def require_int(rec: dict, key: str, *, minimum: int = 0) -> int:
+#: Largest value of an int64 column (counts, ids, times).
+MAX_INT64 = (1 << 63) - 1
+#: Largest |time| in nanoseconds an int64 column holds.
+MAX_NS = MAX_INT64
+
+
+def require_int(rec: dict, key: str, *, minimum: int = 0, maximum: int = MAX_INT64) -> int:
+    """An integer field in [minimum, maximum] (an int64 column by default); a float holding a whole number
+    counts (JSON writers emit 16.0), infinities, NaN and out-of-range values are the record's error."""
     v = rec.get(key)
-    if type(v) is int and v >= minimum:  # the common case, first
+    if type(v) is int and minimum <= v <= maximum:  # the common case, first
         return v
     if isinstance(v, bool) or not isinstance(v, int):
-        if isinstance(v, float) and v.is_integer():
+        if isinstance(v, float) and v.is_integer():  # False for inf and NaN
             v = int(v)
         else:
             raise RecordError(f"field {key} missing or not an integer")
     if v < minimum:
         raise RecordError(f"field {key} below {minimum}")
+    if v > maximum:
+        raise RecordError(f"field {key} is out of range (above {maximum})")
     return v
 
 
@@ -93,13 +103,13 @@ def require_number(rec: dict, key: str) -> float:
     return v
 
 
-#: Largest |time| in nanoseconds an int64 column holds.
-MAX_NS = (1 << 63) - 1
-
-
 def require_time_ns(rec: dict, key: str, ns_per_unit: int) -> int:
     """A timestamp field in `ns_per_unit` nanoseconds per unit, as whole nanoseconds (half to even)."""
-    ns = round(require_number(rec, key) * ns_per_unit)
+    v = require_number(rec, key)
+    try:
+        ns = round(v * ns_per_unit)  # an int beyond a float's range, or a product that overflows, fails here
+    except (OverflowError, ValueError):
+        raise RecordError(f"field {key} is out of range") from None
     if abs(ns) > MAX_NS:
         raise RecordError(f"field {key} is out of range")
     return ns

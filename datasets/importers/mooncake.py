@@ -13,9 +13,8 @@ from typing import Callable
 
 import pyarrow as pa
 
-from kmesh_trace.audit.lines import BOM, is_blank
+from kmesh_trace.audit.lines import BOM
 from kmesh_trace.datasets.importers.common import (
-    MAX_NS,
     ROWS_PER_PART,
     ImportReport,
     RecordError,
@@ -87,6 +86,7 @@ class _Columns:
 
 _FAST_SCHEMA = pa.schema([("timestamp", pa.float64()), ("input_length", pa.int64()),
                           ("output_length", pa.int64()), ("hash_ids", pa.list_(pa.uint64()))])
+_EXACT_NS = 1 << 53
 #: Files up to this size go through the fast path (read whole into memory).
 FAST_PATH_MAX_BYTES = 1 << 30
 
@@ -108,7 +108,9 @@ def _fast_table(data: bytes) -> pa.Table | None:
         return None
     ts, n_in, n_out, hashes = (t.column(c) for c in _FAST_SCHEMA.names)
     need = pc.divide(pc.add(n_in, BLOCK_SIZE - 1), BLOCK_SIZE)
-    in_range = pc.less(pc.abs(pc.multiply(ts, 1_000_000.0)), float(MAX_NS // 2))  # far from int64's edge
+    # Below 2**53 ns the float product is exact for every integer timestamp, as the plain path's integer
+    # arithmetic is; beyond it (over 104 days) the plain path decides.
+    in_range = pc.less(pc.abs(pc.multiply(ts, 1_000_000.0)), float(_EXACT_NS))
     ok = pc.and_(pc.and_(pc.and_(pc.is_finite(ts), in_range), pc.greater_equal(n_in, 1)),
                  pc.and_(pc.greater_equal(n_out, 0), pc.equal(pc.list_value_length(hashes), need)))
     if not pc.all(ok).as_py():
@@ -124,14 +126,37 @@ def _fast_table(data: bytes) -> pa.Table | None:
     })
 
 
-def _line_counts(data: bytes) -> tuple[int, int]:
-    """Physical lines and blank lines, counted as the plain path counts them."""
+_JSON_WS = b" \t\r"
+
+
+def _line_counts(data: bytes) -> tuple[int, int] | None:
+    """Physical lines and blank lines, counted as the plain path counts them; None when a line could
+    hold other than exactly one record, so the plain path must decide.
+
+    Arrow reads a stream of objects, blind to lines: two records on one line, or one record split
+    over two, read the same to it. A line that starts with `{` and ends with `}` cannot be part of a
+    record split across lines (the continuation of an object never starts with `{`, and a line it
+    continues ends in `:`, `,`, `[` or a value, never in the `}` of a complete object), so when every
+    non-blank line does and the row count equals the non-blank line count, each line is one record.
+    Invalid UTF-8 anywhere (even in a field the importer ignores) makes the plain path call the line
+    malformed, so it sends the file there too."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
     if lines and lines[0].startswith(BOM):
         lines[0] = lines[0][len(BOM):]
-    return len(lines), sum(1 for line in lines if is_blank(line))
+    num_blank = 0
+    for line in lines:
+        s = line.strip(_JSON_WS)
+        if not s:
+            num_blank += 1
+        elif s[0] != 0x7B or s[-1] != 0x7D:  # "{" ... "}"
+            return None
+    return len(lines), num_blank
 
 
 def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "import-mooncake",
@@ -144,8 +169,9 @@ def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "impor
                          source=f"import:{FORMAT}")
     if fast and src.is_file() and src.stat().st_size <= FAST_PATH_MAX_BYTES:
         data = src.read_bytes()
-        table = _fast_table(data)
-        num_lines, num_blank = _line_counts(data)
+        counts = _line_counts(data)
+        table = _fast_table(data) if counts is not None else None
+        num_lines, num_blank = counts or (0, 0)
         # Arrow must have read one record per non-blank line; anything else goes the plain way.
         if table is not None and table.num_rows == num_lines - num_blank:
             for start in range(0, table.num_rows, ROWS_PER_PART):

@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
+import os
 import sys
 
 import typer
 from typer import _click
 from typer.core import TyperGroup
 
+#: Set to 1 to see the traceback of an unexpected error instead of its one-line summary.
+DEBUG_ENV = "KMESH_TRACE_DEBUG"
+EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+
+
+class _Interrupted(Exception):
+    """Ctrl-C inside a command; typer would turn a bare KeyboardInterrupt into a silent exit 130."""
+
 
 class _Group(TyperGroup):
-    """Usage mistakes (missing argument, unknown option, bad choice) become one `Error: ...` line and
-    exit 1, like every other error of the command; help and exit codes pass through unchanged."""
+    """The one place where a failure becomes one line on stderr and an exit code.
+
+    Usage mistakes (missing argument, unknown option, bad choice) and aborts: `Error: ...`, exit 1.
+    Ctrl-C: `Error: interrupted.`, exit 130. A closed output pipe (`... | head`): quiet. Any other
+    exception is a bug: one line naming it and where to report it, exit 1 (the traceback with
+    KMESH_TRACE_DEBUG=1). Help and the commands' own exit codes pass through unchanged."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise _Interrupted() from None
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
@@ -26,12 +46,54 @@ class _Group(TyperGroup):
             ctx = getattr(e, "ctx", None)
             if ctx is not None:
                 hint = f" (see '{ctx.command_path} --help')"
-            sys.stderr.write(f"Error: {e.format_message()}{hint}\n")
+            _error(f"{e.format_message()}{hint}")
             sys.exit(1)
-        except _click.exceptions.Abort:
-            sys.stderr.write("Error: aborted.\n")
+        except typer.Abort:
+            _error("aborted.")
+            sys.exit(1)
+        except (_Interrupted, KeyboardInterrupt):
+            _error("interrupted.")
+            sys.exit(EXIT_INTERRUPTED)
+        except SystemExit:
+            raise
+        except BrokenPipeError:
+            _silence_stdout()
+            sys.exit(1)
+        except BaseException as e:  # Exception, and the BaseException a Rust panic in a dependency raises
+            if isinstance(e, GeneratorExit):
+                raise
+            if isinstance(e, OSError) and e.errno == errno.EPIPE:
+                _silence_stdout()
+                sys.exit(1)
+            if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+                raise
+            _error(f"unexpected {type(e).__name__}: {_first_line(e)}. This is a bug in kmesh-trace: please report it "
+                   f"with the command you ran and the traceback that {DEBUG_ENV}=1 prints.")
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def _error(message: str) -> None:
+    try:
+        sys.stderr.write(f"Error: {message}\n")
+        sys.stderr.flush()
+    except OSError:
+        pass  # stderr is gone too: the exit code is all that is left
+
+
+def _silence_stdout() -> None:
+    """The reader of our output went away (`| head`): point stdout at /dev/null so the final flush at
+    exit does not print a second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 app = typer.Typer(
@@ -65,4 +127,10 @@ for _name in _COMMAND_MODULES:
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    finally:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader left after our last write
+            _silence_stdout()

@@ -12,7 +12,17 @@ import typer
 from rich.table import Table as RichTable
 
 from kmesh_trace.audit.findings import EXIT_CLEAN, Problem, summary
-from kmesh_trace.cli.common import Output, emit, err, fail, handles_errors, out, output_options, progress
+from kmesh_trace.cli.common import (
+    Output,
+    check_out_not_in_input,
+    emit,
+    err,
+    fail,
+    handles_errors,
+    out,
+    output_options,
+    progress,
+)
 
 audit_app = typer.Typer(
     help="Audit agent-trace corpora and captured traces for fitness. "
@@ -54,6 +64,8 @@ def corpus_cmd(
     """Inventory, line health, duplicates, field coverage, lineage evidence and a verdict for a JSONL corpus."""
     from kmesh_trace.audit.corpus import audit_corpus
 
+    if output.out is not None:  # the audit can take minutes: refuse an --out inside the corpus before it
+        check_out_not_in_input(output.out, [directory])
     with progress() as bar:
         task = bar.add_task("auditing", total=None)
         result = audit_corpus(directory, on_bytes=lambda n: bar.advance(task, n),

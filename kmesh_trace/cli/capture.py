@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from kmesh_trace.cli.common import err, fail, handles_errors, print_json
+from kmesh_trace.cli.common import check_out_dir, err, fail, handles_errors, print_json
 
 
 def register(app: typer.Typer) -> None:
@@ -43,7 +43,7 @@ def capture_cmd(
     if not command:
         fail("give the command to capture after `--`, e.g. kmesh-trace capture --out trace -- vllm serve MODEL.")
     # Checked here, before the command runs: inside the engine a bad knob only disables the capture.
-    out_dir = out_dir.resolve()
+    out_dir = check_out_dir(out_dir, "--out").resolve()
     env = {**os.environ, ENV_DIR: str(out_dir)}
     # An option given on the command line wins; otherwise what the user exported passes through.
     for value, knob, option, var in ((flush_s, "flush_interval_s", "--flush-s", ENV_FLUSH_S),

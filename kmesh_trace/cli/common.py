@@ -24,6 +24,7 @@ blocking finding, a replay whose verification failed).
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
 import json
@@ -57,8 +58,18 @@ def handles_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except KmeshTraceError as e:
             fail(cli_message(e))
-        except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
-            fail(f"{e.strerror}: {e.filename}")
+        except OSError as e:
+            if e.errno == errno.EPIPE or e.strerror is None:
+                raise  # a closed pipe is quiet; an OSError without an errno is not the environment's
+            fail(os_error_message(e))
+        except MemoryError:
+            fail("this machine ran out of memory for the command; ask for less (a smaller --capacity-blocks, "
+                 "fewer rows) or run it on a larger machine.")
+        except Exception as e:
+            damage = _read_damage(e)
+            if damage is None:
+                raise
+            fail(str(damage))
 
     return wrapper
 
@@ -74,15 +85,55 @@ def cli_message(e: KmeshTraceError) -> str:
     return str(e)
 
 
-def parse_ints(text: str, what: str) -> list[int]:
-    """Comma-separated integers above zero (`--capacity-blocks 256,512`); an empty item, a non-integer
-    or a value below 1 is one error naming the option `what`."""
+def os_error_message(e: OSError) -> str:
+    """An operating-system refusal as one sentence: what failed, on which file, and what to do."""
+    hint = {errno.ENOSPC: "free some space or write elsewhere", errno.EROFS: "write to a writable filesystem",
+            errno.EDQUOT: "free some space or write elsewhere", errno.EACCES: "check its permissions",
+            errno.EPERM: "check its permissions"}.get(e.errno)
+    where = f": {e.filename}" if e.filename is not None else ""
+    return f"{e.strerror}{where}" + (f"; {hint}." if hint else "")
+
+
+def _read_damage(e: Exception):
+    """A decoding error from polars, Arrow or DuckDB while a trace is open: the damaged part, if one is."""
+    if type(e).__module__.split(".")[0] not in ("polars", "pyarrow", "duckdb", "_duckdb"):
+        return None
+    from kmesh_trace.trace import locate_damage
+
+    return locate_damage(e)
+
+
+def check_out_not_in_input(out_path: Path, inputs: "list[Path | None] | tuple[Path | None, ...]",
+                           option: str = "--out") -> Path:
+    """Refuse an output path that is, or lies inside, one of the inputs the command reads (a corpus
+    directory, a trace directory, a source file): writing there would change what is being read, or
+    destroy it. Symbolic links are resolved first, so a link cannot slip past."""
+    target = out_path.resolve()
+    for src in inputs:
+        if src is None:
+            continue
+        s = Path(src).resolve()
+        if target == s or s in target.parents:
+            raise KmeshTraceError(f"{option} {out_path} is {'the input' if target == s else 'inside the input'} {src}; "
+                                  f"write the output somewhere else.")
+    return out_path
+
+
+#: Block counts are int32 in the contract (block ids); a larger capacity names no pool.
+MAX_BLOCKS = (1 << 31) - 1
+
+
+def parse_ints(text: str, what: str, maximum: int = MAX_BLOCKS) -> list[int]:
+    """Comma-separated integers above zero and at most `maximum` (`--capacity-blocks 256,512`); an empty
+    item, a non-integer or a value out of range is one error naming the option `what`."""
     try:
         values = [int(x) for x in text.split(",")]  # int("") fails: an empty item is refused too
     except ValueError:
         values = []
     if not values or any(v <= 0 for v in values):
         raise KmeshTraceError(f"{what} must be comma-separated integers above zero, e.g. 256,512,1024 (got {text!r}).")
+    if any(v > maximum for v in values):
+        raise KmeshTraceError(f"{what} values must be at most {maximum:,} (got {text!r}).")
     return values
 
 
@@ -152,6 +203,10 @@ class Output:
     out: Path | None = None
 
 
+#: Parameters of commands that name what the command reads; `--out` may not lie inside any of them.
+INPUT_PARAMETERS = ("trace", "directory", "src", "store", "restore_results", "model_config")
+
+
 def output_options(*, csv: bool = False, blocking: str | None = None) -> Callable[[Callable], Callable]:
     """Decorator: give the command `--json`, `--csv` (with `csv=True`) and `--out FILE`, passed to it as
     its `output: Output` parameter, and the exit codes in its help (`blocking`: when it exits 3)."""
@@ -171,8 +226,10 @@ def output_options(*, csv: bool = False, blocking: str | None = None) -> Callabl
         def wrapper(*args, as_json: bool = False, as_csv: bool = False, out_file: Path | None = None, **kwargs):
             if as_json and as_csv:
                 raise KmeshTraceError("give --json or --csv, not both.")
-            if out_file is not None:  # refuse it before the work, not after
+            if out_file is not None:  # refuse it before the work, not after; never inside an input
                 check_out_file(out_file, "--out")
+                check_out_not_in_input(out_file, [v for k, v in kwargs.items()
+                                                  if k in INPUT_PARAMETERS and isinstance(v, (str, Path))])
             return fn(*args, output=Output(as_json, as_csv, out_file), **kwargs)
 
         wrapper.__signature__ = sig.replace(parameters=params + extra)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from enum import Enum
@@ -12,6 +13,7 @@ from rich.table import Table as RichTable
 
 from kmesh_trace import schema
 from kmesh_trace.cli.common import Output, emit, err, handles_errors, out, output_options, print_json
+from kmesh_trace.errors import KmeshTraceError
 
 
 class SqlFormat(str, Enum):
@@ -95,28 +97,125 @@ def _render_info(info: dict) -> None:
         out.print(mt)
 
 
+#: Rows a table on the terminal shows unless --limit says otherwise (csv and json stream every row).
+TABLE_ROWS = 1000
+#: Seconds a query may run unless --timeout says otherwise.
+DEFAULT_SQL_TIMEOUT_S = 600.0
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+def parse_bytes(text: str, option: str) -> int:
+    """`4GB`, `512MiB` or a plain byte count, above zero."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).upper() if m else ""
+    if not m or unit not in _UNITS or float(m.group(1)) * _UNITS[unit] < 1 << 20:
+        raise KmeshTraceError(f"{option} must be a size of at least 1MiB such as 2GB or 512MiB (got {text!r}).")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+_INT64 = 1 << 63
+
+
+def _cell(v):
+    """One result value as JSON data: integers beyond 64 bits and decimals as exact text, bytes as DuckDB
+    writes them, times as ISO text, NaN and infinities as null (JSON has none), anything else as text."""
+    import datetime
+    import decimal
+
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return v if -_INT64 <= v < _INT64 else str(v)
+    if isinstance(v, float):
+        return v if v == v and v not in (float("inf"), float("-inf")) else None
+    if isinstance(v, decimal.Decimal):
+        return _cell(int(v)) if v == v.to_integral_value() and v.as_tuple().exponent >= 0 else str(v)
+    if isinstance(v, (bytes, bytearray)):
+        return "".join(chr(b) if 32 <= b < 127 and b != 92 else f"\\x{b:02X}" for b in v)
+    if isinstance(v, dict):
+        return {str(k): _cell(x) for k, x in v.items()}
+    if type(v).__name__ == "MonthDayNano":  # an interval, as Arrow returns it
+        return {"months": v.months, "days": v.days, "nanoseconds": v.nanoseconds}
+    if isinstance(v, (list, tuple)):
+        return [_cell(x) for x in v]
+    if isinstance(v, (datetime.date, datetime.time)):
+        return v.isoformat()
+    return str(v)
+
+
+def _csv_field(v) -> str:
+    """One CSV cell: nested values as JSON text (CSV has no nesting), null as an empty field."""
+    v = _cell(v)
+    if v is None:
+        return ""
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, separators=(", ", ": "))
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
 @handles_errors
 def sql_cmd(
     trace: Path = typer.Argument(..., help="Trace directory."),
     query: str = typer.Argument(..., help="A read-only SQL query over the tables invocations, lineage, block_events, transfers, engines."),
-    fmt: SqlFormat = typer.Option(SqlFormat.table, "--format", "-f", help="Output format."),
+    fmt: SqlFormat = typer.Option(SqlFormat.table, "--format", "-f", help="Output format (csv writes lists and structs as JSON text)."),
+    limit: int = typer.Option(None, "--limit", min=0, help=f"Print at most this many rows (default: {TABLE_ROWS} for a table, every row for csv and json, streamed)."),
+    timeout_s: float = typer.Option(DEFAULT_SQL_TIMEOUT_S, "--timeout", min=0, help="Stop the query after this many seconds (0: no limit)."),
+    memory_limit: str = typer.Option(None, "--memory-limit", help="Memory DuckDB may use, e.g. 2GB (default: a quarter of this machine's memory); beyond it DuckDB spills to a private temporary directory, removed at exit."),
 ) -> None:
-    """Query a trace with DuckDB SQL (read-only, confined to the trace directory).
+    """Query a trace with DuckDB SQL (read-only, confined to the trace directory, bounded in memory and time).
 
-    Exit codes: 0 ok; 1 could not run (usage, input or I/O error)."""
+    Exit codes: 0 ok; 1 could not run (usage, input or I/O error, or the query ran past --timeout)."""
+    from itertools import chain
+
     from kmesh_trace.trace import check_read_only, open_trace
 
     check_read_only(query)  # before opening anything
-    df = open_trace(trace).sql(query)
-    if fmt is SqlFormat.json:
-        sys.stdout.write(df.write_json() + "\n")
-    elif fmt is SqlFormat.csv:
-        sys.stdout.write(df.write_csv())
-    else:
-        rt = RichTable()
-        for name in df.columns:
-            rt.add_column(name, overflow="fold")
-        for row in df.iter_rows():
-            rt.add_row(*("" if v is None else str(v) for v in row))
-        out.print(rt)
-        err.print(f"{df.height} row(s)", style="dim")
+    mem = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None else None
+    cap = limit if limit is not None else (TABLE_ROWS if fmt is SqlFormat.table else None)
+    with open_trace(trace, memory_limit=mem) as t:
+        batches = t.sql_batches(query, timeout_s=timeout_s or None)
+        first = next(batches)
+        names = first.schema.names
+        shown, more = 0, False
+        table_rows: list[list] = []
+        writer = csv.writer(sys.stdout, lineterminator="\n") if fmt is SqlFormat.csv else None
+        if writer is not None:
+            writer.writerow(names)
+        elif fmt is SqlFormat.json:
+            sys.stdout.write("[")
+        for batch in chain([first], batches):
+            rows = batch.to_pylist()
+            if cap is not None and shown + len(rows) > cap:
+                rows, more = rows[:cap - shown], True
+            for row in rows:
+                if fmt is SqlFormat.json:
+                    sys.stdout.write(("," if shown else "") + json.dumps({k: _cell(v) for k, v in row.items()},
+                                                                         separators=(",", ":")))
+                elif writer is not None:
+                    writer.writerow([_csv_field(row[k]) for k in names])
+                else:
+                    table_rows.append(["" if row[k] is None else str(row[k]) for k in names])
+                shown += 1
+            if more:
+                batches.close()
+                break
+        if fmt is SqlFormat.json:
+            sys.stdout.write("]\n")
+        elif fmt is SqlFormat.table:
+            rt = RichTable()
+            for name in names:
+                rt.add_column(name, overflow="fold")
+            for row in table_rows:
+                rt.add_row(*row)
+            out.print(rt)
+    if more:
+        err.print(f"showing the first {shown:,} rows; the query returned more (raise --limit"
+                  + (", or use --format csv or json to stream every row)" if limit is None else ")"),
+                  markup=False, highlight=False, soft_wrap=True)
+    elif fmt is SqlFormat.table:
+        err.print(f"{shown} row(s)", style="dim")

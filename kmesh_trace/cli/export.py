@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import check_out_file, err, handles_errors, out, print_json
+from kmesh_trace.cli.common import check_out_file, check_out_not_in_input, err, handles_errors, out, print_json
 
 export_app = typer.Typer(help="Export a trace in other tools' formats.", no_args_is_help=True)
 
@@ -45,6 +45,7 @@ def perfetto_cmd(
     from kmesh_trace.trace import open_trace
 
     check_out_file(out_path, "--out")
+    check_out_not_in_input(out_path, [trace])
     with open_trace(trace) as t:
         summary = export_perfetto(t, out_path)
     if as_json:

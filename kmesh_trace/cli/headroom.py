@@ -17,6 +17,7 @@ from kmesh_trace.cli.common import (
     approximate_tokens_note,
     build_scenario,
     check_out_file,
+    check_out_not_in_input,
     emit,
     err,
     handles_errors,
@@ -76,6 +77,7 @@ def headroom_cmd(
         raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
     if plot is not None:  # a bad --plot must fail before the replays, not after them
         check_out_file(check_plot_path(plot), "--plot")
+        check_out_not_in_input(plot, [trace], "--plot")
     cost = fit = None
     if tokens_per_s is not None:
         from kmesh_trace.oracle.prefill_cost import PrefillCost

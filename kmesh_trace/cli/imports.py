@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import err, handles_errors, out, print_json, progress
+from kmesh_trace.cli.common import check_out_dir, check_out_not_in_input, err, handles_errors, out, print_json, progress
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
 
 
@@ -69,6 +69,8 @@ def import_cmd(
         raise InputFormatError(f"{src} is not a directory; {fmt.value} imports a directory.")
     if not directory and not src.is_file():
         raise InputFormatError(f"{src} is not a readable file.")
+    check_out_dir(out_dir, "--out")
+    check_out_not_in_input(out_dir, [src])
     if arrival is not None and fmt is not ImportFormat.weka:
         raise KmeshTraceError("--arrival applies to weka imports only.")
     if (tokenizer is not None or block_size is not None) and fmt is not ImportFormat.lmcache_agent:

@@ -10,12 +10,14 @@ import typer
 from rich.table import Table as RichTable
 
 from kmesh_trace.cli.common import (
+    MAX_BLOCKS,
     CapacityOption,
     Output,
     ScenarioOption,
     approximate_tokens_note,
     build_scenario,
     check_out_file,
+    check_out_not_in_input,
     emit,
     err,
     handles_errors,
@@ -76,6 +78,8 @@ def pressure_cmd(
         raise KmeshTraceError("--plot draws a capacity sweep; add --capacity-blocks a,b,c.")
     if plot is not None:
         check_out_file(check_plot_path(plot), "--plot")
+        check_out_not_in_input(plot, [trace], "--plot")
+    _check_limits(expiry_s, max_held_blocks, max_families)
     if scenario is not None:
         w = build_scenario(scenario)
         approximate = None
@@ -180,3 +184,13 @@ def _on_ray(source, engine: str | None, options: dict, ray: str):
     return lambda caps, whole: run_tasks_with_progress(
         pressure_point, [Task(f"{where}: what-if at {c} blocks", (source, engine, c, options, whole)) for c in caps],
         ray=ray, label="pressure")
+
+
+def _check_limits(expiry_s: float | None, max_held_blocks: int | None, max_families: int | None) -> None:
+    """Option values the replay cannot use (NaN or infinite seconds, negative caps, caps beyond the
+    contract's int32 block ids) are refused before any work, in one line (capacities: parse_ints)."""
+    if expiry_s is not None and not 0 <= expiry_s < float("inf"):
+        raise KmeshTraceError(f"--expiry-s must be a finite number of seconds >= 0 (got {expiry_s}).")
+    for option, value, least in (("--max-held-blocks", max_held_blocks, 0), ("--max-families", max_families, 0)):
+        if value is not None and not least <= value <= MAX_BLOCKS:
+            raise KmeshTraceError(f"{option} must be in {least}..{MAX_BLOCKS:,} (got {value}).")

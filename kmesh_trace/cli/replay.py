@@ -14,7 +14,7 @@ import typer
 from rich import box
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import EXIT_BLOCKING, check_out_dir, err, fail, handles_errors, out, print_json, progress
+from kmesh_trace.cli.common import EXIT_BLOCKING, check_out_dir, check_out_not_in_input, err, fail, handles_errors, out, print_json, progress
 
 replay_app = typer.Typer(help="Replay KV restorations natively (io_uring, O_DIRECT, GPU routes) and verify them.",
                          no_args_is_help=True)
@@ -74,11 +74,13 @@ def prepare_cmd(
     Exit codes: 0 ok; 1 could not run (usage, input or I/O error)."""
     from kmesh_trace.native import store as st
 
+    st.check_seed(seed)
     check_out_dir(out_dir, "--out")
     if from_trace is not None:
         plan, source = st.plan_from_trace(from_trace, chunk_bytes, max_restores), f"trace:{from_trace}"
     else:
         plan, source = st.plan_uniform(num_restores, chunks, chunk_bytes), "uniform"
+    check_out_not_in_input(out_dir, [from_trace])
     with progress() as bar:
         task = bar.add_task("writing payloads", total=len(plan))
         s = st.prepare(out_dir, plan, seed=seed, source=source, progress=lambda done, _: bar.update(task, completed=done))
@@ -145,13 +147,14 @@ def run_cmd(
     """Restore the store's journal through each route, verify every byte, keep every sample.
 
     Exit codes: 0 every restore verified; 1 could not run (usage, input or I/O error); 3 ran and a verification failed (a corrupted payload accepted, an intact one rejected, a buffer not returned)."""
-    from kmesh_trace.native.runner import RunConfig, run
+    from kmesh_trace.native.runner import RunConfig, open_run, run
 
     cfg = RunConfig(routes=_routes(routes), pairs=pairs, restores=restores, warmup=warmup, corrupt=corrupt,
                     depth=depth, workers=workers, seed=seed)
-    cfg.check()
+    open_run(store, cfg)  # options, journal and run size: refused before the progress bar starts
     if results is not None:  # written after the whole run: refuse a place it cannot go before it
         check_out_dir(results, "--out")
+        check_out_not_in_input(results, [store / "payload", store / "journal.parquet"])
     results = results or store / "runs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     with progress() as bar:
         task = bar.add_task("restoring", total=None)
