@@ -24,6 +24,8 @@ from kmesh_trace.capture.env import (
     ENV_LINEAGE_WINDOW,
     ENV_MAX_EVENTS,
     ENV_MAX_REQUESTS,
+    ENV_SHUTDOWN_GRACE_S,
+    DEFAULT_SHUTDOWN_GRACE_S,
 )
 from kmesh_trace.capture.lineage import LineageIndex, edges_for
 
@@ -35,12 +37,15 @@ log = logging.getLogger("kmesh_trace.capture")
 
 #: Defaults of the environment knobs (`capture/env.py`).
 DEFAULTS = {"flush_interval_s": 1.0, "max_buffered_events": 1 << 19, "max_buffered_requests": 1 << 15,
-            "lineage_window": 4096}
+            "lineage_window": 4096, "shutdown_grace_s": DEFAULT_SHUTDOWN_GRACE_S}
 
 
 #: Knob -> environment variable.
 ENV_NAMES = {"flush_interval_s": ENV_FLUSH_S, "max_buffered_events": ENV_MAX_EVENTS,
-             "max_buffered_requests": ENV_MAX_REQUESTS, "lineage_window": ENV_LINEAGE_WINDOW}
+             "max_buffered_requests": ENV_MAX_REQUESTS, "lineage_window": ENV_LINEAGE_WINDOW,
+             "shutdown_grace_s": ENV_SHUTDOWN_GRACE_S}
+#: Knobs that are seconds (floats); the others are counts.
+_SECONDS = ("flush_interval_s", "shutdown_grace_s")
 
 
 def check_knob(key: str, value: Any, name: str) -> None:
@@ -49,9 +54,11 @@ def check_knob(key: str, value: Any, name: str) -> None:
     A zero or negative flush interval would make the writer thread spin; a buffer or window below 1
     would drop every event (or forget every request) without anything looking wrong.
     """
-    if key == "flush_interval_s":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-        need = "a number of seconds > 0"
+    if key in _SECONDS:
+        low = 0 if key == "shutdown_grace_s" else None  # no grace is allowed; a zero flush interval spins
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+              and (value >= low if low is not None else value > 0))
+        need = f"a number of seconds {'>= 0' if low is not None else '> 0'}"
     else:
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
         need = "an integer >= 1"
@@ -72,7 +79,7 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
             config[key] = DEFAULTS[key]
             continue
         try:
-            value = float(raw) if key == "flush_interval_s" else int(raw)
+            value = float(raw) if key in _SECONDS else int(raw)
         except ValueError:
             value = raw
         check_knob(key, value, env)
