@@ -39,6 +39,7 @@ from kmesh_trace.capture.env import ENV_HOLD_MAX_BLOCKS as ENV_MAX_BLOCKS
 from kmesh_trace.capture.env import ENV_HOLD_MAX_FAMILIES as ENV_MAX_FAMILIES
 from kmesh_trace.capture.env import hold_enabled  # noqa: F401 (re-exported)
 from kmesh_trace.holds import hold_status
+from kmesh_trace.lineage import ParentResolver
 
 log = logging.getLogger("kmesh_trace.capture")
 
@@ -111,7 +112,9 @@ class HoldController:
         self.num_by_status: Counter[str] = Counter()
         self.num_held_refs = 0
         self.family_refs: dict[str, int] = {}
-        self.children_admitted: OrderedDict[str, int] = OrderedDict()  # parent key -> early child admissions
+        self.children_admitted: OrderedDict[str, int] = OrderedDict()  # declared name -> early child admissions
+        self.names = ParentResolver()  # every name of a held parent -> its request id (the lineage table's rule)
+        self.key_of: dict[str, str] = {}  # held parent's request id -> its key in `active`
         self.closed = False
 
     # ---- the recorder (optional) -------------------------------------------------------------
@@ -137,11 +140,12 @@ class HoldController:
         return caller_id_of(request) or request.request_id
 
     def _lookup(self, declared: Any) -> str | None:
+        """The active hold's key a child's declared parent names (response id, client id, caller id or
+        engine id: `kmesh_trace.lineage`), else the declared name itself (its parent has no hold yet)."""
         if declared is None:
             return None
-        key = str(declared)
-        alt = f"{key}-0"  # the completions API suffixes the response id with the prompt index
-        return alt if key not in self.active and alt in self.active else key
+        rid = self.names.resolve(declared)
+        return self.key_of[rid] if rid is not None else str(declared)
 
     def take(self, request) -> None:
         """The parent finished: hold its full cached blocks before its own references are freed."""
@@ -156,9 +160,12 @@ class HoldController:
             if b.is_null or b.block_hash is None:
                 break
             blocks.append(b)
-        early = self.children_admitted.pop(key, 0)  # children admitted before the parent finished
-        if key.endswith("-0"):
-            early += self.children_admitted.pop(key[:-2], 0)
+        from kmesh_trace.capture.hooks import caller_id_of
+
+        names = ParentResolver()
+        names.add(request.request_id, caller_id_of(request))
+        # Children admitted before the parent finished, under any of its names.
+        early = sum(self.children_admitted.pop(n, 0) for n in names.names(request.request_id))
         remaining = expected - early
         rec = LiveHold(request.request_id, key, family, "taken", len(blocks))
         self.records.append(rec)
@@ -177,11 +184,15 @@ class HoldController:
         rec.taken_ns = time.monotonic_ns()
         self._pool_op(self.pool.touch, blocks, "held", request.request_id)
         self.active[key] = _Hold(rec, blocks, remaining)
+        self.names.add(request.request_id, caller_id_of(request))
+        self.key_of[request.request_id] = key
         self.num_held_refs += len(blocks)
         self.family_refs[family] = self.family_refs.get(family, 0) + 1
 
     def release(self, key: str, reason: str) -> None:
         h = self.active.pop(key)
+        self.names.remove(h.record.parent_request_id)
+        self.key_of.pop(h.record.parent_request_id, None)
         h.record.release_reason = reason
         h.record.released_ns = time.monotonic_ns()
         self.num_held_refs -= len(h.blocks)

@@ -68,7 +68,37 @@ def engine_metadata(scheduler) -> dict[str, Any]:
         "block_size": int(scheduler.block_size) if hasattr(scheduler, "block_size") else int(cfg.cache_config.block_size),
         "num_usable_blocks": int(pool.num_gpu_blocks) - 1,
         "null_block_id": int(pool.null_block.block_id),
+        **model_geometry(scheduler.kv_cache_config, cfg.cache_config),
     }
+
+
+def model_geometry(kv_cache_config, cache_config=None) -> dict[str, Any]:
+    """KV bytes per token and its inputs, read from the KV cache spec the engine allocated with.
+
+    `kv_bytes_per_token` = sum over KV cache groups of page bytes (one block of one layer) x layers
+    / tokens per block; for plain attention that is layers x 2 x KV heads x head size x dtype bytes.
+    Fields a spec does not have (e.g. heads of a Mamba layer) are null; never raises.
+    """
+    out: dict[str, Any] = {"kv_bytes_per_token": None, "num_layers": None, "num_kv_heads": None,
+                           "head_size": None, "kv_cache_dtype": None}
+    try:
+        groups = kv_cache_config.kv_cache_groups
+        total = 0.0
+        for g in groups:
+            spec = g.kv_cache_spec
+            total += spec.page_size_bytes * len(g.layer_names) / spec.block_size
+        first = groups[0].kv_cache_spec
+        out["kv_bytes_per_token"] = int(total) if total == int(total) else total
+        out["num_layers"] = sum(len(g.layer_names) for g in groups)
+        out["num_kv_heads"] = getattr(first, "num_kv_heads", None)
+        out["head_size"] = getattr(first, "head_size", None)
+        dtype = getattr(first, "dtype", None)
+        configured = getattr(cache_config, "cache_dtype", None)
+        out["kv_cache_dtype"] = (str(configured) if configured not in (None, "auto")
+                                 else str(dtype).removeprefix("torch.") if dtype is not None else None)
+    except Exception:  # noqa: BLE001 (another spec layout: the geometry is left unknown, the capture runs)
+        log.warning("kmesh-trace: could not read the model's KV geometry; kv_bytes_per_token is left null")
+    return out
 
 
 def install(scheduler, out_dir: str, config: dict[str, Any] | None = None) -> Recorder:
@@ -426,9 +456,7 @@ def _install_scheduler(rec: Recorder, scheduler) -> None:
             request._kmesh = [rec.num_arrivals, mono(), None, None, None, None]
             rec.num_arrivals += 1
             rec.live[request.request_id] = request
-            caller = caller_id_of(request)
-            if caller is not None:
-                rec.remember_caller(caller, request.request_id)
+            rec.arrivals.append((request.request_id, caller_id_of(request)))
         return orig_add(request)
 
     def schedule(*args, **kwargs):

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -28,6 +29,7 @@ from kmesh_trace.capture.env import (
     DEFAULT_SHUTDOWN_GRACE_S,
 )
 from kmesh_trace.capture.lineage import LineageIndex, edges_for
+from kmesh_trace.lineage import ParentResolver
 
 from kmesh_trace import schema
 from kmesh_trace.errors import KmeshTraceError
@@ -127,8 +129,9 @@ class Recorder:
         self.after_step: list[Callable[[], None]] = []  # called after each update_from_output
         self.before_close: list[Callable[[], None]] = []  # called once, before the final flush
         self.wrappers: list[tuple[Any, dict]] = []  # (object, {method name: wrapper}) the hooks attached
-        # Read by the writer thread; plain dict operations are atomic under the GIL.
-        self.caller_to_rid: dict[str, str] = {}
+        # (request id, caller id) of each arrival: appended by the engine thread, named by the writer's.
+        self.arrivals: list[tuple[str, str | None]] = []
+        self.parents = ParentResolver(4 * int(self.config["lineage_window"]))  # writer thread only
         self._lineage = LineageIndex(int(self.config["lineage_window"]))
         self._num_written_dropped: dict[str, int] = {}
         self._flush_lock = threading.Lock()
@@ -144,12 +147,6 @@ class Recorder:
     @property
     def path(self) -> str:
         return str(self.writer.root)
-
-    def remember_caller(self, caller_id: str, request_id: str) -> None:
-        d = self.caller_to_rid
-        d[caller_id] = request_id
-        if len(d) > 4 * self._lineage.window:
-            del d[next(iter(d))]
 
     # ---- writer thread -----------------------------------------------------------------------
 
@@ -170,8 +167,16 @@ class Recorder:
         the metadata.
         """
         with self._flush_lock:
+            num_arrivals = self.num_arrivals  # before the drain: every one of them is named or written below
+            wrote = False
             try:
+                arrivals = self.arrivals
+                n = len(arrivals)
+                for rid, caller in arrivals[:n]:  # before the invocations: a parent is named before its child ends
+                    self.parents.add(rid, caller)
+                del arrivals[:n]
                 inv = self.invocations.drain()
+                wrote = bool(inv)
                 lineage_rows = self._infer_lineage(inv) if inv else []
                 if inv:
                     self._write(self.invocations.table, partial(self.invocations.to_columns, inv), len(inv))
@@ -181,9 +186,10 @@ class Recorder:
                 for buf in (self.block_events, self.transfers):
                     batch = buf.drain()
                     if batch:
+                        wrote = True
                         self._write(buf.table, partial(buf.to_columns, batch), len(batch))
             finally:
-                self._update_dropped()
+                self._update_dropped(num_arrivals if wrote else None)
 
     def _infer_lineage(self, inv: list[tuple]) -> list[dict[str, Any]]:
         """Lineage edges of the drained invocations; indexes the finished ones as future parents.
@@ -197,7 +203,7 @@ class Recorder:
         for raw in inv:
             try:
                 row = dict(zip(cols, raw))
-                mine = edges_for(self._lineage, row, self.caller_to_rid)
+                mine = edges_for(self._lineage, row, self.parents)
                 if row["status"] is not None:
                     self._lineage.add(row["request_id"], list(row["prompt_token_ids"] or []) +
                                       list(row["output_token_ids"] or []), row["finish_ns"])
@@ -212,11 +218,19 @@ class Recorder:
                       "dropped lineage and their invocations are still written", failed, type(first).__name__, first)
         return edges
 
-    def _update_dropped(self) -> None:
+    def _update_dropped(self, num_arrivals: int | None) -> None:
+        """Drop counts into the metadata, and, when this flush wrote rows, what is on disk so far
+        (`last_flush`: what a capture that dies before closing still holds; the audit reports it)."""
         dropped = {buf.table: buf.num_dropped + self._num_written_dropped.get(buf.table, 0) for buf in self._buffers}
         dropped["lineage"] = self.num_lineage_dropped + self._num_written_dropped.get("lineage", 0)
+        fields: dict[str, Any] = {}
         if dropped != {k: v for k, v in self.writer.metadata["num_dropped_events"].items() if k in dropped}:
-            self.writer.update_metadata(num_dropped_events={**self.writer.metadata["num_dropped_events"], **dropped})
+            fields["num_dropped_events"] = {**self.writer.metadata["num_dropped_events"], **dropped}
+        if num_arrivals is not None:
+            fields["last_flush"] = {"wall_ns": time.time_ns(), "num_arrivals": num_arrivals,
+                                    "rows": dict(self.writer.num_rows)}
+        if fields:
+            self.writer.update_metadata(**fields)
 
     def _write(self, table: str, columns: Callable[[], dict[str, Any]], n: int) -> None:
         """Write one part; on failure count its `n` rows as dropped and log one line (never raises)."""
@@ -261,7 +275,8 @@ class Recorder:
                 # The engine may keep a wrapper that references this recorder (another wrapper sits
                 # above it); let go of the requests remembered for lineage.
                 self._lineage = LineageIndex(1)
-                self.caller_to_rid.clear()
+                self.parents.clear()
+                self.arrivals.clear()
                 self.writer.close()
 
 

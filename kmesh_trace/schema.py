@@ -172,6 +172,14 @@ METADATA_FIELDS: dict[str, tuple[str | None, str]] = {
     "num_malformed_lines": ("lines", "Input lines an importer could not read."),
     "malformed_lines": (None, "file:line of each malformed input line (first 1000)."),
     "complete": (None, "True once the writer closed cleanly; false while writing or after a crash."),
+    "last_flush": (None, "Captures: what was on disk after the latest flush that wrote rows: `wall_ns` (when), `num_arrivals` "
+                   "(requests that had arrived by then), `rows` (rows written per table). After a crash (complete "
+                   "false) only what the engine recorded after it may be missing."),
+    "kv_bytes_per_token": ("bytes", "KV cache bytes one token occupies across all layers (from the engine's KV cache spec)."),
+    "num_layers": ("layers", "Attention layers that hold KV cache."),
+    "num_kv_heads": ("heads", "KV heads per layer (of the first KV cache group)."),
+    "head_size": (None, "Elements per head (of the first KV cache group)."),
+    "kv_cache_dtype": (None, "Element type of the KV cache, e.g. float16, bfloat16, fp8."),
 }
 
 

@@ -32,6 +32,8 @@ def headroom_cmd(
     scenario: Optional[Scenario] = typer.Option(
         None, "--scenario", help="Analyse a built-in workload instead of a trace (512 usable blocks)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
+    allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="Analyse a capture that never closed "
+                                          "(complete: false) with a warning, instead of refusing."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write hit ratio against capacity to FILE.png or FILE.svg."),
 ) -> None:
@@ -51,9 +53,11 @@ def headroom_cmd(
         reqs = fork_tree_requests(aligned=scenario is Scenario.fork_tree)
         result = headroom_of_requests(reqs, BLOCK_SIZE, caps, names, num_usable_blocks=NUM_USABLE_BLOCKS)
     else:
+        from kmesh_trace.audit.capture import check_complete
         from kmesh_trace.trace import open_trace
 
         with open_trace(trace) as t:
+            check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
             result = headroom(t, caps, names, engine=engine)
     if plot is not None:
         plot_headroom(result, plot)

@@ -41,6 +41,8 @@ def pressure_cmd(
     sweep_capacity: Optional[str] = typer.Option(None, "--sweep-capacity", help="Capacities to sweep, comma-separated (a table of net tokens)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="With --sweep-capacity: write net tokens against capacity to FILE.png or FILE.svg."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
+    allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="Analyse a capture that never closed "
+                                          "(complete: false) with a warning, instead of refusing."),
     per_request: bool = typer.Option(False, "--per-request", help="Also list every request's hits and evictions in each arm."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
@@ -62,9 +64,11 @@ def pressure_cmd(
         sc = hold_stress(2 if scenario is Scenario.hold_stress_x2 else 1)
         reqs, block_size, usable, lineage = sc.request_blocks(), sc.block_size, sc.num_usable_blocks, None
     else:
+        from kmesh_trace.audit.capture import check_complete
         from kmesh_trace.trace import open_trace
 
         with open_trace(trace) as t:
+            check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
             ts = trace_stream(t, engine)
         reqs, block_size, usable, lineage = ts.requests, ts.block_size, ts.num_usable_blocks, ts.lineage
     num_timed = sum(r.arrival_ns is not None and r.finish_ns is not None for r in reqs)
