@@ -53,8 +53,12 @@ def register() -> bool:
         from kmesh_trace.capture import hold
 
         if hold.hold_enabled() and getattr(self, "_kmesh_hold", None) is None:
+            from kmesh_trace.errors import KmeshTraceError
+
             try:  # after the capture, so its pool operations are recorded as held/released
                 hold.install(self)
+            except KmeshTraceError as e:  # a bad knob: the user's to fix, one line
+                _warn(f"kmesh-trace: {e} The engine runs without holds.")
             except Exception:
                 log.exception("kmesh-trace: could not start the hold controller; the engine runs without holds")
 

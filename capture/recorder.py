@@ -11,83 +11,24 @@ stays readable and the metadata says `complete: false`.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from kmesh_trace.capture.attach import Attachments
 from kmesh_trace.capture.buffers import RowBuffer
-from kmesh_trace.capture.env import (
-    ENV_FLUSH_S,
-    ENV_LINEAGE_WINDOW,
-    ENV_MAX_EVENTS,
-    ENV_MAX_REQUESTS,
-    ENV_SHUTDOWN_GRACE_S,
-    DEFAULT_SHUTDOWN_GRACE_S,
-)
+from kmesh_trace.capture.rows import BLOCK_EVENT_CONVERSIONS, INVOCATION_LAYOUT, BlockEventExpander
+from kmesh_trace.capture.config import DEFAULTS, ENV_NAMES, check_knob, config_from_env  # noqa: F401 (re-exported)
 from kmesh_trace.capture.lineage import LineageIndex, edges_for
 from kmesh_trace.lineage import ParentResolver
 
 from kmesh_trace import schema
-from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.writer import ENGINES_DIR, TraceWriter, default_engine_id
 
 log = logging.getLogger("kmesh_trace.capture")
-
-#: Defaults of the environment knobs (`capture/env.py`).
-DEFAULTS = {"flush_interval_s": 1.0, "max_buffered_events": 1 << 19, "max_buffered_requests": 1 << 15,
-            "lineage_window": 4096, "shutdown_grace_s": DEFAULT_SHUTDOWN_GRACE_S}
-
-
-#: Knob -> environment variable.
-ENV_NAMES = {"flush_interval_s": ENV_FLUSH_S, "max_buffered_events": ENV_MAX_EVENTS,
-             "max_buffered_requests": ENV_MAX_REQUESTS, "lineage_window": ENV_LINEAGE_WINDOW,
-             "shutdown_grace_s": ENV_SHUTDOWN_GRACE_S}
-#: Knobs that are seconds (floats); the others are counts.
-_SECONDS = ("flush_interval_s", "shutdown_grace_s")
-
-
-def check_knob(key: str, value: Any, name: str) -> None:
-    """Raise KmeshTraceError unless `value` is valid for knob `key`; `name` is how the user set it.
-
-    A zero or negative flush interval would make the writer thread spin; a buffer or window below 1
-    would drop every event (or forget every request) without anything looking wrong.
-    """
-    if key in _SECONDS:
-        low = 0 if key == "shutdown_grace_s" else None  # no grace is allowed; a zero flush interval spins
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-              and (value >= low if low is not None else value > 0))
-        need = f"a number of seconds {'>= 0' if low is not None else '> 0'}"
-    else:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-        need = "an integer >= 1"
-    if not ok:
-        raise KmeshTraceError(f"{name} must be {need}, not {value!r}.")
-
-
-def config_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The knobs from `environ` (this process's environment by default; defaults where unset).
-
-    KmeshTraceError names a bad one.
-    """
-    environ = os.environ if environ is None else environ
-    config = {}
-    for key, env in ENV_NAMES.items():
-        raw = environ.get(env)
-        if raw in (None, ""):
-            config[key] = DEFAULTS[key]
-            continue
-        try:
-            value = float(raw) if key in _SECONDS else int(raw)
-        except ValueError:
-            value = raw
-        check_knob(key, value, env)
-        config[key] = value
-    return config
-
 
 def _free_engine_id(root: str, engine_index: int) -> str:
     """host-pid-index, with a suffix when this process already wrote an engine into `root`."""
@@ -111,10 +52,11 @@ class Recorder:
                                   metadata={**(metadata or {}), "engine_index": engine_index,
                                             "capture_config": self.config})
         cap_events = int(self.config["max_buffered_events"])
-        self.block_events = RowBuffer("block_events", cap_events)
+        self.block_events = RowBuffer("block_events", cap_events, conversions=BLOCK_EVENT_CONVERSIONS)
         self.invocations = RowBuffer("invocations", int(self.config["max_buffered_requests"]))
         self.transfers = RowBuffer("transfers", cap_events)
         self._buffers = (self.invocations, self.block_events, self.transfers)
+        self.block_expander = BlockEventExpander()  # the pool wrappers install one that knows their pool
         self.num_lineage_dropped = 0
         # Hot-path state, touched only by the engine thread.
         self.seq = 0  # next block event seq (advances for dropped events too, leaving a visible gap)
@@ -128,7 +70,7 @@ class Recorder:
         self.awaiting_first_token: set = set()
         self.after_step: list[Callable[[], None]] = []  # called after each update_from_output
         self.before_close: list[Callable[[], None]] = []  # called once, before the final flush
-        self.wrappers: list[tuple[Any, dict]] = []  # (object, {method name: wrapper}) the hooks attached
+        self.attachments = Attachments()  # every wrapper attached for this recorder (hooks, connector)
         # (request id, caller id) of each arrival: appended by the engine thread, named by the writer's.
         self.arrivals: list[tuple[str, str | None]] = []
         self.parents = ParentResolver(4 * int(self.config["lineage_window"]))  # writer thread only
@@ -147,6 +89,43 @@ class Recorder:
     @property
     def path(self) -> str:
         return str(self.writer.root)
+
+    # ---- the public API (the hooks, the hold controller and the proxy connector use only this) --
+
+    def act_for(self, request_id: str | None, fn: Callable, *args, **kwargs):
+        """`fn(*args, **kwargs)` with every pool event it causes recorded for `request_id`."""
+        prev = self.ctx_req
+        self.ctx_req = request_id
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.ctx_req = prev
+
+    def act_as(self, event: str, request_id: str | None, fn: Callable, *args):
+        """`act_for`, with the touches and frees `fn` makes recorded as `event` (the hold controller's
+        `held` / `released`)."""
+        prev = self.touch_event, self.free_event
+        self.touch_event = self.free_event = event
+        try:
+            return self.act_for(request_id, fn, *args)
+        finally:
+            self.touch_event, self.free_event = prev
+
+    def on_step(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` after each engine step (the scheduler's update_from_output), engine thread."""
+        self.after_step.append(callback)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once when the capture closes, before the final flush."""
+        self.before_close.append(callback)
+
+    def record_config(self, key: str, value: Any) -> None:
+        """Add `key` to the partition's `capture_config` (e.g. the hold controller's caps)."""
+        self.writer.update_metadata(capture_config={**self.writer.metadata.get("capture_config", {}), key: value})
+
+    def record_transfer(self, row: tuple) -> None:
+        """One transfers row (rows.TRANSFER_LAYOUT); counted as dropped when the buffer is full."""
+        self.transfers.append(row)
 
     # ---- writer thread -----------------------------------------------------------------------
 
@@ -183,11 +162,17 @@ class Recorder:
                 if lineage_rows:
                     self._write("lineage", lambda: {k: [r[k] for r in lineage_rows] for k in lineage_rows[0]},
                                 len(lineage_rows))
-                for buf in (self.block_events, self.transfers):
-                    batch = buf.drain()
-                    if batch:
-                        wrote = True
-                        self._write(buf.table, partial(buf.to_columns, batch), len(batch))
+                batch = self.block_events.drain()
+                if batch:
+                    wrote = True
+                    expander = self.block_expander
+                    self.block_events.num_events_out += sum(map(expander.events_in, batch)) - len(batch)
+                    rows = expander.expand(batch)
+                    self._write("block_events", partial(self.block_events.to_columns, rows), len(rows))
+                batch = self.transfers.drain()
+                if batch:
+                    wrote = True
+                    self._write("transfers", partial(self.transfers.to_columns, batch), len(batch))
             finally:
                 self._update_dropped(num_arrivals if wrote else None)
 
@@ -197,7 +182,7 @@ class Recorder:
         Never raises: the invocations are already drained, so an inference failure must not lose
         them. A request whose inference fails contributes no edge and counts one dropped lineage row.
         """
-        cols = self.invocations.columns
+        cols = INVOCATION_LAYOUT
         edges: list[dict[str, Any]] = []
         failed, first = 0, None
         for raw in inv:

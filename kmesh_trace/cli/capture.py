@@ -39,7 +39,7 @@ def capture_cmd(
 ) -> None:
     """Run COMMAND with the vLLM capture hook enabled, writing a trace to --out."""
     from kmesh_trace.capture.env import ENV_DIR, ENV_FLUSH_S, ENV_MAX_EVENTS
-    from kmesh_trace.capture.recorder import check_knob, config_from_env
+    from kmesh_trace.capture.config import check_knob, config_from_env, hold_config_from_env
     from kmesh_trace.capture.version import unsupported_reason
 
     if not command:
@@ -54,6 +54,7 @@ def capture_cmd(
             check_knob(knob, value, option)
             env[var] = str(value)
     config_from_env(env)  # every knob the command inherits is checked too
+    hold_config_from_env(env)
     if summary_path is not None:
         check_out_file(summary_path, "--summary")
     reason = unsupported_reason()
