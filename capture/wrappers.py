@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-from operator import attrgetter
 
 from kmesh_trace.capture.recorder import Recorder
 from kmesh_trace.capture.rows import (
@@ -53,8 +52,6 @@ def install_pool(rec: Recorder, pool, single_group: int | None) -> None:
     multi = single_group is None
     rec.block_expander = BlockEventExpander(pool, multi)
     cached_map = getattr(getattr(pool, "cached_block_hash_to_block", None), "_cache", None)
-    ref_cnts = attrgetter("ref_cnt")
-    hashes = attrgetter("_block_hash")
 
     def emit(row):
         """One row at once (seq = rec.seq); counted as dropped when the buffer is full."""
@@ -108,7 +105,7 @@ def install_pool(rec: Recorder, pool, single_group: int | None) -> None:
         rec.seq = s + n
         if buf.num_events_in - buf.num_events_out + n <= cap:
             rows.append((REF_CHANGE, s, n, mono(), rec.step, rec.ctx_req, free, event, blocks,
-                         list(map(ref_cnts, blocks)), list(map(hashes, blocks)), edge, delta, single_group))
+                         [b.ref_cnt for b in blocks], [b._block_hash for b in blocks], edge, delta, single_group))
             buf.num_events_in += n
         else:
             lost = sum(1 for b in blocks if not (b.is_null or (b.pool is not None and b.pool is not pool)))
