@@ -148,19 +148,28 @@ def main() -> None:
             hooks.set_recording(rec, arm == "capture")
             pool.enable_kv_cache_events = arm == "kv_events"
             llm.reset_prefix_cache()
+            c0 = time.process_time()
             t0 = time.perf_counter()
             for prompts, _ in workload(args.requests, seed):
                 llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
             if arm == "capture":
+                d0 = time.perf_counter()
                 rec.flush()  # drained inside the capture arm: none of its writing lands in the next arm
-            return time.perf_counter() - t0
+                drain_s.append(time.perf_counter() - d0)
+            wall = time.perf_counter() - t0
+            cpu[arm].append(time.process_time() - c0)
+            return wall
 
         arms = ("off", "capture", "kv_events")
+        cpu: dict[str, list[float]] = {a: [] for a in arms}  # CPU seconds of this process (all its threads)
+        drain_s: list[float] = []  # the final flush of each capture run (inside its time)
         for arm in arms:  # warm-up, excluded
             run(arm, 0)
         rec.flush()
         events_before = rec.writer.num_rows["block_events"] + len(rec.block_events.rows)
         times: dict[str, list[float]] = {a: [] for a in arms}
+        cpu.update({a: [] for a in arms})  # the warm-up's are dropped
+        drain_s.clear()
         for r in range(args.rounds):
             for arm in (arms if r % 2 == 0 else arms[::-1]):
                 times[arm].append(run(arm, 0))
@@ -169,6 +178,8 @@ def main() -> None:
     med = {a: statistics.median(v) for a, v in times.items()}
     hot = hot_path_cost()
     per_round = {a: [x / o for x, o in zip(times[a], times["off"])] for a in ("capture", "kv_events")}
+    cpu_round = {a: [x / o for x, o in zip(cpu[a], cpu["off"])] for a in ("capture", "kv_events")}
+    cpu_med = {a: statistics.median(v) for a, v in cpu.items()}
     result = {
         "hot_path": hot,
         "rounds": args.rounds, "requests_per_run": args.requests,
@@ -177,6 +188,15 @@ def main() -> None:
         "kv_events_over_off": statistics.median(k / o for k, o in zip(times["kv_events"], times["off"])),
         "ratio_of_medians": {"capture": med["capture"] / med["off"], "kv_events": med["kv_events"] / med["off"]},
         "per_round_ratio_p25_p75": {a: [_pct(v, 0.25), _pct(v, 0.75)] for a, v in per_round.items()},
+        # CPU time of the engine process (every thread, the writer's included): what other processes'
+        # load on a shared machine disturbs least.
+        "cpu": {"median_s": cpu_med, "samples_s": cpu,
+                "median_of_ratios": {a: statistics.median(v) for a, v in cpu_round.items()},
+                "ratio_of_medians": {a: cpu_med[a] / cpu_med["off"] for a in ("capture", "kv_events")},
+                "per_round_ratio_p25_p75": {a: [_pct(v, 0.25), _pct(v, 0.75)] for a, v in cpu_round.items()}},
+        "drain_s_median": statistics.median(drain_s),
+        "capture_without_drain_over_off": statistics.median(
+            (c - d) / o for c, d, o in zip(times["capture"], drain_s, times["off"])),
         "block_events_per_run": num_events / args.rounds,
         "block_events_per_s": num_events / args.rounds / med["capture"],
         "dropped": rec.writer.metadata["num_dropped_events"],
@@ -195,6 +215,13 @@ def main() -> None:
         print(f"kv_events / off  = {result['kv_events_over_off']:.4f} median of per-round ratios "
               f"(p25-p75 {spread['kv_events'][0]:.4f}-{spread['kv_events'][1]:.4f}), "
               f"{result['ratio_of_medians']['kv_events']:.4f} ratio of medians (vLLM's own KV-event publishing)")
+        print(f"the final drain of a capture run: median {result['drain_s_median'] * 1e3:.1f} ms; capture without it / off "
+              f"= {result['capture_without_drain_over_off']:.4f} (median of per-round ratios)")
+        c = result["cpu"]
+        for a in ("capture", "kv_events"):
+            lo, hi = c["per_round_ratio_p25_p75"][a]
+            print(f"CPU time {a:9s} / off = {c['median_of_ratios'][a]:.4f} median of per-round ratios (p25-p75 "
+                  f"{lo:.4f}-{hi:.4f}), {c['ratio_of_medians'][a]:.4f} ratio of medians")
         print(f"block events: {result['block_events_per_run']:.0f} per run, "
               f"{result['block_events_per_s']:.0f} per second (median capture run); dropped {result['dropped']}")
         lo, hi = hot["added_ns_per_event_p10_p90"]

@@ -1,7 +1,8 @@
 """The recorder: one per engine process; owns the buffers, the writer thread and the trace partition.
 
-The engine thread only appends tuples to bounded buffers (see `buffers.py`) and keeps a little
-per-request state; a daemon thread drains the buffers at least once per `flush_interval_s`, infers
+The engine thread only appends tuples to bounded buffers (see `buffers.py`; block events as one
+batch record per pool call, expanded by the writer thread: `rows.BlockEventExpander`) and keeps a
+little per-request state; a daemon thread drains the buffers at least once per `flush_interval_s`, infers
 lineage (see `lineage.py`), and writes one atomic Parquet part per table through `TraceWriter`.
 `close()` (engine shutdown, or atexit) drains everything, writes rows for requests that never
 finished (status null) and marks the partition complete. After a SIGKILL every part written so far
