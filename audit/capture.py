@@ -393,8 +393,9 @@ def _check_lineage(lin, inv, f: _Findings) -> None:
             "declared_parent_id").iter_rows():
         where = f"lineage:{eng}:{child}<-{parent}"
         if kind == "declared" and parent is None:
-            f.add("lineage_dangling_parent", "a declared parent is not in the trace (the edge is kept without "
-                  "parent_request_id; the retention analysis cannot hold for it)",
+            f.add("lineage_dangling_parent", "a declared parent is not in the child's engine partition (never sent, "
+                  "or served by another engine; the edge is kept without parent_request_id and that engine's "
+                  "retention analysis cannot hold for it)",
                   f"lineage:{eng}:{child}<-{declared!r}", severity=WARNING)
         if (eng, child) not in known or (parent is not None and (eng, parent) not in known):
             f.add("lineage_dangling", "a lineage edge names a request that is not in the invocations", where, blocks=(RETENTION,))
