@@ -94,12 +94,7 @@ def _run(command: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
 
     forwarded = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        while True:
-            try:
-                rc = proc.wait()
-                break
-            except InterruptedError:  # pragma: no cover (PEP 475 retries; kept for clarity)
-                continue
+        rc = proc.wait()  # a forwarded signal interrupts nothing: the wait is retried (PEP 475)
     finally:
         for s, h in forwarded.items():
             signal.signal(s, h)
