@@ -38,7 +38,7 @@ from kmesh_trace.capture.env import hold_enabled  # noqa: F401 (re-exported)
 from kmesh_trace.capture.hooks import recorder_of
 from kmesh_trace.capture.rows import caller_id_of, declared
 from kmesh_trace.holds import hold_status
-from kmesh_trace.lineage import ParentResolver
+from kmesh_trace.lineage import ParentResolver, names_of
 
 log = logging.getLogger("kmesh_trace.capture")
 
@@ -140,10 +140,9 @@ class HoldController:
             if b.is_null or b.block_hash is None:
                 break
             blocks.append(b)
-        names = ParentResolver()
-        names.add(request.request_id, caller_id_of(request))
+        exact, derived = names_of(request.request_id, caller_id_of(request))
         # Children admitted before the parent finished, under any of its names.
-        early = sum(self.children_admitted.pop(n, 0) for n in names.names(request.request_id))
+        early = sum(self.children_admitted.pop(n, 0) for n in exact + derived)
         remaining = expected - early
         rec = LiveHold(request.request_id, key, family, "taken", len(blocks))
         self.records.append(rec)
