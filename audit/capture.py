@@ -190,6 +190,48 @@ def _check_unique(inv, f: _Findings) -> None:
                   count=int(dup.get_column("n").sum() - dup.height))
 
 
+def incomplete_note(meta: dict) -> str:
+    """What an engine partition that never closed (complete: false) may be missing, from its metadata."""
+    import datetime
+
+    head = ("the engine never closed its capture (complete is false: killed, e.g. SIGKILL or out of memory, "
+            "or still running)")
+    last = meta.get("last_flush")
+    interval = (meta.get("capture_config") or {}).get("flush_interval_s")
+    within = f" (at most {interval:g} s of activity before the process ended)" if isinstance(interval, (int, float)) else ""
+    if not isinstance(last, dict) or not isinstance(last.get("rows"), dict):
+        return (f"{head}; what it recorded after its last flush{within} may be missing, and requests still "
+                "running then have no invocation row")
+    rows = last["rows"]
+    when = datetime.datetime.fromtimestamp(last.get("wall_ns", 0) / 1e9, datetime.timezone.utc).isoformat(timespec="seconds")
+    arrived, written = last.get("num_arrivals"), rows.get("invocations", 0)
+    running = (f"; {arrived - written:,} of the {arrived:,} requests that had arrived by then had no invocation row yet "
+               "(still running, or finished after it)") if isinstance(arrived, int) and arrived >= written else ""
+    return (f"{head}; the last flush, at {when}, had written {written:,} invocations and "
+            f"{rows.get('block_events', 0):,} block events (seq 0 to {rows.get('block_events', 0) - 1:,}); "
+            f"what the engine recorded after it{within} may be missing{running}")
+
+
+def check_complete(trace: Trace, engine: str | None, allow_incomplete: bool, warn) -> None:
+    """Refuse to analyse an engine partition whose capture never closed, unless the user allows it.
+
+    `warn(line)` is told what may be missing when `allow_incomplete`; otherwise KmeshTraceError says it
+    and how to go on. Imported partitions (source import:...) are complete by construction of the importer.
+    """
+    from kmesh_trace.errors import KmeshTraceError
+
+    for eid, meta in sorted(trace.engines.items()):
+        if engine is not None and eid != engine:
+            continue
+        if meta.get("complete") is not False:
+            continue
+        note = incomplete_note(meta)
+        if not allow_incomplete:
+            raise KmeshTraceError(f"engine {eid}: {note}. Rerun the capture and stop it normally (Ctrl-C or SIGTERM), "
+                                  "or pass --allow-incomplete to analyse what was written.")
+        warn(f"warning: engine {eid}: {note}; analysing what was written (--allow-incomplete)")
+
+
 def _check_metadata(t: Trace, f: _Findings) -> None:
     if not t.engines:
         f.add("missing_field", "the trace has no engine metadata (engines/*.json)", "engines/")
@@ -205,7 +247,7 @@ def _check_metadata(t: Trace, f: _Findings) -> None:
             f.add("dropped_events", "the capture recorded dropped events", f"{where}:num_dropped_events{error}",
                   count=total)
         if meta.get("complete") is False:
-            f.add("incomplete_capture", "the writer did not close cleanly (complete is false)", f"{where}:complete")
+            f.add("incomplete_capture", incomplete_note(meta), f"{where}:complete")
         if meta.get("metadata_write_failed"):
             f.add("metadata_stale", "the metadata file could not be rewritten (its counts come from the loss record)",
                   f"{where}: {meta.get('write_error')}")
@@ -431,9 +473,15 @@ def _check_lineage(lin, inv, f: _Findings) -> None:
     for e, r, prompt, output in rows.select("engine", "request_id", "prompt_token_ids", "output_token_ids").iter_rows():
         if (e, r) in wanted:
             tokens[(e, r)] = (prompt, output)
-    for eng, child, parent, kind, shared in lin.select(
-            "engine", "child_request_id", "parent_request_id", "edge_kind", "num_shared_tokens").iter_rows():
+    for eng, child, parent, kind, shared, declared in lin.select(
+            "engine", "child_request_id", "parent_request_id", "edge_kind", "num_shared_tokens",
+            "declared_parent_id").iter_rows():
         where = f"lineage:{eng}:{child}<-{parent}"
+        if kind == "declared" and parent is None:
+            f.add("lineage_dangling_parent", "a declared parent is not in the child's engine partition (never sent, "
+                  "or served by another engine; the edge is kept without parent_request_id and that engine's "
+                  "retention analysis cannot hold for it)",
+                  f"lineage:{eng}:{child}<-{declared!r}", severity=WARNING)
         if (eng, child) not in known or (parent is not None and (eng, parent) not in known):
             f.add("lineage_dangling", "a lineage edge names a request that is not in the invocations", where, blocks=(RETENTION,))
             continue

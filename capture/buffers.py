@@ -10,42 +10,59 @@ bounded under any event rate and nothing is lost silently.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kmesh_trace import schema
 
 
 class RowBuffer:
-    """Rows of one table, as tuples in the table's column order (`columns`)."""
+    """Rows of one table, as tuples in the table's column order (`columns`).
 
-    __slots__ = ("capacity", "columns", "num_dropped", "rows", "table")
+    The block-event buffer also holds *batch records* (`rows.BlockEventExpander`): one per vLLM pool
+    call, expanded into rows by the writer thread. Its capacity counts events, not records:
+    `num_events_in` (written by the engine thread only) minus `num_events_out` (the writer's only)
+    is what is buffered, so neither side needs a lock.
+    """
 
-    def __init__(self, table: str, capacity: int, columns: Sequence[str] | None = None):
+    __slots__ = ("capacity", "columns", "conversions", "num_dropped", "num_events_in", "num_events_out", "rows",
+                 "table")
+
+    def __init__(self, table: str, capacity: int, columns: Sequence[str] | None = None,
+                 conversions: Mapping[str, Callable[[list], list]] | None = None):
         self.table = table
         self.columns = tuple(columns or schema.table(table).column_names)
+        self.conversions = dict(conversions or {})  # column -> values converter, run by the writer thread
         self.capacity = capacity
         self.rows: list[tuple] = []
         self.num_dropped = 0
+        self.num_events_in = 0
+        self.num_events_out = 0
 
     def append(self, row: tuple) -> None:
-        if len(self.rows) < self.capacity:
+        if self.num_events_in - self.num_events_out < self.capacity:
             self.rows.append(row)
+            self.num_events_in += 1
         else:
             self.num_dropped += 1
 
     def drain(self) -> list[tuple]:
+        """Everything buffered so far (each entry counted as one event; a caller that buffers batch
+        records adds the rest to `num_events_out`)."""
         rows = self.rows
         n = len(rows)
         if not n:
             return []
         batch = rows[:n]
         del rows[:n]
+        self.num_events_out += n
         return batch
 
     def to_columns(self, batch: list[tuple]) -> dict[str, Any]:
-        """Transpose drained rows into {column: values} for `TraceWriter.write`. Rows may stop before the
-        table's last columns (nullable ones a later schema added); the writer fills those with nulls."""
-        width = min(len(row) for row in batch) if batch else 0
+        """Transpose drained rows into {column: values} for `TraceWriter.write`. `columns` may stop before
+        the table's last columns (nullable ones the capture never fills); the writer fills those with nulls."""
         # One comprehension per column: several times faster than zip(*batch) on large batches.
-        return {c: [row[i] for row in batch] for i, c in enumerate(self.columns[:width])}
+        cols = {c: [row[i] for row in batch] for i, c in enumerate(self.columns)}
+        for c, convert in self.conversions.items():
+            cols[c] = convert(cols[c])
+        return cols

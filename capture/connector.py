@@ -91,11 +91,13 @@ class KmeshProxyConnector(KVConnectorBase_V1):
             self._rec = None
             self._mgr = None
         if self._rec is None and self._mgr is not None:
-            rec = getattr(self._mgr.block_pool, "_kmesh_recorder", None)
+            from kmesh_trace.capture.hooks import recorder_of
+
+            rec = recorder_of(self._mgr.block_pool)
             if rec is not None:
                 self._rec = rec
-                rec.after_step.append(self._on_step_done)
-                rec.before_close.append(self._on_close)
+                rec.on_step(self._on_step_done)
+                rec.on_close(self._on_close)
         return self._rec
 
     def _open_transfer(self, request_id: str, direction: str, num_tokens: int, block_ids=(), sync=True) -> None:
@@ -115,7 +117,7 @@ class KmeshProxyConnector(KVConnectorBase_V1):
         if t is None or self._rec is None:
             return
         num_tokens, num_blocks, start_ns, _ = t
-        self._rec.transfers.append((
+        self._rec.record_transfer((
             key[0], key[1], num_tokens, num_blocks,
             num_blocks * self._bytes_per_block if self._bytes_per_block is not None else None,
             start_ns, finish_ns, status, self._inner_name,

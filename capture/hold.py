@@ -1,4 +1,4 @@
-"""The family hold controller: the family hold of docs/DESIGN.md applied inside a live vLLM engine (opt-in).
+"""The family hold controller: DESIGN.md's family hold applied inside a live vLLM engine (opt-in).
 
 Off unless `KMESH_HOLD=1` (caps: `KMESH_HOLD_MAX_BLOCKS`, `KMESH_HOLD_MAX_FAMILIES`; expiry:
 `KMESH_HOLD_EXPIRY_S`). Families come from the declared lineage in `SamplingParams.extra_args`: a
@@ -28,18 +28,17 @@ parent (status, blocks, children served, release reason) for callers and tests.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
-from kmesh_trace.capture.env import ENV_HOLD_EXPIRY_S as ENV_EXPIRY_S
-from kmesh_trace.capture.env import ENV_HOLD_MAX_BLOCKS as ENV_MAX_BLOCKS
-from kmesh_trace.capture.env import ENV_HOLD_MAX_FAMILIES as ENV_MAX_FAMILIES
+from kmesh_trace.capture.attach import Attachments
 from kmesh_trace.capture.env import hold_enabled  # noqa: F401 (re-exported)
+from kmesh_trace.capture.hooks import recorder_of
+from kmesh_trace.capture.rows import caller_id_of, declared
 from kmesh_trace.holds import hold_status
-from kmesh_trace.schema import XARG_CHILDREN, XARG_FAMILY, XARG_PARENT
+from kmesh_trace.lineage import ParentResolver, names_of
 
 log = logging.getLogger("kmesh_trace.capture")
 
@@ -55,11 +54,10 @@ class HoldConfig:
 
     @classmethod
     def from_env(cls) -> HoldConfig:
-        def get(name, cast):
-            raw = os.environ.get(name)
-            return None if raw in (None, "") else cast(raw)
+        """From `KMESH_HOLD_*` (checked like the capture's knobs: KmeshTraceError names a bad one)."""
+        from kmesh_trace.capture.config import hold_config_from_env
 
-        return cls(get(ENV_MAX_BLOCKS, int), get(ENV_MAX_FAMILIES, int), get(ENV_EXPIRY_S, float))
+        return cls(**hold_config_from_env())
 
 
 @dataclass
@@ -86,18 +84,6 @@ class _Hold:
         self.record, self.blocks, self.remaining = record, blocks, remaining
 
 
-def _extra(request) -> dict:
-    sp = getattr(request, "sampling_params", None)
-    return (getattr(sp, "extra_args", None) or {}) if sp is not None else {}
-
-
-def _count(value) -> int | None:
-    try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
-        return None
-
-
 class HoldController:
     """Holds family ancestors in one engine's block pool. Created by `install(scheduler)`."""
 
@@ -112,54 +98,51 @@ class HoldController:
         self.num_by_status: Counter[str] = Counter()
         self.num_held_refs = 0
         self.family_refs: dict[str, int] = {}
-        self.children_admitted: OrderedDict[str, int] = OrderedDict()  # parent key -> early child admissions
+        self.children_admitted: OrderedDict[str, int] = OrderedDict()  # declared name -> early child admissions
+        self.names = ParentResolver()  # every name of a held parent -> its request id (the lineage table's rule)
+        self.key_of: dict[str, str] = {}  # held parent's request id -> its key in `active`
         self.closed = False
+        self.attachments = Attachments()
 
     # ---- the recorder (optional) -------------------------------------------------------------
 
     def _pool_op(self, op, blocks: list, event: str, request_id: str) -> None:
-        rec = getattr(self.pool, "_kmesh_recorder", None)
+        """`op(blocks)`; with a capture running, its pool events are recorded as `event` for the parent."""
+        rec = recorder_of(self.pool)
         if rec is None:
             op(blocks)
-            return
-        saved = rec.ctx_req, rec.touch_event, rec.free_event
-        rec.ctx_req, rec.touch_event, rec.free_event = request_id, event, event
-        try:
-            op(blocks)
-        finally:
-            rec.ctx_req, rec.touch_event, rec.free_event = saved
+        else:
+            rec.act_as(event, request_id, op, blocks)
 
     # ---- taking and releasing ----------------------------------------------------------------
 
     @staticmethod
     def parent_key(request) -> str:
-        from kmesh_trace.capture.hooks import caller_id_of
-
         return caller_id_of(request) or request.request_id
 
     def _lookup(self, declared: Any) -> str | None:
+        """The active hold's key a child's declared parent names (response id, client id, caller id or
+        engine id: `kmesh_trace.lineage`), else the declared name itself (its parent has no hold yet)."""
         if declared is None:
             return None
-        key = str(declared)
-        alt = f"{key}-0"  # the completions API suffixes the response id with the prompt index
-        return alt if key not in self.active and alt in self.active else key
+        rid = self.names.resolve(declared)
+        return self.key_of[rid] if rid is not None else str(declared)
 
     def take(self, request) -> None:
         """The parent finished: hold its full cached blocks before its own references are freed."""
-        extra = _extra(request)
-        expected = _count(extra.get(XARG_CHILDREN))
+        family, _, expected = declared(request)
         if not expected or expected <= 0:
             return
         key = self.parent_key(request)
-        family = str(extra[XARG_FAMILY]) if extra.get(XARG_FAMILY) is not None else f"parent-{key}"
+        family = family if family is not None else f"parent-{key}"
         blocks = []
         for b in self.mgr.coordinator.single_type_managers[0].req_to_blocks.get(request.request_id, ()):
             if b.is_null or b.block_hash is None:
                 break
             blocks.append(b)
-        early = self.children_admitted.pop(key, 0)  # children admitted before the parent finished
-        if key.endswith("-0"):
-            early += self.children_admitted.pop(key[:-2], 0)
+        exact, derived = names_of(request.request_id, caller_id_of(request))
+        # Children admitted before the parent finished, under any of its names.
+        early = sum(self.children_admitted.pop(n, 0) for n in exact + derived)
         remaining = expected - early
         rec = LiveHold(request.request_id, key, family, "taken", len(blocks))
         self.records.append(rec)
@@ -178,11 +161,15 @@ class HoldController:
         rec.taken_ns = time.monotonic_ns()
         self._pool_op(self.pool.touch, blocks, "held", request.request_id)
         self.active[key] = _Hold(rec, blocks, remaining)
+        self.names.add(request.request_id, caller_id_of(request))
+        self.key_of[request.request_id] = key
         self.num_held_refs += len(blocks)
         self.family_refs[family] = self.family_refs.get(family, 0) + 1
 
     def release(self, key: str, reason: str) -> None:
         h = self.active.pop(key)
+        self.names.remove(h.record.parent_request_id)
+        self.key_of.pop(h.record.parent_request_id, None)
         h.record.release_reason = reason
         h.record.released_ns = time.monotonic_ns()
         self.num_held_refs -= len(h.blocks)
@@ -194,7 +181,7 @@ class HoldController:
         self._pool_op(self.pool.free_blocks, h.blocks[::-1], "released", h.record.parent_request_id)
 
     def child_admitted(self, request) -> None:
-        key = self._lookup(_extra(request).get(XARG_PARENT))
+        key = self._lookup(declared(request)[1])
         if key is None:
             return
         h = self.active.get(key)
@@ -209,7 +196,7 @@ class HoldController:
             self.release(key, "children")
 
     def child_cancelled(self, request) -> None:
-        key = self._lookup(_extra(request).get(XARG_PARENT))
+        key = self._lookup(declared(request)[1])
         h = self.active.get(key) if key is not None else None
         if h is not None:
             h.remaining -= 1
@@ -244,7 +231,8 @@ class HoldController:
         orig_free = mgr.free
 
         def add_request(request):
-            self.expire(time.monotonic_ns())  # a request boundary
+            if not self.closed:
+                self.expire(time.monotonic_ns())  # a request boundary
             return orig_add(request)
 
         def allocate_slots(request, *args, **kwargs):
@@ -254,7 +242,7 @@ class HoldController:
                 ret = orig_allocate(request, *args, **kwargs)
             if ret is not None and not getattr(request, "_kmesh_hold_admitted", False):
                 request._kmesh_hold_admitted = True
-                if _extra(request).get(XARG_PARENT) is not None:
+                if declared(request)[1] is not None:
                     self.child_admitted(request)
             return ret
 
@@ -265,24 +253,22 @@ class HoldController:
 
         def _free_request(request, *args, **kwargs):
             if (not getattr(request, "_kmesh_hold_admitted", False)
-                    and _extra(request).get(XARG_PARENT) is not None):
+                    and declared(request)[1] is not None):
                 self.child_cancelled(request)
             return orig_free_request(request, *args, **kwargs)
 
         def shutdown():
             self.close()
+            self.attachments.detach()  # the engine calls what lies below again (the capture's, or vLLM's)
             return orig_shutdown()
 
-        sched.add_request = add_request
-        sched._free_request = _free_request
-        sched.shutdown = shutdown
-        mgr.allocate_slots = allocate_slots
-        mgr.free = free
+        self.attachments.attach(sched, {"add_request": add_request, "_free_request": _free_request,
+                                        "shutdown": shutdown})
+        self.attachments.attach(mgr, {"allocate_slots": allocate_slots, "free": free})
         sched._kmesh_hold = self
-        rec = getattr(self.pool, "_kmesh_recorder", None)
+        rec = recorder_of(self.pool)
         if rec is not None:  # a capture taken with holds on says so in its metadata
-            rec.writer.update_metadata(capture_config={**rec.writer.metadata.get("capture_config", {}),
-                                                       "hold": dict(self.config.__dict__)})
+            rec.record_config("hold", dict(self.config.__dict__))
         log.info("kmesh-trace: family hold controller on (%s)", self.config)
         return self
 

@@ -1,5 +1,7 @@
 """Lineage of finished requests: declared edges resolved to engine ids, exact-prefix edges inferred.
 
+Declared parents are resolved by `kmesh_trace.lineage.ParentResolver`, the rule every analysis shares.
+
 Runs in the capture's writer thread, never on the engine's hot path. Requests are fed in the
 order they finished. A request is the exact-prefix child of an earlier finished request whose
 entire prompt + output its own prompt starts with; of several such requests the longest (the
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 from collections import deque
 from typing import Any
+
+from kmesh_trace.lineage import ParentResolver, declared_edge
 
 #: Finished sequences are indexed by their first HEAD tokens (or all of them, when shorter).
 HEAD = 16
@@ -91,26 +95,21 @@ class LineageIndex:
         return best
 
 
-def edges_for(index: LineageIndex, row: dict[str, Any], caller_to_rid: dict[str, str]) -> list[dict[str, Any]]:
+def edges_for(index: LineageIndex, row: dict[str, Any], parents: ParentResolver) -> list[dict[str, Any]]:
     """Lineage rows for one finished invocation row (declared first, then exact-prefix)."""
     out = []
     rid = row["request_id"]
     prompt = row["prompt_token_ids"] or []
     declared = row["parent_id"]
     if declared is not None:
-        # The completions API suffixes the response id with the prompt index ("cmpl-X-0").
-        parent_rid = caller_to_rid.get(declared) or caller_to_rid.get(f"{declared}-0")
-        if parent_rid is None and index.sequence(declared) is not None:
-            parent_rid = declared  # the caller named the engine's own id
+        edge = declared_edge(rid, declared, row["family_id"], parents)
+        parent_rid = edge["parent_request_id"]
+        if parent_rid is None and index.sequence(str(declared)) is not None:
+            parent_rid = edge["parent_request_id"] = str(declared)  # an engine id the resolver has forgotten
         parent_seq = index.sequence(parent_rid) if parent_rid is not None else None
-        out.append({
-            "child_request_id": rid,
-            "parent_request_id": parent_rid,
-            "declared_parent_id": declared,
-            "family_id": row["family_id"],
-            "edge_kind": "declared",
-            "num_shared_tokens": _common_prefix_len(prompt, parent_seq) if parent_seq is not None else None,
-        })
+        if parent_seq is not None:
+            edge["num_shared_tokens"] = _common_prefix_len(prompt, parent_seq)
+        out.append(edge)
     found = index.exact_prefix_parent(rid, prompt, row["arrival_ns"])
     if found is not None:
         out.append({

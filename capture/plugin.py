@@ -53,8 +53,12 @@ def register() -> bool:
         from kmesh_trace.capture import hold
 
         if hold.hold_enabled() and getattr(self, "_kmesh_hold", None) is None:
+            from kmesh_trace.errors import KmeshTraceError
+
             try:  # after the capture, so its pool operations are recorded as held/released
                 hold.install(self)
+            except KmeshTraceError as e:  # a bad knob: the user's to fix, one line
+                _warn(f"kmesh-trace: {e} The engine runs without holds.")
             except Exception:
                 log.exception("kmesh-trace: could not start the hold controller; the engine runs without holds")
 
@@ -69,8 +73,39 @@ def register() -> bool:
 
     Scheduler.__init__ = __init__
     Request.from_engine_core_request = from_engine_core_request
+    if os.environ.get(ENV_DIR):
+        _give_engine_cores_time_to_close()
     _installed = True
     return True
+
+
+def _give_engine_cores_time_to_close() -> None:
+    """In a front end (e.g. the OpenAI API server): let an engine core close its capture before it is killed.
+
+    On SIGINT/SIGTERM the API server stops its engine-core processes through
+    `vllm.v1.engine.utils.shutdown(procs, timeout)`: SIGTERM, wait `timeout` (0 unless the server was
+    started with `--shutdown-timeout`), then SIGKILL. With a zero wait the engine core is killed while
+    it tears down, before its recorder writes the last rows and marks the partition complete. With a
+    capture running, the wait is at least `KMESH_TRACE_SHUTDOWN_GRACE_S` (default 30 s): an engine core
+    that exits sooner ends the wait at once, one that hangs is still killed. Requests are not drained
+    longer: the engine core's own `--shutdown-timeout` still decides that.
+    """
+    try:
+        import vllm.v1.engine.utils as engine_utils
+    except Exception:  # noqa: BLE001 (another vLLM layout: the guard above has already checked the hooks)
+        return
+    orig = getattr(engine_utils, "shutdown", None)
+    if orig is None or getattr(orig, "_kmesh_grace", False):
+        return
+    from kmesh_trace.capture.env import shutdown_grace_s
+
+    @functools.wraps(orig)
+    def shutdown(procs, timeout=None):
+        grace = shutdown_grace_s()
+        return orig(procs, timeout=max(5.0 if timeout is None else timeout, grace))
+
+    shutdown._kmesh_grace = True
+    engine_utils.shutdown = shutdown
 
 
 def _warn(line: str) -> None:

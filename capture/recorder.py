@@ -1,7 +1,8 @@
 """The recorder: one per engine process; owns the buffers, the writer thread and the trace partition.
 
-The engine thread only appends tuples to bounded buffers (see `buffers.py`) and keeps a little
-per-request state; a daemon thread drains the buffers at least once per `flush_interval_s`, infers
+The engine thread only appends tuples to bounded buffers (see `buffers.py`; block events as one
+batch record per pool call, expanded by the writer thread: `rows.BlockEventExpander`) and keeps a
+little per-request state; a daemon thread drains the buffers at least once per `flush_interval_s`, infers
 lineage (see `lineage.py`), and writes one atomic Parquet part per table through `TraceWriter`.
 `close()` (engine shutdown, or atexit) drains everything, writes rows for requests that never
 finished (status null) and marks the partition complete. After a SIGKILL every part written so far
@@ -11,74 +12,24 @@ stays readable and the metadata says `complete: false`.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from kmesh_trace.capture.attach import Attachments
 from kmesh_trace.capture.buffers import RowBuffer
-from kmesh_trace.capture.env import (
-    ENV_FLUSH_S,
-    ENV_LINEAGE_WINDOW,
-    ENV_MAX_EVENTS,
-    ENV_MAX_REQUESTS,
-)
+from kmesh_trace.capture.rows import BLOCK_EVENT_CONVERSIONS, INVOCATION_LAYOUT, LAYOUTS, BlockEventExpander
+from kmesh_trace.capture.config import DEFAULTS, ENV_NAMES, check_knob, config_from_env  # noqa: F401 (re-exported)
 from kmesh_trace.capture.lineage import LineageIndex, edges_for
+from kmesh_trace.lineage import ParentResolver
 
 from kmesh_trace import schema
-from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.writer import ENGINES_DIR, TraceWriter, default_engine_id
 
 log = logging.getLogger("kmesh_trace.capture")
-
-#: Defaults of the environment knobs (`capture/env.py`).
-DEFAULTS = {"flush_interval_s": 1.0, "max_buffered_events": 1 << 19, "max_buffered_requests": 1 << 15,
-            "lineage_window": 4096}
-
-
-#: Knob -> environment variable.
-ENV_NAMES = {"flush_interval_s": ENV_FLUSH_S, "max_buffered_events": ENV_MAX_EVENTS,
-             "max_buffered_requests": ENV_MAX_REQUESTS, "lineage_window": ENV_LINEAGE_WINDOW}
-
-
-def check_knob(key: str, value: Any, name: str) -> None:
-    """Raise KmeshTraceError unless `value` is valid for knob `key`; `name` is how the user set it.
-
-    A zero or negative flush interval would make the writer thread spin; a buffer or window below 1
-    would drop every event (or forget every request) without anything looking wrong.
-    """
-    if key == "flush_interval_s":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-        need = "a number of seconds > 0"
-    else:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-        need = "an integer >= 1"
-    if not ok:
-        raise KmeshTraceError(f"{name} must be {need}, not {value!r}.")
-
-
-def config_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The knobs from `environ` (this process's environment by default; defaults where unset).
-
-    KmeshTraceError names a bad one.
-    """
-    environ = os.environ if environ is None else environ
-    config = {}
-    for key, env in ENV_NAMES.items():
-        raw = environ.get(env)
-        if raw in (None, ""):
-            config[key] = DEFAULTS[key]
-            continue
-        try:
-            value = float(raw) if key == "flush_interval_s" else int(raw)
-        except ValueError:
-            value = raw
-        check_knob(key, value, env)
-        config[key] = value
-    return config
-
 
 def _free_engine_id(root: str, engine_index: int) -> str:
     """host-pid-index, with a suffix when this process already wrote an engine into `root`."""
@@ -102,10 +53,12 @@ class Recorder:
                                   metadata={**(metadata or {}), "engine_index": engine_index,
                                             "capture_config": self.config})
         cap_events = int(self.config["max_buffered_events"])
-        self.block_events = RowBuffer("block_events", cap_events)
-        self.invocations = RowBuffer("invocations", int(self.config["max_buffered_requests"]))
-        self.transfers = RowBuffer("transfers", cap_events)
+        self.block_events = RowBuffer("block_events", cap_events, LAYOUTS["block_events"],
+                                      conversions=BLOCK_EVENT_CONVERSIONS)
+        self.invocations = RowBuffer("invocations", int(self.config["max_buffered_requests"]), LAYOUTS["invocations"])
+        self.transfers = RowBuffer("transfers", cap_events, LAYOUTS["transfers"])
         self._buffers = (self.invocations, self.block_events, self.transfers)
+        self.block_expander = BlockEventExpander()  # the pool wrappers install one that knows their pool
         self.num_lineage_dropped = 0
         # Hot-path state, touched only by the engine thread.
         self.seq = 0  # next block event seq (advances for dropped events too, leaving a visible gap)
@@ -119,9 +72,10 @@ class Recorder:
         self.awaiting_first_token: set = set()
         self.after_step: list[Callable[[], None]] = []  # called after each update_from_output
         self.before_close: list[Callable[[], None]] = []  # called once, before the final flush
-        self.wrappers: list[tuple[Any, dict]] = []  # (object, {method name: wrapper}) the hooks attached
-        # Read by the writer thread; plain dict operations are atomic under the GIL.
-        self.caller_to_rid: dict[str, str] = {}
+        self.attachments = Attachments()  # every wrapper attached for this recorder (hooks, connector)
+        # (request id, caller id) of each arrival: appended by the engine thread, named by the writer's.
+        self.arrivals: list[tuple[str, str | None]] = []
+        self.parents = ParentResolver(4 * int(self.config["lineage_window"]))  # writer thread only
         self._lineage = LineageIndex(int(self.config["lineage_window"]))
         self._num_written_dropped: dict[str, int] = {}
         self._flush_lock = threading.Lock()
@@ -138,11 +92,42 @@ class Recorder:
     def path(self) -> str:
         return str(self.writer.root)
 
-    def remember_caller(self, caller_id: str, request_id: str) -> None:
-        d = self.caller_to_rid
-        d[caller_id] = request_id
-        if len(d) > 4 * self._lineage.window:
-            del d[next(iter(d))]
+    # ---- the public API (the hooks, the hold controller and the proxy connector use only this) --
+
+    def act_for(self, request_id: str | None, fn: Callable, *args, **kwargs):
+        """`fn(*args, **kwargs)` with every pool event it causes recorded for `request_id`."""
+        prev = self.ctx_req
+        self.ctx_req = request_id
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.ctx_req = prev
+
+    def act_as(self, event: str, request_id: str | None, fn: Callable, *args):
+        """`act_for`, with the touches and frees `fn` makes recorded as `event` (the hold controller's
+        `held` / `released`)."""
+        prev = self.touch_event, self.free_event
+        self.touch_event = self.free_event = event
+        try:
+            return self.act_for(request_id, fn, *args)
+        finally:
+            self.touch_event, self.free_event = prev
+
+    def on_step(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` after each engine step (the scheduler's update_from_output), engine thread."""
+        self.after_step.append(callback)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once when the capture closes, before the final flush."""
+        self.before_close.append(callback)
+
+    def record_config(self, key: str, value: Any) -> None:
+        """Add `key` to the partition's `capture_config` (e.g. the hold controller's caps)."""
+        self.writer.update_metadata(capture_config={**self.writer.metadata.get("capture_config", {}), key: value})
+
+    def record_transfer(self, row: tuple) -> None:
+        """One transfers row (rows.TRANSFER_LAYOUT); counted as dropped when the buffer is full."""
+        self.transfers.append(row)
 
     # ---- writer thread -----------------------------------------------------------------------
 
@@ -163,20 +148,35 @@ class Recorder:
         the metadata.
         """
         with self._flush_lock:
+            num_arrivals = self.num_arrivals  # before the drain: every one of them is named or written below
+            wrote = False
             try:
+                arrivals = self.arrivals
+                n = len(arrivals)
+                for rid, caller in arrivals[:n]:  # before the invocations: a parent is named before its child ends
+                    self.parents.add(rid, caller)
+                del arrivals[:n]
                 inv = self.invocations.drain()
+                wrote = bool(inv)
                 lineage_rows = self._infer_lineage(inv) if inv else []
                 if inv:
                     self._write(self.invocations.table, partial(self.invocations.to_columns, inv), len(inv))
                 if lineage_rows:
                     self._write("lineage", lambda: {k: [r[k] for r in lineage_rows] for k in lineage_rows[0]},
                                 len(lineage_rows))
-                for buf in (self.block_events, self.transfers):
-                    batch = buf.drain()
-                    if batch:
-                        self._write(buf.table, partial(buf.to_columns, batch), len(batch))
+                batch = self.block_events.drain()
+                if batch:
+                    wrote = True
+                    expander = self.block_expander
+                    self.block_events.num_events_out += sum(map(expander.events_in, batch)) - len(batch)
+                    rows = expander.expand(batch)
+                    self._write("block_events", partial(self.block_events.to_columns, rows), len(rows))
+                batch = self.transfers.drain()
+                if batch:
+                    wrote = True
+                    self._write("transfers", partial(self.transfers.to_columns, batch), len(batch))
             finally:
-                self._update_dropped()
+                self._update_dropped(num_arrivals if wrote else None)
 
     def _infer_lineage(self, inv: list[tuple]) -> list[dict[str, Any]]:
         """Lineage edges of the drained invocations; indexes the finished ones as future parents.
@@ -184,13 +184,13 @@ class Recorder:
         Never raises: the invocations are already drained, so an inference failure must not lose
         them. A request whose inference fails contributes no edge and counts one dropped lineage row.
         """
-        cols = self.invocations.columns
+        cols = INVOCATION_LAYOUT
         edges: list[dict[str, Any]] = []
         failed, first = 0, None
         for raw in inv:
             try:
                 row = dict(zip(cols, raw))
-                mine = edges_for(self._lineage, row, self.caller_to_rid)
+                mine = edges_for(self._lineage, row, self.parents)
                 if row["status"] is not None:
                     self._lineage.add(row["request_id"], list(row["prompt_token_ids"] or []) +
                                       list(row["output_token_ids"] or []), row["finish_ns"])
@@ -205,11 +205,19 @@ class Recorder:
                       "dropped lineage and their invocations are still written", failed, type(first).__name__, first)
         return edges
 
-    def _update_dropped(self) -> None:
+    def _update_dropped(self, num_arrivals: int | None) -> None:
+        """Drop counts into the metadata, and, when this flush wrote rows, what is on disk so far
+        (`last_flush`: what a capture that dies before closing still holds; the audit reports it)."""
         dropped = {buf.table: buf.num_dropped + self._num_written_dropped.get(buf.table, 0) for buf in self._buffers}
         dropped["lineage"] = self.num_lineage_dropped + self._num_written_dropped.get("lineage", 0)
+        fields: dict[str, Any] = {}
         if dropped != {k: v for k, v in self.writer.metadata["num_dropped_events"].items() if k in dropped}:
-            self.writer.update_metadata(num_dropped_events={**self.writer.metadata["num_dropped_events"], **dropped})
+            fields["num_dropped_events"] = {**self.writer.metadata["num_dropped_events"], **dropped}
+        if num_arrivals is not None:
+            fields["last_flush"] = {"wall_ns": time.time_ns(), "num_arrivals": num_arrivals,
+                                    "rows": dict(self.writer.num_rows)}
+        if fields:
+            self.writer.update_metadata(**fields)
 
     def _write(self, table: str, columns: Callable[[], dict[str, Any]], n: int) -> None:
         """Write one part; on failure count its `n` rows as dropped and log one line (never raises)."""
@@ -254,7 +262,8 @@ class Recorder:
                 # The engine may keep a wrapper that references this recorder (another wrapper sits
                 # above it); let go of the requests remembered for lineage.
                 self._lineage = LineageIndex(1)
-                self.caller_to_rid.clear()
+                self.parents.clear()
+                self.arrivals.clear()
                 self.writer.close()
 
 

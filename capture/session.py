@@ -46,7 +46,7 @@ def capture_in_process(out_dir: str | os.PathLike, *, flush_interval_s: float | 
                        lineage_window: int | None = None) -> Iterator[CaptureSession]:
     """Record every vLLM engine built inside the block into the trace directory `out_dir`."""
     from kmesh_trace.capture import hooks
-    from kmesh_trace.capture.recorder import ENV_NAMES, check_knob
+    from kmesh_trace.capture.config import ENV_NAMES, check_knob
 
     knobs = {"flush_interval_s": flush_interval_s, "max_buffered_events": max_buffered_events,
              "max_buffered_requests": max_buffered_requests, "lineage_window": lineage_window}

@@ -159,6 +159,9 @@ class _Builder:
                      _meta("thread_sort_index", pid, tid, {"sort_index": sort_index})]
 
     def events(self) -> Iterator[dict]:
+        from kmesh_trace.lineage import declared_parents
+
+        self.parents = declared_parents(self.trace)  # the lineage table's resolution, as every analysis reads it
         inv = (_engine_col(self.trace.scan("invocations")).select(_INVOCATION_COLUMNS)
                .sort(["engine", "seq"]).collect())
         for engine in self.engines:
@@ -241,11 +244,18 @@ class _Builder:
             yield from meta
             for r in families[family]:
                 self.counts["num_requests"] += 1
-                name = r["request_id"] + (f" (parent {r['parent_id']})" if r["parent_id"] is not None else "")
+                parent = self.parents.get((engine, r["request_id"]))
+                name = r["request_id"]
+                if parent is not None:
+                    name += f" (parent {parent})"
+                elif r["parent_id"] is not None:
+                    name += f" (parent {r['parent_id']}, not in the trace)"
                 tid, meta = self._thread(pid, name, r["seq"])
                 yield from meta
                 # Unknown values are left out (viewers drop nulls anyway; large exports shrink).
                 args = {k: r[k] for k in _REQUEST_ARGS if r[k] is not None}
+                if parent is not None:
+                    args["parent_request_id"] = parent
                 last_end = None
                 for phase, start_col, end_col in PHASES:
                     start, end = r[start_col], r[end_col]

@@ -197,6 +197,14 @@ METADATA_FIELDS: dict[str, tuple[str | None, str]] = {
     "write_error": (None, "The first write error (e.g. a full disk), when there was one."),
     "metadata_write_failed": (None, "True when this file could not be rewritten at the end; the loss record "
                               "`engines/<engine_id>.loss` then holds the final counts."),
+    "last_flush": (None, "Captures: what was on disk after the latest flush that wrote rows: `wall_ns` (when), `num_arrivals` "
+                   "(requests that had arrived by then), `rows` (rows written per table). After a crash (complete "
+                   "false) only what the engine recorded after it may be missing."),
+    "kv_bytes_per_token": ("bytes", "KV cache bytes one token occupies across all layers (from the engine's KV cache spec)."),
+    "num_layers": ("layers", "Attention layers that hold KV cache."),
+    "num_kv_heads": ("heads", "KV heads per layer (of the first KV cache group)."),
+    "head_size": (None, "Elements per head (of the first KV cache group)."),
+    "kv_cache_dtype": (None, "Element type of the KV cache, e.g. float16, bfloat16, fp8."),
 }
 
 
@@ -309,7 +317,8 @@ METADATA_TYPES: dict[str, type] = {
     "engine": str, "model": str, "block_size": int, "num_usable_blocks": int, "null_block_id": int,
     "wall_anchor_ns": int, "mono_anchor_ns": int, "capture_config": dict, "num_dropped_events": dict,
     "num_malformed_lines": int, "malformed_lines": list, "complete": bool, "num_rows_written": dict,
-    "num_failed_writes": int, "write_error": str, "metadata_write_failed": bool,
+    "num_failed_writes": int, "write_error": str, "metadata_write_failed": bool, "last_flush": dict,
+    "kv_bytes_per_token": int, "num_layers": int, "num_kv_heads": int, "head_size": int, "kv_cache_dtype": str,
 }
 
 

@@ -107,10 +107,12 @@ _COLUMNS = schema.INVOCATIONS.select(
 
 def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[RequestBlocks]:
     """RequestBlocks from invocation rows (dicts with contract column names), in the order given."""
+    from kmesh_trace.lineage import ParentResolver
+
     block_size = check_block_size(block_size)
     reqs: list[RequestBlocks] = []
-    by_id: dict[str, int] = {}
     seen: set[str] = set()
+    names = ParentResolver()
     parents: list[str | None] = []
     for i, row in enumerate(rows):
         n_prompt = int(row["num_prompt_tokens"])
@@ -142,15 +144,24 @@ def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[
             prompt_token_ids=None if prompt_ids is None else list(prompt_ids),
             output_token_ids=None if output_ids is None else list(output_ids),
         ))
-        # A declared parent id is the caller's id; fall back to the engine's.
-        for key in (row.get("caller_request_id"), rid):
-            if key is not None:
-                by_id.setdefault(str(key), i)
+        caller = row.get("caller_request_id")
+        names.add(rid, None if caller is None else str(caller))
         parents.append(row.get("parent_id"))
+    index = {r.request_id: r.index for r in reqs}
     for r, parent in zip(reqs, parents):
-        if parent is not None and str(parent) in by_id:
-            r.parent_index = by_id[str(parent)]
+        p = names.resolve(parent)  # the caller's name for its parent, by the rule the capture uses
+        if p is not None and p != r.request_id:
+            r.parent_index = index[p]
     return reqs
+
+
+def set_declared_parents(requests: list[RequestBlocks], parents: dict[str, str | None]) -> None:
+    """Set each request's `parent_index` from declared edges (child request id -> parent request id)."""
+    index = {r.request_id: r.index for r in requests}
+    for r in requests:
+        if r.request_id in parents:
+            p = parents[r.request_id]
+            r.parent_index = index.get(p) if p is not None and p != r.request_id else None
 
 
 def check_block_size(block_size: int | None) -> int:
@@ -189,15 +200,20 @@ def engine_geometry(trace, engine: str | None = None) -> tuple[int, int | None]:
 
 
 def request_blocks(trace, engine: str | None = None) -> list[RequestBlocks]:
-    """The trace's invocations as RequestBlocks, ordered by arrival_ns then seq."""
+    """The trace's invocations as RequestBlocks, ordered by arrival_ns then seq; declared parents from
+    the trace's lineage (`kmesh_trace.lineage.declared_parents`)."""
     import polars as pl
+
+    from kmesh_trace.lineage import declared_parents
 
     block_size, _ = engine_geometry(trace, engine)
     lf = trace.scan("invocations")
     if engine is not None:
         lf = lf.filter(pl.col("engine") == engine)
     df = lf.select(_COLUMNS).sort(["arrival_ns", "seq"], nulls_last=True).collect()
-    return requests_from_rows(df.iter_rows(named=True), block_size)
+    reqs = requests_from_rows(df.iter_rows(named=True), block_size)
+    set_declared_parents(reqs, {child: parent for (_, child), parent in declared_parents(trace, engine).items()})
+    return reqs
 
 
 # ---- the flat access stream ----------------------------------------------------------------------

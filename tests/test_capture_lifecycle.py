@@ -140,8 +140,8 @@ def test_a_request_that_arrived_before_close_and_is_scheduled_after_it_leaves_no
     e.m.free(req)
     assert (rec.awaiting_first_token, rec.live, rec.step, rec.ctx_req) == (set(), {}, step, None)
     assert (rec.invocations.rows, rec.block_events.rows, rec.invocations.num_dropped) == ([], [], 0)
-    assert req._kmesh[2] is None  # not stamped by the closed capture
-    assert rec._lineage.sequence("p") is None and rec.caller_to_rid == {}  # what the engine still references is small
+    assert req._kmesh.first_scheduled_ns is None  # not stamped by the closed capture
+    assert rec._lineage.sequence("p") is None and len(rec.parents) == 0  # what the engine still references is small
     assert e.pool.get_num_free_blocks() == USABLE
 
 

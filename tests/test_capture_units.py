@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from kmesh_trace.capture.buffers import RowBuffer
 from kmesh_trace.capture.lineage import HEAD, LineageIndex, edges_for
+from kmesh_trace.lineage import ParentResolver
 from kmesh_trace.capture.recorder import Recorder
 
 
@@ -80,11 +81,13 @@ def test_declared_edge_resolves_the_caller_id_and_counts_shared_tokens():
     idx.add("p-1234abcd", [1, 2, 3, 4, 5], None)
     row = {"request_id": "c-00000000", "prompt_token_ids": [1, 2, 3, 9], "parent_id": "p", "family_id": "f",
            "arrival_ns": None}
-    assert edges_for(idx, row, {"p": "p-1234abcd"}) == [{
+    parents = ParentResolver()
+    parents.add("p-1234abcd", "p")
+    assert edges_for(idx, row, parents) == [{
         "child_request_id": "c-00000000", "parent_request_id": "p-1234abcd", "declared_parent_id": "p",
         "family_id": "f", "edge_kind": "declared", "num_shared_tokens": 3}]
     row["parent_id"] = "unknown"
-    assert edges_for(idx, row, {})[0]["parent_request_id"] is None
+    assert edges_for(idx, row, ParentResolver())[0]["parent_request_id"] is None
 
 
 def test_version_guard_leaves_an_unsupported_vllm_untouched(monkeypatch):
@@ -174,10 +177,10 @@ def test_a_lineage_inference_failure_still_writes_the_invocations_and_counts_the
 
     real = recorder.edges_for
 
-    def edges_for(index, row, caller_to_rid):  # an inference bug that hits one request
+    def edges_for(index, row, parents):  # an inference bug that hits one request
         if row["request_id"] == "b":
             raise RuntimeError("lineage bug")
-        return real(index, row, caller_to_rid)
+        return real(index, row, parents)
 
     monkeypatch.setattr(recorder, "edges_for", edges_for)
     rec = Recorder(tmp_path / "t", config={"flush_interval_s": 60})

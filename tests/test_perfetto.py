@@ -140,7 +140,8 @@ def test_families_become_processes_and_requests_threads(trace):
                                "r3": by_name["unrelated"], "r4": by_name["family B"], "r5": by_name["family B"]}
     decode_r1 = next(e for e in events if e["ph"] == "X" and e["name"] == "decode" and e["args"]["request_id"] == "r1")
     assert decode_r1["args"] == {"request_id": "r1", "family_id": "A", "parent_id": "r0", "status": "finished",
-                                 "num_prompt_tokens": 64, "num_cached_tokens": 64, "num_output_tokens": 8}
+                                 "num_prompt_tokens": 64, "num_cached_tokens": 64, "num_output_tokens": 8,
+                                 "parent_request_id": "r0"}
 
 
 def test_pool_counters_instants_and_transfer_lanes(trace):

@@ -1,9 +1,10 @@
 """`capture`: run a command (e.g. `vllm serve ...` or a Python script) with the capture hook enabled.
 
 The hook itself is the vLLM plugin in `kmesh_trace.capture`; this command only sets
-`KMESH_TRACE_DIR` (and the optional knobs) for the child, forwards SIGINT/SIGTERM to it so the
-engine shuts down cleanly and flushes, and then reports what was captured (on stderr; the
-command's own output passes through untouched).
+`KMESH_TRACE_DIR` (and the optional knobs) for the child, runs it in its own process group and
+forwards SIGINT/SIGTERM/SIGHUP to it (so Ctrl-C reaches the server exactly once and it shuts its
+engines down cleanly), waits for it, and then reports per engine what was written (on stderr, or as
+JSON into `--summary FILE`: the command's own output passes through untouched).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from kmesh_trace.cli.common import check_out_dir, err, fail, handles_errors, print_json
+from kmesh_trace.cli.common import check_out_dir, check_out_file, err, fail, handles_errors, print_json
 
 
 def register(app: typer.Typer) -> None:
@@ -31,13 +32,16 @@ def capture_cmd(
     max_buffered_events: int = typer.Option(None, "--max-buffered-events",
                                             help="Block events / transfers held between writes; beyond it events are "
                                                  "counted as dropped (default: $KMESH_TRACE_MAX_BUFFERED_EVENTS, else 524288)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the capture summary as JSON on stdout."),
+    summary_path: Path = typer.Option(None, "--summary", help="Also write the capture summary as JSON to FILE "
+                                      "(written atomically when the command ends)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the capture summary as JSON on stdout (after the "
+                                 "command's own output; --summary keeps it apart)."),
 ) -> None:
     """Run COMMAND with the vLLM capture hook enabled, writing a trace to --out.
 
-    Exit codes: COMMAND's own exit status when it ran (1 if it died of a signal); 1 when it could not be started."""
+    Exit codes: COMMAND's own exit status when it ran (128 + N when signal N killed it); 1 when it could not be started."""
     from kmesh_trace.capture.env import ENV_DIR, ENV_FLUSH_S, ENV_MAX_EVENTS
-    from kmesh_trace.capture.recorder import check_knob, config_from_env
+    from kmesh_trace.capture.config import check_knob, config_from_env, hold_config_from_env
     from kmesh_trace.capture.version import unsupported_reason
 
     if not command:
@@ -52,47 +56,94 @@ def capture_cmd(
             check_knob(knob, value, option)
             env[var] = str(value)
     config_from_env(env)  # every knob the command inherits is checked too
+    hold_config_from_env(env)
+    if summary_path is not None:
+        check_out_file(summary_path, "--summary")
     reason = unsupported_reason()
     if reason is not None:
         err.print(f"warning: {reason}", markup=False, highlight=False)
     out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        proc = subprocess.Popen(command, env=env)
-    except FileNotFoundError:
-        fail(f"command not found: {command[0]}; check the command after `--`.")
-    forwarded = {s: signal.signal(s, lambda signum, _f: proc.send_signal(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        rc = proc.wait()
-    finally:
-        for s, h in forwarded.items():
-            signal.signal(s, h)
-    summary = _summary(out_dir, command, rc)
+    rc, signals = _run(command, env)
+    summary = _summary(out_dir, command, rc, signals)
+    if summary_path is not None:
+        from kmesh_trace.writer import write_json_atomic
+
+        write_json_atomic(summary_path, summary)
     if as_json:
         print_json(summary)
     else:
-        for eid, e in summary["engines"].items():
-            err.print(f"captured engine {eid}: {e['rows']} rows, dropped {e['num_dropped_events']}, "
-                      f"{'complete' if e['complete'] else 'INCOMPLETE'}", markup=False, highlight=False)
-        if not summary["engines"]:
-            err.print("no engine was captured (was the kmesh-trace plugin loaded? is VLLM_PLUGINS filtering it out?)",
-                      markup=False, highlight=False)
-        err.print(f"trace: {out_dir}", markup=False, highlight=False)
+        _report(summary)
     if rc != 0:
-        raise typer.Exit(rc if rc > 0 else 1)
+        raise typer.Exit(rc if rc > 0 else 128 - rc)  # killed by signal N: the shell's 128 + N
 
 
-def _summary(out_dir: Path, command: list[str], rc: int) -> dict:
-    from kmesh_trace import schema
+def _run(command: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
+    """Run `command` in its own process group, forwarding each stop signal to it; its exit status.
+
+    In its own group, a terminal's Ctrl-C reaches only this process, which passes it on once: a server
+    that got SIGINT twice (from the terminal and from us) could take the second as "force quit".
+    """
+    try:
+        proc = subprocess.Popen(command, env=env, process_group=0)
+    except FileNotFoundError:
+        fail(f"command not found: {command[0]}; check the command after `--`.")
+    received: list[str] = []
+
+    def forward(signum, _frame):
+        received.append(signal.Signals(signum).name)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    forwarded = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        rc = proc.wait()  # a forwarded signal interrupts nothing: the wait is retried (PEP 475)
+    finally:
+        for s, h in forwarded.items():
+            signal.signal(s, h)
+    return rc, received
+
+
+def _report(summary: dict) -> None:
+    say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    if summary["signals"]:
+        say(f"forwarded {', '.join(summary['signals'])} to the command; it exited with {summary['exit_code']}")
+    for eid, e in summary["engines"].items():
+        rows = e["rows"]
+        say(f"engine {eid}: {rows.get('invocations', 0):,} invocations, {rows.get('block_events', 0):,} block events, "
+            f"{rows.get('transfers', 0):,} transfers, {e['declared_edges']:,} declared edges "
+            f"({e['dangling_declared_edges']:,} dangling), {e['exact_prefix_edges']:,} exact-prefix edges; "
+            f"dropped {e['num_dropped_events']:,}; {'complete' if e['complete'] else 'INCOMPLETE (see: kmesh-trace audit capture)'}")
+    if not summary["engines"]:
+        say("no engine was captured (was the kmesh-trace plugin loaded? is VLLM_PLUGINS filtering it out?)")
+    say(f"trace: {summary['trace']}")
+
+
+def _summary(out_dir: Path, command: list[str], rc: int, signals: list[str]) -> dict:
     from kmesh_trace.trace import open_trace
     from kmesh_trace.writer import MARKER
 
     engines: dict = {}
     if (out_dir / MARKER).exists():
-        trace = open_trace(out_dir)
-        counts = trace.sql(" UNION ALL ".join(f"SELECT engine, '{name}' AS t, count(*) AS n FROM {name} GROUP BY 1"
-                                              for name in schema.TABLES))
-        for eid, meta in trace.engines.items():
-            rows = {t: int(n) for e, t, n in counts.iter_rows() if e == eid}
-            engines[eid] = {"rows": rows, "num_dropped_events": sum(meta.get("num_dropped_events", {}).values()),
-                            "complete": bool(meta.get("complete"))}
-    return {"trace": str(out_dir), "command": command, "exit_code": rc, "engines": engines}
+        with open_trace(out_dir) as trace:
+            counts = trace.sql(
+                "SELECT engine, 'invocations' AS t, count(*) AS n FROM invocations GROUP BY 1 "
+                "UNION ALL SELECT engine, 'block_events', count(*) FROM block_events GROUP BY 1 "
+                "UNION ALL SELECT engine, 'transfers', count(*) FROM transfers GROUP BY 1 "
+                "UNION ALL SELECT engine, 'lineage', count(*) FROM lineage GROUP BY 1 "
+                "UNION ALL SELECT engine, 'declared_edges', count(*) FROM lineage WHERE edge_kind = 'declared' GROUP BY 1 "
+                "UNION ALL SELECT engine, 'dangling_declared_edges', count(*) FROM lineage "
+                "WHERE edge_kind = 'declared' AND parent_request_id IS NULL GROUP BY 1 "
+                "UNION ALL SELECT engine, 'exact_prefix_edges', count(*) FROM lineage WHERE edge_kind = 'exact_prefix' GROUP BY 1")
+            for eid, meta in trace.engines.items():
+                n = {t: int(c) for e, t, c in counts.iter_rows() if e == eid}
+                engines[eid] = {
+                    "rows": {t: n.get(t, 0) for t in ("invocations", "block_events", "transfers", "lineage")},
+                    "declared_edges": n.get("declared_edges", 0),
+                    "dangling_declared_edges": n.get("dangling_declared_edges", 0),
+                    "exact_prefix_edges": n.get("exact_prefix_edges", 0),
+                    "num_dropped_events": sum(v for v in (meta.get("num_dropped_events") or {}).values() if isinstance(v, int)),
+                    "complete": bool(meta.get("complete")),
+                    "pid": meta.get("pid"),
+                    "engine_index": meta.get("engine_index"),
+                }
+    return {"trace": str(out_dir), "command": command, "exit_code": rc, "signals": signals, "engines": engines}

