@@ -66,7 +66,7 @@ def headroom_cmd(
         raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
     if plot is not None:  # a bad --plot must fail before the replays, not after them
         check_out_file(check_plot_path(plot), "--plot")
-    cost = fit = None
+    cost = fit = stream = stock = None
     if tokens_per_s is not None:
         from kmesh_trace.oracle.prefill_cost import PrefillCost
 
@@ -81,11 +81,16 @@ def headroom_cmd(
 
         with open_trace(trace) as t:
             block_size, usable = engine_geometry(t, engine)
-            reqs = request_blocks(t, engine)
+            if caps is None and names is not None and "vllm" not in names:  # no RequestBlocks needed
+                from kmesh_trace.oracle.stream import stream_of_trace
+
+                reqs, (stream, stock) = None, stream_of_trace(t, engine)
+            else:
+                reqs = request_blocks(t, engine)
             if cost is None:
                 cost, fit = _fitted_cost(t, engine)
     if caps is None:
-        return _curve(reqs, block_size, usable, names, window.value, cost, fit, processes, plot, as_json)
+        return _curve(reqs, block_size, usable, names, window.value, cost, fit, processes, plot, as_json, stream, stock)
     result = headroom_of_requests(reqs, block_size, caps, names, num_usable_blocks=usable)
     result.cost = cost
     if _plot_notes_json(result, plot, plot_headroom, as_json):
@@ -138,13 +143,14 @@ def _fitted_cost(trace, engine):
     return cost, fit_d
 
 
-def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, as_json) -> None:
+def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, as_json, stream, stock) -> None:
     from kmesh_trace.oracle.headroom_curve import headroom_curve
     from kmesh_trace.plots import plot_headroom_curve
 
     with err.status("replaying") as status:
         res = headroom_curve(reqs, block_size, policies=names, window=window, num_usable_blocks=usable, cost=cost,
-                             cost_fit=fit, processes=processes, progress=lambda what: status.update(f"replaying: {what}"))
+                             cost_fit=fit, processes=processes, progress=lambda what: status.update(f"replaying: {what}"),
+                             stream=stream, stock_tokens=stock)
     if _plot_notes_json(res, plot, plot_headroom_curve, as_json):
         return
     rows = res.along_grid()
