@@ -107,6 +107,8 @@ def test_cli_curve_is_the_default_without_capacities(cli, tmp_path):
     assert "window: last-half, 3 requests" in r.stdout and "stock (capture) at 512 blocks" in r.stdout
     r = cli(["headroom", trace, "--curve", "--capacity-blocks", "64"])
     assert (r.exit_code, r.stderr.strip()) == (1, "Error: --curve covers every capacity; drop --capacity-blocks (or --curve).")
+    r = cli(["headroom", trace, "--window", "last-half", "--capacity-blocks", "64"])
+    assert (r.exit_code, r.stderr.strip()) == (1, "Error: --window applies to curves; drop --capacity-blocks to get one.")
 
 
 def test_cli_fixed_capacities_give_seconds_and_the_bracket(cli, tmp_path):

@@ -54,7 +54,8 @@ def headroom_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write hit ratio against capacity to FILE.png or FILE.svg."),
 ) -> None:
-    """Prefill tokens the stock cache failed to reuse that an ideal cache of the same capacity would have."""
+    """Prefill tokens (and seconds) the stock cache failed to reuse that an ideal cache of the same capacity
+    would have: at the given capacities, or along the whole capacity axis."""
     from kmesh_trace.oracle.headroom import headroom_of_requests
     from kmesh_trace.plots import check_plot_path, plot_headroom
 
@@ -64,6 +65,8 @@ def headroom_cmd(
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
     if curve and caps is not None:
         raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
+    if window is not Window.all and caps is not None:
+        raise KmeshTraceError("--window applies to curves; drop --capacity-blocks to get one.")
     if plot is not None:  # a bad --plot must fail before the replays, not after them
         check_out_file(check_plot_path(plot), "--plot")
     cost = fit = stream = stock = None
