@@ -138,10 +138,12 @@ def _lru_levels(obj, eligible, req_start, num_objects, measure_from):  # pragma:
 
 @numba.njit(cache=True, nogil=True)
 def _belady_levels(obj, eligible, next_use, req_start, num_objects, never, measure_from):  # pragma: no cover
+    # Levels are two sequential arrays (object, next use; object -1 = a hole); the inner loops touch
+    # nothing else, so an object's level is found by scanning rather than kept up to date per move.
     size = 1024
-    lvl_obj = np.full(size, -1, np.int64)  # -1: a hole
+    lvl_obj = np.full(size, -1, np.int64)
     lvl_key = np.zeros(size, np.int64)
-    where = np.full(num_objects, -1, np.int64)  # level of each object, -1: on none
+    on_stack = np.zeros(num_objects, np.bool_)
     num_levels = 0
     count = np.zeros(size + 1, np.int64)
     possum = np.zeros(size + 1, np.int64)
@@ -153,16 +155,19 @@ def _belady_levels(obj, eligible, next_use, req_start, num_objects, never, measu
         nh = 0
         for t in range(req_start[r], req_start[r + 1]):
             o = obj[t]
-            d = where[o]
-            if d >= 0:
+            if on_stack[o]:
+                d = 0
+                while lvl_obj[d] != o:
+                    d += 1
                 if eligible[t]:
                     thr[nh] = d + 1
                     nh += 1
                 lvl_obj[d] = -1
-                where[o] = -1
+                on_stack[o] = False
             ky = next_use[t]
             if ky == never:
                 continue
+            on_stack[o] = True
             y = o
             i = 0
             while True:
@@ -177,19 +182,16 @@ def _belady_levels(obj, eligible, next_use, req_start, num_objects, never, measu
                     num_levels += 1
                     lvl_obj[i] = y
                     lvl_key[i] = ky
-                    where[y] = i
                     break
-                if lvl_obj[i] < 0:
+                z = lvl_obj[i]
+                if z < 0:
                     lvl_obj[i] = y
                     lvl_key[i] = ky
-                    where[y] = i
                     break
-                if lvl_key[i] > ky:  # the nearer next use stays on this level
-                    z = lvl_obj[i]
-                    kz = lvl_key[i]
+                kz = lvl_key[i]
+                if kz > ky:  # the nearer next use stays on this level
                     lvl_obj[i] = y
                     lvl_key[i] = ky
-                    where[y] = i
                     y = z
                     ky = kz
                 i += 1

@@ -28,7 +28,7 @@ from kmesh_trace.oracle.headroom import WIDE_BRACKET
 from kmesh_trace.oracle.policies import POLICIES, Workload, get_policy
 from kmesh_trace.oracle.policies.infinite import infinite_hits
 from kmesh_trace.oracle.prefill_cost import PrefillCost
-from kmesh_trace.oracle.stream import RequestBlocks, check_block_size
+from kmesh_trace.oracle.stream import AccessStream, RequestBlocks, check_block_size
 
 WINDOWS = ("all", "last-half")
 DEFAULT_CURVE_POLICIES = ("lru", "vllm", "belady-prefix", "belady")
@@ -155,11 +155,14 @@ def grid_capacities(max_capacity: int, extra: Sequence[int] = ()) -> list[int]:
     return sorted(caps | {int(c) for c in extra if c and c > 0})
 
 
-def headroom_curve(requests: Sequence[RequestBlocks], block_size: int | None, *,
+def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | None, *,
                    policies: Sequence[str] | None = None, window: str = "all", num_usable_blocks: int | None = None,
                    cost: PrefillCost | None = None, cost_fit: dict | None = None, grid: Sequence[int] | None = None,
-                   processes: int | None = None, progress=None) -> CurveResult:
-    """Curves of `policies` over `requests` (arrival order); see the module docstring."""
+                   processes: int | None = None, progress=None, stream: AccessStream | None = None,
+                   stock_tokens: np.ndarray | None = None) -> CurveResult:
+    """Curves of `policies` over `requests` (arrival order), or over a bare `stream` (with the engine's
+    measured hit tokens per request in `stock_tokens`, when known) for policies that need no requests
+    (every one but `vllm`); see the module docstring."""
     block_size = check_block_size(block_size)
     if window not in WINDOWS:
         raise KmeshTraceError(f"unknown window {window!r}; the windows are {', '.join(WINDOWS)}.")
@@ -167,7 +170,9 @@ def headroom_curve(requests: Sequence[RequestBlocks], block_size: int | None, *,
     for name in names:
         get_policy(name)
     names = [n for n in names if n != "infinite"]  # always reported, as the reference
-    workload = Workload(block_size, requests)
+    if requests is None and "vllm" in names:
+        raise KmeshTraceError("the vllm policy replays requests, not a bare access stream; build the workload from a trace.")
+    workload = Workload(block_size, requests, stream)
     stream = workload.stream
     start = stream.num_requests // 2 if window == "last-half" else 0
     step = progress or (lambda what: None)
@@ -199,10 +204,12 @@ def headroom_curve(requests: Sequence[RequestBlocks], block_size: int | None, *,
                       int(P[start:].sum()), int(inf[start:].sum()), grid, curves, None, cost, cost_fit)
 
     # Stock: measured (capture), else the vllm model at the usable blocks.
-    captured = bool(requests) and all(r.stock_cached_tokens is not None for r in requests)
-    stock_tokens = None
+    if requests is not None:
+        captured = bool(requests) and all(r.stock_cached_tokens is not None for r in requests)
+        if captured:
+            stock_tokens = np.fromiter((r.stock_cached_tokens for r in requests), np.int64, len(requests))
+    captured = stock_tokens is not None
     if captured and num_usable_blocks:
-        stock_tokens = np.fromiter((r.stock_cached_tokens for r in requests), np.int64, len(requests))
         hit = int(stock_tokens[start:].sum())
         res.stock = {"source": "capture", "capacity_blocks": int(num_usable_blocks), "hit_tokens": hit,
                      "prefill_tokens": res.num_prompt_tokens - hit}

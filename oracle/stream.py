@@ -216,6 +216,42 @@ def request_blocks(trace, engine: str | None = None) -> list[RequestBlocks]:
     return reqs
 
 
+def stream_of_trace(trace, engine: str | None = None) -> "tuple[AccessStream, np.ndarray | None]":
+    """The trace's AccessStream, and the engine's measured hit tokens per invocation when every one has
+    them (else None), ordered as `request_blocks` orders them. A trace whose invocations list block
+    hashes without token ids (imports) is flattened column-wise, without a RequestBlocks per
+    invocation; one with token ids goes through `request_blocks` (its blocks must be hashed)."""
+    import polars as pl
+    import pyarrow.compute as pc
+
+    block_size, _ = engine_geometry(trace, engine)
+    lf = trace.scan("invocations")
+    if engine is not None:
+        lf = lf.filter(pl.col("engine") == engine)
+    lf = lf.sort(["arrival_ns", "seq"], nulls_last=True)
+    cols = lf.select(pl.col("prompt_token_ids").is_not_null().any().alias("tokens"),
+                     pl.col("num_cached_tokens").is_not_null().all().alias("stock"),
+                     pl.col("prompt_block_hashes").is_null().any().alias("missing")).collect().row(0, named=True)
+    stock = None
+    if cols["stock"]:
+        stock = lf.select("num_cached_tokens").collect().to_series().to_numpy().astype(np.int64)
+    if cols["tokens"] or cols["missing"]:
+        return AccessStream.from_requests(request_blocks(trace, engine), block_size), stock
+    df = lf.select("num_prompt_tokens", "prompt_block_hashes").collect()
+    lists = df.to_arrow().column("prompt_block_hashes").combine_chunks()
+    num_reads = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
+    prompt_tokens = df["num_prompt_tokens"].to_numpy().astype(np.int64)
+    n_full = np.minimum(num_reads, prompt_tokens // block_size)
+    n_elig = np.minimum(num_reads, np.maximum(prompt_tokens - 1, 0) // block_size)
+    pos = np.arange(len(flat), dtype=np.int64) - np.repeat(np.cumsum(num_reads) - num_reads, num_reads)
+    keep = pos < np.repeat(n_full, num_reads)
+    eligible = (pos < np.repeat(n_elig, num_reads))[keep]
+    req_start = np.zeros(len(num_reads) + 1, np.int64)
+    np.cumsum(n_full, out=req_start[1:])
+    return AccessStream.from_arrays(block_size, flat[keep], eligible, req_start, prompt_tokens, num_reads), stock
+
+
 # ---- the flat access stream ----------------------------------------------------------------------
 
 #: next_use value of an access whose object is never read again as a counted (hit-eligible) read.

@@ -96,11 +96,19 @@ def test_cli_curve_is_the_default_without_capacities(cli, tmp_path):
     assert d["curves"]["belady"]["exact"] and not d["curves"]["vllm"]["exact"]
     assert set(d["ttft_estimate_seconds"]) == {"stock", "lru", "vllm", "belady-prefix", "belady", "no cache"}
     assert (tmp_path / "c.svg").read_text().startswith("<?xml")
+    # Without vllm no RequestBlocks are built (the stream comes column-wise): the same curves.
+    r = cli(["headroom", trace, "--json", "--policies", "lru,belady"])
+    assert r.exit_code == 0, r.stderr
+    lean = json.loads(r.stdout)
+    assert lean["curves"] == {k: v for k, v in d["curves"].items() if k in ("lru", "belady")}
+    assert lean["stock"] == d["stock"]
     r = cli(["headroom", trace, "--window", "last-half"])
     assert r.exit_code == 0, r.stderr
     assert "window: last-half, 3 requests" in r.stdout and "stock (capture) at 512 blocks" in r.stdout
     r = cli(["headroom", trace, "--curve", "--capacity-blocks", "64"])
     assert (r.exit_code, r.stderr.strip()) == (1, "Error: --curve covers every capacity; drop --capacity-blocks (or --curve).")
+    r = cli(["headroom", trace, "--window", "last-half", "--capacity-blocks", "64"])
+    assert (r.exit_code, r.stderr.strip()) == (1, "Error: --window applies to curves; drop --capacity-blocks to get one.")
 
 
 def test_cli_fixed_capacities_give_seconds_and_the_bracket(cli, tmp_path):

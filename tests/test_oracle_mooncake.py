@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kmesh_trace.oracle.headroom import headroom
@@ -94,3 +95,14 @@ def test_one_pass_curves_equal_the_replays_at_sampled_capacities(mooncake):
         assert lru_w.hit_blocks([c])[0] == lh[half:].sum() and bel_w.hit_blocks([c])[0] == bh[half:].sum(), c
     # Flat from the deepest level on: every reuse a cache of that size can serve.
     assert bel.hit_blocks([bel.max_level])[0] == bel.hit_blocks([10**9])[0] == belady_hits(w.stream, 10**9)[0].sum()
+
+
+def test_column_wise_stream_equals_the_stream_of_request_blocks(mooncake):
+    from kmesh_trace.oracle.stream import stream_of_trace
+
+    _, trace, _, w = mooncake
+    s, stock = stream_of_trace(trace)
+    assert stock is None
+    for name in ("obj", "eligible", "next_use", "req_start", "num_prompt_tokens", "num_reads"):
+        assert np.array_equal(getattr(s, name), getattr(w.stream, name)), name
+    assert s.num_objects == w.stream.num_objects

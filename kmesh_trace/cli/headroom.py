@@ -67,7 +67,8 @@ def headroom_cmd(
     ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
     output: Output = None,
 ) -> None:
-    """Prefill tokens the stock cache failed to reuse that an ideal cache of the same capacity would have."""
+    """Prefill tokens (and seconds) the stock cache failed to reuse that an ideal cache of the same capacity
+    would have: at the given capacities, or along the whole capacity axis."""
     from kmesh_trace.oracle.headroom import headroom_of_requests
     from kmesh_trace.plots import check_plot_path, plot_headroom
 
@@ -77,10 +78,12 @@ def headroom_cmd(
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
     if curve and caps is not None:
         raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
+    if window is not Window.all and caps is not None:
+        raise KmeshTraceError("--window applies to curves; drop --capacity-blocks to get one.")
     if plot is not None:  # a bad --plot must fail before the replays, not after them
         check_out_file(check_plot_path(plot), "--plot")
         check_out_not_in_input(plot, [trace], "--plot")
-    cost = fit = None
+    cost = fit = stream = stock = None
     if tokens_per_s is not None:
         from kmesh_trace.oracle.prefill_cost import PrefillCost
 
@@ -97,14 +100,20 @@ def headroom_cmd(
         with open_trace(trace) as t:
             check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
             block_size, usable = engine_geometry(t, engine)
-            reqs = request_blocks(t, engine)
+            if caps is None and names is not None and "vllm" not in names:  # no RequestBlocks needed
+                from kmesh_trace.oracle.stream import stream_of_trace
+
+                reqs, (stream, stock) = None, stream_of_trace(t, engine)
+            else:
+                reqs = request_blocks(t, engine)
             if cost is None:
                 cost, fit = _fitted_cost(t, engine)
             approximate = approximate_tokens_note(t)
     if caps is None:
         if ray is not None:
             raise KmeshTraceError("--ray distributes the replays at given capacities; add --capacity-blocks.")
-        return _curve(reqs, block_size, usable, names, window.value, cost, fit, processes, plot, output, approximate)
+        return _curve(reqs, block_size, usable, names, window.value, cost, fit, processes, plot, output, approximate,
+                      stream, stock)
     simulate = None
     if ray is not None:  # one task per (policy, capacity) point, each reading its own input
         from kmesh_trace.oracle.policies import Workload
@@ -165,13 +174,14 @@ def _fitted_cost(trace, engine):
     return cost, fit_d
 
 
-def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, output, approximate) -> None:
+def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, output, approximate, stream, stock) -> None:
     from kmesh_trace.oracle.headroom_curve import headroom_curve
     from kmesh_trace.plots import plot_headroom_curve
 
     with err.status("replaying") as status:
         res = headroom_curve(reqs, block_size, policies=names, window=window, num_usable_blocks=usable, cost=cost,
-                             cost_fit=fit, processes=processes, progress=lambda what: status.update(f"replaying: {what}"))
+                             cost_fit=fit, processes=processes, progress=lambda what: status.update(f"replaying: {what}"),
+                             stream=stream, stock_tokens=stock)
     d = _plot_and_notes(res, plot, plot_headroom_curve, approximate)
     emit(output, d, rows=res.along_grid(), render=lambda: _render_curve(res, block_size, window, cost))
 
