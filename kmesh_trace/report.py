@@ -191,8 +191,9 @@ def lineage_section(ctx: ReportContext) -> Section | None:
     rows = [[label, *(d[key][k] for k in keys[1:])] for label, key in (
         ("children per parent", "fan_out"), ("family depth (edges)", "depth"), ("family size (requests)", "family_size"),
         ("parent finish -> child arrival (s)", "gap_s"), ("shared-prefix blocks", "shared_blocks"))]
-    body = [paragraph(f"{d['num_requests']:,} requests, {d['num_families']:,} families, {d['num_edges']:,} "
-                      f"{d['edge_kind']} edges ({d['num_dangling_edges']:,} dangling), {d['num_parents']:,} parents."),
+    summary_keys = ["num_requests", "num_families", "edge_kind", "num_edges", "num_dangling_edges", "num_parents"]
+    body = [table(["requests", "families", "edge kind", "edges", "dangling", "parents"], [[d[k] for k in summary_keys]],
+                  id="lineage-summary", keys=summary_keys),
             svg(lambda p: plot_lineage(rep, p)),
             table(keys, rows, id="lineage-distributions")]
     body += [paragraph(f"Note: {n}") for n in rep.notes]

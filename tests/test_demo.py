@@ -122,4 +122,4 @@ def test_demo_page_opens_in_chromium_with_the_reports_numbers(demo, tmp_path):
         assert page[(r["policy"], r["capacity_blocks"])] == {k: r[k] for k in keys}
     assert {r["arm"]: r["hit_tokens"] for r in dom.records("pressure-arms")} == {
         arm: report["pressure"]["arms"][arm]["hit_tokens"] for arm in ("stock", "held")}
-    assert dom.records("lineage-edges")[0]["num_edges"] == report["workload"]["num_children"]
+    assert dom.records("lineage-summary")[0]["num_edges"] == report["workload"]["num_children"]

@@ -143,7 +143,7 @@ def test_report_page_in_chromium_shows_the_commands_numbers(browser, trace, tmp_
 
     lineage = _json(cli, "lineage", trace, "--json")
     assert embedded["lineage"] == lineage
-    assert lineage["num_edges"] == 5
+    assert lineage["num_edges"] == 5 == dom.records("lineage-summary")[0]["num_edges"]
     fan_out = next(r for r in dom.records("lineage-distributions") if r["what"] == "children per parent")
     assert fan_out["count"] == lineage["fan_out"]["count"] and fan_out["max"] == lineage["fan_out"]["max"]
 
