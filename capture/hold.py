@@ -1,4 +1,4 @@
-"""The family hold controller: DESIGN.md's family hold applied inside a live vLLM engine (opt-in).
+"""The family hold controller: docs/DESIGN.md's family hold applied inside a live vLLM engine (opt-in).
 
 Off unless `KMESH_HOLD=1` (caps: `KMESH_HOLD_MAX_BLOCKS`, `KMESH_HOLD_MAX_FAMILIES`; expiry:
 `KMESH_HOLD_EXPIRY_S`). Families come from the declared lineage in `SamplingParams.extra_args`: a
