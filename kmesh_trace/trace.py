@@ -236,8 +236,19 @@ class Trace:
         parts = self.parts[name]
         if not parts:
             return pl.from_arrow(self._empty(name)).lazy()
-        # The partition column is an id, never a number: "007" must stay "007".
-        return pl.scan_parquet([str(p) for p in parts], hive_partitioning=True, hive_schema={"engine": pl.String})
+        # The partition column is an id, never a number: "007" must stay "007". A nullable column that a
+        # part predates is read as nulls.
+        return pl.scan_parquet([str(p) for p in parts], hive_partitioning=True, hive_schema={"engine": pl.String},
+                               schema=self._polars_schema(name), missing_columns="insert")
+
+    @staticmethod
+    def _polars_schema(name: str) -> pl.Schema:
+        return pl.from_arrow(schema.table(name).arrow_schema().empty_table()).schema
+
+    def _lacks_columns(self, name: str) -> bool:
+        """Whether a part of `name` predates one of the contract's (nullable) columns."""
+        want = set(schema.table(name).column_names)
+        return any(not want <= set(self._footers[p].schema.to_arrow_schema().names) for p in self.parts[name])
 
     def frame(self, name: str) -> pl.DataFrame:
         return self.scan(name).collect()
@@ -266,7 +277,13 @@ class Trace:
         for name, parts in self.parts.items():
             if parts:
                 files = ", ".join("'" + _sql_str(str(p)) + "'" for p in parts)
-                con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{files}], hive_partitioning = true, hive_types = {{'engine': VARCHAR}})")
+                options = "hive_partitioning = true, hive_types = {'engine': VARCHAR}"
+                source = f"read_parquet([{files}], {options})"
+                if self._lacks_columns(name):  # parts that predate a nullable column: it reads as nulls
+                    self._create_table(con, f"_{name}_contract", self._empty(name))
+                    source = (f"(SELECT * FROM read_parquet([{files}], {options}, union_by_name = true) "
+                              f"UNION ALL BY NAME SELECT * FROM _{name}_contract)")
+                con.execute(f"CREATE VIEW {name} AS SELECT * FROM {source}")
             else:
                 self._create_table(con, name, self._empty(name))
         self._create_table(con, schema.ENGINES_VIEW, self.engines_table())
@@ -474,11 +491,13 @@ def _part_damage(name: str, path: Path, footer: pq.FileMetaData) -> str | None:
         return f"it holds table {table}, not {name}"
     contract = schema.table(name)
     have = {f.name: f.type for f in arrow_schema}
-    missing = [c.name for c in contract.columns if c.name not in have]
+    # A nullable column may be absent: a part written before the contract added it (the readers fill
+    # it with nulls); a required column never.
+    missing = [c.name for c in contract.columns if c.name not in have and not c.nullable]
     if missing:
         return f"column(s) {', '.join(missing)} missing"
     wrong = [f"{c.name} is {schema.type_name(have[c.name])}, not {schema.type_name(c.type)}"
-             for c in contract.columns if not _same_type(have[c.name], c.type)]
+             for c in contract.columns if c.name in have and not _same_type(have[c.name], c.type)]
     if wrong:
         return "; ".join(wrong[:3])
     unknown = sorted(set(have) - set(contract.column_names))

@@ -186,3 +186,32 @@ def test_flipped_data_page_is_named_when_a_read_fails(tmp_path, cli):
     assert r.exit_code == 1
     assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1, r.stderr
     assert p.name in r.stderr
+
+
+def test_a_part_that_predates_a_nullable_column_reads_it_as_nulls(tmp_path):
+    """A trace written before the contract added a nullable column (invocations' agent_id and agent_type
+    came with the agentic importers) stays readable: the column reads as nulls in polars and DuckDB; a
+    part without a required column is still refused."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kmesh_trace import schema
+    from kmesh_trace.trace import open_trace
+    from kmesh_trace.writer import TraceWriter
+
+    w = TraceWriter(tmp_path / "t", "e0", {"source": "import:test", "block_size": 16})
+    w.write("invocations", {"request_id": ["r0", "r1"], "seq": [0, 1], "num_prompt_tokens": [20, 40],
+                            "num_output_tokens": [1, 1], "prompt_block_hashes": [[1], [1, 2]]})
+    w.close()
+    part = next((tmp_path / "t" / "invocations").rglob("*.parquet"))
+    old = pq.read_table(part)
+    md = old.schema.metadata
+    old = old.drop_columns(["agent_id", "agent_type"]).replace_schema_metadata(md)
+    pq.write_table(old, part)
+    with open_trace(tmp_path / "t") as t:
+        assert t.frame("invocations")["agent_id"].to_list() == [None, None]
+        assert t.sql("SELECT count(*) AS n, count(agent_type) AS a FROM invocations").row(0) == (2, 0)
+    required = next(c.name for c in schema.table("invocations").columns if not c.nullable and c.name != "request_id")
+    pq.write_table(pa.table(old).drop_columns([required]).replace_schema_metadata(md), part)
+    with pytest.raises(Exception, match=f"{required}.*missing"):
+        open_trace(tmp_path / "t")
