@@ -200,6 +200,34 @@ def lineage_section(ctx: ReportContext) -> Section | None:
     return Section("Lineage", f"kmesh-trace lineage {ctx.trace_arg}{ctx.engine_flag()} --json", d, body)
 
 
+def tiers_section(ctx: ReportContext) -> Section | None:
+    """A host x SSD sweep at the engine's own GPU capacity (multiples 0, 1, 2, 4 of it), ranked by hit
+    tokens: what lower tiers would have bought. Shown for captures that record their KV geometry."""
+    from kmesh_trace.oracle import tiers as tm
+    from kmesh_trace.oracle.stream import engine_geometry, pool_capacity, request_blocks
+    from kmesh_trace.plots import plot_tier_sweep
+
+    meta = ctx.trace.engines[ctx.engine] if ctx.engine else ctx.trace.metadata
+    if not meta.get("kv_bytes_per_token"):
+        return None
+    block_size, usable = engine_geometry(ctx.trace, ctx.engine)
+    gpu = pool_capacity(None, usable)
+    grid = [0, gpu, 2 * gpu, 4 * gpu]
+    sw = tm.sweep_tiers(request_blocks(ctx.trace, ctx.engine), tm.TierConfig(gpu), grid, grid,
+                        block_size=block_size, kv_bytes_per_token=int(meta["kv_bytes_per_token"]))
+    d = sw.to_dict()
+    keys = ["label", "hit_tokens", "recomputed_tokens", "num_lower_tier_reads", "lower_tier_read_bytes"]
+    rows = [[c[k] for k in keys] for c in d["configurations"]]
+    sizes = ",".join(map(str, grid))
+    body = [paragraph(f"Host and SSD tiers below the GPU pool ({gpu:,} blocks), LRU, on-evict: best {d['best']}; "
+                      f"the smallest within {d['within_pct']:g}% of it is {d['smallest_within']}. Restore costs "
+                      "are not priced here: give a replay result to the command below for seconds."),
+            svg(lambda p: plot_tier_sweep(sw, p, block_size)),
+            table(["configuration", "hit tokens", "recomputed", "reads", "bytes read"], rows, id="tiers-sweep", keys=keys)]
+    command = f"kmesh-trace tiers {ctx.trace_arg}{ctx.engine_flag()} --sweep-host {sizes} --sweep-ssd {sizes} --json"
+    return Section("Tiers", command, d, body)
+
+
 #: The page's sections, in order: id -> builder. One line per section.
 SECTIONS: dict[str, Callable[[ReportContext], Section | None]] = {
     "capture": capture_section,
@@ -207,6 +235,7 @@ SECTIONS: dict[str, Callable[[ReportContext], Section | None]] = {
     "headroom": headroom_section,
     "pressure": pressure_section,
     "lineage": lineage_section,
+    "tiers": tiers_section,
 }
 
 

@@ -36,7 +36,8 @@ def trace(tmp_path):
     edges = [{"child_request_id": r["request_id"], "parent_request_id": "parent", "declared_parent_id": "parent",
               "family_id": "fork-tree", "edge_kind": "declared", "num_shared_tokens": 4096}
              for r in rows if r["parent_id"]]
-    with TraceWriter(tmp_path / "t", "fork-tree", {"block_size": BLOCK_SIZE, "num_usable_blocks": 512},
+    with TraceWriter(tmp_path / "t", "fork-tree", {"block_size": BLOCK_SIZE, "num_usable_blocks": 512,
+                                                        "kv_bytes_per_token": 2048},
                      source="generated:fork-tree") as w:
         w.write("invocations", {k: [r[k] for r in rows] for k in rows[0]})
         w.write("lineage", edges)
@@ -152,7 +153,14 @@ def test_report_page_in_chromium_shows_the_commands_numbers(browser, trace, tmp_
     for command in (f"kmesh-trace info {trace} --json", f"kmesh-trace headroom {trace} --capacity-blocks {CAPS} --json",
                     f"kmesh-trace audit capture {trace} --json"):
         assert f"Reproduce: <code>{command}</code>" in html
-    assert html.count("<svg") == 3  # the headroom curve, the pressure sweep and the lineage plot, inline
+    # The trace records its KV geometry, so the page has the tiers sweep: the command's own numbers.
+    tiers = embedded["tiers"]
+    sizes = ",".join(map(str, tiers["host_blocks"]))
+    sweep = _json(cli, "tiers", trace, "--sweep-host", sizes, "--sweep-ssd", sizes, "--json")["sweep"]
+    assert tiers["grid"] == sweep["grid"] and tiers["best"] == sweep["best"]
+    assert [r["hit_tokens"] for r in dom.records("tiers-sweep")] == [c["hit_tokens"] for c in sweep["configurations"]]
+    # the headroom curve, the pressure sweep, the lineage plot and the tiers heatmap, inline
+    assert html.count("<svg") == 4
 
 
 def test_a_section_is_one_line_and_a_failing_one_says_why(trace, tmp_path, monkeypatch):
