@@ -8,7 +8,8 @@ worker read the trace once, and a rewritten trace is read again.
 
 - `fleet_run`: one routing policy (or the global pool) at one fleet size and capacity;
 - `headroom_points`: one engine's headroom policies at some capacities (a sweep point each);
-- `pressure_point`: one engine's retention what-if at one capacity.
+- `pressure_point`: one engine's retention what-if at one capacity;
+- `tiers_point`: one engine's requests through one tier configuration.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Callable
 
 from kmesh_trace.oracle.fleet import FleetRun, FleetWorkload, fleet_workload, simulate_run
 
-__all__ = ["fleet_run", "fleet_sweep", "headroom_point", "pressure_point", "load_at"]
+__all__ = ["fleet_run", "fleet_sweep", "headroom_point", "pressure_point", "tiers_point", "load_at"]
 
 _LOADED: dict[tuple, tuple[tuple, Any]] = {}
 
@@ -102,3 +103,15 @@ def pressure_point(source, engine: str | None, capacity: int, options: dict, who
     r = what_if(source.requests, block_size=source.block_size, num_usable_blocks=capacity, lineage=source.lineage,
                 **options)
     return r if whole else sweep_point(r)
+
+
+def tiers_point(source, engine: str | None, config, options: dict):
+    """One tier configuration over one engine's requests (`source`: a location, or the requests);
+    `options`: simulate_tiers's other keywords (block size, KV bytes per token, costs, prefill)."""
+    from kmesh_trace.oracle.stream import request_blocks
+    from kmesh_trace.oracle.tiers import simulate_tiers
+
+    if isinstance(source, str):
+        source = load_at(source, None if engine is None else (engine,), "tiers",
+                         lambda parts: request_blocks(parts, engine))
+    return simulate_tiers(source, config, **options)

@@ -52,7 +52,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -795,24 +795,27 @@ class SweepResult:
 
 
 def sweep_tiers(requests: Sequence[RequestBlocks], base: TierConfig, host_blocks: Sequence[int],
-                ssd_blocks: Sequence[int], *, within_pct: float = 5.0, progress=None, **kwargs) -> SweepResult:
+                ssd_blocks: Sequence[int], *, within_pct: float = 5.0, progress=None,
+                simulate: Callable[[list[TierConfig]], list[TierResult]] | None = None, **kwargs) -> SweepResult:
     """`simulate_tiers` over host x SSD capacities (0: the tier is absent) at `base`'s GPU capacity; the
-    other tier settings come from `base` (a tier missing there uses one-block on-evict chunks)."""
+    other tier settings come from `base` (a tier missing there uses one-block on-evict chunks).
+    `simulate(configs)`, when given, runs the configurations (e.g. as distributed tasks,
+    `kmesh_trace.oracle.tasks.tiers_point`) and returns their results in order."""
     if within_pct < 0:
         raise KmeshTraceError("--within must be a percentage >= 0.")
     by = {t.name: t for t in base.tiers}
-    rows = []
-    done = 0
-    for hb in host_blocks:
-        row = []
-        for sb in ssd_blocks:
-            tiers = tuple(replace(by.get(n, TierSpec(n, c)), capacity_blocks=c)
-                          for n, c in (("host", hb), ("ssd", sb)) if c > 0)
-            row.append(simulate_tiers(requests, replace(base, tiers=tiers), **kwargs))
-            done += 1
+    configs = [replace(base, tiers=tuple(replace(by.get(n, TierSpec(n, c)), capacity_blocks=c)
+                                         for n, c in (("host", hb), ("ssd", sb)) if c > 0))
+               for hb in host_blocks for sb in ssd_blocks]
+    if simulate is not None:
+        flat = simulate(configs)
+    else:
+        flat = []
+        for cfg in configs:
+            flat.append(simulate_tiers(requests, cfg, **kwargs))
             if progress:
-                progress(done, len(host_blocks) * len(ssd_blocks))
-        rows.append(row)
+                progress(len(flat), len(configs))
+    rows = [flat[i * len(ssd_blocks):(i + 1) * len(ssd_blocks)] for i in range(len(host_blocks))]
     with_seconds = all(r.prefill_seconds_saved() is not None for row in rows for r in row)
     return SweepResult(list(host_blocks), list(ssd_blocks), rows,
                        "prefill_seconds_saved" if with_seconds else "hit_tokens", within_pct)

@@ -40,6 +40,14 @@ def test_fleet_on_ray_equals_one_process(ray_cluster, cli, fleet_trace):
     assert json.loads(url.stdout) == d
 
 
+def test_tiers_sweep_on_ray_equals_one_process(ray_cluster, cli, fleet_trace):
+    d = _same_json(cli, ["tiers", fleet_trace, "--engine", "e1", "--gpu-blocks", "8", "--sweep-host", "0,4",
+                         "--sweep-ssd", "0,8,16"])
+    assert len(d["sweep"]["configurations"]) == 6 and d["sweep"]["host_blocks"] == [0, 4]
+    r = cli(["tiers", fleet_trace, "--engine", "e1", "--gpu-blocks", "8", "--ray", "auto"])
+    assert r.exit_code == 1 and "add --sweep-host" in r.stderr
+
+
 def test_headroom_and_pressure_on_ray_equal_one_process(ray_cluster, cli, fleet_trace):
     d = _same_json(cli, ["headroom", fleet_trace, "--engine", "e1", "--capacity-blocks", "4,8,16"])
     assert len(d["results"]) == 5 * 3  # infinite, lru, vllm, belady-prefix, belady at 3 capacities

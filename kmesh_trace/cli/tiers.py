@@ -21,7 +21,9 @@ from kmesh_trace.cli.common import (
     out,
     output_options,
     progress,
+    run_tasks_with_progress,
 )
+from kmesh_trace.distributed import RAY_HELP
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
 
 
@@ -79,6 +81,7 @@ def tiers_cmd(
     ancestor_mib: float = typer.Option(48, "--ancestor-mib", help="family-burst: ancestor size in MiB."),
     chunks: int = typer.Option(16, "--chunks", help="family-burst: chunks per ancestor."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
+    ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP + " With a sweep: one task per configuration."),
     output: Output = None,
 ) -> None:
     """Simulate the trace through the GPU pool and host/SSD tiers; hits by tier, bytes read, seconds saved, TTFT."""
@@ -89,6 +92,8 @@ def tiers_cmd(
     if (trace is None) == (scenario is None):
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
     swept = sweep_host is not None or sweep_ssd is not None
+    if ray is not None and not swept:
+        raise KmeshTraceError("--ray runs a sweep's configurations as tasks; add --sweep-host and/or --sweep-ssd.")
     if plot is not None and not swept:
         raise KmeshTraceError("--plot draws a host x SSD sweep; add --sweep-host and/or --sweep-ssd.")
     if plot is not None:
@@ -174,11 +179,21 @@ def tiers_cmd(
         hs = [tc.parse_capacity(x, block_bytes, "--sweep-host") for x in (sweep_host or "0").split(",")]
         ss = [tc.parse_capacity(x, block_bytes, "--sweep-ssd") for x in (sweep_ssd or "0").split(",")]
         base_tiers = tuple(spec(n, 1) for n in tm.TIER_NAMES)
-        with progress() as bar:
-            task = bar.add_task("simulating tiers", total=len(hs) * len(ss))
-            sw = tm.sweep_tiers(reqs, tm.TierConfig(gpu, base_tiers, singleflight, early_prep, prep_lead_s,
-                                                    lookup.value), hs, ss, within_pct=within,
-                                progress=lambda done, _: bar.update(task, completed=done), **kw)
+        base_config = tm.TierConfig(gpu, base_tiers, singleflight, early_prep, prep_lead_s, lookup.value)
+        if ray is not None:  # one task per configuration, each reading the engine's parts itself
+            from kmesh_trace.distributed import Task
+            from kmesh_trace.oracle.tasks import tiers_point
+
+            where = source if trace is None else f"engine={engine}" if engine else "the trace"
+            task_source = reqs if trace is None else str(trace)
+            sw = tm.sweep_tiers(reqs, base_config, hs, ss, within_pct=within, simulate=lambda configs: run_tasks_with_progress(
+                tiers_point, [Task(f"{where}: {c.label}", (task_source, engine, c, kw)) for c in configs],
+                ray=ray, label="tiers"))
+        else:
+            with progress() as bar:
+                task = bar.add_task("simulating tiers", total=len(hs) * len(ss))
+                sw = tm.sweep_tiers(reqs, base_config, hs, ss, within_pct=within,
+                                    progress=lambda done, _: bar.update(task, completed=done), **kw)
         if plot is not None:
             from kmesh_trace.plots import plot_tier_sweep
 
