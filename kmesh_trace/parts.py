@@ -47,7 +47,34 @@ def _absolute(path: str) -> str:
     return str(Path(path).resolve())
 
 
-class TraceParts:
+class EngineMetadata:
+    """What a trace's engine metadata says about its pool, shared by `Trace` and `TraceParts`
+    (both hold `engines`: engine id -> metadata)."""
+
+    engines: dict[str, dict[str, Any]]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The single engine's metadata; for several engines, the first (see `engines`)."""
+        return next(iter(self.engines.values()), {})
+
+    @property
+    def block_size(self) -> int | None:
+        sizes = {m.get("block_size") for m in self.engines.values()} - {None}
+        if len(sizes) > 1:
+            raise KmeshTraceError(f"the trace's engines use different block sizes {sorted(sizes)}; analyse one engine at a time.")
+        return sizes.pop() if sizes else None
+
+    @property
+    def num_usable_blocks(self) -> int | None:
+        """The engine's KV pool capacity; each engine has its own pool, so several engines refuse."""
+        vals = [m.get("num_usable_blocks") for m in self.engines.values() if m.get("num_usable_blocks") is not None]
+        if len(vals) > 1:
+            raise KmeshTraceError(f"the trace has {len(vals)} engines, each with its own KV pool; analyse one engine at a time.")
+        return vals[0] if vals else None
+
+
+class TraceParts(EngineMetadata):
     """Some engine partitions of a trace, read through a pyarrow filesystem. `open_parts` opens one."""
 
     def __init__(self, location: str, engines: Iterable[str] | None = None):
@@ -72,17 +99,6 @@ class TraceParts:
         self.engines: dict[str, dict[str, Any]] = {e: every[e] for e in wanted}
 
     # ---- the reading side of Trace ----------------------------------------------------------
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return next(iter(self.engines.values()), {})
-
-    @property
-    def block_size(self) -> int | None:
-        sizes = {m.get("block_size") for m in self.engines.values()} - {None}
-        if len(sizes) > 1:
-            raise KmeshTraceError(f"the trace's engines use different block sizes {sorted(sizes)}; analyse one engine at a time.")
-        return sizes.pop() if sizes else None
 
     def parts(self, name: str) -> list[str]:
         """The completed parts of table `name` in the chosen partitions, sorted."""

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from kmesh_trace import schema
 from kmesh_trace.errors import CorruptTraceError, KmeshTraceError, QueryRefusedError, TraceNotFoundError
+from kmesh_trace.parts import EngineMetadata
 from kmesh_trace.writer import ENGINES_DIR, LOSS_SUFFIX, MARKER
 
 # The one statement type `Trace.sql(..., read_only=True)` accepts; everything else (COPY, ATTACH,
@@ -74,8 +75,9 @@ def _read_json_object(path: Path) -> dict[str, Any]:
     return obj
 
 
-class Trace:
-    """An opened trace directory. `open_trace(path)` is the way in."""
+class Trace(EngineMetadata):
+    """An opened trace directory. `open_trace(path)` is the way in; `metadata`, `block_size` and
+    `num_usable_blocks` come from `EngineMetadata`."""
 
     def __init__(self, path: str | Path, *, strict: bool = True, memory_limit: int | None = None):
         self._scratch: str | None = None
@@ -190,28 +192,6 @@ class Trace:
         if any(pr.code == "duplicate_part" for pr in self.problems):
             dups = {Path(pr.path) for pr in self.problems if pr.code == "duplicate_part"}
             self.parts = {name: [p for p in parts if p not in dups] for name, parts in self.parts.items()}
-
-    # ---- metadata ----------------------------------------------------------------------------
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        """The single engine's metadata; for several engines, the first (see `engines`)."""
-        return next(iter(self.engines.values()), {})
-
-    @property
-    def block_size(self) -> int | None:
-        sizes = {m.get("block_size") for m in self.engines.values()} - {None}
-        if len(sizes) > 1:
-            raise KmeshTraceError(f"the trace's engines use different block sizes {sorted(sizes)}; analyse one engine at a time.")
-        return sizes.pop() if sizes else None
-
-    @property
-    def num_usable_blocks(self) -> int | None:
-        """The engine's KV pool capacity; each engine has its own pool, so several engines refuse."""
-        vals = [m.get("num_usable_blocks") for m in self.engines.values() if m.get("num_usable_blocks") is not None]
-        if len(vals) > 1:
-            raise KmeshTraceError(f"the trace has {len(vals)} engines, each with its own KV pool; analyse one engine at a time.")
-        return vals[0] if vals else None
 
     # ---- tables ------------------------------------------------------------------------------
 
