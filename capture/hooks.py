@@ -18,7 +18,7 @@ from typing import Any
 from kmesh_trace.capture import wrappers
 from kmesh_trace.capture.config import config_from_env
 from kmesh_trace.capture.recorder import Recorder
-from kmesh_trace.capture.rows import caller_id_of, hash64, invocation_row, plain_hash64, unfinished_row  # noqa: F401
+from kmesh_trace.capture.rows import unfinished_row
 
 from kmesh_trace.errors import KmeshTraceError
 

@@ -245,6 +245,10 @@ def test_audit_corpus_out_inside_the_corpus_is_refused(tmp_path, cli):
     ["export", "perfetto", "{t}", "--out", "{t}/engines/e0.json"],
     ["headroom", "{t}", "--plot", "{t}/plot.png"],
     ["pressure", "{t}", "--sweep-capacity", "4,8", "--plot", "{t}/plot.svg"],
+    ["lineage", "{t}", "--plot", "{t}/plot.png"],
+    ["tiers", "{t}", "--gpu-blocks", "8", "--sweep-host", "0,4", "--plot", "{t}/plot.png"],
+    ["fleet", "{t}", "--capacity-blocks", "8", "--plot", "{t}/plot.png"],
+    ["headroom", "{t}", "--out", "{t}/headroom.json"],
     ["import", "mooncake", "{src}", "--out", "{src}"],
 ])
 def test_every_out_refuses_a_path_inside_its_input(tmp_path, cli, command):

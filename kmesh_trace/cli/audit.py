@@ -14,7 +14,6 @@ from rich.table import Table as RichTable
 from kmesh_trace.audit.findings import EXIT_CLEAN, Problem, summary
 from kmesh_trace.cli.common import (
     Output,
-    check_out_not_in_input,
     emit,
     err,
     fail,
@@ -64,8 +63,6 @@ def corpus_cmd(
     """Inventory, line health, duplicates, field coverage, lineage evidence and a verdict for a JSONL corpus."""
     from kmesh_trace.audit.corpus import audit_corpus
 
-    if output.out is not None:  # the audit can take minutes: refuse an --out inside the corpus before it
-        check_out_not_in_input(output.out, [directory])
     with progress() as bar:
         task = bar.add_task("auditing", total=None)
         result = audit_corpus(directory, on_bytes=lambda n: bar.advance(task, n),

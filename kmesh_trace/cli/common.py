@@ -119,6 +119,16 @@ def check_out_not_in_input(out_path: Path, inputs: "list[Path | None] | tuple[Pa
     return out_path
 
 
+def check_plot_option(plot: Path | None, inputs: "list[Path | str | None]") -> None:
+    """`--plot FILE`, refused before any work: a .png or .svg the command can write, not inside an input."""
+    if plot is None:
+        return
+    from kmesh_trace.plots import check_plot_path
+
+    check_out_file(check_plot_path(plot), "--plot")
+    check_out_not_in_input(plot, inputs, "--plot")
+
+
 #: Block counts are int32 in the contract (block ids); a larger capacity names no pool.
 MAX_BLOCKS = (1 << 31) - 1
 

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import Output, check_out_file, emit, err, handles_errors, out, output_options, parse_ints, progress
+from kmesh_trace.cli.common import Output, check_plot_option, emit, err, handles_errors, out, output_options, parse_ints, progress
 from kmesh_trace.distributed import RAY_HELP
 from kmesh_trace.errors import KmeshTraceError
 
@@ -50,13 +50,12 @@ def fleet_cmd(
     from kmesh_trace.oracle.stream import pool_capacity
     from kmesh_trace.oracle.tasks import fleet_sweep
     from kmesh_trace.parts import open_parts
-    from kmesh_trace.plots import check_plot_path, plot_fleet
+    from kmesh_trace.plots import plot_fleet
 
     routings = [r.strip() for r in routing.split(",") if r.strip()]
     if not routings:
         raise KmeshTraceError(f"--routing needs at least one policy from: {', '.join(ROUTINGS)}.")
-    if plot is not None:
-        check_out_file(check_plot_path(plot), "--plot")
+    check_plot_option(plot, [trace])
     parts = open_parts(trace)  # metadata only: the tasks (or the one read below) read the parts
     if not parts.engines:
         raise KmeshTraceError(f"{trace} has no engine partitions; there are no requests to route.")

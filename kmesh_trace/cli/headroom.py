@@ -16,8 +16,7 @@ from kmesh_trace.cli.common import (
     ScenarioOption,
     approximate_tokens_note,
     build_scenario,
-    check_out_file,
-    check_out_not_in_input,
+    check_plot_option,
     emit,
     err,
     handles_errors,
@@ -70,7 +69,7 @@ def headroom_cmd(
     """Prefill tokens (and seconds) the stock cache failed to reuse that an ideal cache of the same capacity
     would have: at the given capacities, or along the whole capacity axis."""
     from kmesh_trace.oracle.headroom import headroom_of_requests
-    from kmesh_trace.plots import check_plot_path, plot_headroom
+    from kmesh_trace.plots import plot_headroom
 
     caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
@@ -80,9 +79,7 @@ def headroom_cmd(
         raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
     if window is not Window.all and caps is not None:
         raise KmeshTraceError("--window applies to curves; drop --capacity-blocks to get one.")
-    if plot is not None:  # a bad --plot must fail before the replays, not after them
-        check_out_file(check_plot_path(plot), "--plot")
-        check_out_not_in_input(plot, [trace], "--plot")
+    check_plot_option(plot, [trace])  # a bad --plot must fail before the replays, not after them
     cost = fit = stream = stock = None
     if tokens_per_s is not None:
         from kmesh_trace.oracle.prefill_cost import PrefillCost

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import Output, approximate_tokens_note, check_out_file, emit, err, handles_errors, out, output_options
+from kmesh_trace.cli.common import Output, approximate_tokens_note, check_plot_option, emit, err, handles_errors, out, output_options
 
 MAX_FAMILY_ROWS = 20
 
@@ -35,11 +35,10 @@ def lineage_cmd(
 ) -> None:
     """The shape of a trace's lineage: families, children per parent, depth, reuse gaps, shared-prefix blocks."""
     from kmesh_trace.oracle.lineage_report import lineage_report
-    from kmesh_trace.plots import check_plot_path, plot_lineage
+    from kmesh_trace.plots import plot_lineage
     from kmesh_trace.trace import open_trace
 
-    if plot is not None:
-        check_out_file(check_plot_path(plot), "--plot")
+    check_plot_option(plot, [trace])
     with open_trace(trace) as t:
         rep = lineage_report(t, edge_kind=edges, engine=engine)
         note = approximate_tokens_note(t)

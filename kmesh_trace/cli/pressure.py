@@ -16,8 +16,7 @@ from kmesh_trace.cli.common import (
     ScenarioOption,
     approximate_tokens_note,
     build_scenario,
-    check_out_file,
-    check_out_not_in_input,
+    check_plot_option,
     emit,
     err,
     handles_errors,
@@ -66,7 +65,7 @@ def pressure_cmd(
     One capacity gives the detailed report; several (--capacity-blocks 64,96,128) a sweep table."""
     from kmesh_trace.oracle.pressure import TraceStream, sweep, trace_stream, what_if
     from kmesh_trace.oracle.stream import pool_capacity
-    from kmesh_trace.plots import check_plot_path, plot_pressure_sweep
+    from kmesh_trace.plots import plot_pressure_sweep
 
     if (trace is None) == (scenario is None):
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
@@ -78,9 +77,7 @@ def pressure_cmd(
     is_sweep = caps is not None and (len(caps) > 1 or sweep_capacity is not None or plot is not None)
     if plot is not None and caps is None:
         raise KmeshTraceError("--plot draws a capacity sweep; add --capacity-blocks a,b,c.")
-    if plot is not None:
-        check_out_file(check_plot_path(plot), "--plot")
-        check_out_not_in_input(plot, [trace], "--plot")
+    check_plot_option(plot, [trace])
     _check_limits(expiry_s, max_held_blocks, max_families)
     if scenario is not None:
         w = build_scenario(scenario)

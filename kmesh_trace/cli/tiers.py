@@ -14,7 +14,7 @@ from kmesh_trace.cli.common import (
     ScenarioOption,
     build_scenario,
     check_out_dir,
-    check_out_file,
+    check_plot_option,
     emit,
     err,
     handles_errors,
@@ -87,7 +87,6 @@ def tiers_cmd(
     """Simulate the trace through the GPU pool and host/SSD tiers; hits by tier, bytes read, seconds saved, TTFT."""
     from kmesh_trace.oracle import tier_costs as tc
     from kmesh_trace.oracle import tiers as tm
-    from kmesh_trace.plots import check_plot_path
 
     if (trace is None) == (scenario is None):
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
@@ -96,8 +95,7 @@ def tiers_cmd(
         raise KmeshTraceError("--ray runs a sweep's configurations as tasks; add --sweep-host and/or --sweep-ssd.")
     if plot is not None and not swept:
         raise KmeshTraceError("--plot draws a host x SSD sweep; add --sweep-host and/or --sweep-ssd.")
-    if plot is not None:
-        check_out_file(check_plot_path(plot), "--plot")
+    check_plot_option(plot, [trace, restore_results, model_config])
     if journal is not None:
         check_out_dir(journal, "--journal")
         if journal_max_restores <= 0:
