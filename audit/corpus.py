@@ -46,7 +46,7 @@ _TYPE_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", 
                dict: "object", list: "array"}
 
 
-class _KeyPlan:
+class KeyPlan:
     """What the audit needs to know about one key set, worked out once: which keys are timestamps,
     which may carry evidence, which name the session, the input and the output, their sorted order."""
 
@@ -62,9 +62,9 @@ class _KeyPlan:
         self.output_key = next((k for k in F.OUTPUT_KEYS if k in present), None)
 
 
-def session_record(obj: dict, ts: float | None, where: int, plan: _KeyPlan | None = None) -> SessionRecord:
+def session_record(obj: dict, ts: float | None, where: int, plan: KeyPlan | None = None) -> SessionRecord:
     """The session, input and output of one record (the session is the first session key not null)."""
-    plan = plan or _KeyPlan(tuple(obj))
+    plan = plan or KeyPlan(tuple(obj))
     session = None
     for k in plan.session_keys:
         v = obj[k]
@@ -76,9 +76,9 @@ def session_record(obj: dict, ts: float | None, where: int, plan: _KeyPlan | Non
     return SessionRecord(session, ts, where, inp, out)
 
 
-def first_timestamp(obj: dict, plan: _KeyPlan | None = None) -> float | None:
+def first_timestamp(obj: dict, plan: KeyPlan | None = None) -> float | None:
     """The record's first numeric timestamp value, as the audit orders records by."""
-    plan = plan or _KeyPlan(tuple(obj))
+    plan = plan or KeyPlan(tuple(obj))
     for k in plan.ts_keys:
         v = obj[k]
         if type(v) is int or type(v) is float:
@@ -243,7 +243,7 @@ class _Pass:
         self.files: list[str] = []
         self.records_by_file: dict[str, int] = {}
         self.index = RecordIndex(self.reread)
-        self.plans: dict[tuple[str, ...], _KeyPlan] = {}
+        self.plans: dict[tuple[str, ...], KeyPlan] = {}
 
     # ---- locations are packed ints: file index * 2**32 + line ----
     def loc(self, packed: int) -> str:
@@ -328,10 +328,10 @@ class _Pass:
         if len(self.malformed_locations) < MAX_LISTED:
             self.malformed_locations.append({"location": f"{rel}:{lineno}", "kind": why.kind, "column": why.column})
 
-    def plan(self, keys: tuple[str, ...]) -> _KeyPlan:
+    def plan(self, keys: tuple[str, ...]) -> KeyPlan:
         p = self.plans.get(keys)
         if p is None:
-            p = _KeyPlan(keys)
+            p = KeyPlan(keys)
             if len(self.plans) < MAX_PLANS:
                 self.plans[keys] = p
         return p
@@ -536,7 +536,7 @@ def audit_corpus(directory: str | os.PathLike, on_bytes: Callable[[int], None] |
     """
     inv = walk(directory)
     if on_total is not None:
-        on_total(_jsonl_bytes(inv))
+        on_total(jsonl_bytes(inv))
     a = _Pass(inv, on_bytes)
     a.run()
     readmes = a.readme_report()
@@ -555,7 +555,7 @@ def audit_corpus(directory: str | os.PathLike, on_bytes: Callable[[int], None] |
 
 
 
-def _jsonl_bytes(inv: Inventory) -> int:
+def jsonl_bytes(inv: Inventory) -> int:
     total = 0
     for files in inv.sources.values():
         for rel in files.jsonl:

@@ -30,7 +30,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from kmesh_trace.audit.corpus import _KeyPlan, first_timestamp, session_record
+from kmesh_trace.audit.corpus import KeyPlan, first_timestamp, session_record
 from kmesh_trace.audit.edges import SessionRecord, pair_edges, sessions
 from kmesh_trace.audit.fields import UNIT_SECONDS, unit_of
 from kmesh_trace.audit.identity import RecordIndex, canonical
@@ -134,7 +134,7 @@ class _Import:
         self.writer, self.tok, self.report, self.on_bytes = writer, tokenizer, report, on_bytes
         self.files: list[str] = []
         self.index = RecordIndex(self._reread)
-        self.plans: dict[tuple, _KeyPlan] = {}
+        self.plans: dict[tuple, KeyPlan] = {}
         self.rows: list[_Record] = []
         self.seq = 0
 
@@ -157,10 +157,10 @@ class _Import:
                 self._read_file(name, rel, records)
             self._write_source(records)
 
-    def _plan(self, keys: tuple) -> _KeyPlan:
+    def _plan(self, keys: tuple) -> KeyPlan:
         p = self.plans.get(keys)
         if p is None:
-            p = _KeyPlan(keys)
+            p = KeyPlan(keys)
             if len(self.plans) < 10_000:
                 self.plans[keys] = p
         return p
@@ -200,7 +200,7 @@ class _Import:
         if info.num_bytes == 0:
             rep.num_empty_files += 1
 
-    def _record(self, source: str, rel: str, lineno: int, where: int, obj: dict, plan: _KeyPlan) -> _Record:
+    def _record(self, source: str, rel: str, lineno: int, where: int, obj: dict, plan: KeyPlan) -> _Record:
         ts = first_timestamp(obj, plan)
         sr = session_record(obj, ts, where, plan)
         arrival = None

@@ -82,11 +82,11 @@ def import_cmd(
         kwargs["arrival"] = Arrival.parse(arrival or DEFAULT_ARRIVAL)  # a bad value fails before any work
         total = sum(p.stat().st_size for p in conversation_files(src))
     elif fmt is ImportFormat.lmcache_agent:
-        from kmesh_trace.audit.corpus import _jsonl_bytes
+        from kmesh_trace.audit.corpus import jsonl_bytes
         from kmesh_trace.audit.inventory import walk
 
         kwargs.update(tokenizer=tokenizer, block_size=block_size)
-        total = _jsonl_bytes(walk(src))
+        total = jsonl_bytes(walk(src))
     else:
         total = src.stat().st_size
     engine_id = engine_id or f"import-{fmt.value}"
