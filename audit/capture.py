@@ -17,6 +17,8 @@
 - lineage: every edge's child (and parent, when given) is an invocation of the trace; an
   exact_prefix edge's child prompt starts with the parent's prompt + output, and
   `num_shared_tokens` is that length (these stop only the retention analysis);
+- block hashes are plain prefix hashes (`hash_lookahead_tokens` 0 or absent; vLLM's lookahead hashes
+  cover tokens the analyses do not replay);
 - recorded drops are zero and the writer closed cleanly (`complete`), with counts from the loss
   record when the metadata file could not be rewritten; the trace holds every row the writer wrote
   (`num_rows_written`); every request the block events act for has an invocation row;
@@ -248,6 +250,11 @@ def _check_metadata(t: Trace, f: _Findings) -> None:
                   count=total)
         if meta.get("complete") is False:
             f.add("incomplete_capture", incomplete_note(meta), f"{where}:complete")
+        lookahead = meta.get("hash_lookahead_tokens")
+        if isinstance(lookahead, int) and lookahead > 0:
+            f.add("lookahead_block_hashes", "each block hash also covers the tokens after its block (vLLM's lookahead "
+                  "hashing with EAGLE speculative decoding); the analyses replay plain prefix hashes, so their hits "
+                  "would not be the engine's", f"{where}:hash_lookahead_tokens={lookahead}")
         if meta.get("metadata_write_failed"):
             f.add("metadata_stale", "the metadata file could not be rewritten (its counts come from the loss record)",
                   f"{where}: {meta.get('write_error')}")

@@ -41,6 +41,8 @@ def engine_metadata(scheduler) -> dict[str, Any]:
         "block_size": int(scheduler.block_size) if hasattr(scheduler, "block_size") else int(cfg.cache_config.block_size),
         "num_usable_blocks": int(pool.num_gpu_blocks) - 1,
         "null_block_id": int(pool.null_block.block_id),
+        # vLLM >= 0.33 with EAGLE: each block hash also covers the next N tokens (0: plain prefix hashes).
+        "hash_lookahead_tokens": int(getattr(pool, "num_hash_lookahead_tokens", 0) or 0),
         **model_geometry(scheduler.kv_cache_config, cfg.cache_config),
     }
 

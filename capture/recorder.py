@@ -70,6 +70,7 @@ class Recorder:
         self.num_arrivals = 0
         self.live: dict[str, Any] = {}  # request id -> vllm Request, until it finishes
         self.awaiting_first_token: set = set()
+        self.output_ns = 0  # while the scheduler handles a step's output: when that output arrived
         self.after_step: list[Callable[[], None]] = []  # called after each update_from_output
         self.before_close: list[Callable[[], None]] = []  # called once, before the final flush
         self.attachments = Attachments()  # every wrapper attached for this recorder (hooks, connector)

@@ -228,16 +228,20 @@ def install_scheduler(rec: Recorder, scheduler, close) -> None:
         return orig_schedule(*args, **kwargs)
 
     def update_from_output(scheduler_output, model_runner_output):
-        out = orig_update(scheduler_output, model_runner_output)
         if rec.closed:
-            return out
+            return orig_update(scheduler_output, model_runner_output)
         waiting = rec.awaiting_first_token
+        # The step's output time, read before vLLM handles the output: a request that stops on its
+        # first token (max_tokens=1) is freed inside this call, and its row must already carry it.
+        now = rec.output_ns = mono() if waiting else 0
+        try:
+            out = orig_update(scheduler_output, model_runner_output)
+        finally:
+            rec.output_ns = 0
         if waiting:
-            now = 0
             done = None
             for request in waiting:
                 if request.num_output_tokens > 0:
-                    now = now or mono()
                     request._kmesh.first_token_ns = now
                     if done is None:
                         done = [request]
@@ -254,7 +258,10 @@ def install_scheduler(rec: Recorder, scheduler, close) -> None:
             return orig_free_request(request, *args, **kwargs)
         ret = act_for(request.request_id, orig_free_request, request, *args, **kwargs)
         if rec.live.pop(request.request_id, None) is not None:
-            rec.awaiting_first_token.discard(request)
+            if request in rec.awaiting_first_token:
+                rec.awaiting_first_token.discard(request)
+                if request.num_output_tokens > 0:  # stopped on its first token, in the step's output
+                    request._kmesh.first_token_ns = rec.output_ns or mono()
             try:
                 row = invocation_row(request, mono(), STATUS.get(request.status.name, "error"))
             except Exception:  # never let a malformed request take the engine down; count it

@@ -205,6 +205,9 @@ METADATA_FIELDS: dict[str, tuple[str | None, str]] = {
     "num_kv_heads": ("heads", "KV heads per layer (of the first KV cache group)."),
     "head_size": (None, "Elements per head (of the first KV cache group)."),
     "kv_cache_dtype": (None, "Element type of the KV cache, e.g. float16, bfloat16, fp8."),
+    "hash_lookahead_tokens": ("tokens", "Captures: tokens after each block that its hash also covers (vLLM >= 0.33 "
+                              "with EAGLE lookahead hashing); 0 for plain prefix hashes. Above 0 the audit blocks "
+                              "the analyses, which replay plain prefix hashes."),
 }
 
 
@@ -319,6 +322,7 @@ METADATA_TYPES: dict[str, type] = {
     "num_malformed_lines": int, "malformed_lines": list, "complete": bool, "num_rows_written": dict,
     "num_failed_writes": int, "write_error": str, "metadata_write_failed": bool, "last_flush": dict,
     "kv_bytes_per_token": int, "num_layers": int, "num_kv_heads": int, "head_size": int, "kv_cache_dtype": str,
+    "hash_lookahead_tokens": int,
 }
 
 

