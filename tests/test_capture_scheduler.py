@@ -16,6 +16,7 @@ on a vLLM with lookahead block hashes the metadata records it and the audit name
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -231,6 +232,8 @@ def test_the_capture_records_which_vllm_it_ran_on(model_dir, tmp_path):
     from kmesh_trace.capture.version import SUPPORTED_VLLM_VERSIONS
 
     assert vllm.__version__.split("+")[0] in SUPPORTED_VLLM_VERSIONS
+    expected = os.environ.get("KMESH_EXPECT_VLLM")  # set by `make test-vllm-latest`
+    assert expected is None or vllm.__version__.split("+")[0] == expected, vllm.__file__
     e = CapturedScheduler(model_dir, tmp_path / "t")
     e.shutdown()
     (meta,) = [json.loads(p.read_text()) for p in (tmp_path / "t" / "engines").glob("*.json")]
