@@ -120,6 +120,34 @@ def test_cli_capture_reports_a_missing_command(tmp_path, cli):
     assert result.stderr.strip().splitlines()[-1] == "Error: command not found: no-such-command-kmesh; check the command after `--`."
 
 
+def test_cli_capture_names_the_servers_own_error_when_no_engine_started(tmp_path, cli):
+    """A server that dies before its engine starts: the command's output passes through, and the
+    capture names the root cause as the server logged it (vLLM's log lines, on stdout), not the
+    wrapper exceptions after it."""
+    import sys
+
+    script = (
+        "import sys\n"
+        "print('(VllmWorker-0 pid=9) ERROR 12-01 11:11:52 [multiproc_executor.py:953] Traceback (most recent call last):')\n"
+        "print('(VllmWorker-0 pid=9) ERROR 12-01 11:11:52 [multiproc_executor.py:953] ValueError: Available memory on "
+        "node 0 (6.41/9.84 GiB) on startup is less than desired CPU memory utilization (0.92, 9.05 GiB).')\n"
+        "print('(EngineCore pid=8) ERROR 12-01 11:11:57 [core.py:1510] EngineCore failed to start.')\n"
+        "sys.stderr.write('Traceback (most recent call last):\\nRuntimeError: Engine core initialization failed. "
+        "See root cause above. Failed core proc(s): {}\\n')\n"
+        "sys.exit(1)\n")
+    result = cli(["capture", "--out", tmp_path / "t", "--summary", tmp_path / "s.json", "--", sys.executable, "-c", script])
+    assert result.exit_code == 1
+    assert "EngineCore failed to start." in result.stdout  # passed through
+    assert "RuntimeError: Engine core initialization failed." in result.stderr
+    root = ("ValueError: Available memory on node 0 (6.41/9.84 GiB) on startup is less than desired CPU memory "
+            "utilization (0.92, 9.05 GiB).")
+    assert (f"no engine was captured: the command exited with 1 before an engine started; its error: {root}"
+            in result.stderr.replace("\n", " "))
+    assert json.loads((tmp_path / "s.json").read_text())["server_error"] == root
+    ok = cli(["capture", "--out", tmp_path / "t2", "--", sys.executable, "-c", "pass"])
+    assert ok.exit_code == 0 and "was the kmesh-trace plugin loaded?" in ok.stderr
+
+
 # ---- a table whose part cannot be written -----------------------------------------------------------
 
 def _invocation(rid: str, seq: int, prompt: list[int], output: list[int]) -> tuple:

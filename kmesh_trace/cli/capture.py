@@ -10,8 +10,11 @@ JSON into `--summary FILE`: the command's own output passes through untouched).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import typer
@@ -63,8 +66,10 @@ def capture_cmd(
     if reason is not None:
         err.print(f"warning: {reason}", markup=False, highlight=False)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rc, signals = _run(command, env)
+    rc, signals, outputs = _run(command, env)
     summary = _summary(out_dir, command, rc, signals)
+    if not summary["engines"]:
+        summary["server_error"] = server_error_line(outputs)
     if summary_path is not None:
         from kmesh_trace.writer import write_json_atomic
 
@@ -77,16 +82,29 @@ def capture_cmd(
         raise typer.Exit(rc if rc > 0 else 128 - rc)  # killed by signal N: the shell's 128 + N
 
 
-def _run(command: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
-    """Run `command` in its own process group, forwarding each stop signal to it; its exit status.
+#: Bytes of the command's output kept per stream (it is passed through as it comes) to name its error.
+OUTPUT_TAIL_BYTES = 256 << 10
+
+
+def _run(command: list[str], env: dict[str, str]) -> tuple[int, list[str], list[bytes]]:
+    """Run `command` in its own process group, forwarding each stop signal to it; its exit status,
+    the signals forwarded and the last OUTPUT_TAIL_BYTES of its stdout and of its stderr.
 
     In its own group, a terminal's Ctrl-C reaches only this process, which passes it on once: a server
     that got SIGINT twice (from the terminal and from us) could take the second as "force quit".
+    Its stdout and stderr go through this process unchanged (a thread per stream copies it as it
+    comes), so that a server that never started its engine can be named by its own error line
+    (vLLM logs to stdout, Python tracebacks go to stderr).
     """
     try:
-        proc = subprocess.Popen(command, env=env, process_group=0)
+        proc = subprocess.Popen(command, env=env, process_group=0, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except FileNotFoundError:
         fail(f"command not found: {command[0]}; check the command after `--`.")
+    tails = [bytearray(), bytearray()]
+    copiers = [threading.Thread(target=_copy, args=(pipe, stream, tail), name="capture-output", daemon=True)
+               for pipe, stream, tail in ((proc.stdout, sys.stdout, tails[0]), (proc.stderr, sys.stderr, tails[1]))]
+    for c in copiers:
+        c.start()
     received: list[str] = []
 
     def forward(signum, _frame):
@@ -100,7 +118,53 @@ def _run(command: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
     finally:
         for s, h in forwarded.items():
             signal.signal(s, h)
-    return rc, received
+    for c in copiers:
+        c.join(timeout=5)  # a grandchild that still holds a pipe open is not waited for
+    return rc, received, [bytes(t) for t in tails]
+
+
+def _copy(pipe, stream, tail: bytearray) -> None:
+    """Copy `pipe` to `stream` as it comes, keeping its last OUTPUT_TAIL_BYTES in `tail`."""
+    out = getattr(stream, "buffer", None)
+    fd = pipe.fileno()
+    while chunk := os.read(fd, 65536):
+        if out is not None:
+            out.write(chunk)
+            out.flush()
+        else:  # a text-only stream (e.g. under a test runner)
+            stream.write(chunk.decode(errors="replace"))
+            stream.flush()
+        tail += chunk
+        del tail[:-OUTPUT_TAIL_BYTES]
+    pipe.close()
+
+
+#: vLLM's log prefix: `(EngineCore pid=N) ERROR 12-01 11:11:57 [core.py:1510] `, each part optional.
+_LOG_PREFIX = re.compile(r"^(?:\([\w.-]+ pid=\d+\)\s*)?(?:(?P<level>[A-Z]+) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
+#: What states an exception: `ValueError: ...`, `torch.OutOfMemoryError: ...`, `Exception: ...`.
+_EXCEPTION = re.compile(r"^[\w.]*(?:Error|Exception|Exit)\b:\s*\S")
+#: An exception that only wraps another one raised earlier.
+_WRAPPER = re.compile(r"root cause|see (?:the )?(?:stack trace|above)", re.IGNORECASE)
+
+
+def server_error_line(outputs: list[bytes]) -> str | None:
+    """The command's own error, as it stated it: the first exception it reported that is not a
+    wrapper of an earlier one (the root cause; vLLM's log stream first, where its workers report
+    theirs), else the last exception, else its last ERROR log line; None when it stated none."""
+    first, last, error = None, None, None
+    for data in outputs:
+        for raw in data.decode(errors="replace").splitlines():
+            prefix = _LOG_PREFIX.match(raw.strip())
+            message = raw.strip()[prefix.end():].strip()
+            if not message:
+                continue
+            if _EXCEPTION.match(message):
+                last = message
+                if first is None and not _WRAPPER.search(message):
+                    first = message
+            elif prefix.group("level") in ("ERROR", "CRITICAL"):
+                error = message
+    return first or last or error
 
 
 def _report(summary: dict) -> None:
@@ -114,7 +178,14 @@ def _report(summary: dict) -> None:
             f"({e['dangling_declared_edges']:,} dangling), {e['exact_prefix_edges']:,} exact-prefix edges; "
             f"dropped {e['num_dropped_events']:,}; {'complete' if e['complete'] else 'INCOMPLETE (see: kmesh-trace audit capture)'}")
     if not summary["engines"]:
-        say("no engine was captured (was the kmesh-trace plugin loaded? is VLLM_PLUGINS filtering it out?)")
+        if summary["exit_code"] != 0 and summary.get("server_error"):
+            say(f"no engine was captured: the command exited with {summary['exit_code']} before an engine started; "
+                f"its error: {summary['server_error']}")
+        elif summary["exit_code"] != 0:
+            say(f"no engine was captured: the command exited with {summary['exit_code']} before an engine started "
+                "(its output above says why)")
+        else:
+            say("no engine was captured (was the kmesh-trace plugin loaded? is VLLM_PLUGINS filtering it out?)")
     say(f"trace: {summary['trace']}")
 
 
