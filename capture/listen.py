@@ -74,6 +74,17 @@ class PublisherSpec:
         return f"kv-{slug}"
 
 
+def _ipc_identity(endpoint: str) -> tuple[int, int] | None:
+    """(device, inode) of an ipc:// endpoint's socket file, None when it is not one or does not exist."""
+    if not endpoint.startswith("ipc://") or endpoint.startswith("ipc://@"):
+        return None
+    try:
+        st = os.stat(endpoint[len("ipc://"):])
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _bind_like(endpoint: str) -> bool:
     """What both engines bind (and so a subscriber connects to); anything else they connect to."""
     return "*" in endpoint or "0.0.0.0" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
@@ -196,9 +207,11 @@ class PublisherRecorder:
 
     def is_duplicate(self, frame: Frame) -> bool:
         """Already recorded: a seq before the expected one, stamped no later than the last batch."""
-        wall = int(frame.ts * 1e9)
-        return self.expected is not None and frame.seq < self.expected and self.last_wall_ns is not None \
-            and wall <= self.last_wall_ns
+        if self.expected is None or frame.seq >= self.expected:
+            return False
+        if frame.ts is None:  # unreadable: it cannot open an epoch, so it is taken as a repeat (and counted)
+            return True
+        return self.last_wall_ns is not None and int(frame.ts * 1e9) <= self.last_wall_ns
 
     def starts_epoch(self, frame: Frame) -> bool:
         return self.expected is not None and frame.seq < self.expected and not self.is_duplicate(frame)
@@ -343,18 +356,37 @@ class Listener:
         self.replay_timeout_s = replay_timeout_s
         self.recorders = [PublisherRecorder(out_dir, s, flush_interval_s=flush_interval_s,
                                             max_buffered_events=max_buffered_events) for s in specs]
-        self.subs = []
-        for rec in self.recorders:
-            sub = self.ctx.socket(zmq.SUB)
-            sub.setsockopt(zmq.RCVHWM, 0)  # never drop on our side: the publisher's HWM and replay bound it
-            sub.setsockopt_string(zmq.SUBSCRIBE, rec.spec.topic)
-            ep = rec.spec.endpoint
-            if _bind_like(ep) or not ep.startswith("tcp://"):
-                sub.connect(ep)
-            else:  # the engine connects to a concrete tcp address: the subscriber binds it
-                sub.bind(ep)
-            self.subs.append(sub)
+        self.subs = [self._subscribe(rec) for rec in self.recorders]
+        self._ipc_ids = [_ipc_identity(rec.spec.endpoint) for rec in self.recorders]
         self.stop = threading.Event()
+
+    def _subscribe(self, rec: PublisherRecorder):
+        zmq = self.zmq
+        sub = self.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, 0)  # never drop on our side: the publisher's HWM and replay bound it
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt_string(zmq.SUBSCRIBE, rec.spec.topic)
+        ep = rec.spec.endpoint
+        if _bind_like(ep) or not ep.startswith("tcp://"):
+            sub.connect(ep)
+        else:  # the engine connects to a concrete tcp address: the subscriber binds it
+            sub.bind(ep)
+        return sub
+
+    def check_endpoints(self) -> bool:
+        """Subscribe again to an ipc:// publisher whose socket file was made anew (the engine restarted, or
+        started after us): libzmq does not reconnect a SUB to a re-bound ipc path by itself; what it published
+        before the new subscription took effect comes from its replay socket. True if any was."""
+        changed = False
+        for i, rec in enumerate(self.recorders):
+            ident = _ipc_identity(rec.spec.endpoint)
+            if ident is not None and ident != self._ipc_ids[i]:
+                self.subs[i].close(linger=0)
+                self.subs[i] = self._subscribe(rec)
+                self._ipc_ids[i] = ident
+                self.catch_up(rec)  # what it published before the new subscription took effect
+                changed = True
+        return changed
 
     # ---- replay -------------------------------------------------------------------------------
 
@@ -436,10 +468,7 @@ class Listener:
         try:
             for rec in self.recorders:
                 self.catch_up(rec)
-            poller = zmq.Poller()
-            for sub in self.subs:
-                poller.register(sub, zmq.POLLIN)
-            by_sock = dict(zip(self.subs, self.recorders))
+            poller, by_sock = self._poller()
             start = time.monotonic()
             next_flush = start + self.flush_interval_s
             next_tick = start + tick_s if tick_s else None
@@ -462,6 +491,8 @@ class Listener:
                 if now >= next_flush:
                     for rec in self.recorders:
                         rec.flush()
+                    if self.check_endpoints():
+                        poller, by_sock = self._poller()
                     next_flush = now + self.flush_interval_s
                 if next_tick is not None and now >= next_tick and on_tick is not None:
                     on_tick()
@@ -485,12 +516,21 @@ class Listener:
         finally:
             self.replay_timeout_s = saved
 
+    def _poller(self):
+        zmq = self.zmq
+        poller = zmq.Poller()
+        for sub in self.subs:
+            poller.register(sub, zmq.POLLIN)
+        return poller, dict(zip(self.subs, self.recorders))
+
     def _on_live(self, rec: PublisherRecorder, frames: list[bytes]) -> None:
         frame = decode_frames(frames)
         if frame.seq is None:
             rec.count_malformed(frame)
             return
         if rec.is_duplicate(frame):
+            if frame.error:
+                rec.count_malformed(frame)
             return
         self._in_order(rec, frame)
 
