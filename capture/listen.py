@@ -66,6 +66,7 @@ class PublisherSpec:
     num_usable_blocks: int | None = None
     host: str | None = None
     format: str | None = None  # forced (--format); None: detected
+    bind: bool = False  # bind the SUB socket (the engine connects: it was given a concrete tcp address)
 
     @property
     def engine_id(self) -> str:
@@ -83,11 +84,6 @@ def _ipc_identity(endpoint: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
-
-
-def _bind_like(endpoint: str) -> bool:
-    """What both engines bind (and so a subscriber connects to); anything else they connect to."""
-    return "*" in endpoint or "0.0.0.0" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
 def subscribe_endpoint(endpoint: str, host: str | None = None) -> str:
@@ -366,11 +362,10 @@ class Listener:
         sub.setsockopt(zmq.RCVHWM, 0)  # never drop on our side: the publisher's HWM and replay bound it
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt_string(zmq.SUBSCRIBE, rec.spec.topic)
-        ep = rec.spec.endpoint
-        if _bind_like(ep) or not ep.startswith("tcp://"):
-            sub.connect(ep)
-        else:  # the engine connects to a concrete tcp address: the subscriber binds it
-            sub.bind(ep)
+        if rec.spec.bind:  # the engine was given a concrete tcp address, so it connects: we bind it
+            sub.bind(rec.spec.endpoint)
+        else:
+            sub.connect(rec.spec.endpoint)
         return sub
 
     def check_endpoints(self) -> bool:
@@ -574,6 +569,11 @@ def discover(url: str) -> list[PublisherSpec]:
     host = urlparse(base).hostname or "127.0.0.1"
     try:
         sources = json.loads(_get(f"{base}/kv_event_sources"))
+    except KmeshTraceError:
+        sglang = _discover_sglang(base, host)
+        if sglang is None:
+            raise
+        return sglang
     except json.JSONDecodeError:
         raise KmeshTraceError(f"{base}/kv_event_sources did not answer JSON; is {base} a vLLM server?") from None
     if not isinstance(sources, dict) or not sources:
@@ -607,3 +607,25 @@ def discover(url: str) -> list[PublisherSpec]:
             num_usable_blocks=num_gpu - 1 if num_gpu else None,  # vLLM's pool keeps one null block
             host=host if host not in ("127.0.0.1", "localhost", "::1") else socket.gethostname()))
     return specs
+
+
+def _discover_sglang(base: str, host: str) -> list[PublisherSpec] | None:
+    """An SGLang server's publishers, from the `kv_events` descriptor of its `GET /server_info` (per rank r:
+    tcp://HOST:endpoint_port_base + r, replay on replay_endpoint_port_base + r); None when it has none."""
+    try:
+        info = json.loads(_get(f"{base}/server_info"))
+    except (KmeshTraceError, json.JSONDecodeError):
+        return None
+    d = info.get("kv_events") if isinstance(info, dict) else None
+    if not isinstance(d, dict) or not isinstance(d.get("endpoint_port_base"), int):
+        return None
+    dial = host if d.get("endpoint_host") in (None, "*", "0.0.0.0", "::") else d["endpoint_host"]
+    replay = d.get("replay_endpoint_port_base")
+    model = info.get("model_path") if isinstance(info.get("model_path"), str) else None
+    version = info.get("version")
+    return [PublisherSpec(endpoint=f"tcp://{dial}:{d['endpoint_port_base'] + r}", topic=d.get("topic") or "",
+                          replay_endpoint=f"tcp://{dial}:{replay + r}" if isinstance(replay, int) else None, rank=r,
+                          engine=f"sglang {version}" if version else "sglang", model=model,
+                          block_size=d.get("block_size") if isinstance(d.get("block_size"), int) else None,
+                          format="sglang", host=host if host not in ("127.0.0.1", "localhost", "::1") else socket.gethostname())
+            for r in range(int(d.get("dp_size") or 1))]

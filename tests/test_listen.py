@@ -376,3 +376,66 @@ def test_live_view_rates_and_lru_model_are_bounded():
     assert r["lru_hit_ratio"] == {"1x": pytest.approx(1 / 5), "2x": pytest.approx(2 / 5), "4x": pytest.approx(2 / 5)}
     assert max(len(m.entries) for m in s.models.values()) <= 8
     assert s.take_rates()["stored_per_s"] == 0.0
+
+
+def test_a_sglang_server_is_discovered_from_its_server_info():
+    import http.server
+    import threading
+
+    from kmesh_trace.capture.listen import discover
+
+    info = {"version": "0.5.23", "model_path": "m", "kv_events": {
+        "publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557, "topic": "kv", "block_size": 16,
+        "dp_size": 2, "replay_endpoint_port_base": 5560}}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(info).encode() if self.path == "/server_info" else b""
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        specs = discover(f"http://127.0.0.1:{srv.server_port}")
+    finally:
+        srv.shutdown()
+    assert [(s.endpoint, s.replay_endpoint, s.rank, s.format, s.block_size, s.engine, s.topic) for s in specs] == [
+        ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5560", 0, "sglang", 16, "sglang 0.5.23", "kv"),
+        ("tcp://127.0.0.1:5558", "tcp://127.0.0.1:5561", 1, "sglang", 16, "sglang 0.5.23", "kv")]
+
+
+def test_live_view_draws_rates_and_ratios_per_engine(vllm_events, sock_dir, tmp_path):
+    import subprocess
+    import sys
+
+    v = vllm_events
+    pub = v.ZmqEventPublisher(0, endpoint=f"ipc://{sock_dir}/ev.sock", replay_endpoint=f"ipc://{sock_dir}/replay.sock",
+                              topic="kv")
+    kmesh = str(Path(sys.executable).with_name("kmesh-trace"))
+    proc = subprocess.Popen([kmesh, "listen", f"ipc://{sock_dir}/ev.sock", "--replay-endpoint",
+                             f"ipc://{sock_dir}/replay.sock", "--topic", "kv", "--out", str(tmp_path / "t"),
+                             "--num-blocks", "4", "--live", "--live-interval", "0.5", "--duration", "6"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "COLUMNS": "200"})
+    try:
+        for i in range(40):
+            h = 1 + i % 6
+            pub.publish(v.KVEventBatch(ts=time.time(), events=[_stored(v, h), v.BlockStored(
+                block_hashes=[h], parent_block_hash=None, token_ids=[0] * 32, block_size=32, lora_id=None, medium="GPU",
+                lora_name=None, group_idx=0), v.BlockRemoved(block_hashes=[h], medium="GPU", group_idx=0)]))
+            time.sleep(0.1)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        pub.shutdown()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    for text in ("stored/s", "evicted/s", "stock hit", "LRU 1x", "LRU 4x", "kv-ipc-"):
+        assert text in stderr
+    meta = _meta(tmp_path / "t")
+    assert meta["complete"] is True and meta["kv_events"]["num_touched_blocks"] > 0

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _specs(sources: list[str], replay: list[str], topic: str, fmt: str, block_size: int | None,
-           num_blocks: int | None):
+           num_blocks: int | None, bind: bool = False):
     from kmesh_trace.capture.listen import PublisherSpec, discover
 
     endpoints = [s for s in sources if not s.startswith(("http://", "https://"))]
@@ -46,7 +46,8 @@ def _specs(sources: list[str], replay: list[str], topic: str, fmt: str, block_si
         else:
             specs += discover(s)
     for spec in specs:
-        spec.format = None if fmt == "auto" else fmt
+        spec.bind = bind and spec.endpoint.startswith("tcp://")
+        spec.format = spec.format if fmt == "auto" else fmt
         spec.block_size = block_size or spec.block_size
         spec.num_usable_blocks = num_blocks or spec.num_usable_blocks
     return specs
@@ -64,6 +65,8 @@ def listen_cmd(
                                    "the events say)."),
     num_blocks: int = typer.Option(None, "--num-blocks", min=1, help="The engine's usable KV blocks (default: what the "
                                    "server's /metrics says); the analyses and --live's LRU model need it."),
+    bind: bool = typer.Option(False, "--bind", help="Bind the tcp:// endpoints instead of connecting: for engines "
+                              "given a concrete address (tcp://HOST:PORT), which then connect to the listener."),
     flush_s: float = typer.Option(1.0, "--flush-s", help="Write a Parquet part at least this often (seconds, > 0)."),
     max_buffered_events: int = typer.Option(524288, "--max-buffered-events", min=1,
                                             help="Block events held between writes per publisher; more are counted as dropped."),
@@ -82,7 +85,7 @@ def listen_cmd(
     if not flush_s > 0 or not live_s > 0 or (duration_s is not None and not duration_s > 0):
         fail("--flush-s, --live-interval and --duration must be > 0 seconds.")
     out_dir = check_out_dir(out_dir, "--out").resolve()
-    specs = _specs(sources, replay, topic, fmt, block_size, num_blocks)
+    specs = _specs(sources, replay, topic, fmt, block_size, num_blocks, bind)
     listener = Listener(out_dir, specs, flush_interval_s=flush_s, max_buffered_events=max_buffered_events)
     signals: list[str] = []
 
