@@ -78,6 +78,11 @@ def listen_cmd(
     """Record the KV events of unmodified vLLM or SGLang engines into a trace at --out, until Ctrl-C.
 
     Exit codes: 0 recorded (every partition complete); 1 could not start (a bad source, an unreachable server)."""
+    try:
+        import msgspec  # noqa: F401
+        import zmq  # noqa: F401
+    except ImportError as e:
+        fail(f"listen needs {e.name}, which is not installed: pip install 'kmesh-trace[listen]'.")
     from kmesh_trace.capture.listen import Listener
 
     if fmt not in FORMAT_CHOICES:
