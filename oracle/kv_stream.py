@@ -43,6 +43,14 @@ def no_hits_reason(engine: str) -> str:
             "\"full\"), so its block access stream cannot be rebuilt; `kmesh-trace residency` reads it as is.")
 
 
+def refuse_without_requests(trace, engine: str | None, analysis: str) -> None:
+    """One sentence for an analysis of requests and lineage (retention pressure) on a KV-events recording."""
+    kv = kv_event_engines(trace, engine)
+    if kv:
+        raise KmeshTraceError(f"engine {kv[0]} is a KV-events recording: it has no requests or lineage, so {analysis} "
+                              "cannot run on it; capture the engine with the plugin (`kmesh-trace capture`).")
+
+
 def rebuilt_rows(events: pl.DataFrame, block_size: int, engine: str) -> tuple[list[dict], dict]:
     """Invocation rows (contract columns) from one partition's block events sorted by seq, and counts."""
     tails: dict[int, list[int]] = {}  # last hash -> chains ending there, most recent last

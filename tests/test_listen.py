@@ -332,6 +332,8 @@ def test_reported_hits_are_touched_and_rebuild_one_chain_per_request(sock_dir, t
     for cmd in (["tiers", out, "--json"], ["fleet", out, "--json"]):  # both read the rebuilt stream too
         r = cli(cmd)
         assert r.exit_code == 0, r.stdout + r.stderr
+    r = cli(["pressure", out])  # retention needs requests and lineage
+    assert r.exit_code == 1 and r.stderr.startswith(f"Error: engine {eid} is a KV-events recording: it has no requests")
 
 
 def test_without_hits_the_stream_analyses_refuse_in_one_sentence_and_residency_runs(sock_dir, tmp_path, cli):
