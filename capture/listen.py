@@ -160,7 +160,8 @@ class PublisherRecorder:
             "num_removed_unseen": 0, "num_touched_blocks": 0, "first_publisher_seq": None, "num_resumes": 0,
         }
         if old is not None:
-            self.stats.update({k: v for k, v in (old.get("kv_events") or {}).items() if k in self.stats})
+            self.stats.update({k: v for k, v in (old.get("kv_events") or {}).items()
+                               if k in self.stats and k not in ("endpoint", "replay_endpoint", "topic")})
             self.stats["num_resumes"] += 1
             self.stats["num_touched_blocks"] = n_touched
             keep = {k: v for k, v in old.items() if k not in ("complete", "pid", "num_rows_written", "last_flush")}
@@ -181,7 +182,6 @@ class PublisherRecorder:
         # Sequence state: the next batch seq expected, and the last batch's wall time (epochs, duplicates).
         self.expected: int | None = None if last is None else last["publisher_seq"] + 1
         self.last_wall_ns: int | None = None if last is None else last["wall_publish_ns"]
-        self.epoch = len(self.stats["epochs"])
         self.rows: dict[str, list] = {c: [] for c in _COLUMNS}
         self.num_dropped = 0
         self.live = LiveStats(spec.num_usable_blocks or self.writer.metadata.get("num_usable_blocks"))

@@ -11,8 +11,9 @@ regrouped into *chains*, one per request as far as the events tell:
   chain is that prefix (walked back through the recorded parents) followed by the new blocks, and
   the prefix counts as its hit (`num_unreported_prefixes` says how many).
 Each chain becomes one invocation: `prompt_block_hashes` = its blocks, `num_prompt_tokens` = blocks
-x block size (the events do not say where the prompt ended, so the last full block counts as
-computed), `num_cached_tokens` = its hit blocks x block size (the stock), `arrival_ns` = its first
+x block size + 1 (the events do not say where the prompt ended; the engine always computes at least
+one token past its reusable blocks, so every block of the chain may be a hit and one token is
+compulsory), `num_cached_tokens` = its hit blocks x block size (the stock), `arrival_ns` = its first
 event. A chain's later blocks (generation) stay with it, at its arrival: an approximation of their
 timing, not of their identity.
 
@@ -91,7 +92,7 @@ def rebuilt_rows(events: pl.DataFrame, block_size: int, engine: str) -> tuple[li
             hit = False
         if hit:
             chains[tails[h][-1]]["hits"] += 1
-    rows = [{"request_id": f"{engine}:{c['seq']}", "seq": i, "num_prompt_tokens": len(c["blocks"]) * block_size,
+    rows = [{"request_id": f"{engine}:{c['seq']}", "seq": i, "num_prompt_tokens": len(c["blocks"]) * block_size + 1,
              "num_output_tokens": 0, "prompt_block_hashes": c["blocks"], "arrival_ns": c["ts"],
              "num_cached_tokens": c["hits"] * block_size} for i, c in enumerate(chains)]
     return rows, {"num_chains": len(chains), "num_unreported_prefixes": num_unreported}

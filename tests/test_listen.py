@@ -325,7 +325,7 @@ def test_reported_hits_are_touched_and_rebuild_one_chain_per_request(sock_dir, t
         (eid,) = t.engines
         inv = rebuilt_invocations(t, eid)
     assert inv.select("prompt_block_hashes", "num_prompt_tokens", "num_cached_tokens").rows() == [
-        ([1, 2, 3], 96, 0), ([1, 2, 4, 5], 128, 64), ([1, 6], 64, 32)]
+        ([1, 2, 3], 97, 0), ([1, 2, 4, 5], 129, 64), ([1, 6], 65, 32)]
     r = cli(["headroom", out, "--json"])
     assert r.exit_code == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["stock"]["hit_tokens"] == 96
