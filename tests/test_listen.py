@@ -384,7 +384,7 @@ def test_a_sglang_server_is_discovered_from_its_server_info():
     import http.server
     import threading
 
-    from kmesh_trace.capture.listen import discover
+    from kmesh_trace.capture.sources import discover
 
     info = {"version": "0.5.23", "model_path": "m", "kv_events": {
         "publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557, "topic": "kv", "block_size": 16,

@@ -25,7 +25,8 @@ def register(app: typer.Typer) -> None:
 
 def _specs(sources: list[str], replay: list[str], topic: str, fmt: str, block_size: int | None,
            num_blocks: int | None, bind: bool = False):
-    from kmesh_trace.capture.listen import PublisherSpec, discover
+    from kmesh_trace.capture.listen import PublisherSpec
+    from kmesh_trace.capture.sources import discover
 
     endpoints = [s for s in sources if not s.startswith(("http://", "https://"))]
     for s in endpoints:
