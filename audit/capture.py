@@ -124,7 +124,7 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     _check_columns(t, f)
     rows = t.row_counts()
     kv = kv_event_engines(t)  # KV-events recordings: no requests, no block ids (audit/kv_events.py)
-    if not rows["invocations"] and len(kv) < len(t.engines):
+    if not rows["invocations"] and (not kv or len(kv) < len(t.engines)):
         f.add("empty_table", "the capture holds no invocations", "invocations")
     if not rows["block_events"]:
         f.add("empty_table", "the capture holds no block events", "block_events", blocks=(RETENTION,))
