@@ -27,6 +27,9 @@
   (request_id, seq) unique within an engine partition.
 Each finding is a `Problem` naming the analyses it stops from qualifying.
 
+A KV-events recording (`source` kv-events:ENGINE, written by `kmesh-trace listen`) is checked by
+`audit/kv_events.py` instead of the pool replay (it has no requests and no block ids).
+
 An imported partition (`source` import:FORMAT) is no capture: it has no engine and no block events,
 so it never qualifies, and its `seq` is the import order (a warning, not a clock fault). For each one
 `imports` says what it does support (what-if analyses at a capacity the user gives) and what in it
@@ -41,6 +44,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 from kmesh_trace.audit.findings import BLOCKING, WARNING, Problem, exit_code
+from kmesh_trace.audit.kv_events import check_kv_events, kv_event_engines
 
 from kmesh_trace import schema
 from kmesh_trace.trace import Trace, open_trace
@@ -121,12 +125,19 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     _check_metadata(t, f)
     _check_columns(t, f)
     rows = t.row_counts()
-    if not rows["invocations"]:
+    kv = kv_event_engines(t)  # KV-events recordings: no requests, no block ids (audit/kv_events.py)
+    if not rows["invocations"] and (not kv or len(kv) < len(t.engines)):
         f.add("empty_table", "the capture holds no invocations", "invocations")
     if not rows["block_events"]:
         f.add("empty_table", "the capture holds no block events", "block_events", blocks=(RETENTION,))
     inv = _without_required_nulls(t.frame("invocations"), "invocations", f)
     ev = _without_required_nulls(t.frame("block_events"), "block_events", f)
+    if kv:
+        import polars as pl
+
+        check_kv_events(t, kv, ev.filter(pl.col("engine").is_in(kv)), f, headroom=HEADROOM, retention=RETENTION,
+                        warning=WARNING)
+        ev = ev.filter(~pl.col("engine").is_in(kv))
     _check_unique(inv, f)
     _check_filled(inv, "invocations", f)
     _check_filled(ev, "block_events", f)
@@ -241,6 +252,10 @@ def _check_metadata(t: Trace, f: _Findings) -> None:
         where = f"engines/{eid}.json"
         for name in REQUIRED_METADATA:
             if meta.get(name) is None:
+                if schema.is_kv_events(meta) and name in schema.KV_EVENTS_UNKNOWABLE_METADATA:
+                    f.add("missing_field", f"metadata field {name} is unknown (the KV events do not carry it; give "
+                          "`listen` a server URL or --num-blocks)", f"{where}:{name}", severity=WARNING)
+                    continue
                 f.add("missing_field", f"metadata field {name} is missing or null", f"{where}:{name}")
         dropped = meta.get("num_dropped_events") or {}
         total = sum(v for v in dropped.values() if isinstance(v, int)) if isinstance(dropped, dict) else 0

@@ -143,6 +143,10 @@ BLOCK_EVENTS = Table(
         _c("request_id", pa.string(), None, True, "Engine request id the engine was acting for, when known."),
         _c("num_free_blocks", pa.int32(), "blocks", True, "Free blocks in the pool after the event."),
         _c("kv_group", pa.int32(), None, True, "KV cache group id of the block."),
+        _c("medium", pa.string(), None, True, "Where the block lives as the engine's KV events name it (GPU, CPU, STORAGE; SGLang: GPU, CPU_PINNED); KV-events recordings only."),
+        _c("session_id", pa.string(), None, True, "Session the engine's KV event names for the store or reuse report (attribution only); KV-events recordings only."),
+        _c("wall_publish_ns", pa.int64(), "ns", True, "Wall-clock time (Unix epoch) the publisher stamped on the event's batch; KV-events recordings only (`ts_ns` is this time on the listener's monotonic clock)."),
+        _c("publisher_seq", pa.int64(), None, True, "Sequence number of the publisher's batch that carried the event (restarts at 0 when the publisher restarts); KV-events recordings only."),
     ),
 )
 
@@ -170,10 +174,11 @@ TABLES: dict[str, Table] = {t.name: t for t in (INVOCATIONS, LINEAGE, BLOCK_EVEN
 #: Fields of each engine partition's metadata file (`TRACE/engines/<engine_id>.json`).
 METADATA_FIELDS: dict[str, tuple[str | None, str]] = {
     "engine_id": (None, "Engine partition id: the `engine=` directory name of its parts."),
-    "source": (None, "capture (a live engine) or import:<format> (a converted public trace)."),
+    "source": (None, "capture (a live engine), kv-events:<engine> (the KV events an unmodified vLLM or SGLang published, "
+               "recorded by `kmesh-trace listen`) or import:<format> (a converted public trace)."),
     "schema_version": (None, "Schema version the partition was written with."),
     "host": (None, "Host name of the engine process."),
-    "pid": (None, "Process id of the engine process."),
+    "pid": (None, "Process id of the engine process (a KV-events recording: the listener's, which wrote the partition)."),
     "engine_index": (None, "Data-parallel engine index."),
     "engine": (None, "Engine name and version, e.g. vllm 0.32.0."),
     "model": (None, "Model the engine served."),
@@ -208,6 +213,11 @@ METADATA_FIELDS: dict[str, tuple[str | None, str]] = {
     "hash_lookahead_tokens": ("tokens", "Captures: tokens after each block that its hash also covers (vLLM >= 0.33 "
                               "with EAGLE lookahead hashing); 0 for plain prefix hashes. Above 0 the audit blocks "
                               "the analyses, which replay plain prefix hashes."),
+    "kv_events": (None, "KV-events recordings: the publisher (`endpoint`, `replay_endpoint`, `topic`, `format`), "
+                  "`hash_kind` (what `block_hash` holds), batches received and replayed, sequence gaps found, batches "
+                  "recovered from the replay socket and `num_unrecovered_batches` (lost: the audit names them), "
+                  "`num_malformed_frames`, publisher restarts (`epochs`) and `num_touched_blocks` (hits: only "
+                  "requests with kv_cache_report_mode full report them)."),
 }
 
 
@@ -284,6 +294,17 @@ REQUIRED_CAPTURE_METADATA: tuple[str, ...] = (
     "num_usable_blocks", "wall_anchor_ns", "mono_anchor_ns", "num_dropped_events", "complete",
 )
 
+#: `source` of a partition recorded from an engine's published KV events (`kmesh-trace listen`), before the engine.
+KV_EVENTS_SOURCE = "kv-events:"
+#: Required metadata a KV-events recording may not know (the events carry neither): the audit warns, not blocks.
+KV_EVENTS_UNKNOWABLE_METADATA: tuple[str, ...] = ("model", "num_usable_blocks")
+
+
+def is_kv_events(meta: dict) -> bool:
+    """True for an engine partition recorded from published KV events (no requests, no block ids)."""
+    return str(meta.get("source", "")).startswith(KV_EVENTS_SOURCE)
+
+
 #: The `engines` view (`kmesh-trace sql`, `Trace.scan("engines")`): one row per engine partition, the
 #: metadata fields as columns (nested values, e.g. capture_config, as JSON text).
 ENGINES_VIEW = "engines"
@@ -323,6 +344,7 @@ METADATA_TYPES: dict[str, type] = {
     "num_failed_writes": int, "write_error": str, "metadata_write_failed": bool, "last_flush": dict,
     "kv_bytes_per_token": int, "num_layers": int, "num_kv_heads": int, "head_size": int, "kv_cache_dtype": str,
     "hash_lookahead_tokens": int,
+    "kv_events": dict,
 }
 
 

@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.blockpool import PoolReplay, PoolResult
+from kmesh_trace.oracle.kv_stream import scan_invocations
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, requests_from_rows
 
 __all__ = ["DEFAULT_OVERLOAD", "EDGE_MODES", "GLOBAL", "ROUTINGS", "FleetPoint", "FleetResult", "FleetRun",
@@ -88,7 +89,7 @@ def fleet_workload(trace) -> FleetWorkload:
     """Every engine partition's invocations of an opened trace (`open_trace` or `kmesh_trace.parts.open_parts`),
     merged in arrival order (simultaneous arrivals: by partition, then seq)."""
     block_size = check_block_size(trace.block_size)
-    df = (trace.scan("invocations").select(_COLUMNS)
+    df = (scan_invocations(trace).select(_COLUMNS)  # a KV-events recording's are rebuilt from its events
           .sort(["arrival_ns", "engine", "seq"], nulls_last=True).collect())
     requests = requests_from_rows(df.iter_rows(named=True), block_size)
     usable = {m.get("num_usable_blocks") for m in trace.engines.values()}

@@ -298,6 +298,9 @@ def trace_stream(trace, engine: str | None = None, edge_kind: str = "exact_prefi
     """Read an opened trace (`kmesh_trace.trace.open_trace`) for `what_if`; `lineage` holds its `edge_kind` edges."""
     import polars as pl
 
+    from kmesh_trace.oracle.kv_stream import refuse_without_requests
+
+    refuse_without_requests(trace, engine, "the retention what-if")
     block_size, num_usable_blocks = engine_geometry(trace, engine)
     reqs = request_blocks(trace, engine)
     lf = trace.scan("lineage").filter(pl.col("edge_kind") == edge_kind)

@@ -27,6 +27,7 @@ import numpy as np
 
 from kmesh_trace import schema
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
+from kmesh_trace.oracle.kv_stream import scan_invocations
 
 
 @dataclass(slots=True)
@@ -207,7 +208,7 @@ def request_blocks(trace, engine: str | None = None) -> list[RequestBlocks]:
     from kmesh_trace.lineage import declared_parents
 
     block_size, _ = engine_geometry(trace, engine)
-    lf = trace.scan("invocations")
+    lf = scan_invocations(trace, engine)  # a KV-events recording's are rebuilt from its events
     if engine is not None:
         lf = lf.filter(pl.col("engine") == engine)
     df = lf.select(_COLUMNS).sort(["arrival_ns", "seq"], nulls_last=True).collect()
@@ -225,7 +226,7 @@ def stream_of_trace(trace, engine: str | None = None) -> "tuple[AccessStream, np
     import pyarrow.compute as pc
 
     block_size, _ = engine_geometry(trace, engine)
-    lf = trace.scan("invocations")
+    lf = scan_invocations(trace, engine)  # a KV-events recording's are rebuilt from its events
     if engine is not None:
         lf = lf.filter(pl.col("engine") == engine)
     lf = lf.sort(["arrival_ns", "seq"], nulls_last=True)

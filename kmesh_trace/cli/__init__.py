@@ -110,6 +110,8 @@ _COMMAND_MODULES = [
     "kmesh_trace.cli.core",  # schema, info, sql
     "kmesh_trace.cli.imports",  # import
     "kmesh_trace.cli.capture",  # capture
+    "kmesh_trace.cli.listen",  # listen (KV events of unmodified engines)
+    "kmesh_trace.cli.residency",  # residency (of a KV-events recording)
     "kmesh_trace.cli.headroom",  # headroom
     "kmesh_trace.cli.pressure",  # pressure
     "kmesh_trace.cli.tiers",  # tiers

@@ -1,0 +1,199 @@
+"""Decoding the KV events that unmodified vLLM and SGLang engines publish over ZeroMQ.
+
+Both engines send multipart messages `(topic, seq, payload)`: `seq` the batch's sequence number as
+8 bytes big-endian (from 0 per publisher, again from 0 when it restarts), `payload` one msgpack
+`KVEventBatch`, a positional array `[ts, events, rank]` (ts: wall-clock seconds; rank: vLLM's data
+parallel rank or SGLang's attention-DP rank; vLLM may omit a null rank). The replay socket answers
+with the same three frames and ends with an empty topic, seq -1 and an empty payload.
+
+Events, read off the engines' sources (`vllm/distributed/kv_events.py` of vLLM 0.32 and 0.33,
+`sglang/srt/disaggregation/kv_events.py` of SGLang 0.5.23):
+- `vllm-map` (vLLM since mid-2026): tagged maps, `type` = BlockStored / BlockRemoved / AllBlocksCleared,
+  defaults omitted. vLLM always sends `group_idx` (its KV cache group) in stores and removals.
+  Hashes are u64 (the low 64 bits of the block's SHA-256), or the whole hash as bytes when
+  `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0` (their low 64 bits are kept, the same value).
+- `vllm-array` (older vLLM): each event a positional array whose first element is the tag.
+- `sglang`: tagged maps without `group_idx` (`cache_salt`, `session_id`, `lora_name` when set);
+  media GPU and CPU_PINNED; hashes are **signed** int64, kept as their two's-complement bit pattern
+  in the trace's uint64 `block_hash` (`signed_hash` turns one back).
+
+`decode_frames` never raises on bad input: it returns a `Frame` whose `error` says what was wrong
+(the listener counts it) and keeps every event it could read. Imports only msgspec (vLLM and SGLang
+both depend on it) and the standard library, like the rest of the capture side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+FORMATS = ("vllm-map", "vllm-array", "sglang")
+#: What `block_hash` holds, per format (recorded in the partition's metadata as `hash_kind`).
+HASH_KINDS = {
+    "vllm-map": "vllm:sha256-low64 (the low 64 bits of the block's SHA-256 hash, as vLLM's plugin capture records them)",
+    "vllm-array": "vllm:sha256-low64 (the low 64 bits of the block's SHA-256 hash, as vLLM's plugin capture records them)",
+    "sglang": "sglang:int64 (SGLang's signed 64-bit block hash, stored as its two's-complement bit pattern; "
+              "not comparable with vLLM hashes)",
+}
+STORED, REMOVED, CLEARED = "BlockStored", "BlockRemoved", "AllBlocksCleared"
+END_SEQ = -1
+_U64 = (1 << 64) - 1
+_SGLANG_MEDIA = {"CPU_PINNED", "DISK", "EXTERNAL"}
+# Positional field order of the older array-like vLLM events (after the tag).
+_ARRAY_FIELDS = {
+    STORED: ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
+             "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality", "ownership",
+             "session_id"),
+    REMOVED: ("block_hashes", "medium", "group_idx", "locality", "ownership"),
+    CLEARED: (),
+}
+
+
+@dataclass(slots=True)
+class Event:
+    """One engine event, normalised: hashes as uint64 values, in the engine's own order."""
+
+    kind: str  # BlockStored, BlockRemoved or AllBlocksCleared
+    hashes: list[int] = field(default_factory=list)
+    parent: int | None = None
+    block_size: int | None = None
+    num_tokens: int | None = None
+    medium: str | None = None
+    group: int | None = None
+    session_id: str | None = None
+
+
+@dataclass(slots=True)
+class Frame:
+    """One message off the wire: its seq (None when unreadable), the batch, what could not be read."""
+
+    seq: int | None
+    ts: float | None = None
+    rank: int | None = None
+    events: list[Event] = field(default_factory=list)
+    format: str | None = None  # detected from the events; None when they do not tell (e.g. only clears)
+    error: str | None = None  # why the frame (or some of its events) could not be read
+    num_bad_events: int = 0
+    is_end: bool = False  # the replay socket's end marker
+
+
+def signed_hash(value: int) -> int:
+    """An SGLang hash as SGLang published it (signed int64), from the uint64 the trace stores."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _hash(value: Any) -> int:
+    if isinstance(value, bool):
+        raise TypeError("a block hash is a boolean")
+    if isinstance(value, int):
+        if value < -(1 << 63) or value > _U64:
+            raise ValueError(f"block hash {value} does not fit in 64 bits")
+        return value & _U64
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        if not len(value):
+            raise ValueError("an empty block hash")
+        return int.from_bytes(bytes(value)[-8:], "big")
+    raise TypeError(f"a block hash is {type(value).__name__}")
+
+
+def _opt_int(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} is {type(value).__name__}, not an integer")
+    return value
+
+
+def _opt_str(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{name} is {type(value).__name__}, not a string")
+    return value
+
+
+def _fields(raw: Any) -> tuple[str, dict, str]:
+    """(kind, fields, the format this encoding shows)."""
+    if isinstance(raw, dict):
+        kind = raw.get("type")
+        fmt = "vllm-map" if "group_idx" in raw else "sglang" if ("cache_salt" in raw or raw.get("medium") in _SGLANG_MEDIA) else ""
+        return kind, raw, fmt
+    if isinstance(raw, (list, tuple)) and raw and isinstance(raw[0], str):
+        kind = raw[0]
+        names = _ARRAY_FIELDS.get(kind)
+        if names is None:
+            return kind, {}, "vllm-array"
+        if len(raw) - 1 > len(names):
+            raise ValueError(f"a {kind} array has {len(raw) - 1} fields, more than the {len(names)} vLLM defines")
+        return kind, dict(zip(names, raw[1:])), "vllm-array"
+    raise TypeError(f"an event is {type(raw).__name__}, neither a tagged map nor a tagged array")
+
+
+def decode_event(raw: Any) -> tuple[Event, str]:
+    """One raw (msgpack-decoded) event -> (Event, the format it shows or '')."""
+    kind, f, fmt = _fields(raw)
+    if kind not in (STORED, REMOVED, CLEARED):
+        raise ValueError(f"unknown event type {kind!r}")
+    if kind == CLEARED:
+        return Event(CLEARED), fmt
+    hashes = f.get("block_hashes")
+    if not isinstance(hashes, (list, tuple)):
+        raise TypeError(f"{kind}.block_hashes is {type(hashes).__name__}, not a list")
+    values = [_hash(h) for h in hashes]
+    if any(isinstance(h, int) and not isinstance(h, bool) and h < 0 for h in hashes):
+        fmt = fmt or "sglang"  # vLLM's hashes are unsigned
+    ev = Event(kind, values, medium=_opt_str(f.get("medium"), "medium"), group=_opt_int(f.get("group_idx"), "group_idx"))
+    if kind == STORED:
+        parent = f.get("parent_block_hash")
+        ev.parent = None if parent is None else _hash(parent)
+        ev.block_size = _opt_int(f.get("block_size"), "block_size")
+        tokens = f.get("token_ids")
+        if tokens is not None and not isinstance(tokens, (list, tuple)):
+            raise TypeError(f"BlockStored.token_ids is {type(tokens).__name__}, not a list")
+        ev.num_tokens = None if tokens is None else len(tokens)
+        ev.session_id = _opt_str(f.get("session_id"), "session_id")
+    return ev, fmt
+
+
+def decode_frames(frames: list[bytes]) -> Frame:
+    """A multipart message `(topic, seq, payload)` (or a replay reply) -> Frame; never raises."""
+    if len(frames) != 3:
+        return Frame(None, error=f"a message has {len(frames)} frames, not 3 (topic, seq, payload)")
+    _, seq_bytes, payload = frames
+    if len(seq_bytes) != 8:
+        return Frame(None, error=f"the sequence frame has {len(seq_bytes)} bytes, not 8")
+    seq = int.from_bytes(seq_bytes, "big", signed=True)
+    if seq == END_SEQ:
+        return Frame(seq, is_end=True)
+    if seq < 0:
+        return Frame(None, error=f"sequence number {seq} is negative")
+    try:
+        batch = msgspec.msgpack.decode(payload)
+    except (msgspec.DecodeError, ValueError) as e:
+        return Frame(seq, error=f"the payload is not msgpack ({e})")
+    if not isinstance(batch, (list, tuple)) or not 2 <= len(batch) <= 3:
+        return Frame(seq, error="the payload is not a batch [ts, events, rank]")
+    ts, raw_events = batch[0], batch[1]
+    rank = batch[2] if len(batch) == 3 else None
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not isinstance(raw_events, (list, tuple)) \
+            or (rank is not None and (isinstance(rank, bool) or not isinstance(rank, int))):
+        return Frame(seq, error="the payload is not a batch [ts, events, rank]")
+    out = Frame(seq, float(ts), rank)
+    formats = set()
+    for raw in raw_events:
+        try:
+            ev, fmt = decode_event(raw)
+        except (TypeError, ValueError, AttributeError) as e:
+            out.num_bad_events += 1
+            out.error = out.error or f"an event could not be read ({e})"
+            continue
+        out.events.append(ev)
+        if fmt:
+            formats.add(fmt)
+    if len(formats) == 1:
+        out.format = formats.pop()
+    elif formats:
+        out.error = out.error or f"one batch mixes event formats ({', '.join(sorted(formats))})"
+    return out
