@@ -27,6 +27,7 @@ from kmesh_trace.cli.common import (
 )
 from kmesh_trace.distributed import RAY_HELP
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.values import MAX_BLOCKS, MAX_SECONDS, bounded_int, finite_float
 
 MAX_FAMILY_ROWS = 20
 
@@ -47,9 +48,9 @@ def pressure_cmd(
     trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
     scenario: ScenarioOption = None,
     edges: Edges = typer.Option(Edges.declared, "--edges", help="Families from declared lineage, inferred exact-prefix edges, or an import's content edges (guessed from text)."),
-    expiry_s: Optional[float] = typer.Option(None, "--expiry-s", help="Release a hold this many seconds after it was taken (needs trace times)."),
-    max_held_blocks: Optional[int] = typer.Option(None, "--max-held-blocks", help="Refuse a hold that would put more blocks under hold."),
-    max_families: Optional[int] = typer.Option(None, "--max-families", help="Refuse a hold that would make more families hold at once."),
+    expiry_s: Optional[float] = typer.Option(None, "--expiry-s", parser=finite_float(0, MAX_SECONDS), help="Release a hold this many seconds after it was taken (needs trace times)."),
+    max_held_blocks: Optional[int] = typer.Option(None, "--max-held-blocks", parser=bounded_int(0, MAX_BLOCKS), help="Refuse a hold that would put more blocks under hold."),
+    max_families: Optional[int] = typer.Option(None, "--max-families", parser=bounded_int(0, MAX_BLOCKS), help="Refuse a hold that would make more families hold at once."),
     capacity_blocks: CapacityOption = None,
     sweep_capacity: Optional[str] = typer.Option(None, "--sweep-capacity", hidden=True, help="Same as --capacity-blocks with a sweep table (kept for old scripts)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="With several capacities: write net tokens against capacity to FILE.png or FILE.svg."),
