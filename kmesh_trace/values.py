@@ -45,9 +45,9 @@ def finite_float(lo: float | None = None, hi: float | None = None, *, lo_open: b
     """A parser of finite floats in [lo, hi] (an open end excludes its bound); NaN and infinities are refused."""
     bounds = []
     if lo is not None:
-        bounds.append(f"{'above' if lo_open else 'at least'} {lo:g}")
+        bounds.append(f"{'above' if lo_open else 'at least'} {_num(lo)}")
     if hi is not None:
-        bounds.append(f"{'below' if hi_open else 'at most'} {hi:g}")
+        bounds.append(f"{'below' if hi_open else 'at most'} {_num(hi)}")
     want = "a finite number" + (f" {' and '.join(bounds)}" if bounds else "")
 
     def parse(value: Any) -> float:
@@ -61,6 +61,10 @@ def finite_float(lo: float | None = None, hi: float | None = None, *, lo_open: b
         return v
 
     return parse
+
+
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
 def bounded_int(lo: int | None = None, hi: int | None = MAX_INT64) -> Callable[[Any], int]:

@@ -79,7 +79,6 @@ def pressure_cmd(
     if plot is not None and caps is None:
         raise KmeshTraceError("--plot draws a capacity sweep; add --capacity-blocks a,b,c.")
     check_plot_option(plot, [trace])
-    _check_limits(expiry_s, max_held_blocks, max_families)
     if scenario is not None:
         w = build_scenario(scenario)
         approximate = None
@@ -186,13 +185,3 @@ def _on_ray(source, engine: str | None, options: dict, ray: str):
     return lambda caps, whole: run_tasks_with_progress(
         pressure_point, [Task(f"{where}: what-if at {c} blocks", (source, engine, c, options, whole)) for c in caps],
         ray=ray, label="pressure")
-
-
-def _check_limits(expiry_s: float | None, max_held_blocks: int | None, max_families: int | None) -> None:
-    """Option values the replay cannot use (NaN or infinite seconds, negative caps, caps beyond the
-    contract's int32 block ids) are refused before any work, in one line (capacities: parse_ints)."""
-    if expiry_s is not None and not 0 <= expiry_s < float("inf"):
-        raise KmeshTraceError(f"--expiry-s must be a finite number of seconds >= 0 (got {expiry_s}).")
-    for option, value, least in (("--max-held-blocks", max_held_blocks, 0), ("--max-families", max_families, 0)):
-        if value is not None and not least <= value <= MAX_BLOCKS:
-            raise KmeshTraceError(f"{option} must be in {least}..{MAX_BLOCKS:,} (got {value}).")
