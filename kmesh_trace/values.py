@@ -16,7 +16,6 @@ a usage error naming the flag, before the command runs.
 from __future__ import annotations
 
 import math
-import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional, TypeVar
 
@@ -84,8 +83,9 @@ def bounded_int(lo: int | None = None, hi: int | None = MAX_INT64) -> Callable[[
 
 
 def control_characters(text: str) -> list[str]:
-    """The control and format characters of `text` (newline, ESC, bidi overrides, ...), as escapes."""
-    return [repr(ch)[1:-1] for ch in text if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")]
+    """The characters of `text` that do not print as themselves (controls such as newline and ESC, format
+    characters such as bidi overrides, separators other than the space, unassigned code points), as escapes."""
+    return [ch.encode("unicode_escape").decode("ascii") for ch in text if not ch.isprintable() and ch != " "]
 
 
 def identifier_problem(text: str) -> str | None:

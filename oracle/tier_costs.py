@@ -133,6 +133,9 @@ def _measured_restores(path: Path, route: str) -> list[tuple[int, int]]:
 
 def _summary_restore_bytes(path: Path, summary) -> int:
     if summary.store_bytes and summary.num_store_restores:
+        if summary.store_bytes < summary.num_store_restores:  # under a byte per restore: no measurement
+            raise InputFormatError(f"{path}: store_bytes {summary.store_bytes} is less than one byte for each of "
+                                   f"its {summary.num_store_restores} restores; re-run `replay run --out`.")
         return summary.store_bytes // summary.num_store_restores
     raise KmeshTraceError(f"{path} does not say how many bytes a restore moved (no restores.parquet); "
                           "re-run `replay run --out`.")

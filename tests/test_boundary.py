@@ -214,7 +214,8 @@ def test_lineage_cycles_helper():
 def _weka(tmp_path, requests, name="c.json", **top) -> Path:
     d = tmp_path / "src"
     d.mkdir(parents=True, exist_ok=True)
-    (d / name).write_text(json.dumps({"id": name, "block_size": 4, "requests": requests, **top}))
+    # Compact, as kv-cache-tester writes it: the form whose id lists the fast path cuts out.
+    (d / name).write_text(json.dumps({"id": name, "block_size": 4, "requests": requests, **top}, separators=(",", ":")))
     return d
 
 
@@ -243,12 +244,14 @@ def test_weka_an_anonymous_subagent_after_one_named_like_it_keeps_ids_unique(tmp
     {"hash_ids": [7, 8]},  # a list at the top of the file
     {"meta": {"hash_ids": [7, 8]}},
 ])
-def test_weka_fast_path_never_borrows_an_id_list_from_outside_the_request(tmp_path, outside):
+@pytest.mark.parametrize("forged", [-1, -2])
+def test_weka_fast_path_never_borrows_an_id_list_from_outside_the_request(tmp_path, outside, forged):
     """A request whose hash_ids is the number the fast path used as a placeholder stays malformed on
-    both paths (the fast path once read the ids of a list elsewhere in the file for it)."""
+    both paths (the fast path once read the ids of a list elsewhere in the file for it: list k was
+    -1-k, so -2 named the second list, the one outside any request)."""
     from kmesh_trace.datasets.importers.weka import import_weka
 
-    bad = {"type": "n", "t": 0.0, "in": 8, "out": 1, "hash_ids": -1}
+    bad = {"type": "n", "t": 0.0, "in": 8, "out": 1, "hash_ids": forged}
     reports = [import_weka(_weka(tmp_path / str(fast), [bad, _req(1.0)], **outside), tmp_path / f"t{fast}", fast=fast)
                for fast in (True, False)]
     for r in reports:
