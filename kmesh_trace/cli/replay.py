@@ -65,7 +65,7 @@ def prepare_cmd(
     from_trace: Path = typer.Option(None, "--from", help="Size restores from this trace's completed load transfers."),
     num_restores: int = typer.Option(1, "--num-restores", parser=bounded_int(1, 1 << 20), help="Restores to write (ignored with --from)."),
     chunks: int = typer.Option(16, "--chunks", parser=bounded_int(1, 1 << 20), help="Chunks per restore (ignored with --from)."),
-    chunk_bytes: int = typer.Option(3 << 20, "--chunk-bytes", parser=bounded_int(4096, 1 << 40), help="Bytes per chunk; a multiple of 4096."),
+    chunk_bytes: int = typer.Option(3 << 20, "--chunk-bytes", parser=bounded_int(1, 1 << 40), help="Bytes per chunk; a multiple of 4096."),
     max_restores: int = typer.Option(64, "--max-restores", parser=bounded_int(1, 1 << 20), help="With --from: at most this many restores."),
     seed: int = typer.Option(0, "--seed", help="Seed of the deterministic payload content."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),

@@ -99,8 +99,6 @@ def tiers_cmd(
     check_plot_option(plot, [trace, restore_results, model_config])
     if journal is not None:
         check_out_dir(journal, "--journal")
-        if journal_max_restores <= 0:
-            raise KmeshTraceError("--journal-max-restores must be at least 1.")
 
     costs: dict = {}
     notes: list[str] = []
@@ -108,8 +106,6 @@ def tiers_cmd(
         costs, notes = tc.restore_costs_from_results(restore_results, ssd_route)
     for name, gbps, lat in (("host", host_gbps, host_latency_ms), ("ssd", ssd_gbps, ssd_latency_ms)):
         if gbps is not None:
-            if gbps <= 0:
-                raise KmeshTraceError(f"--{name}-gbps must be positive.")
             costs[name] = tm.RestoreCost(gbps, lat / 1e3, None, "flag")
         elif name in costs and lat:
             c = costs[name]
