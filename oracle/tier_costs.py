@@ -162,6 +162,10 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
+#: A tier's capacity is an int64 block count (the simulation's counters are int64).
+MAX_TIER_BLOCKS = (1 << 62) - 1
+
+
 def parse_capacity(text: str, block_bytes: int | None, what: str) -> int:
     """A capacity in blocks: a plain integer is blocks; a size with a unit (512MiB, 40GB) is bytes,
     converted with the block size in bytes (rounded down to whole blocks)."""
@@ -172,8 +176,13 @@ def parse_capacity(text: str, block_bytes: int | None, what: str) -> int:
     if unit is None:
         if "." in num:
             raise KmeshTraceError(f"{what} in blocks must be a whole number (got {text!r}).")
+        if int(num) > MAX_TIER_BLOCKS:
+            raise KmeshTraceError(f"{what} must be at most {MAX_TIER_BLOCKS:,} blocks (got {text!r}).")
         return int(num)
     if not block_bytes:
         raise KmeshTraceError(f"{what} is given in bytes, but the KV bytes per token are unknown; "
                               "pass --kv-bytes-per-token or --model-config, or give blocks.")
-    return int(float(num) * _UNITS[unit.lower()]) // block_bytes
+    blocks = int(float(num) * _UNITS[unit.lower()]) // block_bytes
+    if blocks > MAX_TIER_BLOCKS:
+        raise KmeshTraceError(f"{what} must be at most {MAX_TIER_BLOCKS:,} blocks (got {text!r}).")
+    return blocks

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.writer import TraceWriter
 
 ERROR_PREFIX = "Error: "
@@ -433,3 +434,12 @@ def test_a_read_error_inside_a_jsonl_file_names_the_file(tmp_path, monkeypatch):
     rep = common.ImportReport("x", str(p), "o", "e")
     with pytest.raises(InputFormatError, match=f"cannot read {p}: Input/output error"):
         list(common.iter_records(p, rep))
+
+
+def test_a_tier_capacity_beyond_int64_blocks_is_one_error():
+    from kmesh_trace.oracle.tier_costs import parse_capacity
+
+    with pytest.raises(KmeshTraceError, match="at most"):
+        parse_capacity("99999999999999999999", None, "--host")
+    with pytest.raises(KmeshTraceError, match="at most"):
+        parse_capacity("999999999999999999999TiB", 16, "--host")
