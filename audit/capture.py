@@ -141,7 +141,9 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     _check_unique(inv, f)
     _check_filled(inv, "invocations", f)
     _check_filled(ev, "block_events", f)
-    _check_values({"invocations": inv, "block_events": ev, "lineage": t.frame("lineage"), "transfers": t.frame("transfers")}, f)
+    frames = {"invocations": inv, "block_events": ev, "lineage": t.frame("lineage"), "transfers": t.frame("transfers")}
+    _check_values(frames, f)
+    _check_domains(frames, f)
     touches = _replay_block_events(ev, f)
     _check_cached_tokens(t, inv, touches, f)
     _check_clocks(t, inv, f)
@@ -167,6 +169,8 @@ _CONTRACT_FINDINGS = {
 def _check_contract(t: Trace, f: _Findings) -> None:
     """What opening the trace found (footers and metadata checked against the contract), each blocking."""
     for pr in t.problems:
+        if pr.code == "out_of_domain":
+            continue  # _check_domains names the rows themselves
         where = str(Path(pr.path).relative_to(t.path)) if Path(pr.path).is_relative_to(t.path) else pr.path
         f.add(pr.code, _CONTRACT_FINDINGS[pr.code], f"{where}: {pr.message}")
 
@@ -240,6 +244,11 @@ def check_complete(trace: Trace, engine: str | None, allow_incomplete: bool, war
             continue
         note = incomplete_note(meta)
         if not allow_incomplete:
+            source = str(meta.get("source") or "capture")
+            if source.startswith("import:"):  # an import that was interrupted (or failed) before it closed
+                raise KmeshTraceError(f"engine {eid}: the {source[len('import:'):]} import never finished (complete is "
+                                      "false: it was interrupted or failed); run `kmesh-trace import` again into a new "
+                                      "--out, or pass --allow-incomplete to analyse what was written.")
             raise KmeshTraceError(f"engine {eid}: {note}. Rerun the capture and stop it normally (Ctrl-C or SIGTERM), "
                                   "or pass --allow-incomplete to analyse what was written.")
         warn(f"warning: engine {eid}: {note}; analysing what was written (--allow-incomplete)")
@@ -345,6 +354,34 @@ def _check_values(frames: dict, f: _Findings) -> None:
             values = sorted(set(bad.get_column(col).to_list()))[:MAX_LOCATIONS]
             f.add("invalid_value", f"column {table}.{col} holds values outside {', '.join(allowed)}",
                   [f"{table}.{col}={v!r}" for v in values], count=bad.height)
+
+
+#: Domain rules the block-event replay reports in its own words (negative_ref_cnt).
+_DOMAINS_CHECKED_ELSEWHERE = {("block_events", "ref_cnt")}
+#: The key that names a row of each table in a finding's location.
+_ROW_KEY = {"invocations": "request_id", "block_events": "seq", "lineage": "child_request_id", "transfers": "request_id"}
+
+
+def _check_domains(frames: dict, f: _Findings) -> None:
+    """Every row inside the contract's domains (schema.DOMAINS): no negative length or count, no more
+    hit tokens than prompt tokens. A value outside is impossible, so it blocks every analysis."""
+    import polars as pl
+
+    for (table, col), dom in schema.DOMAINS.items():
+        df = frames[table]
+        if (table, col) in _DOMAINS_CHECKED_ELSEWHERE or df.height == 0 or col not in df.columns:
+            continue
+        bad = pl.lit(False)
+        if dom.minimum is not None:
+            bad = bad | (pl.col(col) < dom.minimum)
+        if dom.at_most is not None and dom.at_most in df.columns:
+            bad = bad | (pl.col(col) > pl.col(dom.at_most))
+        rows = df.filter(bad.fill_null(False))
+        if rows.height:
+            key = _ROW_KEY[table]
+            f.add("out_of_domain", f"column {table}.{col} breaks its domain ({dom.describe(col)})",
+                  [f"{table}:{e}:{k} {col}={v}" for e, k, v in rows.select("engine", key, col).head(MAX_LOCATIONS).iter_rows()],
+                  count=rows.height)
 
 
 # ---- block events --------------------------------------------------------------------------
@@ -489,6 +526,7 @@ def _check_requests_known(ev, inv, f: _Findings) -> None:
 def _check_lineage(lin, inv, f: _Findings) -> None:
     if lin.height == 0:
         return
+    _check_lineage_shape(lin, f)
     known = {(e, r) for e, r in inv.select("engine", "request_id").iter_rows()}
     wanted = {(e, r) for e, r, p in lin.select("engine", "child_request_id", "parent_request_id").iter_rows() for r in (r, p) if r}
     import polars as pl
@@ -522,6 +560,27 @@ def _check_lineage(lin, inv, f: _Findings) -> None:
                   "an exact_prefix edge's child prompt does not start with the parent's prompt + output "
                   "(or num_shared_tokens is not that length)", where, blocks=(RETENTION,))
 
+
+
+def _check_lineage_shape(lin, f: _Findings) -> None:
+    """No request is its own parent or its own ancestor, in any edge kind: either makes a family without
+    a root (an analysis would walk it forever or report one deep family)."""
+    from kmesh_trace.lineage import lineage_cycles
+
+    for kind in sorted(set(lin.get_column("edge_kind").drop_nulls().to_list())):
+        parent_of = {}
+        for eng, child, parent in lin.filter(lin["edge_kind"] == kind).select(
+                "engine", "child_request_id", "parent_request_id").iter_rows():
+            if parent is not None:
+                parent_of[(eng, child)] = (eng, parent)
+        self_parents, cycles = lineage_cycles(parent_of)
+        if self_parents:
+            f.add("lineage_self_parent", f"a {kind} lineage edge names the child as its own parent",
+                  [f"lineage:{e}:{c}<-{c}" for e, c in self_parents[:MAX_LOCATIONS]], count=len(self_parents),
+                  blocks=(RETENTION,))
+        for cycle in cycles:
+            f.add("lineage_cycle", f"{kind} lineage edges form a cycle (a request is its own ancestor)",
+                  f"lineage:{cycle[0][0]}:" + "<-".join(c for _, c in [*cycle, cycle[0]][:20]), blocks=(RETENTION,))
 
 
 # ---- imported partitions -------------------------------------------------------------------

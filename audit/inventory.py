@@ -89,7 +89,15 @@ def walk(directory: str | os.PathLike) -> Inventory:
 
 def _walk_entries(inv: Inventory, entries: list[os.DirEntry], rel_dir: str, source: str | None,
                   real_root: str, seen: set[str]) -> None:
-    for entry in entries:
+    # Depth first, in name order, with an explicit stack: a directory nested thousands deep is walked,
+    # not a RecursionError.
+    stack = [(iter(entries), rel_dir, source)]
+    while stack:
+        it, rel_dir, source = stack[-1]
+        entry = next(it, None)
+        if entry is None:
+            stack.pop()
+            continue
         rel = f"{rel_dir}{entry.name}"
         if entry.name.startswith("."):
             inv.num_hidden_skipped += 1
@@ -123,7 +131,7 @@ def _walk_entries(inv: Inventory, entries: list[os.DirEntry], rel_dir: str, sour
             except OSError:
                 inv.unreadable_dirs.append(rel)
                 continue
-            _walk_entries(inv, children, rel + "/", src, real_root, seen)
+            stack.append((iter(children), rel + "/", src))
         else:
             files = inv.source(source if source is not None else ROOT_SOURCE)
             getattr(files, {"jsonl": "jsonl", "readme": "readmes", "tooling": "tooling", "other": "other"}[file_kind(entry.name)]).append(rel)

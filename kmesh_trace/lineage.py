@@ -143,3 +143,27 @@ def declared_parents(trace, engine: str | None = None) -> dict[tuple[str, str], 
         if declared is not None and (eng, rid) not in edges:
             edges[(eng, rid)] = resolvers[eng].resolve(declared)
     return edges
+
+
+def lineage_cycles(parent_of: dict) -> tuple[list, list[list]]:
+    """(the children that name themselves as parent, each cycle of parent links as a list of its keys).
+
+    `parent_of` maps a child key to its parent key (None or a missing key: a root). A valid trace has
+    neither: a request cannot be its own ancestor. Linear in the edges (each key is walked once)."""
+    self_parents = [c for c, p in parent_of.items() if p is not None and p == c]
+    cycles: list[list] = []
+    state: dict = {}  # key -> 1 while on the current walk, 2 once finished
+    for start in parent_of:
+        if start in state:
+            continue
+        path, k = [], start
+        while k is not None and k not in state and k in parent_of:
+            state[k] = 1
+            path.append(k)
+            nxt = parent_of[k]
+            k = None if nxt == k else nxt  # a self-parent is reported above, not as a cycle
+        if k is not None and state.get(k) == 1:
+            cycles.append(path[path.index(k):])
+        for x in path:
+            state[x] = 2
+    return self_parents, cycles

@@ -288,6 +288,69 @@ JOINS: dict[tuple[str, str], tuple[str, str]] = {
     ("lineage", "parent_request_id"): ("invocations", "request_id"),
 }
 
+@dataclass(frozen=True)
+class Domain:
+    """The values a numeric column may hold (null aside): at least `minimum`, and, with `at_most`, no
+    more than that other column of the same row (e.g. cached tokens never exceed prompt tokens)."""
+
+    minimum: int | None = 0
+    at_most: str | None = None
+
+    def describe(self, column: str) -> str:
+        parts = [f"{column} >= {self.minimum}"] if self.minimum is not None else []
+        if self.at_most is not None:
+            parts.append(f"{column} <= {self.at_most}")
+        return " and ".join(parts)
+
+
+#: The domain of every numeric column that has one: counts and lengths are never negative, hit tokens
+#: never exceed the prompt. Times (`*_ns`) are int64 and so always finite; their order is the audit's.
+#: Opening a trace refuses a part whose footer statistics break a minimum, `audit capture` checks every
+#: row, and the writer refuses rows outside a domain before they become a part.
+DOMAINS: dict[tuple[str, str], Domain] = {
+    ("invocations", "seq"): Domain(),
+    ("invocations", "num_expected_children"): Domain(),
+    ("invocations", "num_prompt_tokens"): Domain(),
+    ("invocations", "num_output_tokens"): Domain(),
+    ("invocations", "num_cached_tokens"): Domain(at_most="num_prompt_tokens"),
+    ("invocations", "num_external_tokens"): Domain(at_most="num_prompt_tokens"),
+    ("invocations", "num_preemptions"): Domain(),
+    ("lineage", "num_shared_tokens"): Domain(),
+    ("block_events", "seq"): Domain(),
+    ("block_events", "step"): Domain(),
+    ("block_events", "block_id"): Domain(),
+    ("block_events", "ref_cnt"): Domain(),
+    ("block_events", "num_free_blocks"): Domain(),
+    ("block_events", "kv_group"): Domain(),
+    ("transfers", "num_tokens"): Domain(),
+    ("transfers", "num_blocks"): Domain(),
+    ("transfers", "num_bytes"): Domain(),
+}
+
+
+def domain_violations(table_name: str, data) -> list[str]:
+    """Each domain rule of `table_name` that rows of `data` (a pyarrow Table or RecordBatch) break, as
+    `rule (N rows)`; empty when every row is inside its domain."""
+    import pyarrow.compute as pc
+
+    found = []
+    names = set(data.schema.names)
+    for (tname, col), dom in DOMAINS.items():
+        if tname != table_name or col not in names:
+            continue
+        values = data.column(col)
+        bad = None
+        if dom.minimum is not None:
+            bad = pc.less(values, dom.minimum)
+        if dom.at_most is not None and dom.at_most in names:
+            over = pc.greater(values, data.column(dom.at_most))
+            bad = over if bad is None else pc.or_kleene(bad, over)
+        n = pc.sum(pc.cast(pc.fill_null(bad, False), pa.int64())).as_py() if bad is not None else 0
+        if n:
+            found.append(f"{dom.describe(col)} ({n:,} row{'s' if n != 1 else ''} break it)")
+    return found
+
+
 #: Engine-metadata fields a capture must fill (an import may leave the others out).
 REQUIRED_CAPTURE_METADATA: tuple[str, ...] = (
     "engine_id", "source", "schema_version", "host", "pid", "engine_index", "engine", "model", "block_size",
@@ -321,7 +384,8 @@ def values(table_name: str, column: str, *names: str) -> tuple[str, ...]:
 
 def check_rules() -> None:
     """Every rule names a table and column of the contract, and every required field is declared."""
-    for tname, col in [*VOCABULARIES, *FILLED_WHEN, *JOINS, *JOINS.values()]:
+    for tname, col in [*VOCABULARIES, *FILLED_WHEN, *JOINS, *JOINS.values(), *DOMAINS,
+                       *((t, d.at_most) for (t, _), d in DOMAINS.items() if d.at_most)]:
         if col not in table(tname).column_names:
             raise KeyError(f"schema rule names {tname}.{col}, which is not a column")
     for (tname, col), when in FILLED_WHEN.items():
@@ -348,6 +412,15 @@ METADATA_TYPES: dict[str, type] = {
 }
 
 
+#: The least value of each integer metadata field (a block holds at least one token; counts, ids and
+#: sizes are never negative).
+METADATA_MINIMUM: dict[str, int] = {
+    "block_size": 1, "num_usable_blocks": 0, "null_block_id": 0, "num_malformed_lines": 0, "pid": 0,
+    "engine_index": 0, "num_failed_writes": 0, "kv_bytes_per_token": 0, "num_layers": 0, "num_kv_heads": 0,
+    "head_size": 0,
+}
+
+
 def metadata_type_error(name: str, value: object) -> str | None:
     """Why `value` cannot be metadata field `name` (None when it can): the field's JSON type, counts
     never negative, `num_dropped_events` a table -> count mapping."""
@@ -360,8 +433,9 @@ def metadata_type_error(name: str, value: object) -> str | None:
         bad = [k for k, v in value.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0]
         if bad:
             return f"field {name} holds counts that are not integers >= 0 ({', '.join(map(str, bad[:3]))})"
-    if want is int and value < 0 and name in ("block_size", "num_usable_blocks", "num_malformed_lines", "pid"):
-        return f"field {name} is negative ({value})"
+    least = METADATA_MINIMUM.get(name)
+    if least is not None and value < least:
+        return f"field {name} is {value}, below its least value {least}"
     return None
 
 
@@ -413,6 +487,8 @@ def as_dict() -> dict:
         "vocabularies": {f"{t}.{c}": list(v) for (t, c), v in VOCABULARIES.items()},
         "filled_when": {f"{t}.{c}": w.describe() for (t, c), w in FILLED_WHEN.items()},
         "joins": {f"{t}.{c}": f"{rt}.{rc}" for (t, c), (rt, rc) in JOINS.items()},
+        "domains": {f"{t}.{c}": d.describe(c) for (t, c), d in DOMAINS.items()},
+        "metadata_minimum": METADATA_MINIMUM,
         "vllm_xargs": XARGS,
     }
 
@@ -448,6 +524,10 @@ def markdown() -> str:
     lines += [f"- `{t}.{c}`: {w.describe()}" for (t, c), w in FILLED_WHEN.items()]
     lines += ["", "Joins (within one engine partition):", ""]
     lines += [f"- `{t}.{c}` -> `{rt}.{rc}`" for (t, c), (rt, rc) in JOINS.items()]
+    lines += ["", "Domains (every row; opening a trace, the writer and `kmesh-trace audit capture` check them):", ""]
+    lines += [f"- `{t}.{c}`: {d.describe(c)}" for (t, c), d in DOMAINS.items()]
+    lines += ["", "Least values of integer metadata fields: "
+              + ", ".join(f"`{k}` >= {v}" for k, v in METADATA_MINIMUM.items()) + "."]
     lines += ["", "Lineage a caller declares, as `SamplingParams.extra_args` (`vllm_xargs` over the OpenAI API):", ""]
     lines += [f"- `{k}` -> `invocations.{col}`" for k, col in XARGS.items()]
     return "\n".join(lines) + "\n"

@@ -171,6 +171,10 @@ class Trace(EngineMetadata):
                               f"{', '.join(f'{c} ({n} null)' for c, n in nulls)} hold nulls; move it out of the trace "
                               "or re-create it.")
                 continue
+            broken = _out_of_domain(name, p, footer)
+            if broken:  # kept for a non-strict reader: the audit names the rows
+                self._problem("out_of_domain", p, f"{p} breaks the contract: {'; '.join(broken)}; these values are "
+                              "impossible, so no analysis reads the trace (`kmesh-trace audit capture` lists the rows).")
             readable.append(p)
         return readable
 
@@ -500,6 +504,35 @@ def _required_nulls(name: str, md: pq.FileMetaData) -> list[tuple[str, int]]:
             if stats is not None and stats.has_null_count and stats.null_count:
                 counts[path] = counts.get(path, 0) + stats.null_count
     return list(counts.items())
+
+
+def _out_of_domain(name: str, path: Path, md: pq.FileMetaData) -> list[str]:
+    """The schema's domain rules (`schema.DOMAINS`) that the part breaks. Minimums are read from the
+    footer's statistics (no scan); a cross-column rule (cached <= prompt) reads its two columns only
+    when the statistics cannot prove it."""
+    rules = {col: d for (t, col), d in schema.DOMAINS.items() if t == name}
+    if not rules:
+        return []
+    index = {md.schema.column(i).path: i for i in range(md.num_columns)}
+    lo: dict[str, Any] = {}
+    hi: dict[str, Any] = {}
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        for col in {*rules, *(d.at_most for d in rules.values() if d.at_most)}:
+            i = index.get(col)
+            stats = rg.column(i).statistics if i is not None else None
+            if stats is None or not stats.has_min_max:
+                continue
+            lo[col] = stats.min if col not in lo else min(lo[col], stats.min)
+            hi[col] = stats.max if col not in hi else max(hi[col], stats.max)
+    broken = [f"{d.describe(col)}, but its least value is {lo[col]}" for col, d in rules.items()
+              if d.minimum is not None and col in lo and lo[col] < d.minimum]
+    cross = [col for col, d in rules.items() if d.at_most and col in hi
+             and not (d.at_most in lo and hi[col] <= lo[d.at_most])]
+    if cross and not broken:
+        cols = sorted({*cross, *(rules[c].at_most for c in cross)})
+        broken = schema.domain_violations(name, pq.read_table(path, columns=cols))
+    return broken
 
 
 def _footer_digest(path: Path, footer: pq.FileMetaData) -> str:

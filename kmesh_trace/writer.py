@@ -230,6 +230,14 @@ class TraceWriter:
         tbl = to_contract(table_name, data)
         if tbl.num_rows == 0:
             return None
+        if self.metadata["source"] != "capture":
+            # An import states what its source said; a value outside the contract's domain (a negative
+            # length, more hit tokens than prompt tokens) is the importer's fault, never a part. A
+            # capture writes what the engine reported, and `audit capture` judges it.
+            bad = schema.domain_violations(table_name, tbl)
+            if bad:
+                raise KmeshTraceError(f"the {self.metadata['source']} import produced {table_name} rows outside the "
+                                      f"contract ({'; '.join(bad)}); this is a bug in the importer, please report it.")
         directory = self.partition_dir(table_name)
         try:
             directory.mkdir(parents=True, exist_ok=True)

@@ -207,6 +207,9 @@ def open_store(path: Path) -> Store:
     root = path.resolve()
     for row in zip(*cols.values()):
         c = Chunk(*row)
+        if c.restore_id < 0 or c.chunk_index < 0:
+            raise StoreError(f"chunk {c.chunk_key}: restore_id {c.restore_id} and chunk_index {c.chunk_index} must be "
+                             f"integers >= 0; re-create the store with `replay prepare`")
         check_chunk_bytes(f"chunk {c.chunk_key}: size", c.size_bytes)
         if c.offset_bytes < 0 or c.offset_bytes % ALIGNMENT:
             raise StoreError(f"chunk {c.chunk_key}: offset {c.offset_bytes} is not a non-negative multiple of "

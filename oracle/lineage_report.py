@@ -78,6 +78,7 @@ class LineageReport:
     num_singletons: int
     num_edges: int
     num_dangling_edges: int
+    num_self_parent_edges: int
     num_parents: int
     fan_out: Distribution
     depth: Distribution
@@ -99,7 +100,8 @@ class LineageReport:
         return {
             "edge_kind": self.edge_kind, "edge_kinds": self.edge_kinds, "block_size": self.block_size,
             "num_requests": self.num_requests, "num_families": self.num_families, "num_singletons": self.num_singletons,
-            "num_edges": self.num_edges, "num_dangling_edges": self.num_dangling_edges, "num_parents": self.num_parents,
+            "num_edges": self.num_edges, "num_dangling_edges": self.num_dangling_edges,
+            "num_self_parent_edges": self.num_self_parent_edges, "num_parents": self.num_parents,
             "fan_out": self.fan_out.to_dict(), "depth": self.depth.to_dict(), "family_size": self.family_size.to_dict(),
             "gap_s": self.gap_s.to_dict(), "num_negative_gaps": self.num_negative_gaps,
             "shared_blocks": self.shared_blocks.to_dict(), "shared_fraction": self.shared_fraction.to_dict(),
@@ -164,23 +166,41 @@ def lineage_report(trace, *, edge_kind: str | None = None, engine: str | None = 
     return _report(inv_df, edges, edge_kind, kinds, block_size, notes)
 
 
+def _refuse_cycles(parent: np.ndarray, keys: list, edge_kind: str | None) -> None:
+    """A cycle of parent links has no root: no family, depth or fan-out describes it. Refused, naming it."""
+    from kmesh_trace.lineage import lineage_cycles
+
+    _, cycles = lineage_cycles({i: int(p) for i, p in enumerate(parent) if p >= 0})
+    if cycles:
+        names = " <- ".join(keys[i][1] for i in [*cycles[0], cycles[0][0]][:12])
+        raise KmeshTraceError(f"the trace's {edge_kind} lineage has {len(cycles)} cycle(s), e.g. {names}: a request "
+                              "cannot be its own ancestor; run `kmesh-trace audit capture` to list them.")
+
+
 def _report(inv, edges, edge_kind, kinds, block_size, notes) -> LineageReport:
     n = inv.height
     keys = list(zip(inv.get_column("engine").to_list(), inv.get_column("request_id").to_list()))
     index = {k: i for i, k in enumerate(keys)}
     parent = np.full(n, -1, np.int64)
-    dangling = 0
+    dangling = self_parents = 0
     if edges is not None:
         for eng, child, par in edges.iter_rows():
             c, p = index.get((eng, child)), index.get((eng, par)) if par is not None else None
-            if c is None or p is None or p == c:
+            if c is not None and c == p:
+                self_parents += 1  # no request is its own parent: counted and said, not a family
+                continue
+            if c is None or p is None:
                 dangling += 1
                 continue
             parent[c] = p  # several edges into one child: the last one read wins
+    if self_parents:
+        notes.append(f"{self_parents} {edge_kind} edge(s) name the child as its own parent; they were left out "
+                     "(`kmesh-trace audit capture` lists them)")
+    _refuse_cycles(parent, keys, edge_kind)
     has_edge = parent >= 0
     num_edges = int(has_edge.sum())
     children = np.bincount(parent[has_edge], minlength=n) if n else np.zeros(0, np.int64)
-    # Depth and tree root, following parents (a cycle, which no valid trace has, is cut).
+    # Depth and tree root, following parents (cycles were refused above).
     depth = np.full(n, -1, np.int64)
     root = np.arange(n)
     for i in range(n):
@@ -239,6 +259,7 @@ def _report(inv, edges, edge_kind, kinds, block_size, notes) -> LineageReport:
     return LineageReport(
         edge_kind=edge_kind, edge_kinds=kinds, block_size=block_size, num_requests=n, num_families=len(fams),
         num_singletons=sum(f is None for f in family), num_edges=num_edges, num_dangling_edges=dangling,
+        num_self_parent_edges=self_parents,
         num_parents=int(fan.size), fan_out=Distribution.of(fan), depth=Distribution.of(fam_depths),
         family_size=Distribution.of(np.array([f.num_requests for f in fams])), gap_s=Distribution.of(gaps[gap_known]),
         num_negative_gaps=int((gaps[gap_known] < 0).sum()),

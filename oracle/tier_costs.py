@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -36,23 +35,19 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2
 
 def kv_bytes_from_config(path: Path, dtype: str | None = None) -> int:
     """KV bytes per token of a Hugging Face `config.json` (a file or a directory holding one)."""
+    from kmesh_trace.values import read_model_config
+
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputFormatError(f"cannot read the model config {path}: {e}; give a Hugging Face config.json.") from e
-    cfg = cfg.get("text_config", cfg)
-    try:
-        layers = int(cfg["num_hidden_layers"])
-        heads = int(cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputFormatError(f"{path} lacks {e} (need num_hidden_layers, num_attention_heads, and head_dim "
-                               "or hidden_size); pass --kv-bytes-per-token instead.") from None
-    name = str(dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").replace("torch.", "")
+    cfg = read_model_config(path)  # every shape field a positive integer, or one error naming it
+    kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads
+    head_dim = cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads
+    if head_dim <= 0:
+        raise InputFormatError(f"{path}: hidden_size {cfg.hidden_size} is smaller than num_attention_heads "
+                               f"{cfg.num_attention_heads}; pass --kv-bytes-per-token instead.")
+    layers = cfg.num_hidden_layers
+    name = str(dtype or cfg.torch_dtype or cfg.dtype or "bfloat16").replace("torch.", "")
     if name not in _DTYPE_BYTES:
         raise KmeshTraceError(f"unknown KV dtype {name!r} in {path}; pass --kv-bytes-per-token instead.")
     return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES[name]
@@ -75,15 +70,13 @@ def kv_bytes_per_token(metadata: dict | None, given: int | None = None,
 
 def restore_costs_from_results(path: Path, ssd_route: str | None = None) -> tuple[dict[str, RestoreCost], list[str]]:
     """Restore costs of the tiers from a `replay run` results directory, and notes on what was used."""
+    from kmesh_trace.values import ReplayBench, ReplaySummary, read_json_file
+
     path = Path(path)
-    try:
-        summary = json.loads((path / "summary.json").read_text())
-    except FileNotFoundError:
-        raise KmeshTraceError(f"{path} has no summary.json; give a `kmesh-trace replay run --out` directory.") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputFormatError(f"cannot read {path / 'summary.json'}: {e}") from e
-    routes = {name: r for name, r in (summary.get("routes") or {}).items()
-              if r and (r.get("timer1") or {}).get("p50_ms")}
+    if not (path / "summary.json").is_file():
+        raise KmeshTraceError(f"{path} has no summary.json; give a `kmesh-trace replay run --out` directory.")
+    summary = read_json_file(path / "summary.json", ReplaySummary, "replay summary")
+    routes = {name: r for name, r in summary.routes.items() if r and r.timer1 and r.timer1.p50_ms}
     if not routes:
         raise KmeshTraceError(f"{path} measured no route; run `kmesh-trace replay run` with a route this host has.")
     if ssd_route is None:
@@ -99,22 +92,19 @@ def restore_costs_from_results(path: Path, ssd_route: str | None = None) -> tupl
         how = f"{len(measured)} measured restores, median {nbytes / 2**20:.1f} MiB"
     else:
         nbytes = _summary_restore_bytes(path, summary)
-        p50, p95 = r["timer1"]["p50_ms"], r["timer1"].get("p95_ms") or r["timer1"]["p50_ms"]
+        p50, p95 = r.timer1.p50_ms, r.timer1.p95_ms or r.timer1.p50_ms
         gbps, gbps_p95 = nbytes / (p50 * 1e-3) / 1e9, nbytes / (p95 * 1e-3) / 1e9
         how = f"{nbytes / 2**20:.1f} MiB restores, p50 {p50:.2f} ms, p95 {p95:.2f} ms (summary.json)"
     src = f"{path.name}:{ssd_route}"
-    mode = r.get("mode")
+    mode = r.mode
     if mode:
         src += f" ({mode})"
     costs = {"ssd": RestoreCost(gbps, 0.0, gbps_p95, src)}
     notes = [f"ssd tier: route {ssd_route}{f' ({mode} mode)' if mode else ''}, {how}: {gbps:.2f} GB/s p50, {gbps_p95:.2f} GB/s at the p95 restore"]
     bench = path / "bench.json"
     if bench.is_file():
-        try:
-            b = json.loads(bench.read_text())
-        except (OSError, json.JSONDecodeError):
-            b = {}
-        h2d, per = b.get("h2d_copy_ms_per_restore"), (b.get("bytes") or 0) // max(int(b.get("files") or 1), 1)
+        b = read_json_file(bench, ReplayBench, "replay bench record")
+        h2d, per = b.h2d_copy_ms_per_restore, (b.bytes or 0) // (b.files or 1)
         if h2d and per:
             costs["host"] = RestoreCost(per / (h2d * 1e-3) / 1e9, 0.0, None, f"{path.name}:bench.json h2d copy")
             notes.append(f"host tier: pinned host-to-GPU copy, {h2d:.2f} ms per {per / 2**20:.1f} MiB (bench.json)")
@@ -132,13 +122,21 @@ def _measured_restores(path: Path, route: str) -> list[tuple[int, int]]:
         t = pq.read_table(rp, columns=["route", "kind", "num_bytes", "timer1_ns", "accepted"]).to_pydict()
     except Exception as e:  # pyarrow raises several types for a damaged or foreign file
         raise InputFormatError(f"cannot read {rp}: {e}; re-run `replay run --out`.") from e
-    return [(b, t1) for r, k, b, t1, ok in zip(t["route"], t["kind"], t["num_bytes"], t["timer1_ns"], t["accepted"])
-            if r == route and k == "measured" and ok and b and t1]
+    rows = [(b, t1) for r, k, b, t1, ok in zip(t["route"], t["kind"], t["num_bytes"], t["timer1_ns"], t["accepted"])
+            if r == route and k == "measured" and ok and b is not None and t1 is not None]
+    bad = sum(b <= 0 or t1 <= 0 for b, t1 in rows)
+    if bad:  # a negative or zero size or time is no measurement: it would make a restore free
+        raise InputFormatError(f"{rp}: {bad} measured restore(s) of route {route} have a size or time that is not "
+                               "positive; re-run `replay run --out`.")
+    return rows
 
 
-def _summary_restore_bytes(path: Path, summary: dict) -> int:
-    if summary.get("store_bytes") and summary.get("num_store_restores"):
-        return int(summary["store_bytes"]) // int(summary["num_store_restores"])
+def _summary_restore_bytes(path: Path, summary) -> int:
+    if summary.store_bytes and summary.num_store_restores:
+        if summary.store_bytes < summary.num_store_restores:  # under a byte per restore: no measurement
+            raise InputFormatError(f"{path}: store_bytes {summary.store_bytes} is less than one byte for each of "
+                                   f"its {summary.num_store_restores} restores; re-run `replay run --out`.")
+        return summary.store_bytes // summary.num_store_restores
     raise KmeshTraceError(f"{path} does not say how many bytes a restore moved (no restores.parquet); "
                           "re-run `replay run --out`.")
 
@@ -164,6 +162,10 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
+#: A tier's capacity is an int64 block count (the simulation's counters are int64).
+MAX_TIER_BLOCKS = (1 << 62) - 1
+
+
 def parse_capacity(text: str, block_bytes: int | None, what: str) -> int:
     """A capacity in blocks: a plain integer is blocks; a size with a unit (512MiB, 40GB) is bytes,
     converted with the block size in bytes (rounded down to whole blocks)."""
@@ -174,8 +176,13 @@ def parse_capacity(text: str, block_bytes: int | None, what: str) -> int:
     if unit is None:
         if "." in num:
             raise KmeshTraceError(f"{what} in blocks must be a whole number (got {text!r}).")
+        if int(num) > MAX_TIER_BLOCKS:
+            raise KmeshTraceError(f"{what} must be at most {MAX_TIER_BLOCKS:,} blocks (got {text!r}).")
         return int(num)
     if not block_bytes:
         raise KmeshTraceError(f"{what} is given in bytes, but the KV bytes per token are unknown; "
                               "pass --kv-bytes-per-token or --model-config, or give blocks.")
-    return int(float(num) * _UNITS[unit.lower()]) // block_bytes
+    blocks = int(float(num) * _UNITS[unit.lower()]) // block_bytes
+    if blocks > MAX_TIER_BLOCKS:
+        raise KmeshTraceError(f"{what} must be at most {MAX_TIER_BLOCKS:,} blocks (got {text!r}).")
+    return blocks

@@ -289,9 +289,15 @@ def test_sql_prints_every_duckdb_type(tmp_path, cli, fmt):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--expiry-s", "nan"], "--expiry-s must be a finite number of seconds >= 0 (got nan)."),
-    (["--expiry-s", "inf"], "--expiry-s must be a finite number of seconds >= 0 (got inf)."),
-    (["--max-held-blocks", "-5"], "--max-held-blocks must be in 0..2,147,483,647 (got -5)."),
+    # Flag values are refused by the shared typed parsers (kmesh_trace.values), naming the flag.
+    (["--expiry-s", "nan"], "Invalid value for '--expiry-s': 'nan' is not a finite number at least 0 and at most "
+                            "9,223,372,036. (see 'kmesh-trace pressure --help')"),
+    (["--expiry-s", "inf"], "Invalid value for '--expiry-s': 'inf' is not a finite number at least 0 and at most "
+                            "9,223,372,036. (see 'kmesh-trace pressure --help')"),
+    (["--expiry-s", "1e300"], "Invalid value for '--expiry-s': '1e300' is not a finite number at least 0 and at most "
+                              "9,223,372,036. (see 'kmesh-trace pressure --help')"),
+    (["--max-held-blocks", "-5"], "Invalid value for '--max-held-blocks': '-5' is not an integer at least 0 and at "
+                                  "most 2,147,483,647. (see 'kmesh-trace pressure --help')"),
     (["--capacity-blocks", "99999999999999999999"], "--capacity-blocks values must be at most 2,147,483,647 (got '99999999999999999999')."),
     (["--sweep-capacity", "4,99999999999999999999"], "--sweep-capacity values must be at most 2,147,483,647 (got '4,99999999999999999999')."),
 ])

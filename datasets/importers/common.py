@@ -54,6 +54,14 @@ def iter_records(path: Path, report: ImportReport, on_bytes: Callable[[int], Non
     if not path.is_file():
         raise InputFormatError(f"{path} is not a readable file.")
     name = path.name
+    try:
+        yield from _records(path, name, report, on_bytes)
+    except OSError as e:  # a read error in the middle of the file carries no file name of its own
+        raise InputFormatError(f"cannot read {path}: {e.strerror or type(e).__name__}; lines before the failure "
+                               f"({report.num_lines:,}) were read, but the import stopped.") from None
+
+
+def _records(path: Path, name: str, report: ImportReport, on_bytes) -> Iterator[tuple[int, dict]]:
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             report.num_lines += 1

@@ -23,6 +23,7 @@ record's first numeric timestamp (its unit read from its magnitude, as the audit
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -204,9 +205,9 @@ class _Import:
         ts = first_timestamp(obj, plan)
         sr = session_record(obj, ts, where, plan)
         arrival = None
-        if ts is not None and ts == ts and abs(ts) != float("inf"):
-            ns = round(ts * UNIT_SECONDS.get(unit_of(ts), 1.0) * 1e9)
-            arrival = ns if abs(ns) <= MAX_NS else None
+        if ts is not None:
+            ns = ts * UNIT_SECONDS.get(unit_of(ts), 1.0) * 1e9  # a huge finite ts overflows to inf here
+            arrival = round(ns) if math.isfinite(ns) and abs(ns) <= MAX_NS else None
         if arrival is None:
             self.report.num_records_without_timestamp += 1
         family = rel if sr.session is None else f"{source}/{sr.session[1]}"
@@ -282,6 +283,9 @@ def import_lmcache_agent(src: str | Path, out: str | Path, *, engine_id: str = "
     src = Path(src)
     if not src.is_dir():
         raise InputFormatError(f"{src} is not a directory; give the corpus directory (one subdirectory per source).")
+    if not any(files.jsonl for files in walk(src).sources.values()):  # as weka refuses an empty directory
+        raise InputFormatError(f"{src} holds no .jsonl or .ndjson files; give the corpus directory (one subdirectory "
+                               "per source).")
     tok = FileTokenizer(tokenizer) if tokenizer is not None else ByteTokenizer()
     if block_size is None:
         block_size = BYTES_BLOCK_SIZE if tokenizer is None else TOKENIZER_BLOCK_SIZE

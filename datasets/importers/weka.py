@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 import re
-import warnings
+import secrets
 from concurrent.futures import Future, ThreadPoolExecutor
 import json
 import math
@@ -42,12 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
+import numba
 import numpy as np
 import pyarrow as pa
 
 from kmesh_trace.datasets.importers.common import ImportReport, RecordError, require_hash_list, require_int, require_number
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
 from kmesh_trace import schema
+from kmesh_trace.values import MAX_SECONDS
 from kmesh_trace.writer import TraceWriter
 
 FORMAT = "weka"
@@ -83,7 +85,7 @@ class Arrival:
                 return cls("as-recorded")
             if name == "stagger" and arg:
                 s = float(arg)
-                if math.isfinite(s) and s >= 0:
+                if math.isfinite(s) and 0 <= s <= MAX_SECONDS:
                     return cls("stagger", seconds=s)
             if name == "users" and arg:
                 n = int(arg)
@@ -91,7 +93,7 @@ class Arrival:
                     return cls("users", users=n)
         except ValueError:
             pass
-        raise KmeshTraceError(f"--arrival {text!r} is not one of as-recorded, stagger:SECONDS (>= 0) or users:N (N >= 1).")
+        raise KmeshTraceError(f"--arrival {text!r} is not one of as-recorded, stagger:SECONDS (0 to {MAX_SECONDS:,.0f}) or users:N (N >= 1).")
 
     def __str__(self) -> str:
         if self.mode == "stagger":
@@ -156,11 +158,12 @@ class WekaReport(ImportReport):
     num_families: int = 0
     num_subagents: int = 0
     num_malformed_files: int = 0
+    num_unreadable_files: int = 0
     num_malformed_entries: int = 0
 
     SUMMARY_KEYS: ClassVar[tuple[str, ...]] = (
         "num_files", "num_families", "num_invocations", "num_subagents", "num_block_hashes", "num_lineage_edges",
-        "num_malformed_files", "num_malformed_entries")
+        "num_malformed_files", "num_unreadable_files", "num_malformed_entries")
 
     def entry(self, where: str, reason: str) -> None:
         self.num_malformed_entries += 1
@@ -190,16 +193,18 @@ class _NotFast(Exception):
 
 
 _IDS_KEY = b'"hash_ids":['
-_INT64_MAX = np.iinfo(np.int64).max
 
 
-def split_ids(data: bytes) -> tuple[bytes, list[int], np.ndarray]:
+def split_ids(data: bytes) -> tuple[bytes, list[int], np.ndarray, int]:
     """Cut every `"hash_ids":[digits and commas]` out of a file's JSON text, parsing the ids with numpy.
 
-    Returns (the text with each such list replaced by the placeholder -1-k, the number of ids of
-    list k, all ids in list order). A list holding anything but digits and commas is left in the
-    text. Raises _NotFast when the numbers are not what JSON would read (empty items, leading
-    zeros, values beyond int64); the caller checks that every placeholder lands in a request."""
+    Returns (the text with list k replaced by the placeholder -(base + k), the number of ids of each
+    list, all ids in list order, base). `base` is drawn at random per call, so a literal number in the
+    file cannot pass for a placeholder (a request whose `hash_ids` is `-1` must stay malformed, not
+    borrow a list that lies elsewhere in the file). A list holding anything but digits and commas is
+    left in the text. Raises _NotFast when the numbers are not what JSON would read (empty items,
+    leading zeros, values beyond int64); the caller checks that every placeholder lands in a request."""
+    base = secrets.randbelow(1 << 52) + (1 << 52)  # placeholders stay exact in a float, and negative
     parts, counts, bodies = [], [], []
     pos, n_key = 0, len(_IDS_KEY)
     find = data.find
@@ -212,24 +217,57 @@ def split_ids(data: bytes) -> tuple[bytes, list[int], np.ndarray]:
             parts.append(data[pos:j + 1])
         else:
             parts.append(data[pos:i + n_key - 1])
-            parts.append(b"%d" % (-1 - len(counts)))
+            parts.append(b"%d" % -(base + len(counts)))
             counts.append(body.count(b",") + 1 if body else 0)
             if body:
                 bodies.append(body)
         pos = j + 1
     parts.append(data[pos:])
-    joined = b",".join(bodies)
-    if joined.startswith(b"0") and joined[1:2].isdigit() or re.search(rb",0[0-9]", joined):
-        raise _NotFast("a leading zero")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # numpy warns of data it could not read; the count below decides
-            values = np.fromstring(joined, dtype=np.int64, sep=",") if joined else np.zeros(0, np.int64)
-    except ValueError:
-        raise _NotFast("an empty item") from None
-    if len(values) != sum(counts) or (len(values) and values.max() == _INT64_MAX):
-        raise _NotFast("an empty item or a value beyond int64")
-    return b"".join(parts), counts, values
+    values = parse_id_lists(b",".join(bodies))
+    if len(values) != sum(counts):
+        raise _NotFast("an empty item")
+    return b"".join(parts), counts, values, base
+
+
+#: What `_parse_ids` reports besides the ids: all read, an empty item, a leading zero, beyond int64.
+_IDS_OK, _IDS_EMPTY, _IDS_ZERO, _IDS_RANGE = 0, 1, 2, 3
+
+
+@numba.njit(cache=True, nogil=True)
+def _parse_ids(buf, out):  # pragma: no cover - compiled; parse_id_lists is its interface
+    n, v, digits = 0, np.uint64(0), 0
+    limit = np.uint64((1 << 63) - 1)
+    for i in range(len(buf) + 1):
+        c = buf[i] if i < len(buf) else 0x2C
+        if c == 0x2C:
+            if digits == 0:
+                return _IDS_EMPTY, n
+            out[n] = np.int64(v)
+            n += 1
+            v, digits = np.uint64(0), 0
+            continue
+        d = np.uint64(c - 0x30)
+        if digits == 1 and v == 0:
+            return _IDS_ZERO, n
+        if v > (limit - d) // np.uint64(10):
+            return _IDS_RANGE, n
+        v = v * np.uint64(10) + d
+        digits += 1
+    return _IDS_OK, n
+
+
+def parse_id_lists(text: bytes) -> np.ndarray:
+    """Comma-separated decimal integers (ASCII digits and commas only) as int64, in one compiled pass
+    (no Python int per id). Raises _NotFast on an empty item, a leading zero or a value of 2^63 or
+    more, which the plain path judges one by one."""
+    if not text:
+        return np.zeros(0, np.int64)
+    buf = np.frombuffer(text, np.uint8)
+    out = np.empty(text.count(b",") + 1, np.int64)
+    status, n = _parse_ids(buf, out)
+    if status != _IDS_OK:
+        raise _NotFast(("", "an empty item", "a leading zero", "a value beyond int64")[status])
+    return out
 
 
 class _FileReader:
@@ -238,11 +276,13 @@ class _FileReader:
     With `spans` (from `split_ids`), each request's `hash_ids` must be a placeholder of one id list,
     used once; anything else raises _NotFast. Without, `hash_ids` is the parsed list (plain path)."""
 
-    def __init__(self, name: str, block_size: int, spans: list[int] | None = None):
-        self.name, self.block_size = name, block_size
+    def __init__(self, name: str, block_size: int, spans: list[int] | None = None, base: int = 0):
+        self.name, self.block_size, self.base = name, block_size, base
         self.reqs: list[_Req] = []
         self.threads: list[_Thread] = [_Thread(0, None, 0.0, None, None, "m")]
+        self.labels: set[str] = {"m"}  # the labels of self.threads
         self.end = 0.0  # latest known finish, seconds from the conversation's start
+        self.latest = 0.0  # latest time of any request (arrival, first token, finish)
         self.bad: list[tuple[str, str]] = []
         self.spans = spans
         if spans is not None:
@@ -279,9 +319,15 @@ class _FileReader:
                 self.bad.append((where, str(err)))
                 continue
             t_abs = thread.start + t
+            latest = t_abs + max(api or 0.0, ttft or 0.0)
+            if latest > MAX_SECONDS:
+                self.bad.append((where, f"the request's time ({t_abs:.3g} s and after) is beyond the trace's clock "
+                                        f"(at most {MAX_SECONDS:,} s)"))
+                continue
             self.reqs.append(_Req(t_abs, len(self.reqs), thread.number, where, n_in, n_out, hashes, start,
                                   start + n_ids, api, ttft, e.get("stop")))
             self.end = max(self.end, t_abs + (api or 0.0))
+            self.latest = max(self.latest, latest)
 
     def _ids(self, h: Any) -> tuple[list | None, int, int]:
         """(the id list on the plain path, first position in the file's ids on the fast path, count)."""
@@ -289,18 +335,32 @@ class _FileReader:
             if type(h) is not list:
                 raise RecordError("field hash_ids missing or not a list")
             return h, 0, len(h)
-        if type(h) is not int or h >= 0 or -1 - h >= len(self.spans) or self.span_used[-1 - h]:
+        k = -h - self.base if type(h) is int else -1
+        if not 0 <= k < len(self.spans) or self.span_used[k]:
             raise _NotFast("hash_ids is not one of the lists cut out of the text")
-        k = -1 - h
         self.span_used[k] = True
         return None, int(self.span_start[k]), self.spans[k]
+
+    def _label(self, agent_id: str | None, number: int) -> str:
+        """The request-id segment of a sub-agent: its own id when that is free and has no `/`, else
+        `subN`, else `subN.k` with the first free k: unique within the file whatever order ids come in
+        (an anonymous sub-agent after one that calls itself `sub2` must not become `sub2` too)."""
+        label = agent_id if agent_id and "/" not in agent_id and agent_id not in self.labels else f"sub{number}"
+        k = 0
+        while label in self.labels:
+            k += 1
+            label = f"sub{number}.{k}"
+        self.labels.add(label)
+        return label
 
     def _subagent(self, e: dict, thread: _Thread, where: str, t: float) -> None:
         agent_id = _opt_str(e, "agent_id")
         number = len(self.threads)
-        label = agent_id if agent_id and agent_id not in {th.label for th in self.threads} and "/" not in agent_id \
-            else f"sub{number}"
-        sub = _Thread(number, thread.number, thread.start + t, agent_id, _opt_str(e, "subagent_type"), label)
+        start = thread.start + t
+        if start > MAX_SECONDS:
+            raise RecordError(f"the sub-agent starts {start:.3g} s into its conversation, beyond the trace's clock "
+                              f"(at most {MAX_SECONDS:,} s)")
+        sub = _Thread(number, thread.number, start, agent_id, _opt_str(e, "subagent_type"), self._label(agent_id, number))
         self.threads.append(sub)
         dur = e.get("duration_ms")
         if isinstance(dur, (int, float)) and not isinstance(dur, bool) and math.isfinite(dur) and dur >= 0:
@@ -348,13 +408,13 @@ def read_conversation(data: bytes, name: str, ordinal: int, block_size: int | No
     (the reference, and where the fast one has any doubt) parses the whole text and checks every id."""
     if fast:
         try:
-            text, spans, values = split_ids(data)
+            text, spans, values, base = split_ids(data)
             conv = json.loads(text)
             problem = _check_file(conv, block_size, families)
             if problem:
                 raise _NotFast(problem)
             scope = conv.get("hash_id_scope") or "local"
-            reader = _FileReader(name, conv["block_size"], spans)
+            reader = _FileReader(name, conv["block_size"], spans, base)
             reader.walk(conv["requests"], reader.threads[0], "requests")
             values = reader.finish_fast(values, scope)
             return _top(conv), reader, _namespace(values, scope, ordinal)
@@ -544,7 +604,12 @@ def import_weka(src: str | Path, out: str | Path, *, engine_id: str = "import-we
     families: set[str] = set()
     for ordinal, path in enumerate(files):
         report.num_files += 1
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except OSError as e:  # one unreadable file is counted and listed; the others are still imported
+            report.num_unreadable_files += 1
+            report.bad_file(path.name, f"unreadable ({e.strerror or type(e).__name__})")
+            continue
         if on_bytes is not None:
             on_bytes(len(data))
         got = read_conversation(data, path.name, ordinal, report.block_size, families, fast)
@@ -559,7 +624,12 @@ def import_weka(src: str | Path, out: str | Path, *, engine_id: str = "import-we
         for where, why in reader.bad:
             report.entry(f"{path.name}: {where}", why)
         report.num_subagents += len(reader.threads) - 1
-        table, edges = _file_table(fid, reader, values, report.num_invocations, clock.start(reader.end), block_size)
+        start_s = clock.start(reader.end)
+        if start_s + reader.latest > MAX_SECONDS:
+            raise InputFormatError(f"--arrival {arrival} starts {path.name} at {start_s:.3g} s, so its requests fall "
+                                   f"beyond the trace's clock (at most {MAX_SECONDS:,.0f} s); choose a smaller stagger "
+                                   "or more users.")
+        table, edges = _file_table(fid, reader, values, report.num_invocations, start_s, block_size)
         report.num_families += 1
         report.num_invocations += table.num_rows
         num_ids = sum(r.end - r.start for r in reader.reqs)
@@ -596,5 +666,5 @@ def _check_file(conv: Any, block_size: int | None, families: set[str]) -> str | 
 
 def _counts(report: WekaReport) -> dict[str, int]:
     keys = ("num_files", "num_families", "num_invocations", "num_subagents", "num_block_hashes",
-            "num_lineage_edges", "num_malformed_files", "num_malformed_entries")
+            "num_lineage_edges", "num_malformed_files", "num_unreadable_files", "num_malformed_entries")
     return {k: getattr(report, k) for k in keys}

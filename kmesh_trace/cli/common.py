@@ -38,6 +38,7 @@ import typer
 from rich.console import Console
 
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
+from kmesh_trace.values import json_text
 
 out = Console(soft_wrap=True)  # data
 err = Console(stderr=True)  # progress, decoration, errors
@@ -174,7 +175,7 @@ def check_out_dir(path: Path, option: str) -> Path:
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    sys.stdout.write(json_text(obj) + "\n")
     sys.stdout.flush()
 
 
@@ -275,7 +276,7 @@ def emit(output: Output, data: Any, *, rows: list[dict[str, Any]] | None = None,
     if output.csv and rows is None:
         raise KmeshTraceError("this result is not one table; use --json.")
     if output.out is not None:
-        text = csv_text(rows) if output.csv else json.dumps(data, indent=2, default=str) + "\n"
+        text = csv_text(rows) if output.csv else json_text(data) + "\n"
         with atomic_output(output.out) as tmp:
             tmp.write_text(text)
         err.print(f"wrote {output.out}", markup=False, highlight=False)

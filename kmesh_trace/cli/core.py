@@ -14,6 +14,7 @@ from rich.table import Table as RichTable
 from kmesh_trace import schema
 from kmesh_trace.cli.common import Output, emit, err, handles_errors, out, output_options, print_json
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.values import MAX_SECONDS, bounded_int, finite_float
 
 
 class SqlFormat(str, Enum):
@@ -105,6 +106,10 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
 
 
+#: DuckDB keeps its memory limit as a 63-bit byte count; nothing larger means anything.
+MAX_MEMORY_BYTES = 1 << 62
+
+
 def parse_bytes(text: str, option: str) -> int:
     """`4GB`, `512MiB` or a plain byte count, above zero."""
     import re
@@ -113,7 +118,11 @@ def parse_bytes(text: str, option: str) -> int:
     unit = m.group(2).upper() if m else ""
     if not m or unit not in _UNITS or float(m.group(1)) * _UNITS[unit] < 1 << 20:
         raise KmeshTraceError(f"{option} must be a size of at least 1MiB such as 2GB or 512MiB (got {text!r}).")
-    return int(float(m.group(1)) * _UNITS[unit])
+    n = int(float(m.group(1)) * _UNITS[unit])  # float() of digits is finite up to ~1e308; the bound below decides
+    if n > MAX_MEMORY_BYTES:
+        raise KmeshTraceError(f"{option} must be at most {MAX_MEMORY_BYTES >> 50:,}PiB, more memory than any machine has "
+                              f"(got {text!r}).")
+    return n
 
 
 _INT64 = 1 << 63
@@ -163,8 +172,8 @@ def sql_cmd(
     trace: Path = typer.Argument(..., help="Trace directory."),
     query: str = typer.Argument(..., help="A read-only SQL query over the tables invocations, lineage, block_events, transfers, engines."),
     fmt: SqlFormat = typer.Option(SqlFormat.table, "--format", "-f", help="Output format (csv writes lists and structs as JSON text)."),
-    limit: int = typer.Option(None, "--limit", min=0, help=f"Print at most this many rows (default: {TABLE_ROWS} for a table, every row for csv and json, streamed)."),
-    timeout_s: float = typer.Option(DEFAULT_SQL_TIMEOUT_S, "--timeout", min=0, help="Stop the query after this many seconds (0: no limit)."),
+    limit: int = typer.Option(None, "--limit", parser=bounded_int(0), help=f"Print at most this many rows (default: {TABLE_ROWS} for a table, every row for csv and json, streamed)."),
+    timeout_s: float = typer.Option(DEFAULT_SQL_TIMEOUT_S, "--timeout", parser=finite_float(0, MAX_SECONDS), help="Stop the query after this many seconds (0: no limit)."),
     memory_limit: str = typer.Option(None, "--memory-limit", help="Memory DuckDB may use, e.g. 2GB (default: a quarter of this machine's memory); beyond it DuckDB spills to a private temporary directory, removed at exit."),
 ) -> None:
     """Query a trace with DuckDB SQL (read-only, confined to the trace directory, bounded in memory and time).

@@ -12,6 +12,7 @@ from rich.table import Table as RichTable
 from kmesh_trace.cli.common import Output, check_plot_option, emit, err, handles_errors, out, output_options, parse_ints, progress
 from kmesh_trace.distributed import RAY_HELP
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.values import finite_float
 
 
 class Edges(str, Enum):
@@ -40,7 +41,7 @@ def fleet_cmd(
         Edges.auto, "--edges", help="Families for `family` routing: declared lineage, inferred exact-prefix "
                                     "edges, or auto (declared when the trace declares any)."),
     overload: float = typer.Option(
-        1.25, "--overload", help="prefix-aware skips an engine whose load exceeds this multiple of the mean load (+1)."),
+        1.25, "--overload", parser=finite_float(0, 1e6, lo_open=True), help="prefix-aware skips an engine whose load exceeds this multiple of the mean load (+1)."),
     ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write hit ratio by policy to FILE.png or FILE.svg."),
     output: Output = None,

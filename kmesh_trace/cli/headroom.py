@@ -27,6 +27,7 @@ from kmesh_trace.cli.common import (
 )
 from kmesh_trace.distributed import RAY_HELP
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.values import bounded_int, finite_float
 
 
 class Window(str, Enum):
@@ -51,12 +52,12 @@ def headroom_cmd(
     window: Window = typer.Option(Window.all, "--window", help="Requests counted in a curve: all, or the last half "
                                   "(the first half warms the cache)."),
     tokens_per_s: Optional[float] = typer.Option(
-        None, "--prefill-tokens-per-s", help="Prefill throughput at position 0, for seconds (default: fitted to a "
+        None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True), help="Prefill throughput at position 0, for seconds (default: fitted to a "
                                              "capture's measured prefills)."),
     attention_factor: float = typer.Option(
-        0.0, "--attention-factor", help="With --prefill-tokens-per-s: extra cost of a token per earlier position, as a "
+        0.0, "--attention-factor", parser=finite_float(0), help="With --prefill-tokens-per-s: extra cost of a token per earlier position, as a "
                                         "fraction of its position-0 cost."),
-    processes: Optional[int] = typer.Option(None, "--processes", min=1, help="Worker processes for grid replays "
+    processes: Optional[int] = typer.Option(None, "--processes", parser=bounded_int(1, 4096), help="Worker processes for grid replays "
                                             "(default: the cores)."),
     scenario: ScenarioOption = None,
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),

@@ -11,6 +11,7 @@ from rich.table import Table as RichTable
 
 from kmesh_trace.cli.common import check_out_dir, check_out_not_in_input, err, handles_errors, out, print_json, progress
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
+from kmesh_trace.values import MAX_BLOCKS, bounded_int, identifier
 
 
 class ImportFormat(str, Enum):
@@ -52,12 +53,12 @@ def import_cmd(
     fmt: ImportFormat = typer.Argument(..., metavar="FORMAT", help="Input format: mooncake, bailian, weka or lmcache-agent."),
     src: Path = typer.Argument(..., help="The JSONL file to import (weka, lmcache-agent: the directory)."),
     out_dir: Path = typer.Option(..., "--out", help="Trace directory to write (created if missing)."),
-    engine_id: str = typer.Option(None, "--engine-id", help="Engine partition name (default: import-FORMAT)."),
+    engine_id: str = typer.Option(None, "--engine-id", parser=identifier, help="Engine partition name (default: import-FORMAT)."),
     arrival: str = typer.Option(None, "--arrival", help="weka: when each conversation starts: as-recorded, "
                                 "stagger:SECONDS or users:N (default users:8; see docs/IMPORT.md)."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="lmcache-agent: a tokenizer.json (needs the "
                                              "tokenizers package); default: UTF-8 bytes."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="lmcache-agent: tokens per block "
+    block_size: Optional[int] = typer.Option(None, "--block-size", parser=bounded_int(1, MAX_BLOCKS), help="lmcache-agent: tokens per block "
                                              "(default 64 for UTF-8 bytes, 16 with --tokenizer)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable summary."),
 ) -> None:

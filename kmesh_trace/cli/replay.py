@@ -15,6 +15,7 @@ from rich import box
 from rich.table import Table as RichTable
 
 from kmesh_trace.cli.common import EXIT_BLOCKING, check_out_dir, check_out_not_in_input, err, fail, handles_errors, out, print_json, progress
+from kmesh_trace.values import bounded_int
 
 replay_app = typer.Typer(help="Replay KV restorations natively (io_uring, O_DIRECT, GPU routes) and verify them.",
                          no_args_is_help=True)
@@ -62,10 +63,10 @@ def probe_cmd(
 def prepare_cmd(
     out_dir: Path = typer.Option(..., "--out", help="Directory to create the store in."),
     from_trace: Path = typer.Option(None, "--from", help="Size restores from this trace's completed load transfers."),
-    num_restores: int = typer.Option(1, "--num-restores", help="Restores to write (ignored with --from)."),
-    chunks: int = typer.Option(16, "--chunks", help="Chunks per restore (ignored with --from)."),
-    chunk_bytes: int = typer.Option(3 << 20, "--chunk-bytes", help="Bytes per chunk; a multiple of 4096."),
-    max_restores: int = typer.Option(64, "--max-restores", help="With --from: at most this many restores."),
+    num_restores: int = typer.Option(1, "--num-restores", parser=bounded_int(1, 1 << 20), help="Restores to write (ignored with --from)."),
+    chunks: int = typer.Option(16, "--chunks", parser=bounded_int(1, 1 << 20), help="Chunks per restore (ignored with --from)."),
+    chunk_bytes: int = typer.Option(3 << 20, "--chunk-bytes", parser=bounded_int(1, 1 << 40), help="Bytes per chunk; a multiple of 4096."),
+    max_restores: int = typer.Option(64, "--max-restores", parser=bounded_int(1, 1 << 20), help="With --from: at most this many restores."),
     seed: int = typer.Option(0, "--seed", help="Seed of the deterministic payload content."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
@@ -134,12 +135,12 @@ def _render(summary: dict) -> None:
 def run_cmd(
     store: Path = typer.Argument(..., help="Store directory written by `replay prepare`."),
     routes: str = typer.Option("host", "--routes", help="Comma-separated routes, alternated in pairs."),
-    pairs: int = typer.Option(4, "--pairs", help="Pairs of arms (A B, B A, ...)."),
-    restores: int = typer.Option(100, "--restores", help="Measured restores per route, spread over the pairs."),
-    warmup: int = typer.Option(5, "--warmup", help="Warm-up restores at the start of each arm (excluded)."),
-    corrupt: int = typer.Option(0, "--corrupt", help="Flip bytes in N payloads; each must be rejected."),
-    depth: int = typer.Option(8, "--depth", help="io_uring queue depth per worker."),
-    workers: int = typer.Option(1, "--workers", help="Worker rings (threads) per restore."),
+    pairs: int = typer.Option(4, "--pairs", parser=bounded_int(1, 1 << 20), help="Pairs of arms (A B, B A, ...)."),
+    restores: int = typer.Option(100, "--restores", parser=bounded_int(1, 1 << 30), help="Measured restores per route, spread over the pairs."),
+    warmup: int = typer.Option(5, "--warmup", parser=bounded_int(0, 1 << 30), help="Warm-up restores at the start of each arm (excluded)."),
+    corrupt: int = typer.Option(0, "--corrupt", parser=bounded_int(0, 1 << 30), help="Flip bytes in N payloads; each must be rejected."),
+    depth: int = typer.Option(8, "--depth", parser=bounded_int(1, 4096), help="io_uring queue depth per worker."),
+    workers: int = typer.Option(1, "--workers", parser=bounded_int(1, 1024), help="Worker rings (threads) per restore."),
     seed: int = typer.Option(0, "--seed", help="Seed that picks the corrupted payloads."),
     results: Path = typer.Option(None, "--out", help="Results directory (default: STORE/runs/<UTC time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),

@@ -25,6 +25,7 @@ from kmesh_trace.cli.common import (
 )
 from kmesh_trace.distributed import RAY_HELP
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
+from kmesh_trace.values import MAX_BLOCKS, MAX_SECONDS, bounded_int, finite_float
 
 
 class Write(str, Enum):
@@ -50,36 +51,36 @@ def register(app: typer.Typer) -> None:
 def tiers_cmd(
     trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
     scenario: ScenarioOption = None,
-    gpu_blocks: Optional[int] = typer.Option(None, "--gpu-blocks", help="GPU pool usable blocks (default: the trace's)."),
+    gpu_blocks: Optional[int] = typer.Option(None, "--gpu-blocks", parser=bounded_int(1, MAX_BLOCKS), help="GPU pool usable blocks (default: the trace's)."),
     host: Optional[str] = typer.Option(None, "--host", help="Host-memory tier capacity: blocks, or bytes with a unit (40GiB); absent if not given."),
     ssd: Optional[str] = typer.Option(None, "--ssd", help="SSD tier capacity: blocks, or bytes with a unit; absent if not given."),
     host_write: Write = typer.Option(Write.on_evict, "--host-write", help="When the host tier stores a block."),
     ssd_write: Write = typer.Option(Write.on_evict, "--ssd-write", help="When the SSD tier stores a block."),
-    chunk_tokens: Optional[int] = typer.Option(None, "--chunk-tokens", help="Lower-tier chunk in tokens (a multiple of the block size, e.g. 256; needs write-through). Default: one block."),
+    chunk_tokens: Optional[int] = typer.Option(None, "--chunk-tokens", parser=bounded_int(1, MAX_BLOCKS), help="Lower-tier chunk in tokens (a multiple of the block size, e.g. 256; needs write-through). Default: one block."),
     read_once: Optional[str] = typer.Option(None, "--read-once", help="Tiers that drop a chunk once loaded, comma-separated (host, ssd)."),
     singleflight: bool = typer.Option(False, "--singleflight/--no-singleflight", help="Concurrent needs of one chunk share one read."),
     early_prep: bool = typer.Option(False, "--early-prep/--no-early-prep", help="Load a declared family's ancestor ahead of its children."),
-    prep_lead_s: Optional[float] = typer.Option(None, "--prep-lead-s", help="With --early-prep: prepare this long before the first child (default: when the parent finishes)."),
+    prep_lead_s: Optional[float] = typer.Option(None, "--prep-lead-s", parser=finite_float(0, MAX_SECONDS), help="With --early-prep: prepare this long before the first child (default: when the parent finishes)."),
     vllm_connector: Optional[Connector] = typer.Option(None, "--vllm-connector", help="simple-cpu: reproduce vLLM's SimpleCPUOffloadConnector (eager) on one tier, --host (cpu backend) or --ssd (disk backend), replayed sequentially."),
     lookup: Lookup = typer.Option(Lookup.any, "--lookup", help="any: GPU then lower tiers block by block; gpu-prefix: lower tiers only extend the GPU prefix (vLLM's connectors)."),
-    kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", help="KV bytes per token (default: the capture's engine metadata)."),
+    kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", parser=bounded_int(1, 1 << 40), help="KV bytes per token (default: the capture's engine metadata)."),
     model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json giving the KV bytes per token."),
     restore_results: Optional[Path] = typer.Option(None, "--restore-results", help="A `replay run --out` directory: restore costs measured on the target host."),
     ssd_route: Optional[str] = typer.Option(None, "--ssd-route", help="Which measured route restores the SSD tier (default: the most direct measured)."),
-    host_gbps: Optional[float] = typer.Option(None, "--host-gbps", help="Host tier restore throughput, GB/s."),
-    ssd_gbps: Optional[float] = typer.Option(None, "--ssd-gbps", help="SSD tier restore throughput, GB/s."),
-    host_latency_ms: float = typer.Option(0.0, "--host-latency-ms", help="Host tier latency per request's reads, ms."),
-    ssd_latency_ms: float = typer.Option(0.0, "--ssd-latency-ms", help="SSD tier latency per request's reads, ms."),
-    prefill_tps: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", help="Prefill throughput (default: fitted on the capture's measured prefills)."),
+    host_gbps: Optional[float] = typer.Option(None, "--host-gbps", parser=finite_float(0, 1e6, lo_open=True), help="Host tier restore throughput, GB/s."),
+    ssd_gbps: Optional[float] = typer.Option(None, "--ssd-gbps", parser=finite_float(0, 1e6, lo_open=True), help="SSD tier restore throughput, GB/s."),
+    host_latency_ms: float = typer.Option(0.0, "--host-latency-ms", parser=finite_float(0, MAX_SECONDS), help="Host tier latency per request's reads, ms."),
+    ssd_latency_ms: float = typer.Option(0.0, "--ssd-latency-ms", parser=finite_float(0, MAX_SECONDS), help="SSD tier latency per request's reads, ms."),
+    prefill_tps: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True), help="Prefill throughput (default: fitted on the capture's measured prefills)."),
     sweep_host: Optional[str] = typer.Option(None, "--sweep-host", help="Host capacities to sweep, comma-separated (0: absent)."),
     sweep_ssd: Optional[str] = typer.Option(None, "--sweep-ssd", help="SSD capacities to sweep, comma-separated (0: absent)."),
-    within: float = typer.Option(5.0, "--within", help="With a sweep: report the smallest configuration within this percent of the best."),
+    within: float = typer.Option(5.0, "--within", parser=finite_float(0, 100), help="With a sweep: report the smallest configuration within this percent of the best."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="With a sweep: write the host x SSD heatmap to FILE.png or FILE.svg."),
     journal: Optional[Path] = typer.Option(None, "--journal", help="Write the SSD tier's reads as a replay store (journal + payloads) for `replay run`."),
-    journal_max_restores: int = typer.Option(16, "--journal-max-restores", help="With --journal: at most this many restores."),
-    children: int = typer.Option(5, "--children", help="family-burst: number of children."),
-    ancestor_mib: float = typer.Option(48, "--ancestor-mib", help="family-burst: ancestor size in MiB."),
-    chunks: int = typer.Option(16, "--chunks", help="family-burst: chunks per ancestor."),
+    journal_max_restores: int = typer.Option(16, "--journal-max-restores", parser=bounded_int(1, 1 << 20), help="With --journal: at most this many restores."),
+    children: int = typer.Option(5, "--children", parser=bounded_int(1, 1 << 20), help="family-burst: number of children."),
+    ancestor_mib: float = typer.Option(48, "--ancestor-mib", parser=finite_float(0, 1 << 30, lo_open=True), help="family-burst: ancestor size in MiB."),
+    chunks: int = typer.Option(16, "--chunks", parser=bounded_int(1, 1 << 20), help="family-burst: chunks per ancestor."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
     ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP + " With a sweep: one task per configuration."),
     output: Output = None,
@@ -98,8 +99,6 @@ def tiers_cmd(
     check_plot_option(plot, [trace, restore_results, model_config])
     if journal is not None:
         check_out_dir(journal, "--journal")
-        if journal_max_restores <= 0:
-            raise KmeshTraceError("--journal-max-restores must be at least 1.")
 
     costs: dict = {}
     notes: list[str] = []
@@ -107,8 +106,6 @@ def tiers_cmd(
         costs, notes = tc.restore_costs_from_results(restore_results, ssd_route)
     for name, gbps, lat in (("host", host_gbps, host_latency_ms), ("ssd", ssd_gbps, ssd_latency_ms)):
         if gbps is not None:
-            if gbps <= 0:
-                raise KmeshTraceError(f"--{name}-gbps must be positive.")
             costs[name] = tm.RestoreCost(gbps, lat / 1e3, None, "flag")
         elif name in costs and lat:
             c = costs[name]

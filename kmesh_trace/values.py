@@ -1,0 +1,250 @@
+"""The one boundary: every value that comes from outside is parsed here, once, where it enters.
+
+Outside values are command-line flags, files the tools read (a Hugging Face `config.json`, a
+`replay run` results directory) and the ids a user names. Each becomes a typed, range-checked value
+at the boundary, or one `KmeshTraceError` sentence naming what was wrong and where; code past the
+boundary trusts what it is given. Files are decoded by msgspec (a vLLM dependency already present):
+it refuses wrong types, out-of-range numbers, non-UTF-8 and non-JSON text in one pass, without
+building intermediate Python objects, which also suits the importers' hot paths. Numbers in JSON are
+always finite (JSON has no NaN or infinity, and msgspec refuses a literal beyond a float's range).
+
+Flags: `finite_float(...)`, `bounded_int(...)` and `identifier` are parsers for
+`typer.Option(..., parser=...)`; they refuse NaN, infinities and values outside the flag's domain with
+a usage error naming the flag, before the command runs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional, TypeVar
+
+import msgspec
+
+from kmesh_trace.errors import InputFormatError
+
+T = TypeVar("T")
+
+#: Largest value of an int64 column (counts, ids, nanosecond times).
+MAX_INT64 = (1 << 63) - 1
+
+
+# ---- flags -------------------------------------------------------------------------------------------
+# Parsers for `typer.Option(..., parser=...)`. A refusal is a PydanticCustomError (a ValueError): typer
+# reports it as "Invalid value for '--flag': <sentence>" and exits 1 before the command runs.
+
+def _refuse(text: str) -> Exception:
+    from pydantic_core import PydanticCustomError
+
+    return PydanticCustomError("kmesh_value", "{text}", {"text": text})
+
+
+def finite_float(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+                 hi_open: bool = False) -> Callable[[Any], float]:
+    """A parser of finite floats in [lo, hi] (an open end excludes its bound); NaN and infinities are refused."""
+    bounds = []
+    if lo is not None:
+        bounds.append(f"{'above' if lo_open else 'at least'} {_num(lo)}")
+    if hi is not None:
+        bounds.append(f"{'below' if hi_open else 'at most'} {_num(hi)}")
+    want = "a finite number" + (f" {' and '.join(bounds)}" if bounds else "")
+
+    def parse(value: Any) -> float:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            v = math.nan
+        if not math.isfinite(v) or (lo is not None and (v <= lo if lo_open else v < lo)) \
+                or (hi is not None and (v >= hi if hi_open else v > hi)):
+            raise _refuse(f"{value!r} is not {want}.")
+        return v
+
+    return parse
+
+
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+def bounded_int(lo: int | None = None, hi: int | None = MAX_INT64) -> Callable[[Any], int]:
+    """A parser of integers in [lo, hi] (hi defaults to the int64 range of every count column)."""
+    want = " and ".join(x for x in ("" if lo is None else f"at least {lo:,}", "" if hi is None else f"at most {hi:,}") if x)
+
+    def parse(value: Any) -> int:
+        try:
+            v = value if type(value) is int else int(str(value).strip(), 10)
+        except ValueError:
+            raise _refuse(f"{value!r} is not an integer.") from None
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise _refuse(f"{value!r} is not an integer {want}.")
+        return v
+
+    return parse
+
+
+def control_characters(text: str) -> list[str]:
+    """The characters of `text` that do not print as themselves (controls such as newline and ESC, format
+    characters such as bidi overrides, separators other than the space, unassigned code points), as escapes."""
+    return [ch.encode("unicode_escape").decode("ascii") for ch in text if not ch.isprintable() and ch != " "]
+
+
+def identifier_problem(text: str) -> str | None:
+    """Why `text` cannot be an id that names a partition or a file (None when it can): empty, padded
+    with white space, holding control characters or a path separator, or over 200 characters."""
+    bad = control_characters(text)
+    if bad:
+        return f"holds control characters ({', '.join(dict.fromkeys(bad))})"
+    if not text or text.strip() != text:
+        return "is empty or starts or ends with white space"
+    if "/" in text or "\\" in text or text in (".", ".."):
+        return "holds a path separator or is . or .."
+    if len(text) > 200:
+        return "is longer than 200 characters"
+    return None
+
+
+def identifier(value: Any) -> str:
+    """A parser of ids that become part of a trace (`--engine-id`)."""
+    text = str(value)
+    why = identifier_problem(text)
+    if why:
+        raise _refuse(f"{text!r} {why}.")
+    return text
+
+
+# ---- files ---------------------------------------------------------------------------------------
+
+def decode_json(data: bytes, type_: type[T], where: str) -> T:
+    """`data` as `type_`, or an InputFormatError saying where and why (not UTF-8, not JSON, a field of
+    the wrong type or out of range, nested too deep)."""
+    try:
+        return msgspec.json.decode(data, type=type_)
+    except msgspec.ValidationError as e:
+        raise InputFormatError(f"{where}: {_plain(e)}.") from None
+    except msgspec.DecodeError as e:
+        raise InputFormatError(f"{where} is not JSON text ({_plain(e)}).") from None
+    except RecursionError:
+        raise InputFormatError(f"{where} nests its JSON too deep to read.") from None
+
+
+def read_json_file(path: Path, type_: type[T], what: str) -> T:
+    """The file at `path` (`what` it is, for the message) decoded as `type_`; an unreadable file is
+    an InputFormatError naming it."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise InputFormatError(f"cannot read {what} {path}: {e.strerror or type(e).__name__}.") from None
+    return decode_json(data, type_, f"{what} {path}")
+
+
+def _plain(e: Exception) -> str:
+    """msgspec's message in the project's words: `$.a.b` becomes `field a.b`."""
+    text = str(e)
+    head, sep, at = text.partition(" - at `$")
+    if sep:
+        path = at.rstrip("`").lstrip(".")
+        return f"field {path}: {head[0].lower()}{head[1:]}" if path else head
+    return text[0].lower() + text[1:] if text else "invalid"
+
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class _TextConfig(msgspec.Struct, forbid_unknown_fields=False):
+    """The attention shape of a Hugging Face `config.json` (the fields the KV size needs)."""
+
+    num_hidden_layers: Positive
+    num_attention_heads: Positive
+    num_key_value_heads: Optional[Positive] = None
+    head_dim: Optional[Positive] = None
+    hidden_size: Optional[Positive] = None
+    torch_dtype: Optional[str] = None
+    dtype: Optional[str] = None
+
+
+class _MaybeNested(msgspec.Struct, forbid_unknown_fields=False):
+    text_config: Optional[dict] = None
+
+
+def read_model_config(path: Path) -> _TextConfig:
+    """A Hugging Face `config.json` (its `text_config` when it has one), every KV-shape field a
+    positive integer; `head_dim` or `hidden_size` must be given."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise InputFormatError(f"cannot read the model config {path}: {e.strerror or type(e).__name__}.") from None
+    where = f"model config {path}"
+    outer = decode_json(data, _MaybeNested, where)
+    if outer.text_config is not None:
+        cfg = _convert(outer.text_config, _TextConfig, f"{where} (text_config)")
+    else:
+        cfg = decode_json(data, _TextConfig, where)
+    if cfg.head_dim is None and cfg.hidden_size is None:
+        raise InputFormatError(f"{where} gives neither head_dim nor hidden_size; pass --kv-bytes-per-token instead.")
+    return cfg
+
+
+def _convert(obj: Any, type_: type[T], where: str) -> T:
+    try:
+        return msgspec.convert(obj, type_)
+    except msgspec.ValidationError as e:
+        raise InputFormatError(f"{where}: {_plain(e)}.") from None
+
+
+class Timer(msgspec.Struct, forbid_unknown_fields=False):
+    p50_ms: Optional[PositiveFloat] = None
+    p95_ms: Optional[PositiveFloat] = None
+
+
+class RouteSummary(msgspec.Struct, forbid_unknown_fields=False):
+    timer1: Optional[Timer] = None
+    mode: Optional[str] = None
+
+
+class ReplaySummary(msgspec.Struct, forbid_unknown_fields=False):
+    """`summary.json` of a `replay run --out` directory: the fields the tier costs read."""
+
+    routes: dict[str, Optional[RouteSummary]] = {}
+    store_bytes: Optional[NonNegative] = None
+    num_store_restores: Optional[NonNegative] = None
+
+
+class ReplayBench(msgspec.Struct, forbid_unknown_fields=False):
+    """`bench.json` of a results directory: the host-to-GPU copy time per restore."""
+
+    h2d_copy_ms_per_restore: Optional[PositiveFloat] = None
+    bytes: Optional[NonNegative] = None
+    files: Optional[Positive] = None
+
+
+#: Longest duration (seconds) that still fits an int64 nanosecond column: every flag given in seconds
+#: that becomes nanoseconds is bounded by it.
+MAX_SECONDS = MAX_INT64 // 10**9
+#: Block counts and ids are int32 in the contract.
+MAX_BLOCKS = (1 << 31) - 1
+
+
+# ---- the JSON the tools print ----------------------------------------------------------------------
+
+def json_text(obj: Any, indent: int | None = 2) -> str:
+    """`obj` as strict JSON: a float that is NaN or infinite (an undefined ratio, a 0/0) becomes null,
+    so `--json` output is always valid JSON (RFC 8259 has no NaN or Infinity); unknown types as text."""
+    import json
+
+    try:
+        return json.dumps(obj, indent=indent, default=str, allow_nan=False)
+    except ValueError:  # a non-finite float somewhere: replace it, then dump again
+        return json.dumps(finite_or_null(obj), indent=indent, default=str, allow_nan=False)
+
+
+def finite_or_null(obj: Any) -> Any:
+    """`obj` with every NaN or infinite float (nested in dicts, lists and tuples) replaced by None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(v) for v in obj]
+    return obj
