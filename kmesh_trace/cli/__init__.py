@@ -79,8 +79,10 @@ def _first_line(e: BaseException) -> str:
 
 
 def _error(message: str) -> None:
+    from kmesh_trace.cli.display import error_line  # control characters in a message (a flag's value) shown
+
     try:
-        sys.stderr.write(f"Error: {message}\n")
+        sys.stderr.write(error_line(message))
         sys.stderr.flush()
     except OSError:
         pass  # stderr is gone too: the exit code is all that is left

@@ -9,7 +9,7 @@ from enum import Enum
 from pathlib import Path
 
 import typer
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace import schema
 from kmesh_trace.cli.common import Output, emit, err, handles_errors, out, output_options, print_json
@@ -44,7 +44,7 @@ def schema_cmd(
         return
     out.print(f"kmesh-trace schema {schema.SCHEMA_VERSION}", style="bold")
     for t in schema.TABLES.values():
-        rt = RichTable(title=f"{t.name}: {t.doc}", title_justify="left", expand=False)
+        rt = Table(title=f"{t.name}: {t.doc}", title_justify="left", expand=False)
         for h in ("column", "type", "unit", "null"):
             rt.add_column(h, no_wrap=True)
         rt.add_column("meaning", overflow="fold")
@@ -77,7 +77,7 @@ def info_cmd(
 
 
 def _render_info(info: dict) -> None:
-    rt = RichTable(title=f"trace {info['path']}", title_justify="left")
+    rt = Table(title=f"trace {info['path']}", title_justify="left")
     rt.add_column("table")
     rt.add_column("rows", justify="right")
     rt.add_column("parts", justify="right")
@@ -85,7 +85,7 @@ def _render_info(info: dict) -> None:
         rt.add_row(name, f"{t['rows']:,}", str(t["parts"]))
     out.print(rt)
     for eid, meta in info["engines"].items():
-        mt = RichTable(title=f"engine {eid}", title_justify="left", show_header=False)
+        mt = Table(title=f"engine {eid}", title_justify="left", show_header=False)
         mt.add_column("field")
         mt.add_column("value", overflow="fold")
         for k, v in meta.items():
@@ -207,7 +207,7 @@ def sql_cmd(
         if fmt is SqlFormat.json:
             sys.stdout.write("]\n")
         elif fmt is SqlFormat.table:
-            rt = RichTable()
+            rt = Table()
             for name in names:
                 rt.add_column(name, overflow="fold")
             for row in table_rows:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import Output, check_plot_option, emit, err, handles_errors, out, output_options, parse_ints, progress
 from kmesh_trace.distributed import RAY_HELP
@@ -88,7 +88,7 @@ def _render(d: dict) -> None:
     out.print(f"fleet: {d['num_requests']:,} requests, {d['block_size']}-token blocks, load = {d['load']}"
               + (f", families {d['family_source']}" if d["family_source"] else ""))
     for p in d["points"]:
-        rt = RichTable(title=f"{p['num_engines']:,} engines x {p['capacity_blocks']:,} blocks", title_justify="left")
+        rt = Table(title=f"{p['num_engines']:,} engines x {p['capacity_blocks']:,} blocks", title_justify="left")
         for h in ("policy", "hit_ratio", "prefill", "max/mean", "gap", "closed"):
             rt.add_column(h, justify="left" if h == "policy" else "right")
         for r in p["runs"]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import (
     CapacityOption,
@@ -123,7 +123,7 @@ def headroom_cmd(
 
 
 def render(d: dict) -> None:
-    rt = RichTable(title=f"headroom ({d['block_size']}-token blocks)", title_justify="left")
+    rt = Table(title=f"headroom ({d['block_size']}-token blocks)", title_justify="left")
     for h in ("policy", "capacity", "hit_blocks", "hit_tokens", "prefill", "hit_ratio"):
         rt.add_column(h, justify="left" if h == "policy" else "right")
     for r in d["results"]:
@@ -186,7 +186,7 @@ def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, 
 def _render_curve(res, block_size, window, cost) -> None:
     rows = res.along_grid()
     pols = list(res.curves)
-    rt = RichTable(title=f"hit ratio by capacity ({block_size}-token blocks, window: {window}, "
+    rt = Table(title=f"hit ratio by capacity ({block_size}-token blocks, window: {window}, "
                          f"{res.num_requests:,} requests)", title_justify="left")
     rt.add_column("capacity_blocks", justify="right")
     for p in pols:
@@ -202,7 +202,7 @@ def _render_curve(res, block_size, window, cost) -> None:
         rt.add_row(*cells)
     out.print(rt)
     inf_ratio = res.infinite_hit_blocks / res.num_reads if res.num_reads else 0.0
-    ft = RichTable(title=f"capacity (blocks) reaching a share of the infinite cache's hit ratio ({inf_ratio:.4f})",
+    ft = Table(title=f"capacity (blocks) reaching a share of the infinite cache's hit ratio ({inf_ratio:.4f})",
                    title_justify="left")
     ft.add_column("policy")
     for f in ("50%", "90%", "99%"):
@@ -216,7 +216,7 @@ def _render_curve(res, block_size, window, cost) -> None:
         s = res.stock
         out.print(f"stock ({s['source']}) at {s['capacity_blocks']:,} blocks: {s['prefill_tokens']:,} prefill tokens")
     if res.ttft:
-        tt = RichTable(title="estimated prefill seconds per request at the stock capacity (time to first token, "
+        tt = Table(title="estimated prefill seconds per request at the stock capacity (time to first token, "
                              "queueing excluded)", title_justify="left")
         tt.add_column("policy")
         for q in ("mean", "p50", "p90", "p99"):

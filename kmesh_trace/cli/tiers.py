@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import (
     Output,
     ScenarioOption,
     build_scenario,
     check_out_dir,
+    check_out_not_in_input,
     check_plot_option,
     emit,
     err,
@@ -98,6 +99,7 @@ def tiers_cmd(
     check_plot_option(plot, [trace, restore_results, model_config])
     if journal is not None:
         check_out_dir(journal, "--journal")
+        check_out_not_in_input(journal, [trace, restore_results, model_config], "--journal")
         if journal_max_restores <= 0:
             raise KmeshTraceError("--journal-max-restores must be at least 1.")
 
@@ -254,10 +256,10 @@ def _render_configs(d: dict) -> None:
                   markup=False, highlight=False)
     for n in d["cost_notes"]:
         out.print(f"restore cost: {n}", markup=False, highlight=False)
-    ht_ = RichTable(title="tiers: hit tokens by tier", title_justify="left")
+    ht_ = Table(title="tiers: hit tokens by tier", title_justify="left")
     for h in ("configuration", "gpu", "host", "ssd", "recomputed", "gpu_evictions"):
         ht_.add_column(h, justify="left" if h == "configuration" else "right")
-    rt = RichTable(title="tiers: lower-tier reads and estimated seconds", title_justify="left")
+    rt = Table(title="tiers: lower-tier reads and estimated seconds", title_justify="left")
     for h in ("configuration", "host_MiB", "ssd_MiB", "read_amp", "saved_s", "ttft_children", "ttft_others"):
         rt.add_column(h, justify="left" if h == "configuration" else "right")
     for c in d["configurations"]:
@@ -289,7 +291,7 @@ def _render_configs(d: dict) -> None:
 def _render_sweep(d: dict) -> None:
     sw = d["sweep"]
     metric = sw["metric"]
-    rt = RichTable(title=f"{metric} by host (rows) x ssd (columns) blocks at {d['gpu_blocks']:,} GPU blocks",
+    rt = Table(title=f"{metric} by host (rows) x ssd (columns) blocks at {d['gpu_blocks']:,} GPU blocks",
                    title_justify="left")
     rt.add_column("host \\ ssd", justify="right")
     for s in sw["ssd_blocks"]:
@@ -303,7 +305,7 @@ def _render_sweep(d: dict) -> None:
 
 
 def _render_arms(d: dict) -> None:
-    rt = RichTable(title=f"family-burst: {d['children']} children, {d['ancestor_mib']:g} MiB ancestor in "
+    rt = Table(title=f"family-burst: {d['children']} children, {d['ancestor_mib']:g} MiB ancestor in "
                          f"{d['chunks']} chunks", title_justify="left")
     for h in ("arm", "lower_tier_reads", "MiB_read", "host_reads", "ssd_reads", "shared", "read_amp",
               "wait_p50_s", "wait_max_s"):
