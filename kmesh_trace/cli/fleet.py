@@ -69,6 +69,11 @@ def fleet_cmd(
                                   "usable blocks); pass --capacity-blocks N.")
         caps = [pool_capacity(None, usable.pop())]
     check_options(routings, ns, caps, overload)
+    from kmesh_trace.resources import check_fits, fleet_bytes
+
+    flags = " x ".join(f for f, v in (("--engines", engines), ("--capacity-blocks", capacity_blocks)) if v is not None)
+    check_fits(max(fleet_bytes(n, c) for n in ns for c in caps), flags or "--engines",
+               "engine pools (and a global pool of engines x blocks)")
     with progress() as bar:
         tid = bar.add_task("fleet", total=None)
         result = fleet_sweep(trace, ns, caps, routings, overload=overload, edges=edges.value, ray=ray,

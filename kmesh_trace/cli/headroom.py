@@ -80,6 +80,8 @@ def headroom_cmd(
     if window is not Window.all and caps is not None:
         raise KmeshTraceError("--window applies to curves; drop --capacity-blocks to get one.")
     check_plot_option(plot, [trace])  # a bad --plot must fail before the replays, not after them
+    if caps is not None:
+        _check_pool_memory(caps, names)
     cost = fit = stream = stock = None
     if tokens_per_s is not None:
         from kmesh_trace.oracle.prefill_cost import PrefillCost
@@ -120,6 +122,16 @@ def headroom_cmd(
     result.cost = cost
     d = _plot_and_notes(result, plot, plot_headroom, approximate)
     emit(output, d, rows=d["results"], render=lambda: render(d))
+
+
+def _check_pool_memory(caps: list[int], names: list[str] | None) -> None:
+    """The pools the replays allocate at the largest capacity, refused before any work when too large."""
+    from kmesh_trace.resources import check_fits, pool_bytes
+
+    if names is None or "vllm" in names:
+        check_fits(pool_bytes(max(caps)), "--capacity-blocks", "a vLLM pool model")
+    elif {"belady", "belady-prefix"} & set(names):
+        check_fits(pool_bytes(max(caps), vllm=False), "--capacity-blocks", "a Belady heap")
 
 
 def render(d: dict) -> None:

@@ -79,6 +79,10 @@ def pressure_cmd(
         raise KmeshTraceError("--plot draws a capacity sweep; add --capacity-blocks a,b,c.")
     check_plot_option(plot, [trace])
     _check_limits(expiry_s, max_held_blocks, max_families)
+    if caps is not None:
+        from kmesh_trace.resources import check_fits, pool_bytes
+
+        check_fits(pool_bytes(max(caps)), option, "a vLLM pool model")
     if scenario is not None:
         w = build_scenario(scenario)
         approximate = None
