@@ -158,6 +158,21 @@ def _csv_field(v) -> str:
     return str(v)
 
 
+#: Items of a list a table cell shows; the rest is counted (json and csv print every item).
+TABLE_LIST_ITEMS = 16
+_SHORTENED = " more]"
+
+
+def _table_cell(v) -> str:
+    """One result value in the human table: a long list (token ids) as its first items and a count."""
+    if v is None:
+        return ""
+    if isinstance(v, (list, tuple)) and len(v) > TABLE_LIST_ITEMS:
+        head = ", ".join(str(_cell(x)) for x in v[:TABLE_LIST_ITEMS])
+        return f"[{head}, +{len(v) - TABLE_LIST_ITEMS:,}{_SHORTENED}"
+    return str(v)
+
+
 @handles_errors
 def sql_cmd(
     trace: Path = typer.Argument(..., help="Trace directory."),
@@ -199,7 +214,7 @@ def sql_cmd(
                 elif writer is not None:
                     writer.writerow([_csv_field(row[k]) for k in names])
                 else:
-                    table_rows.append(["" if row[k] is None else str(row[k]) for k in names])
+                    table_rows.append([_table_cell(row[k]) for k in names])
                 shown += 1
             if more:
                 batches.close()
@@ -207,12 +222,15 @@ def sql_cmd(
         if fmt is SqlFormat.json:
             sys.stdout.write("]\n")
         elif fmt is SqlFormat.table:
-            rt = Table()
+            rt = Table()  # one record per row when the columns do not fit the terminal
             for name in names:
                 rt.add_column(name, overflow="fold")
             for row in table_rows:
                 rt.add_row(*row)
             out.print(rt)
+    if fmt is SqlFormat.table and any(isinstance(v, str) and v.endswith(_SHORTENED) for r in table_rows for v in r):
+        err.print(f"note: lists longer than {TABLE_LIST_ITEMS} items are shortened in the table; --format json or "
+                  "csv prints them whole", soft_wrap=True)
     if more:
         err.print(f"showing the first {shown:,} rows; the query returned more (raise --limit"
                   + (", or use --format csv or json to stream every row)" if limit is None else ")"),

@@ -146,7 +146,7 @@ class Table:
                 parts.append(Text(f"-[ record {i} ]-", style="dim"))
             g = RichTable.grid(padding=(0, 2))
             g.add_column(no_wrap=True, min_width=min(key_width, 30), overflow="fold")
-            g.add_column(overflow="fold", ratio=1)
+            g.add_column(overflow="fold")
             for c, v in zip(self.columns, r):
                 if self.show_header:
                     g.add_row(Text(c.header, style="bold"), _cell(v))
