@@ -137,7 +137,7 @@ class Table:
             t.add_row(*(_cell(v) for v in r))
         return t
 
-    def _records(self) -> Group:
+    def _records(self, width: int) -> Group:
         """One record per row: a rule naming it, then `field  value` lines (values wrap, never cut)."""
         parts: list[Any] = []
         key_width = max((len(c.header) for c in self.columns), default=0)
@@ -145,7 +145,7 @@ class Table:
             if self.show_header:
                 parts.append(Text(f"-[ record {i} ]-", style="dim"))
             g = RichTable.grid(padding=(0, 2))
-            g.add_column(no_wrap=True, min_width=min(key_width, 30), overflow="fold")
+            g.add_column(max_width=min(key_width, max(12, width // 2)), overflow="fold")  # a long key wraps
             g.add_column(overflow="fold")
             for c, v in zip(self.columns, r):
                 if self.show_header:
@@ -173,7 +173,7 @@ class Table:
                     yield Text(f"({legend})", style="dim")
                 break
         else:
-            yield self._records()
+            yield self._records(options.max_width)
         if self.caption:
             yield Text(visible(self.caption), style="dim")
 
