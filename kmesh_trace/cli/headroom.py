@@ -200,12 +200,12 @@ def _render_curve(res, block_size, window, cost) -> None:
     pols = list(res.curves)
     rt = Table(title=f"hit ratio by capacity ({block_size}-token blocks, window: {window}, "
                          f"{res.num_requests:,} requests)", title_justify="left")
-    rt.add_column("capacity_blocks", justify="right")
+    rt.add_column("capacity_blocks", justify="right", short="blocks")  # short: at 80 columns, with a legend
     for p in pols:
-        rt.add_column(p, justify="right")
-    rt.add_column("headroom_tokens", justify="right")
+        rt.add_column(p, justify="right", short={"belady-prefix": "b-prefix"}.get(p))
+    rt.add_column("headroom_tokens", justify="right", short="headroom")
     if cost is not None:
-        rt.add_column("headroom_s", justify="right")
+        rt.add_column("headroom_s", justify="right", short="hr_s")
     for row in rows:
         cells = [f"{row['capacity_blocks']:,}"] + [f"{row[p]['hit_ratio']:.4f}" for p in pols]
         cells.append(f"{row['headroom_tokens']:,}" if "headroom_tokens" in row else "")

@@ -71,8 +71,9 @@ def _render(d: dict) -> None:
     if d["num_negative_gaps"]:
         out.print(f"{d['num_negative_gaps']:,} children arrived before their parent finished (negative gaps)")
     ft = Table(title="families (largest first)", title_justify="left")
+    short = {"requests": "reqs", "max fan-out": "fan-out", "shared p50": "shared"}  # at 80 columns, with a legend
     for h in ("family", "requests", "edges", "roots", "max fan-out", "depth", "gap p50 (s)", "shared p50", "agents"):
-        ft.add_column(h, justify="left" if h == "family" else "right")
+        ft.add_column(h, justify="left" if h == "family" else "right", short=short.get(h))
     for f in d["families"][:MAX_FAMILY_ROWS]:
         ft.add_row(f["family"], f"{f['num_requests']:,}", f"{f['num_edges']:,}", f"{f['num_roots']:,}",
                    f"{f['max_fan_out']:,}", f"{f['depth']:,}", _fmt(f["gap_s_p50"]), _fmt(f["shared_blocks_p50"]),

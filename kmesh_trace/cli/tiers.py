@@ -260,8 +260,10 @@ def _render_configs(d: dict) -> None:
     for h in ("configuration", "gpu", "host", "ssd", "recomputed", "gpu_evictions"):
         ht_.add_column(h, justify="left" if h == "configuration" else "right")
     rt = Table(title="tiers: lower-tier reads and estimated seconds", title_justify="left")
+    short = {"configuration": "config", "host_MiB": "host", "ssd_MiB": "ssd", "read_amp": "amp", "saved_s": "saved",
+             "ttft_children": "kids", "ttft_others": "others"}  # at 80 columns, with a legend
     for h in ("configuration", "host_MiB", "ssd_MiB", "read_amp", "saved_s", "ttft_children", "ttft_others"):
-        rt.add_column(h, justify="left" if h == "configuration" else "right")
+        rt.add_column(h, justify="left" if h == "configuration" else "right", short=short[h])
     for c in d["configurations"]:
         ht = c["hit_tokens_by_tier"]
         rb = c["read_bytes_by_tier"] or {}
