@@ -45,6 +45,7 @@ def _run(args, limit_gib=8):
     (["headroom", "{t}", "--capacity-blocks", f"64,{HUGE_BLOCKS}", "--policies", "belady"], "--capacity-blocks"),
     (["pressure", "{t}", "--capacity-blocks", HUGE_BLOCKS], "--capacity-blocks"),
     (["fleet", "{t}", "--engines", 1_000_000_000], "--engines"),
+    (["tiers", "{t}", "--gpu-blocks", HUGE_BLOCKS, "--host", "64", "--prefill-tokens-per-s", "5000"], "--gpu-blocks"),
     (["fleet", "{t}", "--engines", 2, "--capacity-blocks", HUGE_BLOCKS], "--engines x --capacity-blocks"),
 ])
 def test_a_flag_asking_for_more_memory_than_the_machine_has_is_refused_at_once(fork_tree, args, flag):

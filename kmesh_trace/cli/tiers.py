@@ -147,6 +147,9 @@ def tiers_cmd(
         gpu = pool_capacity(gpu_blocks, usable)
     except NeedsParameterError as e:  # the pool's capacity is --gpu-blocks here
         raise KmeshTraceError(f"{e.reason}; pass --gpu-blocks N.") from None
+    from kmesh_trace.resources import check_fits, pool_bytes
+
+    check_fits(pool_bytes(gpu), "--gpu-blocks", "a vLLM pool model")  # the lower tiers grow with the data
     block_bytes = block_size * kvbpt if kvbpt else None
     if chunk_tokens is not None and (chunk_tokens <= 0 or chunk_tokens % block_size):
         raise KmeshTraceError(f"--chunk-tokens must be a positive multiple of the block size ({block_size}).")
