@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 from kmesh_trace.errors import KmeshTraceError, MissingDependencyError
 
 __all__ = ["CONNECT_TIMEOUT_ENV", "INSTALL_HINT", "LOCAL_SYSTEM_CONFIG", "MAX_RETRIES", "RAY_HELP", "Task", "TaskFailedError",
-           "connect", "local_cluster_options", "run_tasks"]
+           "check_ray_option", "connect", "local_cluster_options", "run_tasks"]
 
 INSTALL_HINT = "pip install 'kmesh-trace[fleet]'"
 RAY_HELP = ("Run the pieces (engine partitions, sweep points) as Ray tasks: 'auto' joins RAY_ADDRESS's "
@@ -106,6 +106,12 @@ def _within(seconds: float, target: str, work: Callable[[], Any]) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+def check_ray_option(ray: str | None) -> None:
+    """`--ray ADDRESS` where nothing accepts connections, refused before a command does any work."""
+    if ray is not None and ray != "auto":
+        _check_reachable(ray, connect_timeout_s())
 
 
 def _check_reachable(address: str, seconds: float) -> None:

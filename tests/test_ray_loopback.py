@@ -111,7 +111,7 @@ def test_ray_at_an_address_where_nothing_listens_gives_up_at_once(small_trace):
     errors = [line for line in p.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and errors[0].startswith("Error: cannot join the Ray cluster at 127.0.0.1:1: nothing "
                                                      "accepts connections"), p.stderr
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 120  # not Ray's minutes of retries (a bound, not a benchmark)
 
 
 def test_ray_at_an_address_that_never_answers_gives_up_after_the_timeout(small_trace):
@@ -131,4 +131,4 @@ def test_ray_at_an_address_that_never_answers_gives_up_after_the_timeout(small_t
         silent.close()
     assert p.returncode == 1
     assert p.stderr.splitlines()[-1].startswith(f"Error: no Ray cluster answered at 127.0.0.1:{port} within 3 s"), p.stderr
-    assert elapsed < 60
+    assert elapsed < 120

@@ -10,7 +10,7 @@ import typer
 from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import Output, check_plot_option, emit, err, handles_errors, out, output_options, parse_ints, progress
-from kmesh_trace.distributed import RAY_HELP
+from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 
 
@@ -56,6 +56,7 @@ def fleet_cmd(
     if not routings:
         raise KmeshTraceError(f"--routing needs at least one policy from: {', '.join(ROUTINGS)}.")
     check_plot_option(plot, [trace])
+    check_ray_option(ray)
     parts = open_parts(trace)  # metadata only: the tasks (or the one read below) read the parts
     if not parts.engines:
         raise KmeshTraceError(f"{trace} has no engine partitions; there are no requests to route.")

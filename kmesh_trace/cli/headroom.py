@@ -25,7 +25,7 @@ from kmesh_trace.cli.common import (
     parse_ints,
     run_tasks_with_progress,
 )
-from kmesh_trace.distributed import RAY_HELP
+from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 
 
@@ -80,6 +80,7 @@ def headroom_cmd(
     if window is not Window.all and caps is not None:
         raise KmeshTraceError("--window applies to curves; drop --capacity-blocks to get one.")
     check_plot_option(plot, [trace])  # a bad --plot must fail before the replays, not after them
+    check_ray_option(ray)
     if caps is not None:
         _check_pool_memory(caps, names)
     cost = fit = stream = stock = None

@@ -25,7 +25,7 @@ from kmesh_trace.cli.common import (
     parse_ints,
     run_tasks_with_progress,
 )
-from kmesh_trace.distributed import RAY_HELP
+from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 
 MAX_FAMILY_ROWS = 20
@@ -78,6 +78,7 @@ def pressure_cmd(
     if plot is not None and caps is None:
         raise KmeshTraceError("--plot draws a capacity sweep; add --capacity-blocks a,b,c.")
     check_plot_option(plot, [trace])
+    check_ray_option(ray)
     _check_limits(expiry_s, max_held_blocks, max_families)
     if caps is not None:
         from kmesh_trace.resources import check_fits, pool_bytes

@@ -24,7 +24,7 @@ from kmesh_trace.cli.common import (
     progress,
     run_tasks_with_progress,
 )
-from kmesh_trace.distributed import RAY_HELP
+from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
 
 
@@ -97,6 +97,7 @@ def tiers_cmd(
     if plot is not None and not swept:
         raise KmeshTraceError("--plot draws a host x SSD sweep; add --sweep-host and/or --sweep-ssd.")
     check_plot_option(plot, [trace, restore_results, model_config])
+    check_ray_option(ray)
     if journal is not None:
         check_out_dir(journal, "--journal")
         check_out_not_in_input(journal, [trace, restore_results, model_config], "--journal")
