@@ -163,6 +163,7 @@ _CONTRACT_FINDINGS = {
     "duplicate_part": "a part repeats another byte for byte (its rows would count twice); it was left out",
     "null_in_required_column": "a part holds nulls in a column the contract requires; it was left out",
     "invalid_metadata": "an engine metadata field has the wrong type (it was ignored)",
+    "part_outside_trace": "a part is a symbolic link to a file outside the trace; it was left out",
 }
 
 

@@ -1,7 +1,8 @@
 """Where an analysis's independent pieces run: in this process (the default) or as Ray tasks (`--ray`).
 
 It owns Ray: connecting (`--ray auto` joins the cluster `RAY_ADDRESS` names or one already running on
-this machine, else starts a local one; `--ray ADDRESS` joins that cluster), submitting one task per
+this machine, else starts a local one that listens on 127.0.0.1 only, with no dashboard; `--ray ADDRESS`
+joins that cluster, giving up in one line after `KMESH_TRACE_RAY_TIMEOUT_S` seconds, default 30), submitting one task per
 piece (an engine partition, a sweep point, a routing policy), following their completion, retrying
 failed tasks, and turning a persistent failure into one error that names the piece.
 
@@ -23,7 +24,8 @@ from typing import Any, Callable, Sequence
 
 from kmesh_trace.errors import KmeshTraceError, MissingDependencyError
 
-__all__ = ["INSTALL_HINT", "LOCAL_SYSTEM_CONFIG", "MAX_RETRIES", "RAY_HELP", "Task", "TaskFailedError", "connect", "run_tasks"]
+__all__ = ["CONNECT_TIMEOUT_ENV", "INSTALL_HINT", "LOCAL_SYSTEM_CONFIG", "MAX_RETRIES", "RAY_HELP", "Task", "TaskFailedError",
+           "check_ray_option", "connect", "local_cluster_options", "run_tasks"]
 
 INSTALL_HINT = "pip install 'kmesh-trace[fleet]'"
 RAY_HELP = ("Run the pieces (engine partitions, sweep points) as Ray tasks: 'auto' joins RAY_ADDRESS's "
@@ -50,8 +52,87 @@ class Task:
     args: tuple = ()
 
 
+#: Seconds `--ray ADDRESS` may take to join a cluster before giving up (Ray's own retries take minutes).
+CONNECT_TIMEOUT_ENV = "KMESH_TRACE_RAY_TIMEOUT_S"
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
+#: Ray picks its node address, and the interfaces its servers listen on, from this switch: off, a node
+#: is this machine's loopback only. A cluster's job API is unauthenticated, so a local one stays there.
+_LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+LOOPBACK = "127.0.0.1"
+
+
+def connect_timeout_s() -> float:
+    try:
+        value = float(os.environ.get(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S))
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise KmeshTraceError(f"{CONNECT_TIMEOUT_ENV} must be a number of seconds above zero "
+                              f"(got {os.environ.get(CONNECT_TIMEOUT_ENV)!r}).")
+    return value
+
+
+def local_cluster_options() -> dict:
+    """`ray.init` options for a cluster started on this machine (here and by the tests): every server
+    bound to 127.0.0.1, no dashboard, workers at normal priority. Call before `ray.init`; it also makes
+    the Ray processes started from here, which inherit the environment, keep to the loopback."""
+    os.environ[_LOOPBACK_ONLY_ENV] = "0"
+    import ray._private.ray_constants as constants  # read when ray was imported; set for this process too
+
+    constants.ENABLE_RAY_CLUSTER = False
+    return dict(include_dashboard=False, _node_ip_address=LOOPBACK, _system_config=LOCAL_SYSTEM_CONFIG)
+
+
+def _within(seconds: float, target: str, work: Callable[[], Any]) -> Any:
+    """Run `work` (a Ray connection) and give up after `seconds` with one sentence; Ray's own
+    connection retries to an address where no cluster answers run for minutes."""
+    import threading
+
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="ray-connect", daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        raise KmeshTraceError(f"no Ray cluster answered at {target} within {seconds:g} s; check the address "
+                              f"(ray status shows it), raise {CONNECT_TIMEOUT_ENV}, or use --ray auto for a "
+                              "local cluster.")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def check_ray_option(ray: str | None) -> None:
+    """`--ray ADDRESS` where nothing accepts connections, refused before a command does any work."""
+    if ray is not None and ray != "auto":
+        _check_reachable(ray, connect_timeout_s())
+
+
+def _check_reachable(address: str, seconds: float) -> None:
+    """Refuse at once an ADDRESS (host:port) where nothing accepts a connection."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return  # ray://, a bare host: left to Ray (bounded by _within)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=seconds).close()
+    except OSError as e:
+        raise KmeshTraceError(f"cannot join the Ray cluster at {address}: nothing accepts connections there "
+                              f"({e.strerror or e}); check the address (ray status shows it) or use --ray auto "
+                              "for a local cluster.") from None
+
+
 def connect(address: str = "auto"):
-    """Join or start a Ray cluster (see the module docstring) and return the `ray` module."""
+    """Join or start a Ray cluster (see the module docstring) and return the `ray` module. Joining gives
+    up after `KMESH_TRACE_RAY_TIMEOUT_S` seconds (default 30); a cluster started here listens on
+    127.0.0.1 only, with no dashboard."""
     try:
         import ray
     except ImportError:
@@ -59,19 +140,19 @@ def connect(address: str = "auto"):
     if ray.is_initialized():
         return ray
     quiet = dict(logging_level=logging.WARNING, log_to_driver=False)  # stdout stays the command's data
+    seconds = connect_timeout_s()
+    target = address if address != "auto" else os.environ.get("RAY_ADDRESS") or "this machine"
     try:
-        if address != "auto":
-            ray.init(address=address, **quiet)
-        elif os.environ.get("RAY_ADDRESS"):
-            ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
+        if address != "auto" or os.environ.get("RAY_ADDRESS"):
+            joined = address if address != "auto" else os.environ["RAY_ADDRESS"]
+            _check_reachable(joined, seconds)
+            _within(seconds, joined, lambda: ray.init(address=joined, **quiet))
         else:
             try:
-                ray.init(address="auto", **quiet)
+                _within(seconds, target, lambda: ray.init(address="auto", **quiet))
             except ConnectionError:  # nothing running here: start a local cluster for this process
-                ray.init(include_dashboard=False, _system_config=LOCAL_SYSTEM_CONFIG, **quiet)
+                ray.init(**local_cluster_options(), **quiet)
     except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as e:
-        # A wrong address fails only after Ray's own connection retries (minutes).
-        target = address if address != "auto" else os.environ.get("RAY_ADDRESS") or "this machine"
         raise KmeshTraceError(f"cannot join the Ray cluster at {target} ({_one_line(e)}); check the "
                               "address (ray status shows it) or use --ray auto for a local cluster.") from None
     return ray

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 from typing import Any, Iterable
 
 import polars as pl
@@ -26,6 +27,7 @@ import pyarrow.parquet as pq
 
 from kmesh_trace import schema
 from kmesh_trace.errors import CorruptTraceError, KmeshTraceError, TraceNotFoundError
+from kmesh_trace.paths import inside
 from kmesh_trace.writer import ENGINES_DIR, MARKER
 
 __all__ = ["TraceParts", "open_parts", "parts_signature"]
@@ -129,8 +131,14 @@ class TraceParts(EngineMetadata):
 
     def _list(self, directory: str, pattern: str) -> list[str]:
         infos = self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
-        return sorted(i.path for i in infos
-                      if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.base_name, pattern))
+        found = sorted(i.path for i in infos
+                       if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.base_name, pattern))
+        if isinstance(self.fs, pafs.LocalFileSystem):  # only a local filesystem has symbolic links
+            for f in found:
+                if not inside(self.root, f):
+                    raise CorruptTraceError(f"{f} lies outside the trace (a symbolic link to {os.path.realpath(f)}); "
+                                            "a trace reads only its own files: move the link out of it.")
+        return found
 
     def _read_json(self, path: str) -> dict[str, Any]:
         with self.fs.open_input_stream(path) as f:

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from kmesh_trace import schema
 from kmesh_trace.errors import CorruptTraceError, KmeshTraceError, QueryRefusedError, TraceNotFoundError
 from kmesh_trace.parts import EngineMetadata
+from kmesh_trace.paths import inside
 from kmesh_trace.writer import ENGINES_DIR, LOSS_SUFFIX, MARKER
 
 # The one statement type `Trace.sql(..., read_only=True)` accepts; everything else (COPY, ATTACH,
@@ -60,7 +61,7 @@ def default_memory_limit() -> int:
 class PartProblem:
     """A contract violation found when the trace was opened: `code`, the file, and one sentence."""
 
-    code: str  # damaged_part, duplicate_part, null_in_required_column, invalid_metadata
+    code: str  # damaged_part, duplicate_part, null_in_required_column, invalid_metadata, part_outside_trace
     path: str
     message: str
 
@@ -94,6 +95,9 @@ class Trace(EngineMetadata):
         self._footers: dict[Path, pq.FileMetaData] = {}
         self.engines: dict[str, dict[str, Any]] = {}
         for meta_path in sorted((self.path / ENGINES_DIR).glob("*.json")):
+            if not inside(self.path, meta_path):
+                raise CorruptTraceError(f"{meta_path} lies outside the trace (a symbolic link to "
+                                        f"{os.path.realpath(meta_path)}); a trace reads only its own files.")
             meta = _read_json_object(meta_path)
             schema.check_version(meta.get("schema_version"), str(meta_path))
             if not isinstance(meta.get("engine_id"), str):
@@ -156,6 +160,10 @@ class Trace(EngineMetadata):
         problem, and is left out (so a non-strict reader, the audit, still reads the rest)."""
         readable = []
         for p in sorted((self.path / name).glob("engine=*/part-*.parquet")):
+            if not inside(self.path, p):
+                self._problem("part_outside_trace", p, f"{p} lies outside the trace (a symbolic link to "
+                              f"{os.path.realpath(p)}); a trace reads only its own files: move the link out of it.")
+                continue
             try:
                 footer = pq.read_metadata(p)
                 why = _part_damage(name, p, footer)

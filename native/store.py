@@ -112,25 +112,42 @@ def plan_uniform(num_restores: int, num_chunks: int, chunk_bytes: int) -> list[l
     return [[chunk_bytes] * num_chunks for _ in range(num_restores)]
 
 
-def plan_from_trace(trace: Path, chunk_bytes: int, max_restores: int) -> list[list[int]]:
-    """One restore per completed `load` transfer of a trace, cut into chunks (the last one rounded up)."""
+def plan_from_trace(trace: Path, chunk_bytes: int, max_restores: int, room: int | None = None) -> list[list[int]]:
+    """One restore per completed `load` transfer of a trace, cut into chunks (the last one rounded up).
+    A byte count below zero is refused; so is a plan larger than `room` bytes (the free space where the
+    store goes), before any chunk list is built."""
     import pyarrow.dataset as ds
+
+    from kmesh_trace.paths import inside
 
     check_chunk_bytes("--chunk-bytes", chunk_bytes)
     tdir = Path(trace) / "transfers"
     if not tdir.is_dir():
         raise StoreError(f"{trace} has no transfers table; pass a kmesh-trace capture directory to --from")
-    parts = sorted(str(p) for p in tdir.glob("engine=*/part-*.parquet"))
+    parts = sorted(tdir.glob("engine=*/part-*.parquet"))
     if not parts:
         raise StoreError(f"{trace} recorded no transfers; capture with a KV connector to size restores from it")
-    t = ds.dataset(parts, format="parquet").to_table(columns=["direction", "status", "num_bytes"])
-    sizes = [b for d, s, b in zip(t["direction"].to_pylist(), t["status"].to_pylist(), t["num_bytes"].to_pylist())
-             if d == "load" and s == "ok" and b]
-    if not sizes:
+    for p in parts:
+        if not inside(trace, p):
+            raise StoreError(f"{p} lies outside the trace (a symbolic link to {os.path.realpath(p)}); a trace reads "
+                             "only its own files: move the link out of it")
+    t = ds.dataset([str(p) for p in parts], format="parquet").to_table(columns=["direction", "status", "num_bytes"])
+    rows = [(i, b) for i, (d, s, b) in enumerate(zip(t["direction"].to_pylist(), t["status"].to_pylist(),
+                                                      t["num_bytes"].to_pylist())) if d == "load" and s == "ok" and b]
+    bad = next(((i, b) for i, b in rows if b < 0), None)
+    if bad is not None:
+        raise StoreError(f"transfer row {bad[0]} of {trace} has an impossible size of {bad[1]:,} bytes; the trace is "
+                         "damaged")
+    if not rows:
         raise StoreError(f"{trace} has no completed load transfers with a byte count; nothing to replay")
+    sizes = [-(-b // ALIGNMENT) * ALIGNMENT for _, b in rows[:max_restores]]
+    if room is not None and sum(sizes) > room:
+        big = max(rows[:max_restores], key=lambda r: r[1])
+        raise StoreError(f"the {len(sizes)} restores sized from {trace} need {sum(sizes) / 2**30:,.2f} GiB (transfer "
+                         f"row {big[0]} alone asks {big[1] / 2**30:,.2f} GiB) but --out has {room / 2**30:,.2f} GiB "
+                         "free; lower --max-restores or write the store elsewhere")
     plan = []
-    for b in sizes[:max_restores]:
-        b = -(-b // ALIGNMENT) * ALIGNMENT
+    for b in sizes:
         full, rest = divmod(b, chunk_bytes)
         plan.append([chunk_bytes] * full + ([rest] if rest else []))
     return plan
@@ -142,6 +159,9 @@ def prepare(out: Path, plan: list[list[int]], seed: int = 0, source: str = "unif
     check_seed(seed)
     if (out / JOURNAL).exists():
         raise StoreError(f"{out} already holds a store; choose another --out or delete it first")
+    from kmesh_trace.paths import check_free_space
+
+    check_free_space(out, sum(map(sum, plan)), f"the store at {out}")
     (out / "payload").mkdir(parents=True, exist_ok=True)
     rows: dict[str, list] = {f.name: [] for f in JOURNAL_SCHEMA}
     for rid, sizes in enumerate(plan):

@@ -33,16 +33,17 @@ def cli():
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """One local Ray cluster (2 CPUs, no dashboard) for the whole session; skipped without Ray. Its
+    """One local Ray cluster (2 CPUs, loopback only, no dashboard) for the whole session; skipped without Ray. Its
     workers see tests/ on their path, so task functions may come from test helpers."""
     import logging
 
     ray = pytest.importorskip("ray", reason="ray is not installed; pip install 'kmesh-trace[fleet]' runs the Ray tests")
     tests_dir = str(Path(__file__).resolve().parent)
-    from kmesh_trace.distributed import LOCAL_SYSTEM_CONFIG
+    from kmesh_trace.distributed import local_cluster_options
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": tests_dir}}, _system_config=LOCAL_SYSTEM_CONFIG)
+    # The same options as `--ray auto`'s local cluster: every server on 127.0.0.1, no dashboard.
+    ray.init(num_cpus=2, logging_level=logging.WARNING, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": tests_dir}}, **local_cluster_options())
     yield ray
     ray.shutdown()
 

@@ -109,7 +109,10 @@ class _Clock:
     def __init__(self, arrival: Arrival):
         self.arrival = arrival
         self.k = 0
-        self.free = [(0.0, u) for u in range(arrival.users or 0)]  # (free at, user), a heap
+        # (free at, user), a heap of the users met so far; the others are free at 0 and are taken in
+        # number order, so memory follows the conversations, not N (users:100000000 holds none idle).
+        self.free: list[tuple[float, int]] = []
+        self.num_users_met = 0
 
     def start(self, duration_s: float) -> float:
         a = self.arrival
@@ -118,7 +121,11 @@ class _Clock:
         elif a.mode == "stagger":
             start = self.k * a.seconds
         else:
-            start, user = heapq.heappop(self.free)
+            if self.num_users_met < a.users and not (self.free and self.free[0][0] <= 0.0):
+                start, user = 0.0, self.num_users_met  # an unmet user: free at 0, numbered after the met
+                self.num_users_met += 1
+            else:
+                start, user = heapq.heappop(self.free)
             heapq.heappush(self.free, (start + max(duration_s, 0.0), user))
         self.k += 1
         return start

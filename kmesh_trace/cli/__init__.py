@@ -40,6 +40,9 @@ class _Group(TyperGroup):
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except _click.exceptions.ClickException as e:
+            if isinstance(e, getattr(_click.exceptions, "NoArgsIsHelpError", ())):  # a bare group: its help
+                sys.stdout.write(e.format_message() + "\n")
+                sys.exit(0)
             if not e.format_message():  # a bare group: its help was shown, nothing failed
                 sys.exit(0)
             hint = ""
@@ -79,8 +82,10 @@ def _first_line(e: BaseException) -> str:
 
 
 def _error(message: str) -> None:
+    from kmesh_trace.cli.display import error_line  # control characters in a message (a flag's value) shown
+
     try:
-        sys.stderr.write(f"Error: {message}\n")
+        sys.stderr.write(error_line(message))
         sys.stderr.flush()
     except OSError:
         pass  # stderr is gone too: the exit code is all that is left
@@ -126,6 +131,26 @@ _COMMAND_MODULES = [
 
 for _name in _COMMAND_MODULES:
     importlib.import_module(_name).register(app)
+
+
+def _help_fits_the_terminal(group: typer.Typer) -> None:
+    """--help as click writes it (wrapped whole words at the terminal's width), not typer's rich panels,
+    whose option column cuts long option names (`--kv-bytes-per-t…`) at 80 columns; every sub-app too."""
+    group.rich_markup_mode = None
+    for c in group.registered_commands:  # click cuts a long first line with "..." in the command list
+        c.short_help = c.short_help or _first_sentence(c.help or (c.callback.__doc__ if c.callback else "") or "")
+    for g in group.registered_groups:
+        info = g.typer_instance.info
+        g.short_help = g.short_help or _first_sentence(g.help or getattr(info, "help", None) or "")
+        _help_fits_the_terminal(g.typer_instance)
+
+
+def _first_sentence(text: str) -> str | None:
+    text = " ".join(str(text).split())
+    return text.split(". ")[0].rstrip(".") if text else None
+
+
+_help_fits_the_terminal(app)
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace.audit.findings import EXIT_CLEAN, Problem, summary
 from kmesh_trace.cli.common import (
@@ -41,8 +41,8 @@ def _finish(problems: list[Problem], code: int) -> None:
     fail(f"audit found {summary(problems)}", code)
 
 
-def _problems_table(problems: list[Problem]) -> RichTable:
-    t = RichTable(title="problems", title_justify="left")
+def _problems_table(problems: list[Problem]) -> Table:
+    t = Table(title="problems", title_justify="left")
     for h in ("severity", "code", "count", "what", "first locations"):
         t.add_column(h, overflow="fold")
     for p in problems:
@@ -78,7 +78,7 @@ def _render_corpus(r: dict, problems: list[Problem]) -> None:
               f"({r['unique_records']:,} unique, {r['duplicate_records']:,} duplicate copies, "
               f"{r['near_duplicate_records']:,} near-duplicates), {r['malformed_lines']:,} malformed lines",
               markup=False, highlight=False)
-    t = RichTable(title="sources", title_justify="left")
+    t = Table(title="sources", title_justify="left")
     for h in ("source", "files", "empty", "bytes", "records", "malformed", "keys", "time unit", "edges (pairs)", "labels"):
         t.add_column(h, justify="right" if h in ("files", "empty", "bytes", "records", "malformed") else "left", overflow="fold")
     for name, s in r["sources"].items():
@@ -87,7 +87,7 @@ def _render_corpus(r: dict, problems: list[Problem]) -> None:
                   f"{s['malformed_lines']:,}", ", ".join(s["fields"]), s["timestamp_unit"] or "",
                   f"{e['pairs_with_edge']} ({e['pairs']})" if e else "", ", ".join(sorted(s["labels"])))
     out.print(t)
-    ev = RichTable(title="lineage evidence (records carrying it)", title_justify="left")
+    ev = Table(title="lineage evidence (records carrying it)", title_justify="left")
     for h in ("evidence", "records", "of", "fields recognised"):
         ev.add_column(h, overflow="fold")
     for cat, v in r["lineage"]["evidence"].items():
@@ -97,7 +97,7 @@ def _render_corpus(r: dict, problems: list[Problem]) -> None:
                   f"{ce['previous_output_in_next_input']} previous output in next input, over {ce['pairs']} pairs "
                   f"in {ce['sessions']} sessions")
     out.print(ev)
-    vt = RichTable(title="verdict", title_justify="left")
+    vt = Table(title="verdict", title_justify="left")
     for h in ("analysis", "qualified", "missing evidence", "sources that qualify alone"):
         vt.add_column(h, overflow="fold")
     for analysis, v in r["verdict"].items():
@@ -128,14 +128,14 @@ def capture_cmd(
 def _render_capture(result) -> None:
     rows = ", ".join(f"{k} {v:,}" for k, v in result.rows.items())
     out.print(f"trace {result.path}: engines {', '.join(result.engines) or 'none'}; rows: {rows}", markup=False, highlight=False)
-    vt = RichTable(title="verdict", title_justify="left")
+    vt = Table(title="verdict", title_justify="left")
     for h in ("analysis", "qualified", "blocked by"):
         vt.add_column(h)
     for analysis, v in result.verdict.items():
         vt.add_row(analysis, "yes" if v["qualified"] else "no", ", ".join(v["blocked_by"]))
     out.print(vt)
     for eng, imp in result.imports.items():
-        it = RichTable(title=f"imported partition {eng} ({imp['source']}): not a capture", title_justify="left")
+        it = Table(title=f"imported partition {eng} ({imp['source']}): not a capture", title_justify="left")
         it.add_column("supports", overflow="fold")
         it.add_column("stays approximate or modelled", overflow="fold")
         for i in range(max(len(imp["supports"]), len(imp["approximate"]))):

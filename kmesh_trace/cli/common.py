@@ -2,6 +2,19 @@
 checks of option values (integer lists, output paths) that must fail before any work is done, and the
 output options and exit codes of every analysis command.
 
+Human output goes through ONE layer, `kmesh_trace.cli.display` (re-exported here as `out`, `err` and
+`Table`): its consoles never interpret text (no markup, control characters shown as escapes), so a
+string from a trace, a corpus or a flag prints as itself; its `Table` fits the terminal (short headers
+with a legend, else one record per row) and never cuts a value with "…". A new command builds its tables
+with `Table(...)` / `add_column(header, justify=..., short=...)` / `add_row(...)` and prints them with
+`out.print(table)`; it never imports `rich.table` and never passes markup.
+
+Paths go through ONE policy, `kmesh_trace.paths` (re-exported here as `check_out_file`,
+`check_out_dir`, `check_out_not_in_input`): an output is never an input nor inside one, and a trace's
+parts never lie outside its directory. Memory goes through `kmesh_trace.resources.check_fits`: a
+command that allocates from a flag (`--capacity-blocks`, `--engines`, `--arrival users:N`) estimates
+the bytes first and refuses, naming the flag, what the machine cannot hold.
+
 Output options (`output_options` + `emit`): a command that produces a result adds `--json`, `--csv`
 (when its result is one table) and `--out FILE` (the JSON, or the CSV with --csv, written atomically
 while the human output still goes to the terminal) in two lines:
@@ -35,13 +48,11 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 import typer
-from rich.console import Console
 
+from kmesh_trace.cli.display import Table, err, out  # noqa: F401  (the one output layer, re-exported)
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
 from kmesh_trace.values import json_text
-
-out = Console(soft_wrap=True)  # data
-err = Console(stderr=True)  # progress, decoration, errors
+from kmesh_trace.paths import check_out_dir, check_out_file, check_out_not_in_input  # noqa: F401  (re-exported)
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -104,22 +115,6 @@ def _read_damage(e: Exception):
     return locate_damage(e)
 
 
-def check_out_not_in_input(out_path: Path, inputs: "list[Path | None] | tuple[Path | None, ...]",
-                           option: str = "--out") -> Path:
-    """Refuse an output path that is, or lies inside, one of the inputs the command reads (a corpus
-    directory, a trace directory, a source file): writing there would change what is being read, or
-    destroy it. Symbolic links are resolved first, so a link cannot slip past."""
-    target = out_path.resolve()
-    for src in inputs:
-        if src is None:
-            continue
-        s = Path(src).resolve()
-        if target == s or s in target.parents:
-            raise KmeshTraceError(f"{option} {out_path} is {'the input' if target == s else 'inside the input'} {src}; "
-                                  f"write the output somewhere else.")
-    return out_path
-
-
 def check_plot_option(plot: Path | None, inputs: "list[Path | str | None]") -> None:
     """`--plot FILE`, refused before any work: a .png or .svg the command can write, not inside an input."""
     if plot is None:
@@ -148,32 +143,6 @@ def parse_ints(text: str, what: str, maximum: int = MAX_BLOCKS) -> list[int]:
     return values
 
 
-def check_out_file(path: Path, option: str) -> Path:
-    """Refuse, before any work, a file the command could only fail to write at the end: a directory,
-    or a parent directory that is missing or not writable."""
-    if path.is_dir():
-        raise KmeshTraceError(f"{option} {path} is a directory; give a file name.")
-    parent = path.parent
-    if not parent.is_dir():
-        raise KmeshTraceError(f"cannot write {path}: the directory {parent} does not exist; create it first.")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise KmeshTraceError(f"cannot write {path}: the directory {parent} is not writable; choose another {option}.")
-    return path
-
-
-def check_out_dir(path: Path, option: str) -> Path:
-    """Refuse, before any work, a directory the command could not create or fill: an existing file, or
-    a nearest existing ancestor that is not a writable directory (missing parents are created)."""
-    if path.exists() and not path.is_dir():
-        raise KmeshTraceError(f"{option} {path} is a file; give a directory.")
-    nearest = next(p for p in (path, *path.absolute().parents) if p.exists())
-    if not nearest.is_dir():
-        raise KmeshTraceError(f"cannot create {path}: {nearest} is a file; choose another {option}.")
-    if not os.access(nearest, os.W_OK | os.X_OK):
-        raise KmeshTraceError(f"cannot write {path}: the directory {nearest} is not writable; choose another {option}.")
-    return path
-
-
 def print_json(obj: Any) -> None:
     sys.stdout.write(json_text(obj) + "\n")
     sys.stdout.flush()
@@ -183,7 +152,7 @@ def progress(transient: bool = True):
     """A rich progress bar on stderr."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TimeRemainingColumn(), console=err, transient=transient)
 
 

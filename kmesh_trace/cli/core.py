@@ -9,7 +9,7 @@ from enum import Enum
 from pathlib import Path
 
 import typer
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace import schema
 from kmesh_trace.cli.common import Output, emit, err, handles_errors, out, output_options, print_json
@@ -45,7 +45,7 @@ def schema_cmd(
         return
     out.print(f"kmesh-trace schema {schema.SCHEMA_VERSION}", style="bold")
     for t in schema.TABLES.values():
-        rt = RichTable(title=f"{t.name}: {t.doc}", title_justify="left", expand=False)
+        rt = Table(title=f"{t.name}: {t.doc}", title_justify="left", expand=False)
         for h in ("column", "type", "unit", "null"):
             rt.add_column(h, no_wrap=True)
         rt.add_column("meaning", overflow="fold")
@@ -78,7 +78,7 @@ def info_cmd(
 
 
 def _render_info(info: dict) -> None:
-    rt = RichTable(title=f"trace {info['path']}", title_justify="left")
+    rt = Table(title=f"trace {info['path']}", title_justify="left")
     rt.add_column("table")
     rt.add_column("rows", justify="right")
     rt.add_column("parts", justify="right")
@@ -86,7 +86,7 @@ def _render_info(info: dict) -> None:
         rt.add_row(name, f"{t['rows']:,}", str(t["parts"]))
     out.print(rt)
     for eid, meta in info["engines"].items():
-        mt = RichTable(title=f"engine {eid}", title_justify="left", show_header=False)
+        mt = Table(title=f"engine {eid}", title_justify="left", show_header=False)
         mt.add_column("field")
         mt.add_column("value", overflow="fold")
         for k, v in meta.items():
@@ -167,6 +167,21 @@ def _csv_field(v) -> str:
     return str(v)
 
 
+#: Items of a list a table cell shows; the rest is counted (json and csv print every item).
+TABLE_LIST_ITEMS = 16
+_SHORTENED = " more]"
+
+
+def _table_cell(v) -> str:
+    """One result value in the human table: a long list (token ids) as its first items and a count."""
+    if v is None:
+        return ""
+    if isinstance(v, (list, tuple)) and len(v) > TABLE_LIST_ITEMS:
+        head = ", ".join(str(_cell(x)) for x in v[:TABLE_LIST_ITEMS])
+        return f"[{head}, +{len(v) - TABLE_LIST_ITEMS:,}{_SHORTENED}"
+    return str(v)
+
+
 @handles_errors
 def sql_cmd(
     trace: Path = typer.Argument(..., help="Trace directory."),
@@ -208,7 +223,7 @@ def sql_cmd(
                 elif writer is not None:
                     writer.writerow([_csv_field(row[k]) for k in names])
                 else:
-                    table_rows.append(["" if row[k] is None else str(row[k]) for k in names])
+                    table_rows.append([_table_cell(row[k]) for k in names])
                 shown += 1
             if more:
                 batches.close()
@@ -216,12 +231,15 @@ def sql_cmd(
         if fmt is SqlFormat.json:
             sys.stdout.write("]\n")
         elif fmt is SqlFormat.table:
-            rt = RichTable()
+            rt = Table()  # one record per row when the columns do not fit the terminal
             for name in names:
                 rt.add_column(name, overflow="fold")
             for row in table_rows:
                 rt.add_row(*row)
             out.print(rt)
+    if fmt is SqlFormat.table and any(isinstance(v, str) and v.endswith(_SHORTENED) for r in table_rows for v in r):
+        err.print(f"note: lists longer than {TABLE_LIST_ITEMS} items are shortened in the table; --format json or "
+                  "csv prints them whole", soft_wrap=True)
     if more:
         err.print(f"showing the first {shown:,} rows; the query returned more (raise --limit"
                   + (", or use --format csv or json to stream every row)" if limit is None else ")"),

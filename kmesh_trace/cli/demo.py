@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import err, handles_errors, out, print_json
 
@@ -70,8 +70,8 @@ def demo_cmd(
     render(report)
 
 
-def _table(title: str, columns: list[str], rows: list[list], justify_from: int = 1) -> RichTable:
-    t = RichTable(title=title, title_justify="left")
+def _table(title: str, columns: list[str], rows: list[list], justify_from: int = 1) -> Table:
+    t = Table(title=title, title_justify="left")
     for i, c in enumerate(columns):
         t.add_column(c, justify="right" if i >= justify_from else "left", overflow="fold")
     for r in rows:
@@ -94,7 +94,7 @@ def render(report: dict) -> None:
                      [[k, v] for k, v in info["tables"].items()] + [["dropped events", drops]]))
     chk = report["capture_check"]
     out.print(f"Captured tokens and cached tokens match the engine's outputs for all {chk['num_requests']} requests."
-              if chk["ok"] else f"[red]Capture disagrees with the engine's outputs: {chk}[/red]")
+              if chk["ok"] else f"Capture disagrees with the engine's outputs: {chk}", style=None if chk["ok"] else "red")
 
     a = report["audit"]
     rows = [[name, "qualified" if v["qualified"] else "blocked by " + "; ".join(map(str, v["blocked_by"]))]
@@ -109,7 +109,7 @@ def render(report: dict) -> None:
         rows = [[p] + [fmt.format(by[(p, c)][what]) if (p, c) in by else "" for c in caps] for p in policies]
         out.print(_table(f"Headroom: {what} by capacity (blocks; stock is the captured engine)",
                          ["policy"] + [str(c) for c in caps], rows))
-    out.print(f"Headroom at the engine's {h['headroom_capacity_blocks']} blocks: [bold]{h['headroom_tokens']:,}[/bold] "
+    out.print(f"Headroom at the engine's {h['headroom_capacity_blocks']} blocks: {h['headroom_tokens']:,} "
               f"prefill tokens (stock from the {h['stock_source']}) that an ideal cache of the same size would have reused.")
 
     p = report["pressure"]
@@ -118,9 +118,9 @@ def render(report: dict) -> None:
     out.print(_table(f"Retention pressure at {p.get('capacity_blocks')} blocks (declared families; tokens)",
                      ["arm", "child_hits", "other_hits", "hits", "prefill", "evictions"],
                      [[arm] + [arms[arm][k] for k in keys] for arm in ("stock", "held")]))
-    out.print(f"Holding each family's ancestor saves [bold]{p['saved_child_tokens']:,}[/bold] child tokens, displaces "
-              f"[bold]{p['displaced_hit_tokens']:,}[/bold] hit tokens of other requests: net "
-              f"[bold]{p['net_cached_tokens']:,}[/bold] cached tokens.")
+    out.print(f"Holding each family's ancestor saves {p['saved_child_tokens']:,} child tokens, displaces "
+              f"{p['displaced_hit_tokens']:,} hit tokens of other requests: net "
+              f"{p['net_cached_tokens']:,} cached tokens.")
     sw = report.get("pressure_sweep", [])
     if sw:
         out.print(_table("Net cached tokens of holds by capacity", ["capacity", "saved", "displaced", "net"],

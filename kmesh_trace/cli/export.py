@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import check_out_file, check_out_not_in_input, err, handles_errors, out, print_json
 
@@ -51,7 +51,7 @@ def perfetto_cmd(
     if as_json:
         print_json(summary)
         return
-    rt = RichTable(title=f"perfetto timeline {summary['path']}", title_justify="left", show_header=False)
+    rt = Table(title=f"perfetto timeline {summary['path']}", title_justify="left", show_header=False)
     rt.add_column("what")
     rt.add_column("count", justify="right")
     for key, label in _SUMMARY_ROWS:

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import Output, check_plot_option, emit, err, handles_errors, out, output_options, parse_ints, progress
-from kmesh_trace.distributed import RAY_HELP
+from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.values import finite_float
 
@@ -57,6 +57,7 @@ def fleet_cmd(
     if not routings:
         raise KmeshTraceError(f"--routing needs at least one policy from: {', '.join(ROUTINGS)}.")
     check_plot_option(plot, [trace])
+    check_ray_option(ray)
     parts = open_parts(trace)  # metadata only: the tasks (or the one read below) read the parts
     if not parts.engines:
         raise KmeshTraceError(f"{trace} has no engine partitions; there are no requests to route.")
@@ -70,6 +71,11 @@ def fleet_cmd(
                                   "usable blocks); pass --capacity-blocks N.")
         caps = [pool_capacity(None, usable.pop())]
     check_options(routings, ns, caps, overload)
+    from kmesh_trace.resources import check_fits, fleet_bytes
+
+    flags = " x ".join(f for f, v in (("--engines", engines), ("--capacity-blocks", capacity_blocks)) if v is not None)
+    check_fits(max(fleet_bytes(n, c) for n in ns for c in caps), flags or "--engines",
+               "engine pools (and a global pool of engines x blocks)")
     with progress() as bar:
         tid = bar.add_task("fleet", total=None)
         result = fleet_sweep(trace, ns, caps, routings, overload=overload, edges=edges.value, ray=ray,
@@ -89,7 +95,7 @@ def _render(d: dict) -> None:
     out.print(f"fleet: {d['num_requests']:,} requests, {d['block_size']}-token blocks, load = {d['load']}"
               + (f", families {d['family_source']}" if d["family_source"] else ""))
     for p in d["points"]:
-        rt = RichTable(title=f"{p['num_engines']:,} engines x {p['capacity_blocks']:,} blocks", title_justify="left")
+        rt = Table(title=f"{p['num_engines']:,} engines x {p['capacity_blocks']:,} blocks", title_justify="left")
         for h in ("policy", "hit_ratio", "prefill", "max/mean", "gap", "closed"):
             rt.add_column(h, justify="left" if h == "policy" else "right")
         for r in p["runs"]:

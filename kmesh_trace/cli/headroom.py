@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import (
     CapacityOption,
@@ -25,7 +25,7 @@ from kmesh_trace.cli.common import (
     parse_ints,
     run_tasks_with_progress,
 )
-from kmesh_trace.distributed import RAY_HELP
+from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.values import bounded_int, finite_float
 
@@ -81,6 +81,9 @@ def headroom_cmd(
     if window is not Window.all and caps is not None:
         raise KmeshTraceError("--window applies to curves; drop --capacity-blocks to get one.")
     check_plot_option(plot, [trace])  # a bad --plot must fail before the replays, not after them
+    check_ray_option(ray)
+    if caps is not None:
+        _check_pool_memory(caps, names)
     cost = fit = stream = stock = None
     if tokens_per_s is not None:
         from kmesh_trace.oracle.prefill_cost import PrefillCost
@@ -123,8 +126,18 @@ def headroom_cmd(
     emit(output, d, rows=d["results"], render=lambda: render(d))
 
 
+def _check_pool_memory(caps: list[int], names: list[str] | None) -> None:
+    """The pools the replays allocate at the largest capacity, refused before any work when too large."""
+    from kmesh_trace.resources import check_fits, pool_bytes
+
+    if names is None or "vllm" in names:
+        check_fits(pool_bytes(max(caps)), "--capacity-blocks", "a vLLM pool model")
+    elif {"belady", "belady-prefix"} & set(names):
+        check_fits(pool_bytes(max(caps), vllm=False), "--capacity-blocks", "a Belady heap")
+
+
 def render(d: dict) -> None:
-    rt = RichTable(title=f"headroom ({d['block_size']}-token blocks)", title_justify="left")
+    rt = Table(title=f"headroom ({d['block_size']}-token blocks)", title_justify="left")
     for h in ("policy", "capacity", "hit_blocks", "hit_tokens", "prefill", "hit_ratio"):
         rt.add_column(h, justify="left" if h == "policy" else "right")
     for r in d["results"]:
@@ -187,14 +200,14 @@ def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, 
 def _render_curve(res, block_size, window, cost) -> None:
     rows = res.along_grid()
     pols = list(res.curves)
-    rt = RichTable(title=f"hit ratio by capacity ({block_size}-token blocks, window: {window}, "
+    rt = Table(title=f"hit ratio by capacity ({block_size}-token blocks, window: {window}, "
                          f"{res.num_requests:,} requests)", title_justify="left")
-    rt.add_column("capacity_blocks", justify="right")
+    rt.add_column("capacity_blocks", justify="right", short="blocks")  # short: at 80 columns, with a legend
     for p in pols:
-        rt.add_column(p, justify="right")
-    rt.add_column("headroom_tokens", justify="right")
+        rt.add_column(p, justify="right", short={"belady-prefix": "b-prefix"}.get(p))
+    rt.add_column("headroom_tokens", justify="right", short="headroom")
     if cost is not None:
-        rt.add_column("headroom_s", justify="right")
+        rt.add_column("headroom_s", justify="right", short="hr_s")
     for row in rows:
         cells = [f"{row['capacity_blocks']:,}"] + [f"{row[p]['hit_ratio']:.4f}" for p in pols]
         cells.append(f"{row['headroom_tokens']:,}" if "headroom_tokens" in row else "")
@@ -203,7 +216,7 @@ def _render_curve(res, block_size, window, cost) -> None:
         rt.add_row(*cells)
     out.print(rt)
     inf_ratio = res.infinite_hit_blocks / res.num_reads if res.num_reads else 0.0
-    ft = RichTable(title=f"capacity (blocks) reaching a share of the infinite cache's hit ratio ({inf_ratio:.4f})",
+    ft = Table(title=f"capacity (blocks) reaching a share of the infinite cache's hit ratio ({inf_ratio:.4f})",
                    title_justify="left")
     ft.add_column("policy")
     for f in ("50%", "90%", "99%"):
@@ -217,7 +230,7 @@ def _render_curve(res, block_size, window, cost) -> None:
         s = res.stock
         out.print(f"stock ({s['source']}) at {s['capacity_blocks']:,} blocks: {s['prefill_tokens']:,} prefill tokens")
     if res.ttft:
-        tt = RichTable(title="estimated prefill seconds per request at the stock capacity (time to first token, "
+        tt = Table(title="estimated prefill seconds per request at the stock capacity (time to first token, "
                              "queueing excluded)", title_justify="left")
         tt.add_column("policy")
         for q in ("mean", "p50", "p90", "p99"):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import check_out_dir, check_out_not_in_input, err, handles_errors, out, print_json, progress
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
@@ -100,7 +100,7 @@ def import_cmd(
     if as_json:
         print_json(summary)
         return
-    rt = RichTable(title=f"{fmt.value} import into {out_dir}", title_justify="left", show_header=False)
+    rt = Table(title=f"{fmt.value} import into {out_dir}", title_justify="left", show_header=False)
     rt.add_column("what")
     rt.add_column("count", justify="right")
     for key in getattr(report, "SUMMARY_KEYS", _SUMMARY_KEYS):

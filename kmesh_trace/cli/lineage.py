@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import Output, approximate_tokens_note, check_plot_option, emit, err, handles_errors, out, output_options
 
@@ -59,7 +59,7 @@ def _render(d: dict) -> None:
                   if d["edge_kind"] else "no lineage edges")
     out.print(f"{d['num_requests']:,} requests, {d['num_families']:,} families, {d['num_singletons']:,} singletons; "
               f"{edges_text}, {d['num_parents']:,} parents; block size {d['block_size']}", markup=False, highlight=False)
-    dt = RichTable(title="distributions", title_justify="left")
+    dt = Table(title="distributions", title_justify="left")
     for h in ("what", "count", "min", "p50", "p90", "p99", "max", "mean"):
         dt.add_column(h, justify="left" if h == "what" else "right")
     for label, key in (("children per parent", "fan_out"), ("family depth (edges)", "depth"),
@@ -70,9 +70,10 @@ def _render(d: dict) -> None:
     out.print(dt)
     if d["num_negative_gaps"]:
         out.print(f"{d['num_negative_gaps']:,} children arrived before their parent finished (negative gaps)")
-    ft = RichTable(title="families (largest first)", title_justify="left")
+    ft = Table(title="families (largest first)", title_justify="left")
+    short = {"requests": "reqs", "max fan-out": "fan-out", "shared p50": "shared"}  # at 80 columns, with a legend
     for h in ("family", "requests", "edges", "roots", "max fan-out", "depth", "gap p50 (s)", "shared p50", "agents"):
-        ft.add_column(h, justify="left" if h == "family" else "right")
+        ft.add_column(h, justify="left" if h == "family" else "right", short=short.get(h))
     for f in d["families"][:MAX_FAMILY_ROWS]:
         ft.add_row(f["family"], f"{f['num_requests']:,}", f"{f['num_edges']:,}", f"{f['num_roots']:,}",
                    f"{f['max_fan_out']:,}", f"{f['depth']:,}", _fmt(f["gap_s_p50"]), _fmt(f["shared_blocks_p50"]),

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import (
     MAX_BLOCKS,
@@ -25,7 +25,7 @@ from kmesh_trace.cli.common import (
     parse_ints,
     run_tasks_with_progress,
 )
-from kmesh_trace.distributed import RAY_HELP
+from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.values import MAX_BLOCKS, MAX_SECONDS, bounded_int, finite_float
 
@@ -79,6 +79,11 @@ def pressure_cmd(
     if plot is not None and caps is None:
         raise KmeshTraceError("--plot draws a capacity sweep; add --capacity-blocks a,b,c.")
     check_plot_option(plot, [trace])
+    check_ray_option(ray)
+    if caps is not None:
+        from kmesh_trace.resources import check_fits, pool_bytes
+
+        check_fits(pool_bytes(max(caps)), option, "a vLLM pool model")
     if scenario is not None:
         w = build_scenario(scenario)
         approximate = None
@@ -126,7 +131,7 @@ def pressure_cmd(
 
 
 def _render_sweep(d: dict) -> None:
-    rt = RichTable(title=f"retention pressure by capacity ({d['block_size']}-token blocks, {d['edges']} edges)",
+    rt = Table(title=f"retention pressure by capacity ({d['block_size']}-token blocks, {d['edges']} edges)",
                    title_justify="left")
     for h in ("capacity", "stock_hits", "held_hits", "saved", "displaced", "net"):
         rt.add_column(h, justify="right")
@@ -138,7 +143,7 @@ def _render_sweep(d: dict) -> None:
 
 
 def _render(d: dict) -> None:
-    at = RichTable(title=f"retention pressure: {d['capacity_blocks']:,} blocks of {d['block_size']} tokens, "
+    at = Table(title=f"retention pressure: {d['capacity_blocks']:,} blocks of {d['block_size']} tokens, "
                          f"{d['num_requests']:,} requests, {d['num_children']:,} children ({d['edges']} edges)",
                    title_justify="left")
     cols = ("child_hit_tokens", "other_hit_tokens", "hit_tokens", "prefill_tokens", "evictions")
@@ -149,7 +154,7 @@ def _render(d: dict) -> None:
         at.add_row(arm, *(f"{d['arms'][arm][c]:,}" for c in cols))
     out.print(at)
     fams = sorted(d["families"], key=lambda f: (-abs(f["saved_child_tokens"]), f["parent_index"]))
-    ft = RichTable(title="families (kids: children; stock, held: child hit tokens in each arm)", title_justify="left")
+    ft = Table(title="families (kids: children; stock, held: child hit tokens in each arm)", title_justify="left")
     # child hits in tokens, stock then held; saved = held - stock
     for h in ("family", "parent", "kids", "hold", "blocks", "release", "stock", "held", "saved"):
         ft.add_column(h, justify="left" if h in ("family", "parent", "hold", "release") else "right", overflow="fold")
@@ -161,7 +166,7 @@ def _render(d: dict) -> None:
     if len(fams) > MAX_FAMILY_ROWS:
         err.print(f"({len(fams) - MAX_FAMILY_ROWS:,} more families; --json lists them all)")
     if "requests" in d:
-        rt = RichTable(title="requests (hit tokens and evictions, stock then held)", title_justify="left")
+        rt = Table(title="requests (hit tokens and evictions, stock then held)", title_justify="left")
         for h in ("index", "request", "role", "hits_stock", "hits_held", "evict_stock", "evict_held"):
             rt.add_column(h, justify="left" if h in ("request", "role") else "right")
         for r in d["requests"]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 from rich import box
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import EXIT_BLOCKING, check_out_dir, check_out_not_in_input, err, fail, handles_errors, out, print_json, progress
 from kmesh_trace.values import bounded_int
@@ -74,11 +74,13 @@ def prepare_cmd(
 
     Exit codes: 0 ok; 1 could not run (usage, input or I/O error)."""
     from kmesh_trace.native import store as st
+    from kmesh_trace.paths import FREE_SPACE_MARGIN, free_space
 
     st.check_seed(seed)
     check_out_dir(out_dir, "--out")
     if from_trace is not None:
-        plan, source = st.plan_from_trace(from_trace, chunk_bytes, max_restores), f"trace:{from_trace}"
+        room = free_space(out_dir) - FREE_SPACE_MARGIN
+        plan, source = st.plan_from_trace(from_trace, chunk_bytes, max_restores, room), f"trace:{from_trace}"
     else:
         plan, source = st.plan_uniform(num_restores, chunks, chunk_bytes), "uniform"
     check_out_not_in_input(out_dir, [from_trace])
@@ -100,7 +102,7 @@ def _ms(v) -> str:
 
 
 def _render(summary: dict) -> None:
-    t = RichTable(title="replay: accepted measured restores, warm-ups excluded (times in ms; t1 I/O done, "
+    t = Table(title="replay: accepted measured restores, warm-ups excluded (times in ms; t1 I/O done, "
                   "t2 GPU consumer done)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for h in ("route", "n", "t1 p50", "t1 p95", "t2 p50", "t2 p95", "GB/s", "MiB", "rej", "drained"):
         t.add_column(h, justify="left" if h == "route" else "right", no_wrap=True)
@@ -113,7 +115,7 @@ def _render(summary: dict) -> None:
                   f"{r['bytes_moved'] / 2**20:,.0f}", str(r["num_rejected"]),
                   {True: "yes", None: "n/a"}.get(own.get("drained"), "NO"))
     out.print(t)
-    p = RichTable(title="per pair (A B, then B A, ...)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    p = Table(title="per pair (A B, then B A, ...)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for h in ("pair", "route", "position", "n", "t1 p50", "t1 p95", "t2 p50", "t2 p95"):
         p.add_column(h, justify="left" if h == "route" else "right", no_wrap=True)
     for row in summary["pairs"]:

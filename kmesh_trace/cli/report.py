@@ -11,6 +11,7 @@ from kmesh_trace.cli.common import (
     CapacityOption,
     JsonOption,
     check_out_file,
+    check_out_not_in_input,
     err,
     exit_codes_help,
     handles_errors,
@@ -40,6 +41,7 @@ def report_cmd(
 
     caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
     check_out_file(out_file, "--out")
+    check_out_not_in_input(out_file, [trace])  # a page written over a part would destroy the trace
     data = write_report(trace, out_file, capacities=caps, engine=engine, trace_arg=str(trace))
     err.print(f"wrote {out_file}", markup=False, highlight=False)
     if as_json:

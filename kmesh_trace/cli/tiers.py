@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table as RichTable
+from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import (
     Output,
     ScenarioOption,
     build_scenario,
     check_out_dir,
+    check_out_not_in_input,
     check_plot_option,
     emit,
     err,
@@ -23,7 +24,7 @@ from kmesh_trace.cli.common import (
     progress,
     run_tasks_with_progress,
 )
-from kmesh_trace.distributed import RAY_HELP
+from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
 from kmesh_trace.values import MAX_BLOCKS, MAX_SECONDS, bounded_int, finite_float
 
@@ -97,8 +98,10 @@ def tiers_cmd(
     if plot is not None and not swept:
         raise KmeshTraceError("--plot draws a host x SSD sweep; add --sweep-host and/or --sweep-ssd.")
     check_plot_option(plot, [trace, restore_results, model_config])
+    check_ray_option(ray)
     if journal is not None:
         check_out_dir(journal, "--journal")
+        check_out_not_in_input(journal, [trace, restore_results, model_config], "--journal")
 
     costs: dict = {}
     notes: list[str] = []
@@ -142,6 +145,9 @@ def tiers_cmd(
         gpu = pool_capacity(gpu_blocks, usable)
     except NeedsParameterError as e:  # the pool's capacity is --gpu-blocks here
         raise KmeshTraceError(f"{e.reason}; pass --gpu-blocks N.") from None
+    from kmesh_trace.resources import check_fits, pool_bytes
+
+    check_fits(pool_bytes(gpu), "--gpu-blocks", "a vLLM pool model")  # the lower tiers grow with the data
     block_bytes = block_size * kvbpt if kvbpt else None
     if chunk_tokens is not None and (chunk_tokens <= 0 or chunk_tokens % block_size):
         raise KmeshTraceError(f"--chunk-tokens must be a positive multiple of the block size ({block_size}).")
@@ -251,12 +257,14 @@ def _render_configs(d: dict) -> None:
                   markup=False, highlight=False)
     for n in d["cost_notes"]:
         out.print(f"restore cost: {n}", markup=False, highlight=False)
-    ht_ = RichTable(title="tiers: hit tokens by tier", title_justify="left")
+    ht_ = Table(title="tiers: hit tokens by tier", title_justify="left")
     for h in ("configuration", "gpu", "host", "ssd", "recomputed", "gpu_evictions"):
         ht_.add_column(h, justify="left" if h == "configuration" else "right")
-    rt = RichTable(title="tiers: lower-tier reads and estimated seconds", title_justify="left")
+    rt = Table(title="tiers: lower-tier reads and estimated seconds", title_justify="left")
+    short = {"configuration": "config", "host_MiB": "host", "ssd_MiB": "ssd", "read_amp": "amp", "saved_s": "saved",
+             "ttft_children": "kids", "ttft_others": "others"}  # at 80 columns, with a legend
     for h in ("configuration", "host_MiB", "ssd_MiB", "read_amp", "saved_s", "ttft_children", "ttft_others"):
-        rt.add_column(h, justify="left" if h == "configuration" else "right")
+        rt.add_column(h, justify="left" if h == "configuration" else "right", short=short[h])
     for c in d["configurations"]:
         ht = c["hit_tokens_by_tier"]
         rb = c["read_bytes_by_tier"] or {}
@@ -286,7 +294,7 @@ def _render_configs(d: dict) -> None:
 def _render_sweep(d: dict) -> None:
     sw = d["sweep"]
     metric = sw["metric"]
-    rt = RichTable(title=f"{metric} by host (rows) x ssd (columns) blocks at {d['gpu_blocks']:,} GPU blocks",
+    rt = Table(title=f"{metric} by host (rows) x ssd (columns) blocks at {d['gpu_blocks']:,} GPU blocks",
                    title_justify="left")
     rt.add_column("host \\ ssd", justify="right")
     for s in sw["ssd_blocks"]:
@@ -300,7 +308,7 @@ def _render_sweep(d: dict) -> None:
 
 
 def _render_arms(d: dict) -> None:
-    rt = RichTable(title=f"family-burst: {d['children']} children, {d['ancestor_mib']:g} MiB ancestor in "
+    rt = Table(title=f"family-burst: {d['children']} children, {d['ancestor_mib']:g} MiB ancestor in "
                          f"{d['chunks']} chunks", title_justify="left")
     for h in ("arm", "lower_tier_reads", "MiB_read", "host_reads", "ssd_reads", "shared", "read_amp",
               "wait_p50_s", "wait_max_s"):

@@ -1,0 +1,204 @@
+"""One output layer for people (issue 21 class 1, issue 24 item 2; kmesh_trace.cli.display).
+
+Every string column of a trace (and a corpus's keys, a metadata value) holding markup, control
+characters and `</script>` goes through every command's human output and comes out as visible text:
+nothing styled, no hyperlink, no MarkupError, no control byte reaching the terminal. And every command's
+human output at 80 and 120 columns cuts nothing ("…"), nor does any command's --help.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import typer
+
+from kmesh_trace.cli import app
+from kmesh_trace.cli import display
+from kmesh_trace.datasets.workloads.fork_tree import BLOCK_SIZE, fork_tree_rows
+from kmesh_trace.writer import TraceWriter
+
+#: Markup (styles, a hidden hyperlink, an unbalanced closing tag), an emoji code, ESC sequences (a colour,
+#: an OSC 8 hyperlink, a screen clear), BEL, a bidirectional override and the end of a script element.
+HOSTILE = ("[bold red]x[/bold red][link=file:///etc/passwd]y[/link] [/oops] :smile: \x1b[31mred\x1b[0m "
+           "\x1b]8;;file:///etc/passwd\x07z\x1b]8;;\x07 \x1b[2J \u202eevil </script><!--<script>")
+RAW = ("\x1b", "\x07", "\u202e")
+
+
+def _rows(tag: str = "") -> list[dict]:
+    rows = fork_tree_rows()
+    for i, r in enumerate(rows):
+        if tag:
+            r["request_id"] = f"{tag}{i}" if r["request_id"] != "parent" else f"{tag}parent"
+            r["parent_id"] = f"{tag}parent" if r["parent_id"] else None
+            r["family_id"] = tag
+            r["caller_request_id"] = tag
+            r["agent_id"] = tag
+            r["agent_type"] = tag
+    return rows
+
+
+def _trace(path: Path, tag: str = "") -> Path:
+    rows = _rows(tag)
+    parent = next(r["request_id"] for r in rows if not r["parent_id"])
+    edges = [{"child_request_id": r["request_id"], "parent_request_id": parent, "declared_parent_id": parent,
+              "family_id": tag or "fork-tree", "edge_kind": "declared", "num_shared_tokens": 4096}
+             for r in rows if r["parent_id"]]
+    meta = {"block_size": BLOCK_SIZE, "num_usable_blocks": 512, "kv_bytes_per_token": 2048}
+    if tag:
+        meta.update({"model": tag, tag: tag, "tokenizer": tag})
+    with TraceWriter(path, "e0", meta, source="generated:fork-tree") as w:
+        w.write("invocations", {k: [r[k] for r in rows] for k in rows[0]})
+        w.write("lineage", edges)
+    return path
+
+
+def _corpus(path: Path, tag: str = "") -> Path:
+    src = path / (tag.replace("/", "_") if tag else "source")
+    src.mkdir(parents=True)
+    key = tag or "session_id"
+    (src / "a.jsonl").write_text("\n".join(json.dumps({key: tag or "s", "messages": [{"role": "user", "content": "hi"}],
+                                                       "timestamp": i}) for i in range(3)) + "\n")
+    return path
+
+
+#: (arguments, whether the output must show the hostile text): every command with a human output.
+COMMANDS = [
+    (["info", "{t}"], True),
+    (["sql", "{t}", "SELECT * FROM invocations"], True),
+    (["sql", "{t}", "SELECT * FROM lineage"], True),
+    (["sql", "{t}", "SELECT * FROM engines"], True),
+    (["lineage", "{t}"], True),
+    (["headroom", "{t}", "--capacity-blocks", "64,512", "--prefill-tokens-per-s", "5000"], False),
+    (["headroom", "{t}", "--prefill-tokens-per-s", "5000"], False),
+    (["pressure", "{t}", "--per-request"], True),
+    (["pressure", "{t}", "--capacity-blocks", "64,128,512"], False),
+    (["tiers", "{t}", "--host", "256", "--ssd", "1024", "--host-gbps", "10", "--ssd-gbps", "2",
+      "--prefill-tokens-per-s", "5000"], False),
+    (["tiers", "{t}", "--sweep-host", "0,256", "--sweep-ssd", "0,1024", "--ssd-gbps", "2",
+      "--prefill-tokens-per-s", "5000"], False),
+    (["fleet", "{t}", "--engines", "1,2"], False),
+    (["audit", "capture", "{t}"], True),
+    (["audit", "corpus", "{c}"], True),
+    (["export", "perfetto", "{t}", "--out", "{o}/timeline.json"], False),
+    (["schema"], False),
+    (["replay", "probe", "--routes", "host"], False),
+]
+
+
+@pytest.fixture
+def width(monkeypatch):
+    """Set the terminal width every console (and click's help) renders at."""
+
+    def set_width(columns: int) -> None:
+        monkeypatch.setenv("COLUMNS", str(columns))
+        for console in (display.out, display.err):
+            monkeypatch.setattr(console, "_width", columns)
+
+    return set_width
+
+
+def _run(cli, args, tmp_path, tag=""):
+    t = _trace(tmp_path / "t", tag)
+    c = _corpus(tmp_path / "corpus", tag)
+    r = cli([a.format(t=t, c=c, o=tmp_path) for a in args])
+    assert r.exit_code in (0, 3), (args, r.stdout[-2000:], r.stderr[-2000:])
+    return r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("args, shows", COMMANDS, ids=[" ".join(a[:2]) for a, _ in COMMANDS])
+def test_data_prints_as_visible_text_never_interpreted(cli, tmp_path, width, args, shows):
+    width(120)
+    text = _run(cli, args, tmp_path, HOSTILE)
+    assert "MarkupError" not in text and "unexpected" not in text
+    assert not any(c in text for c in RAW), [c for c in RAW if c in text]
+    if shows:
+        for word in display.visible(HOSTILE).split():  # a cell may wrap between words, never inside one
+            assert word in text, (word, text[:3000])
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+@pytest.mark.parametrize("args, _", COMMANDS, ids=[" ".join(a[:2]) for a, _ in COMMANDS])
+def test_every_human_output_fits_the_terminal(cli, tmp_path, width, columns, args, _):
+    width(columns)
+    text = _run(cli, args, tmp_path)
+    assert "…" not in text, text
+
+
+def _commands(group: typer.Typer, prefix=()):
+    for c in group.registered_commands:
+        yield (*prefix, c.name)
+    for g in group.registered_groups:
+        yield from _commands(g.typer_instance, (*prefix, g.name))
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+@pytest.mark.parametrize("command", [(), *sorted(_commands(app))], ids=lambda c: " ".join(c) or "kmesh-trace")
+def test_help_keeps_option_names_whole(cli, width, columns, command):
+    import click
+
+    width(columns)
+    r = cli([*command, "--help"])
+    assert r.exit_code == 0
+    assert "…" not in r.stdout, r.stdout
+    listed = r.stdout.partition("\nCommands:\n")[2]  # click cuts a long summary line with "..."
+    assert not any(line.endswith("...") for line in listed.splitlines()), listed
+    cmd = typer.main.get_command(app)
+    for name in command:
+        cmd = cmd.commands[name]
+    for p in cmd.params:
+        if isinstance(p, click.Option):
+            for opt in p.opts:
+                assert opt in r.stdout.split() or any(w.startswith(opt) for w in r.stdout.split()), (opt, r.stdout)
+
+
+# ---- the layer itself ---------------------------------------------------------------------------------
+
+
+def test_visible_shows_every_control_character():
+    assert display.visible("a\x1b[31mb\x07\n\t\u202e\x9b") == "a\\x1b[31mb\\x07\\n\\t\\u202e\\x9b"
+    assert display.visible_line("one\ntwo\x1b") == "one\ntwo\\x1b"
+
+
+def test_the_consoles_never_interpret_markup(capsys):
+    display.out.print("[/oops] [bold]b[/bold] :smile:")
+    display.err.print(HOSTILE)
+    captured = capsys.readouterr()
+    assert captured.out == "[/oops] [bold]b[/bold] :smile:\n"
+    assert "\x1b" not in captured.err and "[link=file:///etc/passwd]" in captured.err
+
+
+def test_short_headers_come_with_a_legend_and_a_wide_table_becomes_records():
+    import io
+
+    def render(columns: int, short: bool) -> list[str]:
+        t = display.Table("t")
+        t.add_column("a_rather_long_header", short="a" if short else None)
+        t.add_column("another_long_header", justify="right", short="b" if short else None)
+        t.add_row("value", "12,345")
+        buf = io.StringIO()
+        display.SafeConsole(file=buf, width=columns).print(t)
+        return [line.rstrip() for line in buf.getvalue().splitlines()]
+
+    assert render(60, True)[2] == "┃ a_rather_long_header ┃ another_long_header ┃"
+    narrow = render(30, True)
+    assert narrow[2] == "┃ a     ┃      b ┃"
+    assert " ".join(narrow[6:]) == "(a = a_rather_long_header, b = another_long_header)"
+    assert render(40, False) == ["t", "-[ record 1 ]-", "a_rather_long_header  value", "another_long_header   12,345"]
+
+
+def test_no_command_module_builds_rich_tables_or_markup_itself():
+    """The next command goes through the layer too: no cli module but display imports rich.table or
+    passes markup=True."""
+    cli_dir = Path(display.__file__).parent
+    for path in cli_dir.glob("*.py"):
+        if path.name == "display.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "rich.table":
+                pytest.fail(f"{path.name} imports rich.table; build tables with kmesh_trace.cli.display.Table")
+            if isinstance(node, ast.keyword) and node.arg == "markup" and getattr(node.value, "value", None) is True:
+                pytest.fail(f"{path.name} passes markup=True")
