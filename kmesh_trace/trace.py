@@ -563,3 +563,13 @@ def trace_info(trace: Trace) -> dict[str, Any]:
         "tables": {name: {"rows": n, "parts": len(trace.parts[name])} for name, n in trace.row_counts().items()},
         "engines": trace.engines,
     }
+
+
+def check_has_requests(trace: Trace) -> None:
+    """Refuse, in one sentence, a trace with nothing to analyse: no invocations and no block events (an
+    import that produced no request, a capture that never served one). An analysis of it would print
+    zeros as if they were results."""
+    counts = trace.row_counts()
+    if not counts.get("invocations") and not counts.get("block_events"):
+        raise KmeshTraceError(f"{trace.path} has no requests (its invocations table is empty and it holds no block "
+                              "events), so there is nothing to analyse; re-import or re-capture it.")
