@@ -164,14 +164,14 @@ def plot_tier_sweep(sweep: "SweepResult", path: str | Path, block_size: int) -> 
     # The scale starts at 0 (not at the smallest cell), so a 2% spread looks like 2%; the label says the range.
     vmin = min(lo, 0.0)
     im = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis", vmin=vmin, vmax=max(hi, vmin + 1e-9))
-    spread = f", spread {(hi - lo) / abs(hi):.1%} of the best" if hi else ""
-    fig.colorbar(im, ax=ax, label=f"{sweep.metric.replace('_', ' ')} (scale {vmin:,.0f}..{hi:,.0f}; cells "
-                                  f"{lo:,.0f}..{hi:,.0f}{spread})")
+    fmt = "{:.3g}" if sweep.metric == "prefill_seconds_saved" else "{:,.0f}"
+    spread = f" (spread {(hi - lo) / abs(hi):.1%} of the best)" if hi else ""
+    fig.colorbar(im, ax=ax, label=f"{sweep.metric.replace('_', ' ')}, scale from {fmt.format(vmin)}")
+    range_text = f"cells {fmt.format(lo)}..{fmt.format(hi)}{spread}"
     ax.set_xticks(range(len(sweep.ssd_blocks)), [f"{s:,}" if s else "none" for s in sweep.ssd_blocks])
     ax.set_yticks(range(len(sweep.host_blocks)), [f"{h:,}" if h else "none" for h in sweep.host_blocks])
     ax.set_xlabel(f"SSD tier ({block_size}-token blocks)")
     ax.set_ylabel(f"host tier ({block_size}-token blocks)")
-    fmt = "{:.3g}" if sweep.metric == "prefill_seconds_saved" else "{:,.0f}"
     for a in range(grid.shape[0]):
         for b in range(grid.shape[1]):
             dark = hi > vmin and (grid[a, b] - vmin) / (hi - vmin) < 0.5
@@ -184,7 +184,7 @@ def plot_tier_sweep(sweep: "SweepResult", path: str | Path, block_size: int) -> 
                label=f"smallest within {sweep.within_pct:g}%")
     ax.legend(loc="upper left", bbox_to_anchor=(0, -0.18), ncol=2, fontsize=8, frameon=False)
     gpu = sweep.results[0][0].config.gpu_blocks
-    ax.set_title(f"Lower tiers at {gpu:,} GPU blocks: {sweep.metric.replace('_', ' ')}", fontsize=10)
+    ax.set_title(f"Lower tiers at {gpu:,} GPU blocks: {sweep.metric.replace('_', ' ')}\n{range_text}", fontsize=10)
     return _save(fig, path)
 
 

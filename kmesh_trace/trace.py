@@ -573,3 +573,12 @@ def check_has_requests(trace: Trace) -> None:
     if not counts.get("invocations") and not counts.get("block_events"):
         raise KmeshTraceError(f"{trace.path} has no requests (its invocations table is empty and it holds no block "
                               "events), so there is nothing to analyse; re-import or re-capture it.")
+
+
+def approximate_tokens(trace: Trace) -> str | None:
+    """The note every analysis of an import with approximated token ids carries (None when exact)."""
+    names = sorted({str(m.get("tokenizer")) for m in trace.engines.values() if m.get("token_ids_approximate")})
+    if not names:
+        return None
+    return (f"token ids are approximate: the importer tokenized text with {', '.join(names)}, not the serving "
+            "model's tokenizer, so block and token counts are estimates")
