@@ -379,6 +379,9 @@ def pressure_section(ctx: ReportContext) -> Section:
                    ("saved", "child prefill tokens the holds turned into hits."),
                    ("displaced", "hit tokens of other requests the held blocks pushed out."),
                    ("net", "saved - displaced: the cache's total gain (negative: holding loses)."),
+                   ("the sweep", "holds pay only in a window of capacities: below it the held ancestor does not fit "
+                                 "beside the running requests, above it the stock cache keeps the ancestor anyway "
+                                 "(saved 0). A narrow peak is that window; flat zero means no window on this trace."),
                    ("family", "as the lineage section counts them: a declared family id, else one tree of edges; "
                               "holds are taken per parent."),
                    ("edges", f"{edges}: " + {"declared": "the parents the trace declares.",
