@@ -496,7 +496,13 @@ def fleet_section(ctx: ReportContext) -> Section | None:
     several = len(ctx.trace.engines) > 1
     if not several and not any(r.family_id is not None or r.parent_index is not None for r in ctx.requests):
         return None
-    cap, where = ctx.pool_blocks()
+    if several:  # every engine's pool: one size, or the user's
+        pools = {m.get("num_usable_blocks") for m in ctx.trace.engines.values()}
+        if len(pools) != 1 or not next(iter(pools)):
+            raise NeedsParameterError("the trace's engines record different pools, or none", "capacity_blocks", "N")
+        cap, where = int(pools.pop()), "the engines' usable blocks"
+    else:
+        cap, where = ctx.pool_blocks()
     # A line, not a point: the trace's engines at a few capacities, or one engine's requests over 2..8 engines.
     ns = [len(ctx.trace.engines)] if several else list(FLEET_ENGINES)
     caps = sorted({max(cap // 4, 1), max(cap // 2, 1), cap, 2 * cap}) if several else [cap]
@@ -556,12 +562,16 @@ code { background: #f3f3f3; padding: .1em .3em; word-break: break-all; } .reprod
 
 
 def _unavailable(sid: str, ctx: ReportContext, e: KmeshTraceError) -> Section:
-    body = [f'<p class="unavailable">Not available for this trace: {html.escape(str(e))}</p>']
-    if isinstance(e, NeedsParameterError) and e.parameter in OPTION_OF_PARAMETER:
+    """A section that cannot run: why, and (when the analysis needs a value) the option that gives it,
+    named as the CLI names it, never as the Python parameter."""
+    needs = isinstance(e, NeedsParameterError) and e.parameter in OPTION_OF_PARAMETER
+    why = f"{e.reason}." if needs else str(e)
+    body = [f'<p class="unavailable">Not available for this trace: {html.escape(why)}</p>']
+    if needs:
         command, option = _SECTION_COMMAND.get(sid, sid), OPTION_OF_PARAMETER[e.parameter]
         body.append(hint("Give it on the command line:", command, option,
                          f"kmesh-trace {command} {ctx.trace_arg} {option} {e.value or 'VALUE'}"))
-    return Section(sid.capitalize(), "", {"unavailable": str(e)}, body)
+    return Section(sid.capitalize(), "", {"unavailable": why}, body)
 
 
 def build(trace, *, trace_arg: str | None = None, capacities: Sequence[int] | None = None,

@@ -417,3 +417,17 @@ def test_a_trace_without_lineage_or_capacity_still_reports(tmp_path, cli):
     assert data["headroom"]["num_requests"] == 1 and data["headroom"]["stock"] is None
     r = cli(["report", tmp_path / "t", "--out", tmp_path / "no" / "r.html"])
     assert r.exit_code == 1 and "does not exist" in r.stderr
+
+
+def test_a_trace_of_several_engines_has_the_fleet_and_names_the_engine_option(tmp_path, cli):
+    from fleet_workloads import write_fleet_trace
+
+    trace = write_fleet_trace(tmp_path / "t", num_engines=3)
+    r = cli(["report", trace, "--out", tmp_path / "r.html", "--json"])
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert [p["num_engines"] for p in data["fleet"]["points"]] == [3] * 4  # the trace's engines, 4 capacities
+    assert data["fleet"] == _json(cli, "fleet", trace, "--capacity-blocks", "6,12,24,48", "--json")
+    html = (tmp_path / "r.html").read_text()
+    assert data["headroom"]["unavailable"].startswith("the trace has 3 engine partitions")
+    assert "engine=" not in html and 'data-option="--engine"' in html
