@@ -31,9 +31,11 @@ A KV-events recording (`source` kv-events:ENGINE, written by `kmesh-trace listen
 `audit/kv_events.py` instead of the pool replay (it has no requests and no block ids).
 
 An imported partition (`source` import:FORMAT) is no capture: it has no engine and no block events,
-so it never qualifies, and its `seq` is the import order (a warning, not a clock fault). For each one
-`imports` says what it does support (what-if analyses at a capacity the user gives) and what in it
-stays approximate or modelled (token ids, edges guessed from text, arrival across conversations).
+so it never qualifies (the verdict is blocked by `import`), and its `seq` is the import order (a warning,
+not a clock fault). For each one `imports` says what it does support (what-if analyses at a capacity
+the user gives), what in it stays approximate or modelled (token ids, edges guessed from text, arrival
+across conversations) and, once, its inherent `gaps`: what an import can never hold (engine metadata,
+block events, engine timings and hit counts). Those are not listed again as blocking problems.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ for (_table, _col), _when in schema.FILLED_WHEN.items():
     FILLED_WHEN.setdefault(_table, {})[_col] = _when
 #: Enumerated columns and their allowed values.
 ALLOWED_VALUES: dict[tuple[str, str], tuple[str, ...]] = schema.VOCABULARIES
+#: The verdict's blocker for an imported partition (its gaps are inherent, not problems to fix).
+IMPORT = "import"
 #: Fields whose absence only stops the retention analysis (timing after arrival, outputs).
 _RETENTION_ONLY_FIELDS = {"finish_ns", "first_scheduled_ns", "first_token_ns", "output_token_ids", "num_output_tokens"}
 
@@ -80,12 +84,14 @@ class CaptureAudit:
     def verdict(self) -> dict[str, dict]:
         out = {}
         for a in ANALYSES:
-            blockers = sorted({p.code for p in self.problems if p.severity == BLOCKING and a in p.blocks})
+            blockers = sorted({p.code for p in self.problems if p.severity == BLOCKING and a in p.blocks}
+                              | ({IMPORT} if self.imports else set()))
             out[a] = {"qualified": not blockers, "blocked_by": blockers}
         return out
 
     @property
     def exit_code(self) -> int:
+        """3 on a blocking problem; an import's inherent gaps are none (the verdict still says `import`)."""
         return exit_code(self.problems)
 
     def to_dict(self) -> dict:
@@ -97,10 +103,17 @@ class CaptureAudit:
 
 
 class _Findings:
-    """Counts findings by (code, severity, blocks) keeping the first few locations."""
+    """Counts findings by (code, severity, blocks) keeping the first few locations; an imported
+    partition's inherent gaps go to `gaps` (engine -> what it cannot hold), once each."""
 
-    def __init__(self):
+    def __init__(self, imported: set[str] = frozenset()):
         self._by_key: dict[tuple, Problem] = {}
+        self.imported = set(imported)
+        self.gaps: dict[str, list[str]] = {e: [] for e in sorted(self.imported)}
+
+    def gap(self, engine: str, what: str) -> None:
+        if what not in self.gaps[engine]:
+            self.gaps[engine].append(what)
 
     def add(self, code: str, message: str, location: str | list[str], *, severity: str = BLOCKING,
             blocks: tuple[str, ...] = ANALYSES, count: int = 1) -> None:
@@ -120,7 +133,7 @@ class _Findings:
 def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     """Audit a trace directory (or an opened Trace) for capture fitness."""
     t = trace if isinstance(trace, Trace) else open_trace(trace, strict=False)
-    f = _Findings()
+    f = _Findings({e for e in t.engines if _is_import(t, e)})
     _check_contract(t, f)
     _check_metadata(t, f)
     _check_columns(t, f)
@@ -129,7 +142,11 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     if not rows["invocations"] and (not kv or len(kv) < len(t.engines)):
         f.add("empty_table", "the capture holds no invocations", "invocations")
     if not rows["block_events"]:
-        f.add("empty_table", "the capture holds no block events", "block_events", blocks=(RETENTION,))
+        if f.imported and f.imported == set(t.engines):  # no engine ran: no import has block events
+            for eng in f.imported:
+                f.gap(eng, "block events (no engine served the trace)")
+        else:
+            f.add("empty_table", "the capture holds no block events", "block_events", blocks=(RETENTION,))
     inv = _without_required_nulls(t.frame("invocations"), "invocations", f)
     ev = _without_required_nulls(t.frame("block_events"), "block_events", f)
     if kv:
@@ -150,8 +167,11 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     lineage = t.frame("lineage")
     _check_lineage(lineage, inv, f)
     _check_requests_known(ev, inv, f)
+    imports = _imports(t, inv, lineage)
+    for eng, gaps in f.gaps.items():
+        imports[eng]["gaps"] = gaps
     return CaptureAudit(path=str(t.path), engines=sorted(t.engines), rows=rows, problems=f.problems(),
-                        imports=_imports(t, inv, lineage))
+                        imports=imports)
 
 
 # ---- metadata and columns --------------------------------------------------------------------
@@ -266,7 +286,10 @@ def _check_metadata(t: Trace, f: _Findings) -> None:
                     f.add("missing_field", f"metadata field {name} is unknown (the KV events do not carry it; give "
                           "`listen` a server URL or --num-blocks)", f"{where}:{name}", severity=WARNING)
                     continue
-                f.add("missing_field", f"metadata field {name} is missing or null", f"{where}:{name}")
+                if eid in f.imported:
+                    f.gap(eid, f"engine metadata {name}")
+                else:
+                    f.add("missing_field", f"metadata field {name} is missing or null", f"{where}:{name}")
         dropped = meta.get("num_dropped_events") or {}
         total = sum(v for v in dropped.values() if isinstance(v, int)) if isinstance(dropped, dict) else 0
         if total:
@@ -316,11 +339,15 @@ def _check_filled(df, table: str, f: _Findings) -> None:
 
     if df.height == 0:
         return
+    imported = pl.col("engine").is_in(sorted(f.imported))
     for col, when in FILLED_WHEN.get(table, {}).items():
         if col not in df.columns:
             continue
         cond = _rows_where(when)
-        bad = df.filter(cond & pl.col(col).is_null())
+        for eng, n in (df.filter(imported & cond & pl.col(col).is_null()).group_by("engine").len()
+                          .sort("engine").iter_rows() if f.imported else ()):
+            f.gap(eng, f"{table}.{col} (null in {n:,} rows: no engine timed or served them)")
+        bad = df.filter(~imported & cond & pl.col(col).is_null())
         if bad.height:
             key = "request_id" if table == "invocations" else "seq"
             blocks = (RETENTION,) if col in _RETENTION_ONLY_FIELDS else ANALYSES

@@ -5,7 +5,9 @@ Owns the mapping from the contract's tables to trace events. Each engine partiti
 clears, transfer slices on non-overlapping lanes) and one process per request family ("unrelated"
 for requests without one), holding one thread per request with up to three sequential slices:
 queued (arrival..first scheduled), prefill (first scheduled..first token) and decode (first
-token..finish). Timestamps are microseconds (floats, nanosecond precision kept) relative to the
+token..finish). Each lineage edge whose two requests were drawn is a flow arrow from the end of the
+parent's last slice to the start of the child's first (parent's finish -> child's arrival, when both
+are known). Timestamps are microseconds (floats, nanosecond precision kept) relative to the
 earliest time in the trace. A slice whose ends are unknown or out of order is skipped and counted,
 never invented. `validate_trace_events` checks a file against the trace-event format, so tests and
 users can tell a broken export from a strange trace.
@@ -139,8 +141,9 @@ class _Builder:
         self.counts: dict[str, Any] = {
             "num_requests": 0, "num_request_slices": 0, "num_skipped_slices": 0, "num_families": 0,
             "num_free_block_samples": 0, "num_held_block_samples": 0, "num_evictions": 0, "num_clears": 0,
-            "num_transfers": 0, "num_skipped_transfers": 0,
+            "num_transfers": 0, "num_skipped_transfers": 0, "num_lineage_flows": 0,
         }
+        self.next_flow = 1
 
     def _label(self, engine: str, name: str) -> str:
         return f"engine {engine}: {name}" if self.multi else name
@@ -239,6 +242,8 @@ class _Builder:
         order = [f for f in families if f != UNRELATED] + ([UNRELATED] if UNRELATED in families else [])
         self.counts["num_families"] += len(order) - (UNRELATED in families)
         us = self.clock.us
+        drawn: dict[str, tuple[int, int, float, float]] = {}  # request id -> pid, tid, first start, last end (us)
+        edges: list[tuple[str, str]] = []  # (parent, child) request ids
         for family in order:
             pid, meta = self._process(engine, family if family == UNRELATED else f"family {family}")
             yield from meta
@@ -256,7 +261,8 @@ class _Builder:
                 args = {k: r[k] for k in _REQUEST_ARGS if r[k] is not None}
                 if parent is not None:
                     args["parent_request_id"] = parent
-                last_end = None
+                    edges.append((parent, r["request_id"]))
+                last_end = first_start = None
                 for phase, start_col, end_col in PHASES:
                     start, end = r[start_col], r[end_col]
                     if start is None or end is None:
@@ -265,9 +271,29 @@ class _Builder:
                         self.counts["num_skipped_slices"] += 1
                         continue
                     last_end = end
+                    first_start = start if first_start is None else first_start
                     self.counts["num_request_slices"] += 1
                     yield {"name": phase, "ph": "X", "ts": us(engine, start), "dur": (end - start) / 1000,
                            "pid": pid, "tid": tid, "cat": CATEGORY, "args": args}
+                if last_end is not None:
+                    drawn[r["request_id"]] = (pid, tid, us(engine, first_start), us(engine, last_end))
+        yield from self._flows(drawn, edges)
+
+    def _flows(self, drawn: dict[str, tuple[int, int, float, float]], edges: list[tuple[str, str]]) -> Iterator[dict]:
+        """One flow arrow per drawn edge: it starts (ph "s") just inside the parent's last slice, so it binds
+        to it, and ends (ph "f", bp "e") at the child's first slice, which encloses its start."""
+        for parent, child in edges:
+            if parent not in drawn or child not in drawn:
+                continue
+            ppid, ptid, pstart, pend = drawn[parent]
+            cpid, ctid, cstart, _ = drawn[child]
+            fid = self.next_flow
+            self.next_flow += 1
+            self.counts["num_lineage_flows"] += 1
+            common = {"name": "lineage", "cat": "lineage", "id": fid}
+            yield {**common, "ph": "s", "ts": max(pstart, pend - 0.001), "pid": ppid, "tid": ptid,
+                   "args": {"parent_request_id": parent, "child_request_id": child}}
+            yield {**common, "ph": "f", "bp": "e", "ts": cstart, "pid": cpid, "tid": ctid}
 
 
 def build_trace_events(trace: Trace) -> list[dict]:

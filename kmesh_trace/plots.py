@@ -26,6 +26,34 @@ if TYPE_CHECKING:
 
 PLOT_SUFFIXES = (".png", ".svg")
 
+#: One look per line, so lines that lie on top of each other stay distinguishable: a marker and a dash
+#: pattern each (colour alone is lost where lines coincide, and in grey print).
+_LOOKS = [dict(marker=m, linestyle=ls, markerfacecolor="none") for m, ls in
+          (("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", (0, (5, 1))), ("x", (0, (3, 1, 1, 1))))]
+
+
+def _look(k: int) -> dict:
+    return dict(_LOOKS[k % len(_LOOKS)], markersize=6 - (k % len(_LOOKS)) * 0.6)
+
+
+def same_lines(series: dict[str, Sequence[float]]) -> list[str]:
+    """"b = a here" for each series equal at every point to an earlier one (the plot note that says why a
+    line seems missing)."""
+    notes, seen = [], []
+    for name, ys in series.items():
+        twin = next((other for other, o in seen if len(o) == len(ys) and all(abs(a - b) <= 1e-12 for a, b in zip(o, ys))), None)
+        if twin is not None:
+            notes.append(f"{name} = {twin} here")
+        else:
+            seen.append((name, list(ys)))
+    return notes
+
+
+def _note(ax, notes: list[str]) -> None:
+    if notes:
+        ax.text(0.01, 0.99, "; ".join(notes), transform=ax.transAxes, ha="left", va="top", fontsize=8,
+                bbox=dict(boxstyle="round", facecolor="white", edgecolor="#999", alpha=0.9))
+
 
 def check_plot_path(path: str | Path) -> Path:
     """`path` as a Path when it names a format we draw (checked before any work is done)."""
@@ -40,10 +68,12 @@ def plot_headroom(result: "HeadroomResult", path: str | Path) -> Path:
     path = check_plot_path(path)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in dict.fromkeys(r.policy for r in result.results):
+    series = {}
+    for k, name in enumerate(dict.fromkeys(r.policy for r in result.results)):
         rows = sorted((r for r in result.results if r.policy == name), key=lambda r: r.capacity_blocks)
-        ax.plot([r.capacity_blocks for r in rows], [r.hit_ratio for r in rows], marker="o", label=name,
-                linestyle="--" if name == "infinite" else "-")
+        series[name] = [r.hit_ratio for r in rows]
+        ax.plot([r.capacity_blocks for r in rows], series[name], label=name, **_look(k))
+    _note(ax, same_lines(series))
     if result.stock is not None and result.stock_source == "capture":
         ax.scatter([result.stock.capacity_blocks], [result.stock.hit_ratio], marker="*", s=160, color="black",
                    zorder=5, label="stock (capture)")
@@ -70,24 +100,33 @@ def plot_headroom_curve(result: "CurveResult", path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     n = max(result.num_reads, 1)
     top = max(result.grid[-1], 2)
-    for name, cur in result.curves.items():
+    for k, (name, cur) in enumerate(result.curves.items()):
         caps, hits = cur.capacities, cur.hit_blocks
+        look = _look(k)
         if cur.exact:
             x = [max(int(c), 1) for c in caps] + [top]
-            ax.step(x, [h / n for h in hits] + [hits[-1] / n], where="post", label=f"{name} (exact)")
+            (line,) = ax.step(x, [h / n for h in hits] + [hits[-1] / n], where="post", linestyle=look["linestyle"])
+            ax.plot(result.grid, cur.at(result.grid) / n, color=line.get_color(), label=f"{name} (exact)",
+                    **dict(look, linestyle="none"))  # markers at the grid, so coinciding steps stay apart
         else:
-            ax.plot(caps, hits / n, marker="o", markersize=3, label=name)
+            ax.plot(caps, hits / n, label=name, **look)
+    if "belady" in result.curves and "belady-prefix" in result.curves:  # the bracket, where the optimum lies
+        lo = result.curves["belady-prefix"].at(result.grid) / n
+        hi = result.curves["belady"].at(result.grid) / n
+        ax.fill_between(result.grid, lo, hi, color="tab:purple", alpha=0.15, label="bracket [belady-prefix, belady]")
     ax.axhline(result.infinite_hit_blocks / n, color="grey", linestyle="--", linewidth=1, label="infinite")
+    _note(ax, same_lines({name: list(cur.at(result.grid) / n) for name, cur in result.curves.items()}))
     if result.stock is not None:
         ax.scatter([result.stock["capacity_blocks"]], [result.stock["hit_tokens"] / result.block_size / n], marker="*",
                    s=160, color="black", zorder=5, label=f"stock ({result.stock['source']})")
+        ax.axvline(result.stock["capacity_blocks"], color="black", linewidth=0.6, linestyle=":")
     ax.set_xscale("log", base=2)
     ax.set_xlim(1, top)
     ax.set_xlabel(f"capacity (blocks of {result.block_size} tokens)")
     ax.set_ylabel("hit ratio (hit block reads / block reads)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")
     ax.set_title(f"Prefix-cache hit ratio at every capacity (window: {result.window})", fontsize=10)
     return _save(fig, path)
 
@@ -98,14 +137,20 @@ def plot_pressure_sweep(points: Sequence["SweepPoint"], path: str | Path, block_
     plt = _pyplot()
     caps = [p.capacity_blocks for p in points]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(caps, [p.net_cached_tokens for p in points], marker="o", label="net cached tokens")
-    ax.plot(caps, [p.saved_child_tokens for p in points], marker=".", linestyle="--", label="saved child tokens")
-    ax.plot(caps, [-p.displaced_hit_tokens for p in points], marker=".", linestyle=":", label="- displaced hit tokens")
+    series = {"net cached tokens": [p.net_cached_tokens for p in points],
+              "saved child tokens": [p.saved_child_tokens for p in points],
+              "- displaced hit tokens": [-p.displaced_hit_tokens for p in points]}
+    for k, (name, ys) in enumerate(series.items()):
+        ax.plot(caps, ys, label=name, **_look(k))
     ax.axhline(0, color="grey", linewidth=0.8)
+    if caps and min(caps) > 0 and max(caps) >= 8 * min(caps):
+        ax.set_xscale("log", base=2)
+    _note(ax, same_lines(series))
     ax.set_xlabel(f"pool capacity (usable {block_size}-token blocks)")
     ax.set_ylabel("tokens (held - stock)")
-    ax.set_title("Family holds: net cached tokens against capacity")
-    ax.legend()
+    ax.set_title("Family holds: tokens gained (+) or lost (-) against stock, by capacity", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
     return _save(fig, path)
 
 
@@ -115,17 +160,21 @@ def plot_tier_sweep(sweep: "SweepResult", path: str | Path, block_size: int) -> 
     plt = _pyplot()
     grid = sweep.grid()
     fig, ax = plt.subplots(figsize=(1.2 * len(sweep.ssd_blocks) + 3, 0.8 * len(sweep.host_blocks) + 2.2))
-    im = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis")
-    fig.colorbar(im, ax=ax, label=sweep.metric.replace("_", " "))
+    lo, hi = float(grid.min()), float(grid.max())
+    # The scale starts at 0 (not at the smallest cell), so a 2% spread looks like 2%; the label says the range.
+    vmin = min(lo, 0.0)
+    im = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis", vmin=vmin, vmax=max(hi, vmin + 1e-9))
+    fmt = "{:.3g}" if sweep.metric == "prefill_seconds_saved" else "{:,.0f}"
+    spread = f" (spread {(hi - lo) / abs(hi):.1%} of the best)" if hi else ""
+    fig.colorbar(im, ax=ax, label=f"{sweep.metric.replace('_', ' ')}, scale from {fmt.format(vmin)}")
+    range_text = f"cells {fmt.format(lo)}..{fmt.format(hi)}{spread}"
     ax.set_xticks(range(len(sweep.ssd_blocks)), [f"{s:,}" if s else "none" for s in sweep.ssd_blocks])
     ax.set_yticks(range(len(sweep.host_blocks)), [f"{h:,}" if h else "none" for h in sweep.host_blocks])
     ax.set_xlabel(f"SSD tier ({block_size}-token blocks)")
     ax.set_ylabel(f"host tier ({block_size}-token blocks)")
-    fmt = "{:.3g}" if sweep.metric == "prefill_seconds_saved" else "{:,.0f}"
-    lo, hi = float(grid.min()), float(grid.max())
     for a in range(grid.shape[0]):
         for b in range(grid.shape[1]):
-            dark = hi > lo and (grid[a, b] - lo) / (hi - lo) < 0.5
+            dark = hi > vmin and (grid[a, b] - vmin) / (hi - vmin) < 0.5
             ax.text(b, a, fmt.format(grid[a, b]), ha="center", va="center", fontsize=8,
                     color="white" if dark else "black")
     bi, bj = sweep.best()
@@ -135,7 +184,7 @@ def plot_tier_sweep(sweep: "SweepResult", path: str | Path, block_size: int) -> 
                label=f"smallest within {sweep.within_pct:g}%")
     ax.legend(loc="upper left", bbox_to_anchor=(0, -0.18), ncol=2, fontsize=8, frameon=False)
     gpu = sweep.results[0][0].config.gpu_blocks
-    ax.set_title(f"Lower tiers at {gpu:,} GPU blocks: {sweep.metric.replace('_', ' ')}", fontsize=10)
+    ax.set_title(f"Lower tiers at {gpu:,} GPU blocks: {sweep.metric.replace('_', ' ')}\n{range_text}", fontsize=10)
     return _save(fig, path)
 
 
@@ -185,11 +234,14 @@ def plot_fleet(result: "FleetResult", path: str | Path) -> Path:
     for ax, n in zip(axes[0], panels):
         points = [p for p in result.points if n is None or p.num_engines == n]
         xs = [p.capacity_blocks if by_caps else p.num_engines for p in points]
+        series = {}
         for k, run in enumerate(points[0].runs):
-            ys = [p.runs[k].hit_ratio for p in points]
-            is_global = run.policy == "global"
-            ax.plot(xs, ys, marker="o", label=run.policy, linestyle="--" if is_global else "-",
-                    color="black" if is_global else None)
+            ys = series[run.policy] = [p.runs[k].hit_ratio for p in points]
+            if run.policy == "global":
+                ax.plot(xs, ys, marker="*", label=run.policy, linestyle="--", color="black")
+            else:
+                ax.plot(xs, ys, label=run.policy, **_look(k))
+        _note(ax, same_lines(series))
         if len(xs) > 1 and max(xs) >= 8 * min(xs):
             ax.set_xscale("log", base=2)
         ax.set_xlabel(f"capacity per engine (blocks of {result.block_size} tokens)" if by_caps else "engines")
@@ -221,8 +273,15 @@ def _save(fig, path: Path) -> Path:
     try:
         fig.tight_layout()
         fig.savefig(tmp, format=path.suffix[1:].lower())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a plot is as readable as the HTML and JSON beside it
         os.replace(tmp, path)
     finally:
         plt.close(fig)
         Path(tmp).unlink(missing_ok=True)
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -604,3 +604,22 @@ def trace_info(trace: Trace) -> dict[str, Any]:
         "tables": {name: {"rows": n, "parts": len(trace.parts[name])} for name, n in trace.row_counts().items()},
         "engines": trace.engines,
     }
+
+
+def check_has_requests(trace: Trace) -> None:
+    """Refuse, in one sentence, a trace with nothing to analyse: no invocations and no block events (an
+    import that produced no request, a capture that never served one). An analysis of it would print
+    zeros as if they were results."""
+    counts = trace.row_counts()
+    if not counts.get("invocations") and not counts.get("block_events"):
+        raise KmeshTraceError(f"{trace.path} has no requests (its invocations table is empty and it holds no block "
+                              "events), so there is nothing to analyse; re-import or re-capture it.")
+
+
+def approximate_tokens(trace: Trace) -> str | None:
+    """The note every analysis of an import with approximated token ids carries (None when exact)."""
+    names = sorted({str(m.get("tokenizer")) for m in trace.engines.values() if m.get("token_ids_approximate")})
+    if not names:
+        return None
+    return (f"token ids are approximate: the importer tokenized text with {', '.join(names)}, not the serving "
+            "model's tokenizer, so block and token counts are estimates")

@@ -311,11 +311,21 @@ class FleetResult:
     family_source: str | None
     points: list[FleetPoint]
 
+    @property
+    def notes(self) -> list[str]:
+        """What a reader must know to read the rows: untimed, least-loaded has no load signal."""
+        policies = {r.policy for p in self.points for r in p.runs}
+        if self.timed or "least-loaded" not in policies:
+            return []
+        return ["least-loaded has no load signal here: without arrival and finish times on every request nothing "
+                "is ever running, so its load is the requests routed so far and it routes exactly as round-robin "
+                "(identical rows)."]
+
     def to_dict(self) -> dict:
         return {"block_size": self.block_size, "num_requests": self.num_requests, "timed": self.timed,
                 "load": "running requests" if self.timed else "requests routed so far",
                 "overload": self.overload, "family_source": self.family_source,
-                "points": [p.to_dict() for p in self.points]}
+                "points": [p.to_dict() for p in self.points], "notes": self.notes}
 
 
 def check_options(routings: Sequence[str], engines: Sequence[int], capacities: Sequence[int],

@@ -33,6 +33,11 @@ from kmesh_trace.errors import KmeshTraceError
 
 #: Fewest measured prefills `fit` accepts.
 MIN_FIT_POINTS = 3
+#: A fit is *usable* (its seconds are printed) when it explains at least this share of the measured
+#: variance (r2) ...
+MIN_USABLE_R2 = 0.5
+#: ... and its median relative error is at most this: below either, its seconds would be guesses.
+MAX_USABLE_MEDIAN_RELATIVE_ERROR = 0.5
 
 
 @dataclass(frozen=True)
@@ -46,9 +51,28 @@ class FitReport:
     # One row per point: (cached tokens, prompt tokens, measured seconds, predicted seconds).
     points: list[tuple[int, int, float, float]] = field(default_factory=list, repr=False)
 
+    @property
+    def why_unusable(self) -> str | None:
+        """None when the fit is usable (MIN_USABLE_R2, MAX_USABLE_MEDIAN_RELATIVE_ERROR), else why not."""
+        bad = []
+        if not self.r2 >= MIN_USABLE_R2:
+            bad.append(f"r2 {self.r2:.3f} < {MIN_USABLE_R2}")
+        if not self.median_relative_error <= MAX_USABLE_MEDIAN_RELATIVE_ERROR:
+            bad.append(f"median relative error {self.median_relative_error:.0%} > "
+                       f"{MAX_USABLE_MEDIAN_RELATIVE_ERROR:.0%}")
+        if not bad:
+            return None
+        return (f"the prefill cost fitted to {self.n:,} measured prefills is not usable ({', '.join(bad)}), so no "
+                "seconds are estimated; give a throughput with --prefill-tokens-per-s")
+
+    @property
+    def usable(self) -> bool:
+        return self.why_unusable is None
+
     def to_json(self) -> dict:
         return {"n": self.n, "r2": self.r2, "median_relative_error": self.median_relative_error,
-                "num_skipped": self.num_skipped,
+                "num_skipped": self.num_skipped, "usable": self.usable,
+                "usable_if": {"min_r2": MIN_USABLE_R2, "max_median_relative_error": MAX_USABLE_MEDIAN_RELATIVE_ERROR},
                 "points": [{"cached_tokens": s, "prompt_tokens": e, "measured_s": m, "predicted_s": p}
                            for s, e, m, p in self.points]}
 
@@ -164,6 +188,20 @@ class PrefillCost:
         rel = float(np.median(np.abs(pred - y) / y)) if (y > 0).all() else float("nan")
         points = [(int(a), int(b), float(m), float(p)) for a, b, m, p in zip(s, e, y, pred)]
         return model, FitReport(len(y), r2, rel, int(num_skipped), points)
+
+
+def usable_fit(trace, engine: str | None = None) -> "tuple[PrefillCost | None, FitReport | None, str | None]":
+    """The prefill cost fitted to an opened capture, when the fit is usable: (cost, report, None);
+    else (None, the report or None, why there are no seconds). Imports have no timings: their why
+    says to give a throughput."""
+    try:
+        cost, report = PrefillCost.fit(trace, engine)
+    except KmeshTraceError as e:
+        if str(trace.metadata.get("source", "")).startswith("import"):
+            return None, None, "an import has no prefill timings; give --prefill-tokens-per-s for seconds"
+        return None, None, f"no prefill seconds: {e}"
+    why = report.why_unusable
+    return (None if why else cost), report, why
 
 
 def _nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -7,6 +7,9 @@ every other request (parents included) is *other*. Per request, held hits minus 
 `saved_child_tokens` sums it over children, `displaced_hit_tokens` sums its negation over the others,
 and `net_cached_tokens` = saved - displaced = all held hits - all stock hits.
 
+Words as `lineage` uses them: a hold is taken per *parent* (`holds`, one row each); a *family* is a
+declared family id, else the tree of edges under one root (`num_families`, `family_keys`).
+
 Edges: `declared` uses each request's `parent_index` (and `num_expected_children` when declared: a
 hold is released after that many child admissions, else after all the children the edges list);
 `inferred` uses exact-prefix edges given as `lineage` (child index -> parent index, e.g. the trace's
@@ -41,7 +44,7 @@ class FamilyRow:
 
     parent_index: int
     parent_request_id: str
-    family: str | None  # the declared family id, if any
+    family: str  # as `lineage` names it: the parent's declared family id, else "root:" + its edge tree's root
     child_indices: list[int]
     hold_status: str  # taken, refused_blocks, refused_families, empty, not_needed, never_finished
     num_held_blocks: int
@@ -76,8 +79,9 @@ class PressureResult:
     stock: PoolResult
     held: PoolResult
     child_indices: list[int]
-    families: list[FamilyRow]
+    families: list[FamilyRow]  # one per parent: its hold (the JSON's `holds`)
     request_ids: list[str] = field(default_factory=list)
+    num_families: int = 0  # as `lineage` counts them (module docstring)
     edge_source: str = "declared"  # declared (parent_index), lineage (given exact-prefix rows), block_hashes
 
     def _arm(self, res: PoolResult) -> dict:
@@ -146,7 +150,9 @@ class PressureResult:
             "refused_holds": self.num_refused_holds,
             "held_block_steps": self.held.held_block_steps,
             "held_block_seconds": self.held.held_block_seconds,
-            "families": [f.to_dict() for f in self.families],
+            "num_families": self.num_families,
+            "num_parents": len(self.families),
+            "holds": [f.to_dict() for f in self.families],
         }
         if per_request:
             d["requests"] = self.per_request()
@@ -245,14 +251,32 @@ def what_if(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks
     policy = hold_policy(requests, e, expiry_s=expiry_s, max_held_blocks=max_held_blocks, max_families=max_families)
     stock = simulate_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, timed=timed)
     held = simulate_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, holds=policy, timed=timed)
+    family = family_keys(requests, e)
     return PressureResult(
         block_size=block_size, capacity_blocks=num_usable_blocks, edges=edges, stock=stock, held=held,
-        child_indices=sorted(e), families=_families(requests, e, policy, stock, held),
-        request_ids=[r.request_id for r in requests], edge_source=source,
+        child_indices=sorted(e), families=_families(requests, e, family, stock, held),
+        request_ids=[r.request_id for r in requests], edge_source=source, num_families=len(set(family.values())),
     )
 
 
-def _families(requests, edges, policy, stock: PoolResult, held: PoolResult) -> list[FamilyRow]:
+def family_keys(requests: list[RequestBlocks], edges: dict[int, int]) -> dict[int, str]:
+    """Request index -> family, as `lineage` (kmesh_trace.oracle.lineage_report) names it: the request's
+    declared family id, else "root:" + the request id of its edge tree's root; for every request that
+    declares a family or has an edge (the others are singletons, in no family)."""
+    has_children = set(edges.values())
+    root: dict[int, int] = {}
+    out: dict[int, str] = {}
+    for r in requests:  # arrival order: a parent is always earlier than its child
+        i = r.index
+        root[i] = root.get(edges[i], edges[i]) if i in edges else i
+        if r.family_id is not None:
+            out[i] = r.family_id
+        elif i in edges or i in has_children:
+            out[i] = f"root:{requests[root[i]].request_id}"
+    return out
+
+
+def _families(requests, edges, family: dict[int, str], stock: PoolResult, held: PoolResult) -> list[FamilyRow]:
     children: dict[int, list[int]] = {}
     for c, p in sorted(edges.items()):
         children.setdefault(p, []).append(c)
@@ -262,7 +286,7 @@ def _families(requests, edges, policy, stock: PoolResult, held: PoolResult) -> l
         h = rec.get(p)
         cs = children[p]
         rows.append(FamilyRow(
-            parent_index=p, parent_request_id=requests[p].request_id, family=requests[p].family_id,
+            parent_index=p, parent_request_id=requests[p].request_id, family=family[p],
             child_indices=cs, hold_status=h.status if h else "never_finished",
             num_held_blocks=h.num_blocks if h and h.status == "taken" else 0,
             release_reason=h.release_reason if h else None,

@@ -150,10 +150,11 @@ def prefill_model(trace=None, tokens_per_s: float | None = None, engine: str | N
         return PrefillCost.from_throughput(tokens_per_s), f"{tokens_per_s:,.0f} tokens/s (--prefill-tokens-per-s)", None
     if trace is None:
         return None, "no prefill cost: pass --prefill-tokens-per-s", None
-    try:
-        cost, report = PrefillCost.fit(trace, engine)
-    except KmeshTraceError as e:
-        return None, f"no prefill cost ({e})", None
+    from kmesh_trace.oracle.prefill_cost import usable_fit
+
+    cost, report, why = usable_fit(trace, engine)
+    if cost is None:
+        return None, f"no prefill cost ({why})", report
     return cost, "fitted on the capture's measured prefills", report
 
 

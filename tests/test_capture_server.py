@@ -218,7 +218,7 @@ def test_declared_parents_resolve_however_the_client_named_them(stopped_servers,
     assert pressure.exit_code == 0, pressure.stdout
     d = json.loads(pressure.stdout)
     assert (d["edges"], d["num_children"]) == ("declared", 3)
-    assert {f["parent_request_id"] for f in d["families"]} == {rid["p1"], rid["p2"]}
+    assert {f["parent_request_id"] for f in d["holds"]} == {rid["p1"], rid["p2"]}
 
 
 @pytest.mark.parametrize("how", HOWS)

@@ -68,7 +68,7 @@ def test_report_agrees_with_the_commands_run_separately(demo, cli):
     assert [{k: v for k, v in r.items() if k != "prefill_seconds"} for r in hr["results"]] == report["headroom"]["results"]
     assert hr["headroom_tokens"] == report["headroom"]["headroom_tokens"]
     pr = run("pressure", trace, "--json")
-    for key in ("saved_child_tokens", "displaced_hit_tokens", "net_cached_tokens", "arms", "families"):
+    for key in ("saved_child_tokens", "displaced_hit_tokens", "net_cached_tokens", "arms", "holds", "num_families"):
         assert pr[key] == report["pressure"][key], key
     sweep = run("pressure", trace, "--capacity-blocks", caps, "--json")["sweep"]
     assert sweep == report["pressure_sweep"]

@@ -144,6 +144,18 @@ def test_families_become_processes_and_requests_threads(trace):
                                  "parent_request_id": "r0"}
 
 
+def test_lineage_edges_are_flow_arrows_from_parent_end_to_child_arrival(trace):
+    events = build_trace_events(trace)
+    _, threads = _names(events)
+    flows = [e for e in events if e["ph"] in ("s", "f")]
+    start, finish = flows  # the one edge, r0 -> r1
+    assert start["id"] == finish["id"] and start["cat"] == finish["cat"] == "lineage"
+    assert threads[(start["pid"], start["tid"])] == "r0" and threads[(finish["pid"], finish["tid"])] == "r1 (parent r0)"
+    # It leaves from just inside r0's decode (its finish) so it binds to it, and lands at r1's arrival.
+    assert start["ts"] == pytest.approx(_us(B + 2_000_000) - 0.001) and finish["ts"] == _us(B + 2_100_000)
+    assert finish["bp"] == "e" and start["args"] == {"parent_request_id": "r0", "child_request_id": "r1"}
+
+
 def test_pool_counters_instants_and_transfer_lanes(trace):
     events = build_trace_events(trace)
     procs, threads = _names(events)
@@ -191,7 +203,7 @@ def test_export_file_streams_valid_json_and_summary(trace, tmp_path):
         "num_events": len(obj["traceEvents"]), "engines": ["e0"], "clock": "monotonic",
         "num_requests": 6, "num_request_slices": 11, "num_skipped_slices": 2, "num_families": 2,
         "num_free_block_samples": 3, "num_held_block_samples": 2, "num_evictions": 1, "num_clears": 1,
-        "num_transfers": 3, "num_skipped_transfers": 1,
+        "num_transfers": 3, "num_skipped_transfers": 1, "num_lineage_flows": 1,
     }
     export_perfetto(trace, tmp_path / "t.json.gz")
     with gzip.open(tmp_path / "t.json.gz", "rt") as f:

@@ -36,7 +36,8 @@ def test_hold_stress_tradeoff_json_shape():
     assert (d["saved_child_tokens"], d["displaced_hit_tokens"], d["net_cached_tokens"]) == (464, 1856, -1392)
     assert (d["num_holds"], d["unused_holds"], d["refused_holds"], d["held_block_steps"]) == (1, 0, 0, 288)
     assert d["held_block_seconds"] is None
-    assert d["families"] == [{
+    assert (d["num_families"], d["num_parents"]) == (1, 1)
+    assert d["holds"] == [{
         "parent_index": 0, "parent_request_id": "parent", "family": "hold-stress", "num_children": 1,
         "hold_status": "taken", "num_held_blocks": 32, "release_reason": "children", "num_children_served": 1,
         "child_hit_tokens_stock": 48, "child_hit_tokens_held": 512, "saved_child_tokens": 464}]

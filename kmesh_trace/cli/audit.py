@@ -141,6 +141,9 @@ def _render_capture(result) -> None:
         for i in range(max(len(imp["supports"]), len(imp["approximate"]))):
             it.add_row(*(col[i] if i < len(col) else "" for col in (imp["supports"], imp["approximate"])))
         out.print(it)
+        if imp.get("gaps"):
+            out.print(f"what an import never holds (inherent, not problems): {'; '.join(imp['gaps'])}",
+                      markup=False, highlight=False)
     if result.problems:
         out.print(_problems_table(result.problems))
 

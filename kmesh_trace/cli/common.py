@@ -283,13 +283,14 @@ def build_scenario(scenario):
     return built
 def approximate_tokens_note(trace) -> str | None:
     """Say on stderr (and return) that a trace's token ids are an importer's approximation, when they are."""
-    names = sorted({str(m.get("tokenizer")) for m in trace.engines.values() if m.get("token_ids_approximate")})
-    if not names:
-        return None
-    note = (f"token ids are approximate: the importer tokenized text with {', '.join(names)}, not the serving "
-            "model's tokenizer, so block and token counts are estimates")
-    err.print(f"note: {note}", markup=False, highlight=False)
+    from kmesh_trace.trace import approximate_tokens
+
+    note = approximate_tokens(trace)
+    if note:
+        err.print(f"note: {note}", markup=False, highlight=False)
     return note
+
+
 def run_tasks_with_progress(fn: Callable, tasks: list, *, ray: str | None, label: str) -> list:
     """`kmesh_trace.distributed.run_tasks` with a progress bar that advances as each task completes."""
     from kmesh_trace.distributed import run_tasks

@@ -61,6 +61,8 @@ def fleet_cmd(
     parts = open_parts(trace)  # metadata only: the tasks (or the one read below) read the parts
     if not parts.engines:
         raise KmeshTraceError(f"{trace} has no engine partitions; there are no requests to route.")
+    if not parts.parts("invocations"):
+        raise KmeshTraceError(f"{trace} has no requests (its invocations table is empty); there are no requests to route.")
     ns = parse_ints(engines, "--engines") if engines is not None else [len(parts.engines)]
     if capacity_blocks is not None:
         caps = parse_ints(capacity_blocks, "--capacity-blocks")
@@ -104,5 +106,7 @@ def _render(d: dict) -> None:
                        "-" if imb is None else f"{imb:.2f}", f"{r['gap_tokens']:,}",
                        "-" if closed is None else f"{closed:.1%}")
         out.print(rt)
+    for note in d["notes"]:
+        err.print(f"note: {note}", markup=False, highlight=False)
     err.print("prefill: prompt tokens computed; max/mean: requests per engine; gap: prefill tokens beyond the global pool of engines x blocks; "
               "closed: the share of round-robin's gap a policy closes")

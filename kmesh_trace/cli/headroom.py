@@ -96,9 +96,10 @@ def headroom_cmd(
     else:
         from kmesh_trace.audit.capture import check_complete
         from kmesh_trace.oracle.stream import engine_geometry, request_blocks
-        from kmesh_trace.trace import open_trace
+        from kmesh_trace.trace import check_has_requests, open_trace
 
         with open_trace(trace) as t:
+            check_has_requests(t)
             check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
             block_size, usable = engine_geometry(t, engine)
             if caps is None and names is not None and "vllm" not in names:  # no RequestBlocks needed
@@ -168,20 +169,22 @@ def _plot_and_notes(result, plot, plotter, approximate: str | None) -> dict:
 
 
 def _fitted_cost(trace, engine):
-    """The prefill cost fitted to a capture's measured prefills, or (None, None) with a note when it has none."""
-    from kmesh_trace.oracle.prefill_cost import PrefillCost
+    """The prefill cost fitted to a capture's measured prefills when the fit is usable, else (None, fit or
+    None) with a note saying why there are no seconds (`kmesh_trace.oracle.prefill_cost.usable_fit`)."""
+    from kmesh_trace.oracle.prefill_cost import usable_fit
 
-    try:
-        cost, fit = PrefillCost.fit(trace, engine)
-    except KmeshTraceError as e:
-        if trace.metadata.get("source", "").startswith("import"):
-            return None, None  # imports have no timings: seconds need --prefill-tokens-per-s
-        err.print(f"note: no prefill seconds: {e}")
-        return None, None
+    cost, fit, why = usable_fit(trace, engine)
+    if fit is not None:
+        err.print(f"prefill cost fitted to {fit.n} measured prefills: r2 {fit.r2:.3f}, median relative error "
+                  f"{fit.median_relative_error:.1%}", markup=False, highlight=False)
+    if why and not str(trace.metadata.get("source", "")).startswith("import"):
+        err.print(f"note: {why}", markup=False, highlight=False)
+    if fit is None:
+        return cost, None
     fit_d = fit.to_json()
     fit_d.pop("points")
-    err.print(f"prefill cost fitted to {fit.n} measured prefills: r2 {fit.r2:.3f}, median relative error "
-              f"{fit.median_relative_error:.1%}")
+    if why:
+        fit_d["why_unusable"] = why
     return cost, fit_d
 
 
@@ -194,6 +197,8 @@ def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, 
                              cost_fit=fit, processes=processes, progress=lambda what: status.update(f"replaying: {what}"),
                              stream=stream, stock_tokens=stock)
     d = _plot_and_notes(res, plot, plot_headroom_curve, approximate)
+    if cost is None and fit is not None:  # fitted, but not usable: say so in the JSON too
+        d["prefill_cost_fit"] = fit
     emit(output, d, rows=res.along_grid(), render=lambda: _render_curve(res, block_size, window, cost))
 
 

@@ -93,9 +93,13 @@ def import_cmd(
     engine_id = engine_id or f"import-{fmt.value}"
     if (out_dir / "invocations" / f"engine={engine_id}").exists():
         raise KmeshTraceError(f"{out_dir} already holds an import as engine {engine_id}; choose another --out or --engine-id.")
+    existed = out_dir.exists()
     with progress() as bar:
         task = bar.add_task(f"importing {src.name}", total=total)
         report = _importer(fmt)(src, out_dir, engine_id=engine_id, on_bytes=lambda n: bar.advance(task, n), **kwargs)
+    if report.num_invocations == 0:
+        _discard_empty(out_dir, engine_id, existed)
+        raise InputFormatError(_why_empty(fmt, src, report))
     summary = report.to_dict()
     if as_json:
         print_json(summary)
@@ -115,3 +119,36 @@ def import_cmd(
         err.print(f"{report.num_malformed_lines} malformed line(s) or entries skipped and recorded in the trace metadata; first:")
         for loc in report.malformed_lines[:10]:
             err.print(f"  {loc}", markup=False, highlight=False)
+
+
+def _why_empty(fmt: ImportFormat, src: Path, report) -> str:
+    """One sentence: the import produced no request, and why (nothing to read, or all of it malformed)."""
+    if hasattr(report, "num_files"):  # directory formats read conversation files
+        n, unit = report.num_files, "file(s)"
+    else:
+        n, unit = report.num_lines - report.num_blank_lines, "non-blank line(s)"
+    head = f"{src} imported no request as {fmt.value}"
+    if report.num_malformed_lines:
+        reasons = sorted(report.malformed_reasons.items(), key=lambda kv: -kv[1])
+        first = f"; first: {report.malformed_lines[0]}" if report.malformed_lines else ""
+        return (f"{head}: of its {n:,} {unit}, every record is malformed ({report.num_malformed_lines:,}; most often "
+                f"{reasons[0][0]!r}){first}; is it a {fmt.value} input? Nothing was written.")
+    what = "it holds no records" if n == 0 else f"its {n:,} {unit} hold no request"
+    return f"{head}: {what}; nothing was written."
+
+
+def _discard_empty(out_dir: Path, engine_id: str, existed: bool) -> None:
+    """Remove what an import that produced no request wrote: its engine's metadata (the partition is new,
+    checked before the import), and the trace directory itself when the import created it."""
+    from kmesh_trace.writer import ENGINES_DIR, LOSS_SUFFIX, MARKER
+
+    engines = out_dir / ENGINES_DIR
+    for p in (engines / f"{engine_id}.json", engines / f"{engine_id}{LOSS_SUFFIX}"):
+        p.unlink(missing_ok=True)
+    if not existed:
+        (out_dir / MARKER).unlink(missing_ok=True)
+        for d in (engines, out_dir):
+            try:
+                d.rmdir()  # only when empty
+            except OSError:
+                pass

@@ -90,9 +90,10 @@ def pressure_cmd(
         reqs, block_size, usable, lineage = w.requests, w.block_size, w.num_usable_blocks, None
     else:
         from kmesh_trace.audit.capture import check_complete
-        from kmesh_trace.trace import open_trace
+        from kmesh_trace.trace import check_has_requests, open_trace
 
         with open_trace(trace) as t:
+            check_has_requests(t)
             check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
             ts = trace_stream(t, engine, "content" if edges is Edges.content else "exact_prefix")
             approximate = approximate_tokens_note(t)
@@ -127,7 +128,7 @@ def pressure_cmd(
     d = res.to_dict(per_request=per_request)
     if approximate:
         d["note"] = approximate
-    emit(output, d, rows=d["families"], render=lambda: _render(d))
+    emit(output, d, rows=d["holds"], render=lambda: _render(d))
 
 
 def _render_sweep(d: dict) -> None:
@@ -153,18 +154,21 @@ def _render(d: dict) -> None:
     for arm in ("stock", "held"):
         at.add_row(arm, *(f"{d['arms'][arm][c]:,}" for c in cols))
     out.print(at)
-    fams = sorted(d["families"], key=lambda f: (-abs(f["saved_child_tokens"]), f["parent_index"]))
-    ft = Table(title="families (kids: children; stock, held: child hit tokens in each arm)", title_justify="left")
+    fams = sorted(d["holds"], key=lambda f: (-abs(f["saved_child_tokens"]), f["parent_index"]))
+    out.print(f"{d['num_families']:,} families (as `lineage` counts them), {d['num_parents']:,} parents: one hold "
+              "per parent", markup=False, highlight=False)
+    ft = Table(title="holds per parent (kids: children; stock, held: child hit tokens in each arm)",
+                   title_justify="left")
     # child hits in tokens, stock then held; saved = held - stock
     for h in ("family", "parent", "kids", "hold", "blocks", "release", "stock", "held", "saved"):
         ft.add_column(h, justify="left" if h in ("family", "parent", "hold", "release") else "right", overflow="fold")
     for f in fams[:MAX_FAMILY_ROWS]:
-        ft.add_row(f["family"] or "-", f["parent_request_id"], f"{f['num_children']:,}", f["hold_status"],
+        ft.add_row(f["family"], f["parent_request_id"], f"{f['num_children']:,}", f["hold_status"],
                    f"{f['num_held_blocks']:,}", f["release_reason"] or "-", f"{f['child_hit_tokens_stock']:,}",
                    f"{f['child_hit_tokens_held']:,}", f"{f['saved_child_tokens']:,}")
     out.print(ft)
     if len(fams) > MAX_FAMILY_ROWS:
-        err.print(f"({len(fams) - MAX_FAMILY_ROWS:,} more families; --json lists them all)")
+        err.print(f"({len(fams) - MAX_FAMILY_ROWS:,} more parents; --json lists them all)")
     if "requests" in d:
         rt = Table(title="requests (hit tokens and evictions, stock then held)", title_justify="left")
         for h in ("index", "request", "role", "hits_stock", "hits_held", "evict_stock", "evict_held"):

@@ -25,8 +25,9 @@ def register(app: typer.Typer) -> None:
 
 
 _HELP = ("Write one self-contained HTML page (no network, inline SVG plots) with the capture summary, audit "
-         "verdicts, headroom, retention pressure and lineage of a trace; each section names the command that "
-         f"reproduces it.\n\n{exit_codes_help()}")
+         "verdicts, the headroom curve, retention pressure along the capacity axis, lineage, the tiers sweep and "
+         "(with several engines or families) the fleet what-if of a trace, capture or import; each section "
+         f"defines its terms and names the command that reproduces it.\n\n{exit_codes_help()}")
 
 
 @handles_errors

@@ -127,7 +127,7 @@ def tiers_cmd(
         return
 
     from kmesh_trace.oracle.stream import engine_geometry, pool_capacity, request_blocks
-    from kmesh_trace.trace import open_trace
+    from kmesh_trace.trace import check_has_requests, open_trace
 
     if scenario is not None:  # any other built-in workload: a stream with no capture metadata
         w = build_scenario(scenario)
@@ -136,6 +136,7 @@ def tiers_cmd(
         prefill, prefill_src, fit = tc.prefill_model(None, prefill_tps)
     else:
         with open_trace(trace) as t:
+            check_has_requests(t)
             block_size, usable = engine_geometry(t, engine)
             reqs = request_blocks(t, engine)
             meta = t.engines[engine] if engine is not None else t.metadata
