@@ -107,8 +107,15 @@ def test_cli_curve_is_the_default_without_capacities(cli, tmp_path):
     assert "window: last-half, 3 requests" in r.stdout and "stock (capture) at 512 blocks" in r.stdout
     r = cli(["headroom", trace, "--curve", "--capacity-blocks", "64"])
     assert (r.exit_code, r.stderr.strip()) == (1, "Error: --curve covers every capacity; drop --capacity-blocks (or --curve).")
-    r = cli(["headroom", trace, "--window", "last-half", "--capacity-blocks", "64"])
-    assert (r.exit_code, r.stderr.strip()) == (1, "Error: --window applies to curves; drop --capacity-blocks to get one.")
+    # A window with explicit capacities (issue 26, item 5): the curve's result at exactly those capacities.
+    r = cli(["headroom", trace, "--window", "last-half", "--capacity-blocks", "64,300", "--json"])
+    assert r.exit_code == 0, r.stderr
+    half = json.loads(r.stdout)
+    assert half["window"] == "last-half" and [row["capacity_blocks"] for row in half["grid"]] == [64, 300]
+    whole = json.loads(cli(["headroom", trace, "--window", "last-half", "--json"]).stdout)
+    assert half["num_reads"] == whole["num_reads"] and half["num_reads"] < d["num_reads"]
+    for name in ("lru", "belady"):  # exact curves: the same values wherever both report a capacity
+        assert half["curves"][name] == whole["curves"][name]
 
 
 def test_cli_fixed_capacities_give_seconds_and_the_bracket(cli, tmp_path):

@@ -49,7 +49,8 @@ def headroom_cmd(
         False, "--curve", help="Every capacity: lru and belady exact from one pass each, vllm and belady-prefix on a grid "
                                "(the default when no --capacity-blocks is given)."),
     window: Window = typer.Option(Window.all, "--window", help="Requests counted in a curve: all, or the last half "
-                                  "(the first half warms the cache)."),
+                                  "(the first half warms the cache); with --capacity-blocks, the curve at those "
+                                  "capacities."),
     tokens_per_s: Optional[float] = typer.Option(
         None, "--prefill-tokens-per-s", help="Prefill throughput at position 0, for seconds (default: fitted to a "
                                              "capture's measured prefills)."),
@@ -77,8 +78,6 @@ def headroom_cmd(
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
     if curve and caps is not None:
         raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
-    if window is not Window.all and caps is not None:
-        raise KmeshTraceError("--window applies to curves; drop --capacity-blocks to get one.")
     check_plot_option(plot, [trace])  # a bad --plot must fail before the replays, not after them
     cost = fit = stream = stock = None
     if tokens_per_s is not None:
@@ -97,7 +96,8 @@ def headroom_cmd(
         with open_trace(trace) as t:
             check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
             block_size, usable = engine_geometry(t, engine)
-            if caps is None and names is not None and "vllm" not in names:  # no RequestBlocks needed
+            if (caps is None or window is not Window.all) and names is not None and "vllm" not in names:
+                # a curve without vllm needs no RequestBlocks
                 from kmesh_trace.oracle.stream import stream_of_trace
 
                 reqs, (stream, stock) = None, stream_of_trace(t, engine)
@@ -106,11 +106,12 @@ def headroom_cmd(
             if cost is None:
                 cost, fit = _fitted_cost(t, engine)
             approximate = approximate_tokens_note(t)
-    if caps is None:
+    if caps is None or window is not Window.all:  # a window: the curve's result, at the given capacities if any
         if ray is not None:
-            raise KmeshTraceError("--ray distributes the replays at given capacities; add --capacity-blocks.")
+            raise KmeshTraceError("--ray distributes the replays at given capacities; add --capacity-blocks "
+                                  "(without --window).")
         return _curve(reqs, block_size, usable, names, window.value, cost, fit, processes, plot, output, approximate,
-                      stream, stock)
+                      stream, stock, caps)
     simulate = None
     if ray is not None:  # one task per (policy, capacity) point, each reading its own input
         from kmesh_trace.oracle.policies import Workload
@@ -171,14 +172,15 @@ def _fitted_cost(trace, engine):
     return cost, fit_d
 
 
-def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, output, approximate, stream, stock) -> None:
+def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, output, approximate, stream, stock,
+           grid=None) -> None:
     from kmesh_trace.oracle.headroom_curve import headroom_curve
     from kmesh_trace.plots import plot_headroom_curve
 
     with err.status("replaying") as status:
         res = headroom_curve(reqs, block_size, policies=names, window=window, num_usable_blocks=usable, cost=cost,
                              cost_fit=fit, processes=processes, progress=lambda what: status.update(f"replaying: {what}"),
-                             stream=stream, stock_tokens=stock)
+                             stream=stream, stock_tokens=stock, grid=grid)
     d = _plot_and_notes(res, plot, plot_headroom_curve, approximate)
     emit(output, d, rows=res.along_grid(), render=lambda: _render_curve(res, block_size, window, cost))
 
