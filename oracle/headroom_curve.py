@@ -221,7 +221,10 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
         res.stock = {"source": "capture", "capacity_blocks": int(num_usable_blocks), "hit_tokens": hit,
                      "prefill_tokens": res.num_prompt_tokens - hit}
     elif num_usable_blocks and "vllm" in curves:
-        h = int(curves["vllm"].at([num_usable_blocks])[0])
+        if curves["vllm"].exact or num_usable_blocks in grid:
+            h = int(curves["vllm"].at([num_usable_blocks])[0])
+        else:  # a grid given without the stock capacity
+            h = int(POLICIES["vllm"].simulate(workload, num_usable_blocks).hit_blocks_per_request[start:].sum())
         res.stock = {"source": "vllm", "capacity_blocks": int(num_usable_blocks), "hit_tokens": h * block_size,
                      "prefill_tokens": res.num_prompt_tokens - h * block_size}
     if captured and not num_usable_blocks:

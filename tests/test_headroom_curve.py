@@ -129,3 +129,20 @@ def test_cli_fixed_capacities_give_seconds_and_the_bracket(cli, tmp_path):
     assert by["belady"]["prefill_seconds"] == pytest.approx(by["belady"]["prefill_tokens"] / 10000)
     assert d["headroom_seconds"] == pytest.approx(d["headroom_tokens"] / 10000)
     assert np.isclose(d["prefill_cost"]["tokens_per_second_at_0"], 10000)
+
+
+def test_cli_capacity_in_bytes_is_the_same_replay_as_in_blocks(cli, tmp_path):
+    """--capacity takes blocks or bytes (issue 26, item 5): 4.8MB at 1,000 KV bytes per token and 16-token
+    blocks is 300 blocks, and gives --capacity-blocks 300's result exactly, with or without a window."""
+    trace = write_fork_tree(tmp_path / "t")
+    for window in ([], ["--window", "last-half"]):
+        want = cli(["headroom", trace, "--capacity-blocks", "300", "--json", *window])
+        assert want.exit_code == 0, want.stderr
+        for cap in (["--capacity", "300"], ["--capacity", "4.8MB", "--kv-bytes-per-token", "1000"]):
+            got = cli(["headroom", trace, *cap, "--json", *window])
+            assert (got.exit_code, got.stdout) == (0, want.stdout), got.stderr
+    r = cli(["headroom", trace, "--capacity", "300", "--capacity-blocks", "300"])
+    assert (r.exit_code, r.stderr.strip()) == (1, "Error: give the capacities once: --capacity or --capacity-blocks.")
+    r = cli(["headroom", trace, "--capacity", "1KiB", "--kv-bytes-per-token", "1000"])
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines()[-1].startswith("Error: --capacity must give capacities of at least one block")

@@ -43,6 +43,13 @@ def register(app: typer.Typer) -> None:
 def headroom_cmd(
     trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
     capacity_blocks: CapacityOption = None,
+    capacity: Optional[str] = typer.Option(
+        None, "--capacity", help="Pool capacities, comma-separated: blocks, or bytes with a unit (40GiB) converted "
+                                 "with the KV bytes per token."),
+    kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", help="KV bytes per token, for --capacity "
+                                           "in bytes (default: the capture's engine metadata)."),
+    model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json giving the KV "
+                                                "bytes per token, for --capacity in bytes."),
     policies: Optional[str] = typer.Option(
         None, "--policies", help="Policies, comma-separated, from: infinite, lru, vllm, belady, belady-prefix (default: all)."),
     curve: bool = typer.Option(
@@ -76,9 +83,12 @@ def headroom_cmd(
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     if (trace is None) == (scenario is None):
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
-    if curve and caps is not None:
+    if capacity is not None and caps is not None:
+        raise KmeshTraceError("give the capacities once: --capacity or --capacity-blocks.")
+    fixed = caps is not None or capacity is not None  # capacities given (in bytes: known once the trace is open)
+    if curve and fixed:
         raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
-    check_plot_option(plot, [trace])  # a bad --plot must fail before the replays, not after them
+    check_plot_option(plot, [trace, model_config])  # a bad --plot must fail before the replays, not after them
     cost = fit = stream = stock = None
     if tokens_per_s is not None:
         from kmesh_trace.oracle.prefill_cost import PrefillCost
@@ -88,6 +98,7 @@ def headroom_cmd(
     if scenario is not None:
         w = build_scenario(scenario)
         reqs, block_size, usable = w.requests, w.block_size, w.num_usable_blocks
+        meta: dict = {}
     else:
         from kmesh_trace.audit.capture import check_complete
         from kmesh_trace.oracle.stream import engine_geometry, request_blocks
@@ -96,7 +107,8 @@ def headroom_cmd(
         with open_trace(trace) as t:
             check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
             block_size, usable = engine_geometry(t, engine)
-            if (caps is None or window is not Window.all) and names is not None and "vllm" not in names:
+            meta = t.engines[engine] if engine is not None else t.metadata
+            if (not fixed or window is not Window.all) and names is not None and "vllm" not in names:
                 # a curve without vllm needs no RequestBlocks
                 from kmesh_trace.oracle.stream import stream_of_trace
 
@@ -106,6 +118,8 @@ def headroom_cmd(
             if cost is None:
                 cost, fit = _fitted_cost(t, engine)
             approximate = approximate_tokens_note(t)
+    if capacity is not None:
+        caps = _capacities_in_blocks(capacity, block_size, meta, kv_bytes, model_config)
     if caps is None or window is not Window.all:  # a window: the curve's result, at the given capacities if any
         if ray is not None:
             raise KmeshTraceError("--ray distributes the replays at given capacities; add --capacity-blocks "
@@ -139,6 +153,19 @@ def render(d: dict) -> None:
         b = d["bracket"]
         out.print(f"bracket: belady-prefix {b['belady_prefix_prefill_tokens']:,} .. belady {b['belady_prefill_tokens']:,} "
                   f"prefill tokens (width {b['width_tokens']:,}{', wide' if b['wide'] else ''})")
+
+
+def _capacities_in_blocks(text: str, block_size: int, meta: dict, kv_bytes, model_config) -> list[int]:
+    """`--capacity` as block counts: plain numbers are blocks, sizes with a unit are bytes over the block's bytes."""
+    from kmesh_trace.oracle.tier_costs import kv_bytes_per_token, parse_capacity
+
+    kvbpt, _ = kv_bytes_per_token(meta, kv_bytes, model_config)
+    block_bytes = block_size * kvbpt if kvbpt else None
+    caps = [parse_capacity(c, block_bytes, "--capacity") for c in text.split(",") if c.strip()]
+    if not caps or min(caps) <= 0:
+        raise KmeshTraceError(f"--capacity must give capacities of at least one block ({block_size} tokens"
+                              f"{f', {block_bytes:,} bytes' if block_bytes else ''}); got {text!r}.")
+    return caps
 
 
 def _plot_and_notes(result, plot, plotter, approximate: str | None) -> dict:
