@@ -12,8 +12,10 @@ Streams (both sides read the same Mooncake-format JSONL file):
   prefix hashes), a partial last block getting an id of its own. Written under /tmp.
 
 Timed, whole process, each in a fresh subprocess, rounds alternating ours / peer, medians:
-- ours: `kmesh-trace import mooncake SRC --out T` then `kmesh-trace headroom T --policies lru,belady
-  --window last-half --json` (lru and belady exact at every capacity from 1 block to the working set);
+- ours: `kmesh-trace import mooncake SRC --out T` then `kmesh-trace headroom T ... --window last-half --json`,
+  one arm per `--arms`: `exact` (`--policies lru,belady`: both exact at every capacity from 1 block to the
+  working set), `default` (the default curve: those two, and vllm and belady-prefix on the power-of-two grid),
+  `same-work` (`--policies lru,belady-prefix --capacity-blocks` the peer's capacities: the peer's work);
 - peer: parse the file (`kvcache_sim.trace.parse_trace_file`) and `run_cpp_sweep` at --num-capacities
   capacities (log-spaced from 16 blocks to the working set) for lru and optimal, warm-up = the first
   half of the requests (its default window).
@@ -137,12 +139,20 @@ def timed(cmd: list[str]) -> tuple[float, int, str]:
     return float(wall), int(kib) * 1024, res.stdout
 
 
-def run_ours(src: Path, tmp: Path) -> tuple[float, int, dict]:
+#: Our arms: the headroom flags of each (the peer always runs lru + optimal at its 10 capacities).
+ARMS = {
+    "exact": ["--policies", "lru,belady"],  # lru and belady exact at every capacity
+    "default": [],  # the default curve: lru, belady exact; vllm, belady-prefix on the power-of-two grid
+    "same-work": ["--policies", "lru,belady-prefix", "--capacity-blocks", "{caps}"],  # the peer's capacities
+}
+
+
+def run_ours(src: Path, tmp: Path, arm: str = "exact", caps: list[int] | None = None) -> tuple[float, int, dict]:
     trace = tmp / "trace"
     subprocess.run(["rm", "-rf", str(trace)], check=True)
     w1, m1, _ = timed([str(BIN / "kmesh-trace"), "import", "mooncake", str(src), "--out", str(trace)])
-    w2, m2, out = timed([str(BIN / "kmesh-trace"), "headroom", str(trace), "--policies", "lru,belady",
-                         "--window", "last-half", "--json"])
+    flags = [f.format(caps=",".join(map(str, caps or []))) for f in ARMS[arm]]
+    w2, m2, out = timed([str(BIN / "kmesh-trace"), "headroom", str(trace), *flags, "--window", "last-half", "--json"])
     return w1 + w2, max(m1, m2), json.loads(out)
 
 
@@ -189,26 +199,32 @@ def peer_hit_ratios(peer: dict) -> dict:
     return {k: (h / t if mode == "fixed_window" and t else None) for k, (h, t, mode) in peer["points"].items()}
 
 
-def bench(name: str, src: Path, rounds: int, n_caps: int, tmp: Path) -> dict:
+def bench(name: str, src: Path, rounds: int, n_caps: int, tmp: Path, arms: list[str]) -> dict:
     _, _, warm = run_ours(src, tmp)  # numba's cache and the OS page cache, outside the timing
     caps = peer_capacities(int(warm["curves"]["lru"]["capacities"][-1]), n_caps)
+    for arm in arms:
+        run_ours(src, tmp, arm, caps)  # each arm's kernels compiled once
     run_peer(src, caps[:1])  # compiles the peer's C++ simulator once
-    ours, peer = [], []
-    for _ in range(rounds):
-        w, m, d = run_ours(src, tmp)
-        ours.append((w, m))
+    ours: dict[str, list] = {arm: [] for arm in arms}
+    peer = []
+    for _ in range(rounds):  # interleaved: every arm of ours, then the peer, in each round
+        for arm in arms:
+            w, m, d = run_ours(src, tmp, arm, caps)
+            ours[arm].append((w, m))
         w, m, p = run_peer(src, caps)
         peer.append((w, m))
     reads = p["block_reads"]
     med = lambda xs, i: statistics.median(x[i] for x in xs)  # noqa: E731
     row = {"stream": name, "block_reads": reads, "requests": d["num_requests"] * 2, "peer_capacities": caps,
-           "ours_capacities": int(d["curves"]["lru"]["capacities"][-1]),
-           "ours_s": med(ours, 0), "peer_s": med(peer, 0), "ours_peak_bytes": med(ours, 1), "peer_peak_bytes": med(peer, 1),
-           "rounds": rounds}
-    row["time_ratio"] = row["ours_s"] / row["peer_s"]
-    row["ours_bytes_per_read"] = row["ours_peak_bytes"] / reads
+           "ours_capacities": int(warm["curves"]["lru"]["capacities"][-1]), "peer_s": med(peer, 0),
+           "peer_peak_bytes": med(peer, 1), "rounds": rounds, "arms": {}}
     row["peer_bytes_per_read"] = row["peer_peak_bytes"] / reads
-    row["memory_ratio"] = row["ours_peak_bytes"] / row["peer_peak_bytes"]
+    for arm in arms:
+        a = {"ours_s": med(ours[arm], 0), "ours_peak_bytes": med(ours[arm], 1)}
+        a["time_ratio"] = a["ours_s"] / row["peer_s"]
+        a["ours_bytes_per_read"] = a["ours_peak_bytes"] / reads
+        a["memory_ratio"] = a["ours_peak_bytes"] / row["peer_peak_bytes"]
+        row["arms"][arm] = a
     return row
 
 
@@ -232,6 +248,7 @@ def main() -> None:
     ap.add_argument("--stagger-s", type=float, default=60.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--num-capacities", type=int, default=10)
+    ap.add_argument("--arms", default="exact,default,same-work", help=f"our arms, from {', '.join(ARMS)}")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     try:
@@ -243,24 +260,26 @@ def main() -> None:
     report: dict = {"differences": DIFFERENCES, "rows": []}
     with tempfile.TemporaryDirectory(dir="/tmp") as d:
         tmp = Path(d)
-        row = bench(args.src.name, args.src, args.rounds, args.num_capacities, tmp)
+        arms = [a for a in args.arms.split(",") if a]
+        row = bench(args.src.name, args.src, args.rounds, args.num_capacities, tmp, arms)
         report["rows"].append(row)
         report["hit_ratios"] = compare_hits(args.src, row["peer_capacities"], tmp)
         if args.agentic_reads:
             big = tmp / "agentic.jsonl"
             report["agentic"] = build_agentic(big, args.agentic_reads, args.stagger_s)
             report["rows"].append(bench(f"agentic x{report['agentic']['copies']}", big, args.rounds,
-                                        args.num_capacities, tmp))
+                                        args.num_capacities, tmp, arms))
     if args.json:
         print(json.dumps(report, indent=2))
         return
     for r in report["rows"]:
         print(f"{r['stream']}: {r['block_reads']:,} block reads, {r['requests']:,} requests; medians of {r['rounds']}")
-        print(f"  ours (import + every capacity 1..{r['ours_capacities']:,}, lru + belady): {r['ours_s']:.2f} s, "
-              f"peak {r['ours_peak_bytes'] / 2**20:,.0f} MiB ({r['ours_bytes_per_read']:.0f} B/read)")
         print(f"  peer ({len(r['peer_capacities'])} capacities, lru + optimal): {r['peer_s']:.2f} s, "
               f"peak {r['peer_peak_bytes'] / 2**20:,.0f} MiB ({r['peer_bytes_per_read']:.0f} B/read)")
-        print(f"  time ours / peer {r['time_ratio']:.3f}; memory ours / peer {r['memory_ratio']:.3f}")
+        for arm, a in r["arms"].items():
+            print(f"  ours, {arm} ({' '.join(ARMS[arm]) or 'default policies'}): {a['ours_s']:.2f} s, "
+                  f"peak {a['ours_peak_bytes'] / 2**20:,.0f} MiB ({a['ours_bytes_per_read']:.0f} B/read); "
+                  f"time ours / peer {a['time_ratio']:.3f}, memory {a['memory_ratio']:.3f}")
     for label, rows in report["hit_ratios"].items():
         print(f"hit ratios, last half, {args.src.name} ({label}): capacity, ours belady-prefix, peer optimal, ours lru, peer lru")
         for h in rows:

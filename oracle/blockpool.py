@@ -153,11 +153,13 @@ class PoolResult:
 
 
 def simulate_pool(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks: int,
-                holds: HoldPolicy | None = None, timed: bool | None = None) -> PoolResult:
+                holds: HoldPolicy | None = None, timed: bool | None = None, stream=None) -> PoolResult:
     """Simulate `requests` (arrival order) through the vLLM block-pool model; see the module docstring.
 
     `num_usable_blocks` excludes vLLM's null block (a pool of N+1 physical blocks has N usable).
     `timed`: None uses arrival/finish times when every request has both; False forces sequential.
+    Without holds the replay runs compiled (`blockpool_compiled`, tested equal to `PoolReplay`, the
+    reference); `stream`, the requests' AccessStream when the caller has it, saves building it again.
     """
     if block_size <= 0 or num_usable_blocks <= 0:
         raise KmeshTraceError("block_size and num_usable_blocks must be positive; pass the engine's values.")
@@ -168,7 +170,23 @@ def simulate_pool(requests: list[RequestBlocks], *, block_size: int, num_usable_
     if holds is not None and holds.expiry_ns is not None and not timed:
         raise KmeshTraceError("Hold expiry needs arrival and finish times on every request; drop the expiry "
                               "or use a trace with times.")
+    if holds is None:
+        return _compiled_result(requests, block_size, num_usable_blocks, timed, stream)
     return PoolReplay(requests, block_size, num_usable_blocks, holds, timed).run()
+
+
+def _compiled_result(requests, block_size, num_usable_blocks, timed, stream) -> PoolResult:
+    """The replay without holds by the compiled kernel (`blockpool_compiled`), as a PoolResult."""
+    from kmesh_trace.oracle.blockpool_compiled import replay_compiled
+
+    hits, evictions, admitted, stalled, queue, deferred = replay_compiled(requests, block_size, num_usable_blocks,
+                                                                          timed, stream)
+    hit_blocks = hits.tolist()
+    return PoolResult(
+        block_size=block_size, num_usable_blocks=num_usable_blocks, hit_blocks=hit_blocks,
+        hit_tokens=[h * block_size for h in hit_blocks], num_evictions=evictions.tolist(), admitted=admitted.tolist(),
+        num_prompt_tokens=[r.num_prompt_tokens for r in requests], free_queue=queue.tolist(),
+        num_deferred=int(deferred), holds=[], timed=timed, stalled=stalled.tolist())
 
 
 # ---------------------------------------------------------------------------------------------------

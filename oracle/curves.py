@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from kmesh_trace.oracle.interruptible import run_interruptible
 from kmesh_trace.oracle.stream import NEVER, AccessStream
 
 
@@ -218,14 +219,15 @@ def _measured(stream: AccessStream, measure_from: int) -> tuple[int, int]:
 
 def lru_curve(stream: AccessStream, measure_from: int = 0) -> HitCurve:
     """`lru` at every capacity, counting requests from `measure_from` on."""
-    count, possum = _lru_levels(stream.obj, stream.eligible, stream.req_start, stream.num_objects, int(measure_from))
+    count, possum = run_interruptible(_lru_levels, stream.obj, stream.eligible, stream.req_start, stream.num_objects,
+                                      int(measure_from))
     count[0] = possum[0] = 0
     return HitCurve("lru", stream.block_size, count, possum, *_measured(stream, measure_from))
 
 
 def belady_curve(stream: AccessStream, measure_from: int = 0) -> HitCurve:
     """`belady` at every capacity, counting requests from `measure_from` on."""
-    count, possum = _belady_levels(stream.obj, stream.eligible, stream.next_use, stream.req_start,
+    count, possum = run_interruptible(_belady_levels, stream.obj, stream.eligible, stream.next_use, stream.req_start,
                                    stream.num_objects, NEVER, int(measure_from))
     return HitCurve("belady", stream.block_size, count, possum, *_measured(stream, measure_from))
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.oracle.blockpool import PoolReplay, PoolResult
+from kmesh_trace.oracle.blockpool import PoolReplay, PoolResult, simulate_pool
 from kmesh_trace.oracle.kv_stream import scan_invocations
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, requests_from_rows
 
@@ -254,7 +254,8 @@ def simulate_run(workload: FleetWorkload, policy: str, num_engines: int, capacit
     if policy == GLOBAL:
         check_options([], [num_engines], [capacity_blocks], overload)
         reqs = workload.requests
-        pools = [PoolReplay(reqs, workload.block_size, num_engines * capacity_blocks, None, workload.timed).run()]
+        pools = [simulate_pool(list(reqs), block_size=workload.block_size, num_usable_blocks=num_engines * capacity_blocks,
+                               timed=workload.timed)]  # compiled (no holds)
         counts = [len(reqs)]
     else:
         routed = route(workload, policy, num_engines, capacity_blocks, overload=overload, edges=edges)

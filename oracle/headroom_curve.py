@@ -76,6 +76,11 @@ class CurveResult:
     def prefill_tokens(self, hit_blocks) -> np.ndarray:
         return self.num_prompt_tokens - np.asarray(hit_blocks, np.int64) * self.block_size
 
+    def token_hit_ratio(self, hit_blocks: int) -> float:
+        """Hit prompt tokens / prompt tokens (vLLM's prefix_cache_hits / prefix_cache_queries): a hit block
+        covers block_size tokens, and no policy hits the block of a prompt's last token."""
+        return hit_blocks * self.block_size / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
+
     def capacity_for_fraction(self) -> dict[str, dict[str, int | None]]:
         """Per policy, the smallest capacity whose hits reach each fraction of the infinite cache's (on a
         grid curve: the smallest grid capacity, an upper estimate)."""
@@ -99,6 +104,7 @@ class CurveResult:
             for name in self.curves:
                 h = int(hits[name][k])
                 row[name] = {"hit_blocks": h, "hit_ratio": h / self.num_reads if self.num_reads else 0.0,
+                             "token_hit_ratio": self.token_hit_ratio(h),
                              "prefill_tokens": int(self.prefill_tokens(h))}
                 if secs[name] is not None:
                     row[name]["prefill_seconds"] = float(secs[name][k])
@@ -132,7 +138,8 @@ class CurveResult:
             "block_size": self.block_size, "window": self.window, "num_requests": self.num_requests,
             "num_reads": self.num_reads, "num_prompt_tokens": self.num_prompt_tokens,
             "infinite": {"hit_blocks": self.infinite_hit_blocks,
-                         "hit_ratio": self.infinite_hit_blocks / self.num_reads if self.num_reads else 0.0},
+                         "hit_ratio": self.infinite_hit_blocks / self.num_reads if self.num_reads else 0.0,
+                         "token_hit_ratio": self.token_hit_ratio(self.infinite_hit_blocks)},
             "curves": {name: {"exact": c.exact, "capacities": c.capacities.tolist(), "hit_blocks": c.hit_blocks.tolist(),
                               **({"prefill_seconds": c.prefill_seconds.tolist()} if c.prefill_seconds is not None else {})}
                        for name, c in self.curves.items()},
@@ -214,7 +221,10 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
         res.stock = {"source": "capture", "capacity_blocks": int(num_usable_blocks), "hit_tokens": hit,
                      "prefill_tokens": res.num_prompt_tokens - hit}
     elif num_usable_blocks and "vllm" in curves:
-        h = int(curves["vllm"].at([num_usable_blocks])[0])
+        if curves["vllm"].exact or num_usable_blocks in grid:
+            h = int(curves["vllm"].at([num_usable_blocks])[0])
+        else:  # a grid given without the stock capacity
+            h = int(POLICIES["vllm"].simulate(workload, num_usable_blocks).hit_blocks_per_request[start:].sum())
         res.stock = {"source": "vllm", "capacity_blocks": int(num_usable_blocks), "hit_tokens": h * block_size,
                      "prefill_tokens": res.num_prompt_tokens - h * block_size}
     if captured and not num_usable_blocks:

@@ -52,11 +52,14 @@ def test_headroom_from_captured_stock(tmp_path):
     assert d["stock_source"] == "capture" and d["headroom_capacity_blocks"] == 512
     assert d["results"] == [
         {"policy": "lru", "capacity_blocks": 512, "hit_blocks": 1280, "hit_tokens": 20480,
-         "prefill_tokens": ALIGNED_PROMPT_TOKENS - 20480, "hit_ratio": 1280 / 1696},
+         "prefill_tokens": ALIGNED_PROMPT_TOKENS - 20480, "hit_ratio": 1280 / 1696,
+         "token_hit_ratio": 20480 / ALIGNED_PROMPT_TOKENS},
         {"policy": "belady", "capacity_blocks": 512, "hit_blocks": 1280, "hit_tokens": 20480,
-         "prefill_tokens": ALIGNED_PROMPT_TOKENS - 20480, "hit_ratio": 1280 / 1696},
+         "prefill_tokens": ALIGNED_PROMPT_TOKENS - 20480, "hit_ratio": 1280 / 1696,
+         "token_hit_ratio": 20480 / ALIGNED_PROMPT_TOKENS},
         {"policy": "stock", "capacity_blocks": 512, "hit_blocks": 512, "hit_tokens": 8192,
-         "prefill_tokens": ALIGNED_PROMPT_TOKENS - 8192, "hit_ratio": 512 / 1696},
+         "prefill_tokens": ALIGNED_PROMPT_TOKENS - 8192, "hit_ratio": 512 / 1696,
+         "token_hit_ratio": 8192 / ALIGNED_PROMPT_TOKENS},
     ]
     assert d["headroom_tokens"] == 3 * 4096
 

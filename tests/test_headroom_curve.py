@@ -107,8 +107,15 @@ def test_cli_curve_is_the_default_without_capacities(cli, tmp_path):
     assert "window: last-half, 3 requests" in r.stdout and "stock (capture) at 512 blocks" in r.stdout
     r = cli(["headroom", trace, "--curve", "--capacity-blocks", "64"])
     assert (r.exit_code, r.stderr.strip()) == (1, "Error: --curve covers every capacity; drop --capacity-blocks (or --curve).")
-    r = cli(["headroom", trace, "--window", "last-half", "--capacity-blocks", "64"])
-    assert (r.exit_code, r.stderr.strip()) == (1, "Error: --window applies to curves; drop --capacity-blocks to get one.")
+    # A window with explicit capacities (issue 26, item 5): the curve's result at exactly those capacities.
+    r = cli(["headroom", trace, "--window", "last-half", "--capacity-blocks", "64,300", "--json"])
+    assert r.exit_code == 0, r.stderr
+    half = json.loads(r.stdout)
+    assert half["window"] == "last-half" and [row["capacity_blocks"] for row in half["grid"]] == [64, 300]
+    whole = json.loads(cli(["headroom", trace, "--window", "last-half", "--json"]).stdout)
+    assert half["num_reads"] == whole["num_reads"] and half["num_reads"] < d["num_reads"]
+    for name in ("lru", "belady"):  # exact curves: the same values wherever both report a capacity
+        assert half["curves"][name] == whole["curves"][name]
 
 
 def test_cli_fixed_capacities_give_seconds_and_the_bracket(cli, tmp_path):
@@ -122,3 +129,20 @@ def test_cli_fixed_capacities_give_seconds_and_the_bracket(cli, tmp_path):
     assert by["belady"]["prefill_seconds"] == pytest.approx(by["belady"]["prefill_tokens"] / 10000)
     assert d["headroom_seconds"] == pytest.approx(d["headroom_tokens"] / 10000)
     assert np.isclose(d["prefill_cost"]["tokens_per_second_at_0"], 10000)
+
+
+def test_cli_capacity_in_bytes_is_the_same_replay_as_in_blocks(cli, tmp_path):
+    """--capacity takes blocks or bytes (issue 26, item 5): 4.8MB at 1,000 KV bytes per token and 16-token
+    blocks is 300 blocks, and gives --capacity-blocks 300's result exactly, with or without a window."""
+    trace = write_fork_tree(tmp_path / "t")
+    for window in ([], ["--window", "last-half"]):
+        want = cli(["headroom", trace, "--capacity-blocks", "300", "--json", *window])
+        assert want.exit_code == 0, want.stderr
+        for cap in (["--capacity", "300"], ["--capacity", "4.8MB", "--kv-bytes-per-token", "1000"]):
+            got = cli(["headroom", trace, *cap, "--json", *window])
+            assert (got.exit_code, got.stdout) == (0, want.stdout), got.stderr
+    r = cli(["headroom", trace, "--capacity", "300", "--capacity-blocks", "300"])
+    assert (r.exit_code, r.stderr.strip()) == (1, "Error: give the capacities once: --capacity or --capacity-blocks.")
+    r = cli(["headroom", trace, "--capacity", "1KiB", "--kv-bytes-per-token", "1000"])
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines()[-1].startswith("Error: --capacity must give capacities of at least one block")

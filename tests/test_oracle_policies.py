@@ -59,7 +59,8 @@ def test_replay_token_accounting():
     w = Workload(4, _reqs())
     r = POLICIES["lru"].simulate(w, 2)
     assert r.to_dict() == {"policy": "lru", "capacity_blocks": 2, "hit_blocks": 2, "hit_tokens": 8,
-                           "prefill_tokens": 9 + 8 + 12 - 8, "hit_ratio": 2 / 8}
+                           "prefill_tokens": 9 + 8 + 12 - 8, "hit_ratio": 2 / 8,
+                           "token_hit_ratio": 8 / (9 + 8 + 12)}
     assert r.hit_tokens_per_request.tolist() == [0, 4, 4]
 
 

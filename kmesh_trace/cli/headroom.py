@@ -44,13 +44,21 @@ def register(app: typer.Typer) -> None:
 def headroom_cmd(
     trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
     capacity_blocks: CapacityOption = None,
+    capacity: Optional[str] = typer.Option(
+        None, "--capacity", help="Pool capacities, comma-separated: blocks, or bytes with a unit (40GiB) converted "
+                                 "with the KV bytes per token."),
+    kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", help="KV bytes per token, for --capacity "
+                                           "in bytes (default: the capture's engine metadata)."),
+    model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json giving the KV "
+                                                "bytes per token, for --capacity in bytes."),
     policies: Optional[str] = typer.Option(
         None, "--policies", help="Policies, comma-separated, from: infinite, lru, vllm, belady, belady-prefix (default: all)."),
     curve: bool = typer.Option(
         False, "--curve", help="Every capacity: lru and belady exact from one pass each, vllm and belady-prefix on a grid "
                                "(the default when no --capacity-blocks is given)."),
     window: Window = typer.Option(Window.all, "--window", help="Requests counted in a curve: all, or the last half "
-                                  "(the first half warms the cache)."),
+                                  "(the first half warms the cache); with --capacity-blocks, the curve at those "
+                                  "capacities."),
     tokens_per_s: Optional[float] = typer.Option(
         None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True), help="Prefill throughput at position 0, for seconds (default: fitted to a "
                                              "capture's measured prefills)."),
@@ -76,11 +84,12 @@ def headroom_cmd(
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     if (trace is None) == (scenario is None):
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
-    if curve and caps is not None:
+    if capacity is not None and caps is not None:
+        raise KmeshTraceError("give the capacities once: --capacity or --capacity-blocks.")
+    fixed = caps is not None or capacity is not None  # capacities given (in bytes: known once the trace is open)
+    if curve and fixed:
         raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
-    if window is not Window.all and caps is not None:
-        raise KmeshTraceError("--window applies to curves; drop --capacity-blocks to get one.")
-    check_plot_option(plot, [trace])  # a bad --plot must fail before the replays, not after them
+    check_plot_option(plot, [trace, model_config])  # a bad --plot must fail before the replays, not after them
     check_ray_option(ray)
     if caps is not None:
         _check_pool_memory(caps, names)
@@ -93,6 +102,7 @@ def headroom_cmd(
     if scenario is not None:
         w = build_scenario(scenario)
         reqs, block_size, usable = w.requests, w.block_size, w.num_usable_blocks
+        meta: dict = {}
     else:
         from kmesh_trace.audit.capture import check_complete
         from kmesh_trace.oracle.stream import engine_geometry, request_blocks
@@ -102,7 +112,9 @@ def headroom_cmd(
             check_has_requests(t)
             check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
             block_size, usable = engine_geometry(t, engine)
-            if caps is None and names is not None and "vllm" not in names:  # no RequestBlocks needed
+            meta = t.engines[engine] if engine is not None else t.metadata
+            if (not fixed or window is not Window.all) and names is not None and "vllm" not in names:
+                # a curve without vllm needs no RequestBlocks
                 from kmesh_trace.oracle.stream import stream_of_trace
 
                 reqs, (stream, stock) = None, stream_of_trace(t, engine)
@@ -111,11 +123,14 @@ def headroom_cmd(
             if cost is None:
                 cost, fit = _fitted_cost(t, engine)
             approximate = approximate_tokens_note(t)
-    if caps is None:
+    if capacity is not None:
+        caps = _capacities_in_blocks(capacity, block_size, meta, kv_bytes, model_config)
+    if caps is None or window is not Window.all:  # a window: the curve's result, at the given capacities if any
         if ray is not None:
-            raise KmeshTraceError("--ray distributes the replays at given capacities; add --capacity-blocks.")
+            raise KmeshTraceError("--ray distributes the replays at given capacities; add --capacity-blocks "
+                                  "(without --window).")
         return _curve(reqs, block_size, usable, names, window.value, cost, fit, processes, plot, output, approximate,
-                      stream, stock)
+                      stream, stock, caps)
     simulate = None
     if ray is not None:  # one task per (policy, capacity) point, each reading its own input
         from kmesh_trace.oracle.policies import Workload
@@ -155,6 +170,19 @@ def render(d: dict) -> None:
                   f"prefill tokens (width {b['width_tokens']:,}{', wide' if b['wide'] else ''})")
 
 
+def _capacities_in_blocks(text: str, block_size: int, meta: dict, kv_bytes, model_config) -> list[int]:
+    """`--capacity` as block counts: plain numbers are blocks, sizes with a unit are bytes over the block's bytes."""
+    from kmesh_trace.oracle.tier_costs import kv_bytes_per_token, parse_capacity
+
+    kvbpt, _ = kv_bytes_per_token(meta, kv_bytes, model_config)
+    block_bytes = block_size * kvbpt if kvbpt else None
+    caps = [parse_capacity(c, block_bytes, "--capacity") for c in text.split(",") if c.strip()]
+    if not caps or min(caps) <= 0:
+        raise KmeshTraceError(f"--capacity must give capacities of at least one block ({block_size} tokens"
+                              f"{f', {block_bytes:,} bytes' if block_bytes else ''}); got {text!r}.")
+    return caps
+
+
 def _plot_and_notes(result, plot, plotter, approximate: str | None) -> dict:
     """Write the plot, print the notes (the approximate-token note was said already); the result as a dict."""
     if plot is not None:
@@ -188,14 +216,15 @@ def _fitted_cost(trace, engine):
     return cost, fit_d
 
 
-def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, output, approximate, stream, stock) -> None:
+def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, output, approximate, stream, stock,
+           grid=None) -> None:
     from kmesh_trace.oracle.headroom_curve import headroom_curve
     from kmesh_trace.plots import plot_headroom_curve
 
     with err.status("replaying") as status:
         res = headroom_curve(reqs, block_size, policies=names, window=window, num_usable_blocks=usable, cost=cost,
                              cost_fit=fit, processes=processes, progress=lambda what: status.update(f"replaying: {what}"),
-                             stream=stream, stock_tokens=stock)
+                             stream=stream, stock_tokens=stock, grid=grid)
     d = _plot_and_notes(res, plot, plot_headroom_curve, approximate)
     if cost is None and fit is not None:  # fitted, but not usable: say so in the JSON too
         d["prefill_cost_fit"] = fit

@@ -73,9 +73,16 @@ class PolicyResult:
     def hit_ratio(self) -> float:
         return self.hit_blocks / self.num_reads if self.num_reads else 0.0
 
+    @property
+    def token_hit_ratio(self) -> float:
+        """Hit prompt tokens / prompt tokens: vLLM's prefix_cache_hits / prefix_cache_queries."""
+        total = int(self.num_prompt_tokens.sum())
+        return self.hit_tokens / total if total else 0.0
+
     def to_dict(self) -> dict:
         return {"policy": self.policy, "capacity_blocks": self.capacity_blocks, "hit_blocks": self.hit_blocks,
-                "hit_tokens": self.hit_tokens, "prefill_tokens": self.prefill_tokens, "hit_ratio": self.hit_ratio}
+                "hit_tokens": self.hit_tokens, "prefill_tokens": self.prefill_tokens, "hit_ratio": self.hit_ratio,
+                "token_hit_ratio": self.token_hit_ratio}
 
 
 def result_of(policy: str, capacity: int | None, stream: AccessStream, hits: np.ndarray,

@@ -18,6 +18,7 @@ from typing import Sequence
 import numba
 import numpy as np
 
+from kmesh_trace.oracle.interruptible import run_interruptible
 from kmesh_trace.oracle.policies.base import StreamPolicy, reference_accesses
 from kmesh_trace.oracle.stream import NEVER, AccessStream, RequestBlocks
 
@@ -125,7 +126,7 @@ def _belady_kernel(obj, eligible, next_use, req_start, num_objects, capacity, ne
 
 def belady_hits(stream: AccessStream, capacity: int) -> tuple[np.ndarray, int]:
     """Per-request hit blocks and the number of evictions (resident blocks displaced by a later one)."""
-    hits, evictions = _belady_kernel(stream.obj, stream.eligible, stream.next_use, stream.req_start,
+    hits, evictions = run_interruptible(_belady_kernel, stream.obj, stream.eligible, stream.next_use, stream.req_start,
                                      stream.num_objects, int(capacity), NEVER)
     return hits, int(evictions)
 

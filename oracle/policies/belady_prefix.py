@@ -29,6 +29,7 @@ from typing import Sequence
 import numba
 import numpy as np
 
+from kmesh_trace.oracle.interruptible import run_interruptible
 from kmesh_trace.oracle.policies.base import StreamPolicy, reference_accesses
 from kmesh_trace.oracle.policies.belady import _heap_push, _heap_remove, _sift_down, _sift_up
 from kmesh_trace.oracle.policies.lru import prefix_hits
@@ -106,7 +107,7 @@ def _belady_prefix_kernel(obj, eligible, next_use, req_start, num_objects, capac
 
 def belady_prefix_hits(stream: AccessStream, capacity: int) -> tuple[np.ndarray, int]:
     """Per-request hit blocks and the number of evictions."""
-    hits, evictions = _belady_prefix_kernel(stream.obj, stream.eligible, stream.next_use, stream.req_start,
+    hits, evictions = run_interruptible(_belady_prefix_kernel, stream.obj, stream.eligible, stream.next_use, stream.req_start,
                                             stream.num_objects, int(capacity), NEVER)
     return hits, int(evictions)
 

@@ -16,6 +16,7 @@ from typing import Sequence
 import numba
 import numpy as np
 
+from kmesh_trace.oracle.interruptible import run_interruptible
 from kmesh_trace.oracle.policies.base import StreamPolicy, reference_accesses
 from kmesh_trace.oracle.stream import AccessStream, RequestBlocks
 
@@ -75,7 +76,7 @@ def _lru_kernel(obj, eligible, req_start, num_objects, capacity):  # pragma: no 
 
 def lru_hits(stream: AccessStream, capacity: int) -> tuple[np.ndarray, int]:
     """Per-request hit blocks and the number of evictions."""
-    hits, evictions = _lru_kernel(stream.obj, stream.eligible, stream.req_start, stream.num_objects, int(capacity))
+    hits, evictions = run_interruptible(_lru_kernel, stream.obj, stream.eligible, stream.req_start, stream.num_objects, int(capacity))
     return hits, int(evictions)
 
 

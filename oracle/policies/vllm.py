@@ -24,6 +24,7 @@ class VLLM:
             raise KmeshTraceError("the vllm policy replays requests, not a bare access stream; build the workload from a trace.")
         from kmesh_trace.oracle.blockpool import simulate_pool
 
-        res = simulate_pool(list(workload.requests), block_size=workload.block_size, num_usable_blocks=int(capacity_blocks))
+        res = simulate_pool(list(workload.requests), block_size=workload.block_size, num_usable_blocks=int(capacity_blocks),
+                            stream=workload.stream)
         return result_of(self.name, capacity_blocks, workload.stream, np.asarray(res.hit_blocks, np.int64),
                          res.total_evictions)

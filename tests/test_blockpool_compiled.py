@@ -1,0 +1,49 @@
+"""The compiled `vllm` block-pool replay (`blockpool_compiled`) against the Python model (`PoolReplay`, the
+reference): random workloads, sequential and timed, with duplicate hashes inside a prompt, partial and
+missing hash lists, generated blocks, stalls and deferrals; every per-request result and the final free
+queue must be equal. (`simulate_pool` without holds runs the compiled replay, so every test of the model
+against vLLM's real pool in test_blockpool_vllm.py and test_admission_vllm.py runs it too.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kmesh_trace.oracle.blockpool import PoolReplay, simulate_pool
+from kmesh_trace.oracle.stream import RequestBlocks
+
+FIELDS = ("hit_blocks", "hit_tokens", "num_evictions", "admitted", "stalled", "free_queue", "num_deferred")
+
+
+def _workload(rng):
+    bs, vocab = int(rng.integers(1, 5)), int(rng.integers(1, 8))
+    reqs, t = [], 0
+    for i in range(int(rng.integers(1, 12))):
+        p, g = int(rng.integers(0, 20)), int(rng.integers(0, 6))
+        n_hashes = p // bs + (1 if p % bs and rng.random() < 0.5 else 0)  # a partial last hash, sometimes
+        n_hashes = max(0, n_hashes - (1 if rng.random() < 0.2 else 0))  # a list shorter than the prompt
+        prompt = [int(x) for x in rng.integers(0, vocab, n_hashes)]
+        output = [int(x) for x in rng.integers(0, vocab, int(rng.integers(0, 3)))] if rng.random() < 0.5 else []
+        t += int(rng.integers(0, 5))
+        reqs.append(RequestBlocks(i, f"r{i}", p, g, prompt, output, t, t + int(rng.integers(0, 10))))
+    return reqs, bs
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_compiled_replay_equals_the_python_model(timed):
+    rng = np.random.default_rng(26)
+    seen = {"hits": 0, "evictions": 0, "stalled": 0, "refused": 0, "deferred": 0}
+    for _ in range(1500):
+        reqs, bs = _workload(rng)
+        cap = int(rng.integers(1, 15))
+        want = PoolReplay(reqs, bs, cap, None, timed).run()
+        got = simulate_pool(reqs, block_size=bs, num_usable_blocks=cap, timed=timed)
+        for f in FIELDS:
+            assert getattr(got, f) == getattr(want, f), (f, bs, cap, reqs)
+        seen["hits"] += want.total_hit_blocks > 0
+        seen["evictions"] += want.total_evictions > 0
+        seen["stalled"] += any(want.stalled)
+        seen["refused"] += not all(want.admitted)
+        seen["deferred"] += want.num_deferred > 0
+    assert min(seen["hits"], seen["evictions"], seen["stalled"], seen["refused"]) > 20, seen
+    assert (seen["deferred"] > 20) == timed, seen
