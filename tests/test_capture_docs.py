@@ -44,8 +44,8 @@ def test_every_block_is_a_command_that_runs_here_or_says_where_it_runs():
     # No command left as an indented block outside the fences (it would not be run).
     assert not re.search(r"^ {4}(kmesh-trace|curl|python|vllm|KMESH_)", outside, re.MULTILINE)
     for lang, tag, body in found:
-        if tag == "gpu-host":
-            assert "vllm serve" in body
+        if tag == "gpu-host":  # a server started on a GPU host: vLLM, or SGLang for `listen`
+            assert "vllm serve" in body or "sglang.launch_server" in body
 
 
 @pytest.fixture
