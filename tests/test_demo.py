@@ -106,7 +106,7 @@ def test_demo_page_opens_in_chromium_with_the_reports_numbers(demo, tmp_path):
     """The demo's HTML page in a real headless Chromium: no console message, not blank, and its headroom
     and pressure tables are the report's (which the test above ties to the commands' --json)."""
     from browser import chromium, load
-    from test_report import _Tables
+    from test_report import _Page
 
     if chromium() is None:
         pytest.skip("no Chromium installed: `apt-get install -y chromium` (make install-browser)")
@@ -114,12 +114,12 @@ def test_demo_page_opens_in_chromium_with_the_reports_numbers(demo, tmp_path):
     report = json.loads((out / "report.json").read_text())
     loaded = load(out / "report.html", tmp_path / "page.png")
     assert loaded.console == []
-    dom = _Tables()
+    dom = _Page()
     dom.feed(loaded.dom)
-    keys = dom.tables["headroom-results"]["keys"]
-    page = {(r["policy"], r["capacity_blocks"]): r for r in dom.records("headroom-results")}
+    # The page pivots headroom as the CLI does: one row per capacity, one column per policy.
+    page = {r["capacity_blocks"]: r for r in dom.records("headroom-pivot")}
     for r in report["headroom"]["results"]:  # the page adds the infinite cache to the report's policies
-        assert page[(r["policy"], r["capacity_blocks"])] == {k: r[k] for k in keys}
+        assert page[r["capacity_blocks"]][r["policy"]] == r["hit_ratio"]
     assert {r["arm"]: r["hit_tokens"] for r in dom.records("pressure-arms")} == {
         arm: report["pressure"]["arms"][arm]["hit_tokens"] for arm in ("stock", "held")}
     assert dom.records("lineage-summary")[0]["num_edges"] == report["workload"]["num_children"]
