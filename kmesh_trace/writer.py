@@ -230,7 +230,7 @@ class TraceWriter:
         tbl = to_contract(table_name, data)
         if tbl.num_rows == 0:
             return None
-        if self.metadata["source"] != "capture":
+        if str(self.metadata["source"]).startswith("import:"):
             # An import states what its source said; a value outside the contract's domain (a negative
             # length, more hit tokens than prompt tokens) is the importer's fault, never a part. A
             # capture writes what the engine reported, and `audit capture` judges it.

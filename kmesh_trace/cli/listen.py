@@ -147,7 +147,7 @@ def _ratio(x) -> str:
 
 def live_table(listener, take: bool | None):
     """One row per publisher: stored/evicted blocks per second, and with hits the stock ratio and the LRU model."""
-    from rich.table import Table
+    from kmesh_trace.cli.display import Table
 
     table = Table(title="kmesh-trace listen", title_justify="left")
     for col in ("engine", "stored/s", "evicted/s", "touched", "stock hit", "LRU 1x", "LRU 2x", "LRU 4x", "gaps lost",

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional
-
 import typer
-from rich.table import Table as RichTable
 
-from kmesh_trace.cli.common import Output, emit, handles_errors, out, output_options
+from kmesh_trace.cli.common import Output, Table, emit, handles_errors, out, output_options
 
 
 def register(app: typer.Typer) -> None:
@@ -49,7 +47,7 @@ def _render(d: dict) -> None:
                   f"({'hits recorded' if e['hits_recorded'] else 'no hits: no request reported kv_cache_report_mode full'}); "
                   f"{e['num_cleared']:,} clears; {e['num_removed_unseen']:,} removals of blocks stored before the recording",
                   markup=False, highlight=False)
-        t = RichTable(title="residency by medium", title_justify="left")
+        t = Table(title="residency by medium", title_justify="left")
         for h in ("medium", "stored", "removed", "still resident", "lifetime p50 (s)", "lifetime p95 (s)",
                   "re-stored", "reuse gap p50 (s)", "reuse gap p95 (s)"):
             t.add_column(h, justify="left" if h == "medium" else "right")
@@ -58,7 +56,7 @@ def _render(d: dict) -> None:
                       _f(x["lifetime_s"]["p50"]), _f(x["lifetime_s"]["p95"]), f"{x['num_restored']:,}",
                       _f(x["reuse_gap_s"]["p50"]), _f(x["reuse_gap_s"]["p95"]))
         out.print(t)
-        r = RichTable(title=f"stores and evictions per {e['bucket_s']:g} s", title_justify="left")
+        r = Table(title=f"stores and evictions per {e['bucket_s']:g} s", title_justify="left")
         for h in ("from (s)", "stored", "evicted", "evicted/s"):
             r.add_column(h, justify="right")
         for b in e["eviction_rate"]:
