@@ -20,7 +20,6 @@ from pathlib import Path
 import typer
 
 from kmesh_trace.cli.common import check_out_dir, check_out_file, err, fail, handles_errors, print_json
-from kmesh_trace.values import MAX_BLOCKS, MAX_SECONDS, bounded_int, finite_float
 
 
 def register(app: typer.Typer) -> None:
@@ -31,9 +30,9 @@ def register(app: typer.Typer) -> None:
 def capture_cmd(
     command: list[str] = typer.Argument(..., help="The command to run, after `--`: e.g. -- vllm serve MODEL ..."),
     out_dir: Path = typer.Option(..., "--out", "-o", help="Trace directory to write (created if missing)."),
-    flush_s: float = typer.Option(None, "--flush-s", parser=finite_float(0, MAX_SECONDS, lo_open=True), help="Write buffered events at least this often (seconds; "
+    flush_s: float = typer.Option(None, "--flush-s", help="Write buffered events at least this often (seconds; "
                                   "default: $KMESH_TRACE_FLUSH_S, else 1.0)."),
-    max_buffered_events: int = typer.Option(None, "--max-buffered-events", parser=bounded_int(1, MAX_BLOCKS),
+    max_buffered_events: int = typer.Option(None, "--max-buffered-events",
                                             help="Block events / transfers held between writes; beyond it events are "
                                                  "counted as dropped (default: $KMESH_TRACE_MAX_BUFFERED_EVENTS, else 524288)."),
     summary_path: Path = typer.Option(None, "--summary", help="Also write the capture summary as JSON to FILE "
