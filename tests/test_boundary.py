@@ -403,8 +403,18 @@ def test_a_directory_nested_1100_deep_is_walked(tmp_path, cli):
         os.close(fd)
     from kmesh_trace.audit.inventory import walk
 
-    inv = walk(tmp_path / "corpus")
-    assert len(inv.sources["src"].jsonl) == 1 and len(inv.directories) == 1101
+    try:
+        inv = walk(tmp_path / "corpus")
+        assert len(inv.sources["src"].jsonl) == 1 and len(inv.directories) == 1101
+    finally:  # remove it bottom-up here: pytest's recursive clean-up of old tmp dirs cannot go 1,100 deep
+        fds = [os.open(d, os.O_RDONLY)]
+        for _ in range(1100):
+            fds.append(os.open("d", os.O_RDONLY, dir_fd=fds[-1]))
+        os.unlink("x.jsonl", dir_fd=fds[-1])
+        for parent, child in zip(reversed(fds[:-1]), reversed(fds[1:])):
+            os.close(child)
+            os.rmdir("d", dir_fd=parent)
+        os.close(fds[0])
 
 
 # ---- class 8: messages ---------------------------------------------------------------------------------
