@@ -442,7 +442,9 @@ def test_cli_capture_runs_a_command_under_the_plugin(tmp_path, cli):
 
     result = cli(["capture", "--out", tmp_path / "trace", "--json", "--", _sys.executable, HERE, "cli", tmp_path])
     assert result.exit_code == 0, result.output[-3000:]
-    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    # the command's own output passes through first; the summary is the last thing on stdout
+    start = result.stdout.rindex("\n{\n") + 1 if not result.stdout.startswith("{\n") else 0
+    summary = json.loads(result.stdout[start:])
     (eid,) = summary["engines"]
     assert summary["engines"][eid]["complete"] is True and summary["engines"][eid]["num_dropped_events"] == 0
     assert summary["engines"][eid]["rows"]["invocations"] == 2 and summary["exit_code"] == 0
