@@ -61,8 +61,9 @@ def fleet_cmd(
     parts = open_parts(trace)  # metadata only: the tasks (or the one read below) read the parts
     if not parts.engines:
         raise KmeshTraceError(f"{trace} has no engine partitions; there are no requests to route.")
-    if not parts.parts("invocations"):
-        raise KmeshTraceError(f"{trace} has no requests (its invocations table is empty); there are no requests to route.")
+    if not parts.parts("invocations") and not parts.parts("block_events"):  # a KV-events recording has only events
+        raise KmeshTraceError(f"{trace} has no requests (its invocations table is empty and it holds no block events); "
+                              "there are no requests to route.")
     ns = parse_ints(engines, "--engines") if engines is not None else [len(parts.engines)]
     if capacity_blocks is not None:
         caps = parse_ints(capacity_blocks, "--capacity-blocks")
