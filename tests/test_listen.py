@@ -185,14 +185,21 @@ def _stored(v, *hashes, parent=None):
                          block_size=32, lora_id=None, medium="GPU", lora_name=None, group_idx=0)
 
 
-def _receive(listener: Listener, n: int | None = 1, until=None, timeout: float = 20.0) -> None:
+def _receive(listener: Listener, n: int | None = 1, until=None, timeout: float = 40.0,
+             catch_up_s: float | None = None) -> None:
     """Hand live messages to the listener as its loop does (`n` of them, or until `until()`), checking
-    its endpoints between them as the loop does at each flush."""
+    its endpoints between them as the loop does at each flush; with `catch_up_s`, also ask the replay
+    socket every so often, as the listener's final catch-up does (a batch published while a new
+    subscription was joining reaches no subscriber: only the replay buffer has it)."""
     rec = listener.recorders[0]
     deadline = time.monotonic() + timeout
+    next_catch_up = time.monotonic() + (catch_up_s or 0)
     while (n if until is None else not until()):
         assert time.monotonic() < deadline, "no message from the publisher"
         listener.check_endpoints()
+        if catch_up_s is not None and time.monotonic() >= next_catch_up:
+            listener.catch_up(rec)
+            next_catch_up = time.monotonic() + catch_up_s
         if listener.subs[0].poll(200):
             listener._on_live(rec, listener.subs[0].recv_multipart())
             n = None if n is None else n - 1
@@ -227,7 +234,7 @@ def test_gaps_are_filled_from_replay_what_it_lost_is_counted_and_a_restart_is_an
         _publish(pub2, v, [_stored(v, 200)], 1)
         rec = listener.recorders[0]
         # seq 0 and 1 live, or else from the restarted publisher's replay buffer
-        _receive(listener, until=lambda: len(rec.stats["epochs"]) == 2 and rec.expected == 2)
+        _receive(listener, until=lambda: len(rec.stats["epochs"]) == 2 and rec.expected == 2, catch_up_s=2.0)
         pub2.shutdown()
     finally:
         listener.close()
