@@ -1,9 +1,9 @@
 """Capture fitness: does a trace directory hold what the analyses need, and is it self-consistent?
 
 `audit_capture(trace)` checks, per engine partition:
-- contract fields: every metadata field a capture must fill (REQUIRED_METADATA), every contract
+- contract fields: every metadata field a capture must fill (schema.REQUIRED_CAPTURE_METADATA), every contract
   column in every Parquet part, the nullable columns a row's state requires (FILLED_WHEN), and
-  enumerated columns holding only their vocabulary (ALLOWED_VALUES);
+  enumerated columns holding only their vocabulary (schema.VOCABULARIES);
 - block events, replayed in `seq` order: reference counts never negative; frees only of blocks that
   were allocated and are still referenced; touches only of blocks once allocated and still cached;
   evictions only of cached blocks; no allocation of a block whose hash was never evicted; every
@@ -57,14 +57,10 @@ ANALYSES = (HEADROOM, RETENTION)
 #: Locations listed per problem (all are counted).
 MAX_LOCATIONS = 5
 
-#: Metadata a capture must fill; the rest (null block, capture config, import counts) may be absent.
-REQUIRED_METADATA = schema.REQUIRED_CAPTURE_METADATA
 #: table -> column -> the rows that must have it (beyond the contract's non-nullable columns).
 FILLED_WHEN: dict[str, dict[str, schema.When]] = {}
 for (_table, _col), _when in schema.FILLED_WHEN.items():
     FILLED_WHEN.setdefault(_table, {})[_col] = _when
-#: Enumerated columns and their allowed values.
-ALLOWED_VALUES: dict[tuple[str, str], tuple[str, ...]] = schema.VOCABULARIES
 #: The verdict's blocker for an imported partition (its gaps are inherent, not problems to fix).
 IMPORT = "import"
 #: Fields whose absence only stops the retention analysis (timing after arrival, outputs).
@@ -280,7 +276,7 @@ def _check_metadata(t: Trace, f: _Findings) -> None:
         f.add("missing_field", "the trace has no engine metadata (engines/*.json)", "engines/")
     for eid, meta in sorted(t.engines.items()):
         where = f"engines/{eid}.json"
-        for name in REQUIRED_METADATA:
+        for name in schema.REQUIRED_CAPTURE_METADATA:
             if meta.get(name) is None:
                 if schema.is_kv_events(meta) and name in schema.KV_EVENTS_UNKNOWABLE_METADATA:
                     f.add("missing_field", f"metadata field {name} is unknown (the KV events do not carry it; give "
@@ -373,7 +369,7 @@ def _rows_where(when: schema.When):
 def _check_values(frames: dict, f: _Findings) -> None:
     import polars as pl
 
-    for (table, col), allowed in ALLOWED_VALUES.items():
+    for (table, col), allowed in schema.VOCABULARIES.items():
         df = frames[table]
         if df.height == 0 or col not in df.columns:
             continue

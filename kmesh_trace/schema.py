@@ -171,54 +171,73 @@ TRANSFERS = Table(
 
 TABLES: dict[str, Table] = {t.name: t for t in (INVOCATIONS, LINEAGE, BLOCK_EVENTS, TRANSFERS)}
 
-#: Fields of each engine partition's metadata file (`TRACE/engines/<engine_id>.json`).
-METADATA_FIELDS: dict[str, tuple[str | None, str]] = {
-    "engine_id": (None, "Engine partition id: the `engine=` directory name of its parts."),
-    "source": (None, "capture (a live engine), kv-events:<engine> (the KV events an unmodified vLLM or SGLang published, "
+@dataclass(frozen=True)
+class MetadataField:
+    """One metadata field: its JSON type, its unit, what it means, and the least value of an integer field."""
+
+    type: type
+    unit: str | None
+    doc: str
+    minimum: int | None = None
+
+
+#: Every field of an engine partition's metadata file (`TRACE/engines/<engine_id>.json`), typed. Null is
+#: always allowed (the audit says which fields a capture must fill); `int` fields refuse booleans.
+METADATA: dict[str, MetadataField] = {
+    "engine_id": MetadataField(str, None, "Engine partition id: the `engine=` directory name of its parts."),
+    "source": MetadataField(str, None, "capture (a live engine), kv-events:<engine> (the KV events an unmodified vLLM or SGLang published, "
                "recorded by `kmesh-trace listen`) or import:<format> (a converted public trace)."),
-    "schema_version": (None, "Schema version the partition was written with."),
-    "host": (None, "Host name of the engine process."),
-    "pid": (None, "Process id of the engine process (a KV-events recording: the listener's, which wrote the partition)."),
-    "engine_index": (None, "Data-parallel engine index."),
-    "engine": (None, "Engine name and version, e.g. vllm 0.32.0."),
-    "model": (None, "Model the engine served."),
-    "block_size": ("tokens", "Tokens per KV block (for imports: tokens per hashed block)."),
-    "num_usable_blocks": ("blocks", "Blocks the pool can hand out (capacity, without the null block)."),
-    "null_block_id": (None, "Id of the pool's reserved null block, when it has one."),
-    "wall_anchor_ns": ("ns", "Wall-clock time (Unix epoch) at `mono_anchor_ns`: maps the monotonic clock to wall time."),
-    "mono_anchor_ns": ("ns", "Monotonic clock reading taken together with `wall_anchor_ns`."),
-    "capture_config": (None, "Options the capture or import ran with."),
-    "num_dropped_events": ("events", "Events per table that could not be recorded (must be zero for a complete trace)."),
-    "num_malformed_lines": ("lines", "Input lines an importer could not read."),
-    "malformed_lines": (None, "file:line of each malformed input line (first 1000)."),
-    "complete": (None, "True once the writer closed cleanly; false while writing or after a crash."),
-    "token_ids_approximate": (None, "True when the token ids are not the serving model's (an importer tokenized text itself); every report on the trace says so."),
-    "tokenizer": (None, "How an importer turned text into token ids (e.g. utf-8-bytes, or tokenizers:FILE sha256:...)."),
-    "arrival": (None, "How an importer placed conversations on one time axis (e.g. users:8, stagger:30, as-recorded)."),
-    "duplicate_records": (None, "file:line of each exact duplicate record an importer imported once (first 1000), with the line it repeats."),
-    "import_counts": (None, "What an importer read, imported, skipped and merged (files, entries, duplicates), by name."),
-    "num_rows_written": ("rows", "Rows per table the writer wrote as parts (fewer rows in the trace: parts were lost)."),
-    "num_failed_writes": ("writes", "Parts the writer failed to write (their rows are counted in num_dropped_events)."),
-    "write_error": (None, "The first write error (e.g. a full disk), when there was one."),
-    "metadata_write_failed": (None, "True when this file could not be rewritten at the end; the loss record "
+    "schema_version": MetadataField(str, None, "Schema version the partition was written with."),
+    "host": MetadataField(str, None, "Host name of the engine process."),
+    "pid": MetadataField(int, None, "Process id of the engine process (a KV-events recording: the listener's, which wrote the partition).", minimum=0),
+    "engine_index": MetadataField(int, None, "Data-parallel engine index.", minimum=0),
+    "engine": MetadataField(str, None, "Engine name and version, e.g. vllm 0.32.0."),
+    "model": MetadataField(str, None, "Model the engine served."),
+    "block_size": MetadataField(int, "tokens", "Tokens per KV block (for imports: tokens per hashed block).", minimum=1),
+    "num_usable_blocks": MetadataField(int, "blocks", "Blocks the pool can hand out (capacity, without the null block).", minimum=0),
+    "null_block_id": MetadataField(int, None, "Id of the pool's reserved null block, when it has one.", minimum=0),
+    "wall_anchor_ns": MetadataField(int, "ns", "Wall-clock time (Unix epoch) at `mono_anchor_ns`: maps the monotonic clock to wall time."),
+    "mono_anchor_ns": MetadataField(int, "ns", "Monotonic clock reading taken together with `wall_anchor_ns`."),
+    "capture_config": MetadataField(dict, None, "Options the capture or import ran with."),
+    "num_dropped_events": MetadataField(dict, "events", "Events per table that could not be recorded (must be zero for a complete trace)."),
+    "num_malformed_lines": MetadataField(int, "lines", "Input lines an importer could not read.", minimum=0),
+    "malformed_lines": MetadataField(list, None, "file:line of each malformed input line (first 1000)."),
+    "complete": MetadataField(bool, None, "True once the writer closed cleanly; false while writing or after a crash."),
+    "token_ids_approximate": MetadataField(bool, None, "True when the token ids are not the serving model's (an importer tokenized text itself); every report on the trace says so."),
+    "tokenizer": MetadataField(str, None, "How an importer turned text into token ids (e.g. utf-8-bytes, or tokenizers:FILE sha256:...)."),
+    "arrival": MetadataField(str, None, "How an importer placed conversations on one time axis (e.g. users:8, stagger:30, as-recorded)."),
+    "duplicate_records": MetadataField(list, None, "file:line of each exact duplicate record an importer imported once (first 1000), with the line it repeats."),
+    "import_counts": MetadataField(dict, None, "What an importer read, imported, skipped and merged (files, entries, duplicates), by name."),
+    "num_rows_written": MetadataField(dict, "rows", "Rows per table the writer wrote as parts (fewer rows in the trace: parts were lost)."),
+    "num_failed_writes": MetadataField(int, "writes", "Parts the writer failed to write (their rows are counted in num_dropped_events).", minimum=0),
+    "write_error": MetadataField(str, None, "The first write error (e.g. a full disk), when there was one."),
+    "metadata_write_failed": MetadataField(bool, None, "True when this file could not be rewritten at the end; the loss record "
                               "`engines/<engine_id>.loss` then holds the final counts."),
-    "last_flush": (None, "Captures: what was on disk after the latest flush that wrote rows: `wall_ns` (when), `num_arrivals` "
+    "last_flush": MetadataField(dict, None, "Captures: what was on disk after the latest flush that wrote rows: `wall_ns` (when), `num_arrivals` "
                    "(requests that had arrived by then), `rows` (rows written per table). After a crash (complete "
                    "false) only what the engine recorded after it may be missing."),
-    "kv_bytes_per_token": ("bytes", "KV cache bytes one token occupies across all layers (from the engine's KV cache spec)."),
-    "num_layers": ("layers", "Attention layers that hold KV cache."),
-    "num_kv_heads": ("heads", "KV heads per layer (of the first KV cache group)."),
-    "head_size": (None, "Elements per head (of the first KV cache group)."),
-    "kv_cache_dtype": (None, "Element type of the KV cache, e.g. float16, bfloat16, fp8."),
-    "hash_lookahead_tokens": ("tokens", "Captures: tokens after each block that its hash also covers (vLLM >= 0.33 "
+    "kv_bytes_per_token": MetadataField(int, "bytes", "KV cache bytes one token occupies across all layers (from the engine's KV cache spec).", minimum=0),
+    "num_layers": MetadataField(int, "layers", "Attention layers that hold KV cache.", minimum=0),
+    "num_kv_heads": MetadataField(int, "heads", "KV heads per layer (of the first KV cache group).", minimum=0),
+    "head_size": MetadataField(int, None, "Elements per head (of the first KV cache group).", minimum=0),
+    "kv_cache_dtype": MetadataField(str, None, "Element type of the KV cache, e.g. float16, bfloat16, fp8."),
+    "hash_lookahead_tokens": MetadataField(int, "tokens", "Captures: tokens after each block that its hash also covers (vLLM >= 0.33 "
                               "with EAGLE lookahead hashing); 0 for plain prefix hashes. Above 0 the audit blocks "
                               "the analyses, which replay plain prefix hashes."),
-    "kv_events": (None, "KV-events recordings: the publisher (`endpoint`, `replay_endpoint`, `topic`, `format`), "
+    "kv_events": MetadataField(dict, None, "KV-events recordings: the publisher (`endpoint`, `replay_endpoint`, `topic`, `format`), "
                   "`hash_kind` (what `block_hash` holds), batches received and replayed, sequence gaps found, batches "
                   "recovered from the replay socket and `num_unrecovered_batches` (lost: the audit names them), "
                   "`num_malformed_frames`, publisher restarts (`epochs`) and `num_touched_blocks` (hits: only "
                   "requests with kv_cache_report_mode full report them)."),
 }
+
+#: The JSON name of each metadata type, as the docs and `kmesh-trace schema --json` give it.
+JSON_TYPE_NAMES: dict[type, str] = {str: "string", int: "integer", bool: "boolean", dict: "object", list: "array"}
+
+#: Views of `METADATA` (unit and meaning; JSON type; least value) for readers that need one column of it.
+METADATA_FIELDS: dict[str, tuple[str | None, str]] = {k: (f.unit, f.doc) for k, f in METADATA.items()}
+METADATA_TYPES: dict[str, type] = {k: f.type for k, f in METADATA.items()}
+METADATA_MINIMUM: dict[str, int] = {k: f.minimum for k, f in METADATA.items() if f.minimum is not None}
 
 
 # ---- rules over the tables: vocabularies, required-when, joins, required metadata ------------------
@@ -398,29 +417,6 @@ def check_rules() -> None:
             raise KeyError(f"required metadata field {name} is not in METADATA_FIELDS")
 
 
-#: The JSON type each metadata field must have when present (null is always allowed: the audit says
-#: which fields a capture must fill). `int` fields refuse booleans; fields not listed are not checked.
-METADATA_TYPES: dict[str, type] = {
-    "engine_id": str, "source": str, "schema_version": str, "host": str, "pid": int, "engine_index": int,
-    "engine": str, "model": str, "block_size": int, "num_usable_blocks": int, "null_block_id": int,
-    "wall_anchor_ns": int, "mono_anchor_ns": int, "capture_config": dict, "num_dropped_events": dict,
-    "num_malformed_lines": int, "malformed_lines": list, "complete": bool, "num_rows_written": dict,
-    "num_failed_writes": int, "write_error": str, "metadata_write_failed": bool, "last_flush": dict,
-    "kv_bytes_per_token": int, "num_layers": int, "num_kv_heads": int, "head_size": int, "kv_cache_dtype": str,
-    "hash_lookahead_tokens": int,
-    "kv_events": dict,
-}
-
-
-#: The least value of each integer metadata field (a block holds at least one token; counts, ids and
-#: sizes are never negative).
-METADATA_MINIMUM: dict[str, int] = {
-    "block_size": 1, "num_usable_blocks": 0, "null_block_id": 0, "num_malformed_lines": 0, "pid": 0,
-    "engine_index": 0, "num_failed_writes": 0, "kv_bytes_per_token": 0, "num_layers": 0, "num_kv_heads": 0,
-    "head_size": 0,
-}
-
-
 def metadata_type_error(name: str, value: object) -> str | None:
     """Why `value` cannot be metadata field `name` (None when it can): the field's JSON type, counts
     never negative, `num_dropped_events` a table -> count mapping."""
@@ -482,8 +478,8 @@ def as_dict() -> dict:
             }
             for t in TABLES.values()
         },
-        "metadata": {k: {"unit": u, "doc": d, "required_in_capture": k in REQUIRED_CAPTURE_METADATA}
-                     for k, (u, d) in METADATA_FIELDS.items()},
+        "metadata": {k: {"type": JSON_TYPE_NAMES[f.type], "unit": f.unit, "doc": f.doc,
+                         "required_in_capture": k in REQUIRED_CAPTURE_METADATA} for k, f in METADATA.items()},
         "vocabularies": {f"{t}.{c}": list(v) for (t, c), v in VOCABULARIES.items()},
         "filled_when": {f"{t}.{c}": w.describe() for (t, c), w in FILLED_WHEN.items()},
         "joins": {f"{t}.{c}": f"{rt}.{rc}" for (t, c), (rt, rc) in JOINS.items()},
@@ -514,10 +510,11 @@ def markdown() -> str:
         f"One file per engine partition. `kmesh-trace sql` and `Trace.scan(\"{ENGINES_VIEW}\")` show them as a table",
         f"`{ENGINES_VIEW}`, one row per partition, these fields as columns (nested values as JSON text):",
         f"`SELECT * FROM {ENGINES_VIEW}`. Required: filled by every capture (imports may leave the others out).", "",
-        "| field | unit | required | meaning |", "|---|---|---|---|",
+        "| field | type | unit | required | meaning |", "|---|---|---|---|---|",
     ]
-    for k, (u, d) in METADATA_FIELDS.items():
-        lines.append(f"| `{k}` | {u or ''} | {'yes' if k in REQUIRED_CAPTURE_METADATA else ''} | {d} |")
+    for k, f in METADATA.items():
+        lines.append(f"| `{k}` | {JSON_TYPE_NAMES[f.type]} | {f.unit or ''} | "
+                     f"{'yes' if k in REQUIRED_CAPTURE_METADATA else ''} | {f.doc} |")
     lines += ["", "## Rules", "", "Vocabularies (a column holds only these values, or null):", ""]
     lines += [f"- `{t}.{c}`: {', '.join(f'`{x}`' for x in v)}" for (t, c), v in VOCABULARIES.items()]
     lines += ["", "Filled when (a capture must fill these nullable columns in these rows; `kmesh-trace audit capture` checks):", ""]
@@ -531,3 +528,4 @@ def markdown() -> str:
     lines += ["", "Lineage a caller declares, as `SamplingParams.extra_args` (`vllm_xargs` over the OpenAI API):", ""]
     lines += [f"- `{k}` -> `invocations.{col}`" for k, col in XARGS.items()]
     return "\n".join(lines) + "\n"
+

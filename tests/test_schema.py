@@ -80,10 +80,26 @@ def test_the_audit_and_readers_take_their_names_from_the_contract():
     from kmesh_trace.audit import capture as audit_capture
     from kmesh_trace.oracle import stream
 
-    assert audit_capture.REQUIRED_METADATA == schema.REQUIRED_CAPTURE_METADATA
-    assert audit_capture.ALLOWED_VALUES is schema.VOCABULARIES
     assert {(t, c) for t, cols in audit_capture.FILLED_WHEN.items() for c in cols} == set(schema.FILLED_WHEN)
     assert set(stream._COLUMNS) <= set(schema.INVOCATIONS.column_names)
+
+
+def test_every_metadata_field_has_one_typed_record():
+    assert set(schema.METADATA_TYPES) == set(schema.METADATA_FIELDS) == set(schema.METADATA)
+    for name, f in schema.METADATA.items():
+        assert f.type in (str, int, bool, dict, list), name
+        assert f.minimum is None or f.type is int, name
+        assert f.doc.endswith(".") and len(f.doc) > 20, name
+
+
+@pytest.mark.parametrize("name, bad, good", [
+    ("token_ids_approximate", "yes", True), ("tokenizer", 7, "utf-8-bytes"), ("arrival", ["users", 8], "users:8"),
+    ("duplicate_records", "a.jsonl:3", ["a.jsonl:3: repeats a.jsonl:1"]), ("import_counts", 12, {"num_files": 1}),
+])
+def test_import_metadata_fields_are_typed_too(name, bad, good):
+    """The five fields importers write were once untyped: a wrong type now reads as damage, like any field."""
+    assert schema.metadata_type_error(name, good) is None
+    assert f"field {name} is" in schema.metadata_type_error(name, bad)
 
 
 def test_engines_view_in_sql_and_scan(tmp_path):
