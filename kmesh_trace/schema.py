@@ -13,10 +13,14 @@ capture joins against vLLM's event stream; imported traces carry their own (re-c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
 
 from kmesh_trace.errors import SchemaVersionError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SCHEMA_VERSION = "1.0"
 SCHEMA_MAJOR = int(SCHEMA_VERSION.split(".")[0])
@@ -29,12 +33,19 @@ TABLE_KEY = b"kmesh_trace.table"
 @dataclass(frozen=True)
 class Column:
     name: str
-    type: pa.DataType
+    type_name: str  # the Arrow type as `type_name` writes it: int64, string, list<int32>, ...
     unit: str | None
     nullable: bool
     doc: str
 
-    def field(self) -> pa.Field:
+    @property
+    def type(self) -> "pa.DataType":
+        """The column's Arrow type (pyarrow is imported here, not with the module: `--help` needs none)."""
+        return arrow_type(self.type_name)
+
+    def field(self) -> "pa.Field":
+        import pyarrow as pa
+
         return pa.field(self.name, self.type, nullable=self.nullable, metadata={b"doc": self.doc.encode()})
 
 
@@ -67,19 +78,31 @@ class Table:
         """The columns holding monotonic nanoseconds (unit ns)."""
         return [c.name for c in self.columns if c.unit == "ns"]
 
-    def arrow_schema(self) -> pa.Schema:
+    def arrow_schema(self) -> "pa.Schema":
+        import pyarrow as pa
+
         return pa.schema(
             [c.field() for c in self.columns],
             metadata={VERSION_KEY: SCHEMA_VERSION.encode(), TABLE_KEY: self.name.encode()},
         )
 
 
-def _c(name: str, type_: pa.DataType, unit: str | None, nullable: bool, doc: str) -> Column:
+def _c(name: str, type_: str, unit: str | None, nullable: bool, doc: str) -> Column:
     return Column(name, type_, unit, nullable, doc)
 
 
-TOKENS = pa.list_(pa.int32())
-HASHES = pa.list_(pa.uint64())
+TOKENS = "list<int32>"
+HASHES = "list<uint64>"
+
+
+@lru_cache(maxsize=None)
+def arrow_type(name: str) -> "pa.DataType":
+    """The Arrow type a column's `type_name` names."""
+    import pyarrow as pa
+
+    if name.startswith("list<") and name.endswith(">"):
+        return pa.list_(arrow_type(name[5:-1]))
+    return {"string": pa.string, "int64": pa.int64, "int32": pa.int32, "uint64": pa.uint64}[name]()
 
 INVOCATION_STATUSES = ("finished", "length_capped", "aborted", "error")
 
@@ -87,27 +110,27 @@ INVOCATIONS = Table(
     "invocations",
     "One row per request the engine saw (or per line of an imported trace); `seq` gives the arrival order.",
     (
-        _c("request_id", pa.string(), None, False, "Engine request id (unique within the engine partition)."),
-        _c("caller_request_id", pa.string(), None, True, "The id the caller gave the request, when it differs from the engine's."),
-        _c("seq", pa.int64(), None, False, "Arrival order of the request within its engine partition, from 0."),
-        _c("family_id", pa.string(), None, True, "Caller-declared family id (`kmesh_family`), or null."),
-        _c("parent_id", pa.string(), None, True, "Caller-declared id of the parent request (`kmesh_parent`), or null."),
-        _c("num_expected_children", pa.int32(), "requests", True, "Caller-declared number of children the request will have (`kmesh_children`), or null."),
-        _c("num_prompt_tokens", pa.int64(), "tokens", False, "Prompt length."),
-        _c("num_output_tokens", pa.int64(), "tokens", True, "Generated tokens; null when unknown."),
+        _c("request_id", "string", None, False, "Engine request id (unique within the engine partition)."),
+        _c("caller_request_id", "string", None, True, "The id the caller gave the request, when it differs from the engine's."),
+        _c("seq", "int64", None, False, "Arrival order of the request within its engine partition, from 0."),
+        _c("family_id", "string", None, True, "Caller-declared family id (`kmesh_family`), or null."),
+        _c("parent_id", "string", None, True, "Caller-declared id of the parent request (`kmesh_parent`), or null."),
+        _c("num_expected_children", "int32", "requests", True, "Caller-declared number of children the request will have (`kmesh_children`), or null."),
+        _c("num_prompt_tokens", "int64", "tokens", False, "Prompt length."),
+        _c("num_output_tokens", "int64", "tokens", True, "Generated tokens; null when unknown."),
         _c("prompt_token_ids", TOKENS, "token ids", True, "Exact prompt token ids; null when the source has only block hashes."),
         _c("output_token_ids", TOKENS, "token ids", True, "Exact generated token ids; null when unknown."),
         _c("prompt_block_hashes", HASHES, "hashes", True, "Chained prefix hash of each prompt block (block size in the metadata; the last block may be partial in imported traces); null when token ids are given instead."),
-        _c("arrival_ns", pa.int64(), "ns", True, "When the request reached the engine (monotonic clock)."),
-        _c("first_scheduled_ns", pa.int64(), "ns", True, "When the scheduler first gave the request KV blocks."),
-        _c("first_token_ns", pa.int64(), "ns", True, "When the first output token was produced."),
-        _c("finish_ns", pa.int64(), "ns", True, "When the request finished and its blocks were freed."),
-        _c("status", pa.string(), None, True, "Terminal status: finished, length_capped, aborted or error; null if it never finished in the capture."),
-        _c("num_cached_tokens", pa.int64(), "tokens", True, "Prompt tokens served from the engine's local prefix cache (stock hits); null when unknown."),
-        _c("num_external_tokens", pa.int64(), "tokens", True, "Prompt tokens loaded through a KV connector; null when unknown."),
-        _c("num_preemptions", pa.int32(), "count", True, "Times the request was preempted; null when unknown."),
-        _c("agent_id", pa.string(), None, True, "Sub-agent the request was sent by (imported agentic traces, e.g. `agent_001`); null for the main conversation or when unknown."),
-        _c("agent_type", pa.string(), None, True, "Kind of that sub-agent as the source names it (e.g. Explore, Plan); null when `agent_id` is."),
+        _c("arrival_ns", "int64", "ns", True, "When the request reached the engine (monotonic clock)."),
+        _c("first_scheduled_ns", "int64", "ns", True, "When the scheduler first gave the request KV blocks."),
+        _c("first_token_ns", "int64", "ns", True, "When the first output token was produced."),
+        _c("finish_ns", "int64", "ns", True, "When the request finished and its blocks were freed."),
+        _c("status", "string", None, True, "Terminal status: finished, length_capped, aborted or error; null if it never finished in the capture."),
+        _c("num_cached_tokens", "int64", "tokens", True, "Prompt tokens served from the engine's local prefix cache (stock hits); null when unknown."),
+        _c("num_external_tokens", "int64", "tokens", True, "Prompt tokens loaded through a KV connector; null when unknown."),
+        _c("num_preemptions", "int32", "count", True, "Times the request was preempted; null when unknown."),
+        _c("agent_id", "string", None, True, "Sub-agent the request was sent by (imported agentic traces, e.g. `agent_001`); null for the main conversation or when unknown."),
+        _c("agent_type", "string", None, True, "Kind of that sub-agent as the source names it (e.g. Explore, Plan); null when `agent_id` is."),
     ),
 )
 
@@ -117,12 +140,12 @@ LINEAGE = Table(
     "lineage",
     "One row per parent-child edge between invocations, declared by the caller or inferred.",
     (
-        _c("child_request_id", pa.string(), None, False, "Engine request id of the child."),
-        _c("parent_request_id", pa.string(), None, True, "Engine request id of the parent; null when a declared parent is not in the trace."),
-        _c("declared_parent_id", pa.string(), None, True, "The parent id as the caller declared it; null for inferred edges."),
-        _c("family_id", pa.string(), None, True, "Family the edge belongs to, when declared."),
-        _c("edge_kind", pa.string(), None, False, "declared (from the caller or the source's own structure), exact_prefix (child prompt starts with the parent's whole prompt + output) or content (an importer's guess from text: the next call of a session extends the previous input or repeats its output; never lineage)."),
-        _c("num_shared_tokens", pa.int64(), "tokens", True, "Tokens of the parent's prompt + output that the child's prompt repeats exactly; null when unknown."),
+        _c("child_request_id", "string", None, False, "Engine request id of the child."),
+        _c("parent_request_id", "string", None, True, "Engine request id of the parent; null when a declared parent is not in the trace."),
+        _c("declared_parent_id", "string", None, True, "The parent id as the caller declared it; null for inferred edges."),
+        _c("family_id", "string", None, True, "Family the edge belongs to, when declared."),
+        _c("edge_kind", "string", None, False, "declared (from the caller or the source's own structure), exact_prefix (child prompt starts with the parent's whole prompt + output) or content (an importer's guess from text: the next call of a session extends the previous input or repeats its output; never lineage)."),
+        _c("num_shared_tokens", "int64", "tokens", True, "Tokens of the parent's prompt + output that the child's prompt repeats exactly; null when unknown."),
     ),
 )
 
@@ -132,21 +155,21 @@ BLOCK_EVENTS = Table(
     "block_events",
     "One row per physical KV block event in the engine's block pool, in the order they happened.",
     (
-        _c("seq", pa.int64(), None, False, "Event order within the engine partition, from 0, without gaps unless events were dropped (counted in the metadata)."),
-        _c("ts_ns", pa.int64(), "ns", False, "When the event was recorded (monotonic clock)."),
-        _c("step", pa.int64(), "steps", True, "Engine step (scheduler iteration) during which the event happened."),
-        _c("event", pa.string(), None, False, "allocated, touched (prefix hit), cached (hash assigned), freed, evicted (hash dropped for reuse), cleared (prefix cache reset), held or released (family hold)."),
-        _c("block_id", pa.int32(), None, True, "Physical block id; null for pool-wide events (cleared)."),
-        _c("ref_cnt", pa.int32(), "references", True, "The block's reference count after the event."),
-        _c("block_hash", pa.uint64(), None, True, "Low 64 bits of the block hash, as vLLM's KV events publish it (cached, evicted, touched)."),
-        _c("parent_block_hash", pa.uint64(), None, True, "Hash of the previous block in the prefix chain (cached events); null for a first block."),
-        _c("request_id", pa.string(), None, True, "Engine request id the engine was acting for, when known."),
-        _c("num_free_blocks", pa.int32(), "blocks", True, "Free blocks in the pool after the event."),
-        _c("kv_group", pa.int32(), None, True, "KV cache group id of the block."),
-        _c("medium", pa.string(), None, True, "Where the block lives as the engine's KV events name it (GPU, CPU, STORAGE; SGLang: GPU, CPU_PINNED); KV-events recordings only."),
-        _c("session_id", pa.string(), None, True, "Session the engine's KV event names for the store or reuse report (attribution only); KV-events recordings only."),
-        _c("wall_publish_ns", pa.int64(), "ns", True, "Wall-clock time (Unix epoch) the publisher stamped on the event's batch; KV-events recordings only (`ts_ns` is this time on the listener's monotonic clock)."),
-        _c("publisher_seq", pa.int64(), None, True, "Sequence number of the publisher's batch that carried the event (restarts at 0 when the publisher restarts); KV-events recordings only."),
+        _c("seq", "int64", None, False, "Event order within the engine partition, from 0, without gaps unless events were dropped (counted in the metadata)."),
+        _c("ts_ns", "int64", "ns", False, "When the event was recorded (monotonic clock)."),
+        _c("step", "int64", "steps", True, "Engine step (scheduler iteration) during which the event happened."),
+        _c("event", "string", None, False, "allocated, touched (prefix hit), cached (hash assigned), freed, evicted (hash dropped for reuse), cleared (prefix cache reset), held or released (family hold)."),
+        _c("block_id", "int32", None, True, "Physical block id; null for pool-wide events (cleared)."),
+        _c("ref_cnt", "int32", "references", True, "The block's reference count after the event."),
+        _c("block_hash", "uint64", None, True, "Low 64 bits of the block hash, as vLLM's KV events publish it (cached, evicted, touched)."),
+        _c("parent_block_hash", "uint64", None, True, "Hash of the previous block in the prefix chain (cached events); null for a first block."),
+        _c("request_id", "string", None, True, "Engine request id the engine was acting for, when known."),
+        _c("num_free_blocks", "int32", "blocks", True, "Free blocks in the pool after the event."),
+        _c("kv_group", "int32", None, True, "KV cache group id of the block."),
+        _c("medium", "string", None, True, "Where the block lives as the engine's KV events name it (GPU, CPU, STORAGE; SGLang: GPU, CPU_PINNED); KV-events recordings only."),
+        _c("session_id", "string", None, True, "Session the engine's KV event names for the store or reuse report (attribution only); KV-events recordings only."),
+        _c("wall_publish_ns", "int64", "ns", True, "Wall-clock time (Unix epoch) the publisher stamped on the event's batch; KV-events recordings only (`ts_ns` is this time on the listener's monotonic clock)."),
+        _c("publisher_seq", "int64", None, True, "Sequence number of the publisher's batch that carried the event (restarts at 0 when the publisher restarts); KV-events recordings only."),
     ),
 )
 
@@ -157,15 +180,15 @@ TRANSFERS = Table(
     "transfers",
     "One row per KV-connector load or store, recorded by the proxy connector.",
     (
-        _c("request_id", pa.string(), None, False, "Engine request id the transfer was for."),
-        _c("direction", pa.string(), None, False, "load (external cache into the engine) or store (engine out to the external cache)."),
-        _c("num_tokens", pa.int64(), "tokens", True, "Tokens whose KV moved."),
-        _c("num_blocks", pa.int64(), "blocks", True, "Engine blocks the transfer covered."),
-        _c("num_bytes", pa.int64(), "bytes", True, "Bytes of KV moved, computed from the KV cache layout."),
-        _c("start_ns", pa.int64(), "ns", True, "When the transfer was started (monotonic clock)."),
-        _c("finish_ns", pa.int64(), "ns", True, "When the transfer was reported complete."),
-        _c("status", pa.string(), None, False, "ok, failed or incomplete (still pending when the capture ended)."),
-        _c("connector", pa.string(), None, False, "Class name of the inner KV connector that did the work."),
+        _c("request_id", "string", None, False, "Engine request id the transfer was for."),
+        _c("direction", "string", None, False, "load (external cache into the engine) or store (engine out to the external cache)."),
+        _c("num_tokens", "int64", "tokens", True, "Tokens whose KV moved."),
+        _c("num_blocks", "int64", "blocks", True, "Engine blocks the transfer covered."),
+        _c("num_bytes", "int64", "bytes", True, "Bytes of KV moved, computed from the KV cache layout."),
+        _c("start_ns", "int64", "ns", True, "When the transfer was started (monotonic clock)."),
+        _c("finish_ns", "int64", "ns", True, "When the transfer was reported complete."),
+        _c("status", "string", None, False, "ok, failed or incomplete (still pending when the capture ended)."),
+        _c("connector", "string", None, False, "Class name of the inner KV connector that did the work."),
     ),
 )
 
@@ -350,6 +373,7 @@ DOMAINS: dict[tuple[str, str], Domain] = {
 def domain_violations(table_name: str, data) -> list[str]:
     """Each domain rule of `table_name` that rows of `data` (a pyarrow Table or RecordBatch) break, as
     `rule (N rows)`; empty when every row is inside its domain."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     found = []
@@ -460,7 +484,7 @@ def check_version(version: str | bytes | None, where: str) -> None:
         )
 
 
-def type_name(t: pa.DataType) -> str:
+def type_name(t: "pa.DataType") -> str:
     return str(t).replace("list<item: ", "list<")
 
 
