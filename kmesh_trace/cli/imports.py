@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 from kmesh_trace.cli.display import Table
+from kmesh_trace.cli.inputs import importer
 
 from kmesh_trace.cli.common import check_out_dir, check_out_not_in_input, err, handles_errors, out, print_json, progress
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
@@ -28,24 +29,6 @@ _SUMMARY_KEYS = ("num_lines", "num_blank_lines", "num_invocations", "num_block_h
 
 def register(app: typer.Typer) -> None:
     app.command("import")(import_cmd)
-
-
-def _importer(fmt: ImportFormat):
-    if fmt is ImportFormat.weka:
-        from kmesh_trace.datasets.importers.weka import import_weka
-
-        return import_weka
-    if fmt is ImportFormat.lmcache_agent:
-        from kmesh_trace.datasets.importers.lmcache_agent import import_lmcache_agent
-
-        return import_lmcache_agent
-    if fmt is ImportFormat.mooncake:
-        from kmesh_trace.datasets.importers.mooncake import import_mooncake
-
-        return import_mooncake
-    from kmesh_trace.datasets.importers.bailian import import_bailian
-
-    return import_bailian
 
 
 @handles_errors
@@ -96,7 +79,7 @@ def import_cmd(
     existed = out_dir.exists()
     with progress() as bar:
         task = bar.add_task(f"importing {src.name}", total=total)
-        report = _importer(fmt)(src, out_dir, engine_id=engine_id, on_bytes=lambda n: bar.advance(task, n), **kwargs)
+        report = importer(fmt.value)(src, out_dir, engine_id=engine_id, on_bytes=lambda n: bar.advance(task, n), **kwargs)
     if report.num_invocations == 0:
         _discard_empty(out_dir, engine_id, existed)
         raise InputFormatError(_why_empty(fmt, src, report))

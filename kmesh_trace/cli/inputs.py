@@ -1,0 +1,120 @@
+"""What an analysis command reads as its TRACE: a trace directory, or a public trace read as it is.
+
+A Mooncake or Bailian JSONL file, a directory (or one file) of kv-cache-tester conversations
+(weka) and a directory of LMCache agent traces are imported on the way in, with the importer's own
+fast path, into a temporary trace directory that is removed when the command ends. `kmesh-trace
+import` stays for users who want the Parquet to query (`kmesh-trace sql`) or to analyse many times.
+
+The format is recognised from the input itself (`sniff`): a trace directory holds the writer's
+marker file; a JSONL file's first record names its format by its fields; a directory of `.json`
+files is weka, one of `.jsonl` files (one level down) lmcache-agent.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from kmesh_trace.errors import InputFormatError
+
+#: The fields that name a JSONL record's format, checked in this order.
+_RECORD_FIELDS = (("bailian", {"chat_id", "parent_chat_id", "hash_ids"}),
+                  ("mooncake", {"input_length", "hash_ids"}))
+#: Bytes read from the head of a file to recognise it.
+_SNIFF_BYTES = 1 << 20
+
+
+def importer(fmt: str) -> Callable:
+    """The import function of format `fmt` (mooncake, bailian, weka, lmcache-agent)."""
+    if fmt == "weka":
+        from kmesh_trace.datasets.importers.weka import import_weka
+
+        return import_weka
+    if fmt == "lmcache-agent":
+        from kmesh_trace.datasets.importers.lmcache_agent import import_lmcache_agent
+
+        return import_lmcache_agent
+    if fmt == "mooncake":
+        from kmesh_trace.datasets.importers.mooncake import import_mooncake
+
+        return import_mooncake
+    if fmt == "bailian":
+        from kmesh_trace.datasets.importers.bailian import import_bailian
+
+        return import_bailian
+    raise InputFormatError(f"unknown input format {fmt!r}.")
+
+
+def sniff(path: Path) -> str | None:
+    """The public format `path` holds, or None for a trace directory; one sentence when it is neither."""
+    from kmesh_trace.writer import ENGINES_DIR, MARKER
+
+    if path.is_dir():
+        if (path / MARKER).is_file() or (path / ENGINES_DIR).is_dir():
+            return None
+        if any(p.suffix.lower() == ".json" and p.is_file() for p in path.iterdir()):
+            return "weka"
+        if any(p.suffix.lower() == ".jsonl" for p in path.glob("*/*.jsonl")) or any(path.glob("*.jsonl")):
+            return "lmcache-agent"
+        raise InputFormatError(f"{path} is neither a trace directory nor a directory of conversations (weka: .json "
+                               "files) or agent traces (lmcache-agent: .jsonl files).")
+    if not path.is_file():
+        raise InputFormatError(f"{path} does not exist." if not path.exists() else f"{path} is not a readable file.")
+    record = _first_record(path)
+    if isinstance(record, dict):
+        keys = set(record)
+        if {"requests", "block_size"} <= keys:
+            return "weka"
+        for fmt, fields in _RECORD_FIELDS:
+            if fields <= keys:
+                return fmt
+    raise InputFormatError(f"{path} is not a trace directory, and its first record is not Mooncake, Bailian or weka "
+                           "input; `kmesh-trace import FORMAT` names the format of other inputs.")
+
+
+def _first_record(path: Path) -> object:
+    """The first JSON value of the file: its first non-blank line, or (a .json conversation) the whole file."""
+    with path.open("rb") as f:
+        head = f.read(_SNIFF_BYTES)
+    if path.suffix.lower() == ".json":
+        try:
+            return json.loads(path.read_bytes())
+        except (ValueError, OSError):
+            return None
+    for line in head.splitlines():
+        if line.strip():
+            try:
+                return json.loads(line.lstrip(b"\xef\xbb\xbf"))
+            except ValueError:
+                return None
+    return None
+
+
+@contextmanager
+def open_input(path: str | Path, *, on_import: Callable[[str], None] | None = None, **open_options) -> Iterator:
+    """An opened `Trace` of `path`: the trace directory itself, or a public trace imported into a temporary
+    one for the command's duration. `on_import(line)` hears what was imported; `open_options` go to
+    `open_trace`."""
+    from kmesh_trace.trace import open_trace
+
+    path = Path(path)
+    fmt = sniff(path)
+    if fmt is None:
+        with open_trace(path, **open_options) as t:
+            yield t
+        return
+    with tempfile.TemporaryDirectory(prefix="kmesh-trace-input-") as d:
+        out = Path(d) / "trace"
+        report = importer(fmt)(path, out, engine_id=f"import-{fmt}")
+        if report.num_invocations == 0:
+            raise InputFormatError(f"{path} holds no request readable as {fmt} input "
+                                   f"({report.num_malformed_lines:,} malformed); `kmesh-trace import {fmt}` says why.")
+        if on_import is not None:
+            bad = f", {report.num_malformed_lines:,} malformed lines skipped" if report.num_malformed_lines else ""
+            on_import(f"read {path} as {fmt} input: {report.num_invocations:,} requests{bad} (`kmesh-trace import "
+                      f"{fmt}` keeps the trace for SQL)")
+        with open_trace(out, **open_options) as t:
+            yield t

@@ -1,0 +1,96 @@
+"""Public traces read as they are (issue 26, item 3; kmesh_trace.cli.inputs): a Mooncake or Bailian JSONL
+file, a weka directory or file and an LMCache agent directory open as the trace their import writes,
+recognised from their content; anything else is one sentence."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from bailian_data import generate_bailian
+from kmesh_trace.cli.inputs import open_input, sniff
+from kmesh_trace.errors import InputFormatError
+from kmesh_trace.trace import open_trace
+
+
+def _same_as_import(src, fmt, tmp_path):
+    """The trace `open_input` yields equals the one `import` writes, row for row."""
+    from kmesh_trace.cli.inputs import importer
+
+    importer(fmt)(src, tmp_path / "imported", engine_id=f"import-{fmt}")
+    heard = []
+    with open_input(src, on_import=heard.append) as t, open_trace(tmp_path / "imported") as ref:
+        got = t.scan("invocations").collect().drop("engine")
+        want = ref.scan("invocations").collect().drop("engine")
+        assert got.equals(want) and got.height > 0
+        assert t.metadata["block_size"] == ref.metadata["block_size"]
+        root = t.path
+    assert heard and heard[0].startswith(f"read {src} as {fmt} input: {want.height:,} requests")
+    assert not root.exists()  # the temporary trace is gone with the command
+
+
+def test_mooncake_file_reads_as_its_import(tmp_path, shared_datasets):
+    src = shared_datasets / "mooncake" / "conversation_trace.jsonl"
+    assert sniff(src) == "mooncake"
+    _same_as_import(src, "mooncake", tmp_path)
+
+
+def test_bailian_file_reads_as_its_import(tmp_path):
+    src = tmp_path / "bailian.jsonl"
+    generate_bailian(src, num_sessions=6)
+    assert sniff(src) == "bailian"
+    _same_as_import(src, "bailian", tmp_path)
+
+
+def test_weka_directory_and_file_read_as_their_import(tmp_path, shared_datasets):
+    d = tmp_path / "weka"
+    d.mkdir()
+    for p in sorted((shared_datasets / "weka-claude-code").glob("*.json"))[:2]:
+        shutil.copy(p, d / p.name)
+    assert sniff(d) == "weka"
+    _same_as_import(d, "weka", tmp_path / "dir")
+    one = sorted(d.glob("*.json"))[0]
+    assert sniff(one) == "weka"
+
+
+def test_lmcache_agent_directory_is_recognised(tmp_path, shared_datasets):
+    assert sniff(shared_datasets / "lmcache-agent-trace") == "lmcache-agent"
+
+
+def test_a_trace_directory_opens_as_itself(tmp_path):
+    from kmesh_trace.datasets.workloads.fork_tree import write_fork_tree
+
+    write_fork_tree(tmp_path / "t")
+    assert sniff(tmp_path / "t") is None
+    with open_input(tmp_path / "t", on_import=pytest.fail) as t:
+        assert t.path == (tmp_path / "t")
+
+
+@pytest.mark.parametrize("content, why", [
+    ('{"prompt": "hello"}\n', "first record is not Mooncake, Bailian or weka"),
+    ("not json at all\n", "first record is not Mooncake, Bailian or weka"),
+    ("", "first record is not Mooncake, Bailian or weka"),
+])
+def test_other_files_are_one_sentence(tmp_path, content, why):
+    p = tmp_path / "x.jsonl"
+    p.write_text(content)
+    with pytest.raises(InputFormatError, match=why):
+        sniff(p)
+
+
+def test_missing_path_and_empty_directory(tmp_path):
+    with pytest.raises(InputFormatError, match="does not exist"):
+        sniff(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputFormatError, match="neither a trace directory"):
+        sniff(tmp_path / "empty")
+
+
+def test_a_file_of_malformed_mooncake_lines_is_refused(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text("\n".join(json.dumps({"timestamp": -1, "input_length": "x", "hash_ids": [1]}) for _ in range(3)))
+    with pytest.raises(InputFormatError, match="holds no request readable as mooncake"):
+        with open_input(p):
+            pass
