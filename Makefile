@@ -37,9 +37,12 @@ test: install
 # 0.32 on the path; VLLM_TARGET_DEVICE=cpu because the wheel infers no device on a CPU machine.
 VLLM_LATEST ?= 0.33.0
 VLLM_LATEST_DIR ?= .vllm-$(VLLM_LATEST)
-VLLM_LATEST_TESTS := tests/test_capture_scheduler.py tests/test_capture_units.py tests/test_capture_lifecycle.py \
-	tests/test_capture_hold_rules.py tests/test_capture_split.py tests/test_blockpool_vllm.py \
-	tests/test_admission_vllm.py tests/test_tiers_vllm.py
+VLLM_LATEST_TESTS := tests/test_capture_scheduler.py tests/test_capture_recorder.py \
+	tests/test_capture_config.py tests/test_capture_lineage.py tests/test_capture_buffers.py \
+	tests/test_capture_version.py tests/test_cli_capture.py tests/test_capture_lifecycle.py \
+	tests/test_capture_hold_rules.py tests/test_capture_rows.py tests/test_capture_wrappers.py \
+	tests/test_capture_attach.py tests/test_blockpool_vllm.py tests/test_blockpool_admission_vllm.py \
+	tests/test_tiers_vllm.py
 
 $(VLLM_LATEST_DIR)/.installed:
 	rm -rf $(VLLM_LATEST_DIR)

@@ -2,7 +2,7 @@
 reference): random workloads, sequential and timed, with duplicate hashes inside a prompt, partial and
 missing hash lists, generated blocks, stalls and deferrals; every per-request result and the final free
 queue must be equal. (`simulate_pool` without holds runs the compiled replay, so every test of the model
-against vLLM's real pool in test_blockpool_vllm.py and test_admission_vllm.py runs it too.)"""
+against vLLM's real pool in test_blockpool_vllm.py and test_blockpool_admission_vllm.py runs it too.)"""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ block-for-block the same.
 
 What it yields under the vLLM block-pool model (`kmesh_trace.oracle.pressure.what_if`), pinned by
 tests/test_blockpool_vllm.py against vLLM's real `KVCacheManager` (both arms) and, for the stock arm
-at scale 2, by tests/test_pressure_engine.py against a real CPU engine; tokens at scale 1 (double
+at scale 2, by tests/test_pressure_vllm.py against a real CPU engine; tokens at scale 1 (double
 them all at scale 2; blocks and evictions are the same):
 - stock: the parent's 32 full blocks are freed tail first to the LRU end; the first pass fills the
   whole pool, so its fourth request evicts 29 of them (the chain's tail) and 3 survive. Per request

@@ -16,7 +16,7 @@ Two guarantees, each held in one place:
 
 Use: `from kmesh_trace.cli.display import Table, out, err` (also re-exported by
 `kmesh_trace.cli.common`); build a `Table` as a rich one and `out.print(table)`. Never import
-`rich.table` in a command module (tests/test_display.py checks that).
+`rich.table` in a command module (tests/test_cli_display.py checks that).
 """
 
 from __future__ import annotations

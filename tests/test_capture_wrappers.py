@@ -1,62 +1,12 @@
-"""The seams the capture's split exposes: row layouts tied to the schema, the writer-side expansion
-of batch records, the one detachable wrapping mechanism, and knobs checked one way.
+"""The writer-side expansion of batch records (capture/wrappers.py): batches expand to the rows a
+sequential reading gives, and a dropped batch leaves a gap of exactly its events.
 
 The expansion is checked against rows built the plain way (one row per block, as a sequential
-reading of the pool gives them) on a real vLLM BlockPool.
-"""
+reading of the pool gives them) on a real vLLM BlockPool."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-
-from kmesh_trace.capture import rows
-from kmesh_trace.capture.attach import Attachments
-from kmesh_trace.capture.config import check_knob, hold_config_from_env
-from kmesh_trace.errors import KmeshTraceError
-
-
-def test_row_layouts_match_the_schema_and_a_mismatch_fails_at_import(monkeypatch):
-    rows._check_layouts()
-    monkeypatch.setitem(rows.LAYOUTS, "transfers", rows.TRANSFER_LAYOUT[::-1])
-    with pytest.raises(ImportError, match="the transfers row layout"):
-        rows._check_layouts()
-
-
-def test_hold_knobs_are_checked_like_the_capture_knobs():
-    assert hold_config_from_env({}) == {"max_held_blocks": None, "max_families": None, "expiry_s": None}
-    assert hold_config_from_env({"KMESH_HOLD_MAX_BLOCKS": "64", "KMESH_HOLD_EXPIRY_S": "2.5"})["expiry_s"] == 2.5
-    with pytest.raises(KmeshTraceError, match="KMESH_HOLD_MAX_BLOCKS must be an integer >= 1, not 'lots'"):
-        hold_config_from_env({"KMESH_HOLD_MAX_BLOCKS": "lots"})
-    with pytest.raises(KmeshTraceError, match="KMESH_HOLD_EXPIRY_S must be a number of seconds > 0"):
-        hold_config_from_env({"KMESH_HOLD_EXPIRY_S": "0"})
-    check_knob("shutdown_grace_s", 0, "KMESH_TRACE_SHUTDOWN_GRACE_S")  # no grace is allowed
-
-
-def test_capture_refuses_a_bad_hold_knob_before_running(cli, tmp_path, monkeypatch):
-    monkeypatch.setenv("KMESH_HOLD_MAX_FAMILIES", "-1")
-    r = cli(["capture", "--out", tmp_path / "t", "--", "true"])
-    assert r.exit_code == 1 and "KMESH_HOLD_MAX_FAMILIES must be an integer >= 1, not -1." in r.stderr
-
-
-def test_attachments_detach_only_what_is_on_top_and_can_be_toggled():
-    class Obj:
-        def m(self):
-            return "own"
-
-    o = Obj()
-    a, b = Attachments(), Attachments()
-    a.attach(o, {"m": lambda: "a"})
-    b.attach(o, {"m": lambda: "b"})  # over a's
-    a.detach()  # a's is not on top: left for b's owner to pass through
-    assert o.m() == "b"
-    b.set_attached(False)
-    assert o.m() == "own"
-    b.set_attached(True)
-    assert o.m() == "b"
-    b.detach()
-    assert o.m() == "own" and "m" not in vars(o)
 
 
 def _pool():
@@ -116,3 +66,4 @@ def test_a_dropped_batch_leaves_a_gap_of_exactly_its_events_and_null_blocks_take
     (meta,) = t.engines.values()
     assert meta["num_dropped_events"]["block_events"] == 2 and meta["complete"] is True
     assert len(b) == 2
+
