@@ -23,7 +23,7 @@ from kmesh_trace.native import routes as rt
 from kmesh_trace.native import store as st
 from kmesh_trace.native._lib import CHUNK_DTYPE, HostArena, NativeError, Ownership, Ring
 from kmesh_trace.native.runner import RunConfig, _Files, _summary, run
-from test_replay import ddir, small_store  # noqa: F401  (fixture and helper; tests/ is on sys.path)
+from replay_support import ddir, small_store  # noqa: F401  (fixture and helper; tests/ is on sys.path)
 
 KIB = 1024
 _SYS_IO_URING_REGISTER = 427

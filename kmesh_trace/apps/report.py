@@ -3,7 +3,7 @@
 The page is the analyses' front page: each section runs the same public functions as one CLI command
 does by default (the headroom curve, the pressure tradeoff along the capacity axis, the lineage
 statistics, the tiers sweep, the fleet what-if), shows its numbers as tables and inline SVG plots
-drawn by kmesh_trace.plots, defines its terms in a "how to read this" box, and names the command
+drawn by kmesh_trace.apps.plots, defines its terms in a "how to read this" box, and names the command
 that reproduces it. Where the trace lacks a value a command needs (an import records no pool size),
 the section chooses one, says which and why, and the reproducing command carries it as an option.
 The page fetches nothing (a Content-Security-Policy forbids it) and runs no script; the data of every
@@ -156,7 +156,7 @@ def howto(terms: Sequence[tuple[str, str]]) -> str:
 
 
 def svg(draw: Callable[[Path], Path]) -> str:
-    """Inline SVG of a figure drawn by kmesh_trace.plots (`draw(path)` writes FILE.svg)."""
+    """Inline SVG of a figure drawn by kmesh_trace.apps.plots (`draw(path)` writes FILE.svg)."""
     with tempfile.TemporaryDirectory() as d:
         text = draw(Path(d) / "figure.svg").read_text()
     start = text.find("<svg")
@@ -255,7 +255,7 @@ def headroom_section(ctx: ReportContext) -> Section:
     if ctx.capacities:
         return _headroom_at(ctx)
     from kmesh_trace.oracle.headroom_curve import headroom_curve
-    from kmesh_trace.plots import plot_headroom_curve
+    from kmesh_trace.apps.plots import plot_headroom_curve
 
     block_size, usable = ctx.geometry
     cost, fit, why = ctx.prefill
@@ -319,7 +319,7 @@ def _approximate(ctx: ReportContext) -> str | None:
 def _headroom_at(ctx: ReportContext) -> Section:
     """Headroom at the capacities the user gave: one row per capacity, one column per policy (as the CLI)."""
     from kmesh_trace.oracle.headroom import headroom
-    from kmesh_trace.plots import plot_headroom
+    from kmesh_trace.apps.plots import plot_headroom
 
     result = headroom(ctx.trace, ctx.capacities, engine=ctx.engine)
     d = result.to_dict()
@@ -360,7 +360,7 @@ def _sweep_capacities(ctx: ReportContext, at: int) -> list[int]:
 
 def pressure_section(ctx: ReportContext) -> Section:
     from kmesh_trace.oracle.pressure import sweep, trace_stream, what_if
-    from kmesh_trace.plots import plot_pressure_sweep
+    from kmesh_trace.apps.plots import plot_pressure_sweep
 
     edges = _pressure_edges(ctx)
     ts = trace_stream(ctx.trace, ctx.engine, "content" if edges == "content" else "exact_prefix")
@@ -415,7 +415,7 @@ def pressure_section(ctx: ReportContext) -> Section:
 
 def lineage_section(ctx: ReportContext) -> Section | None:
     from kmesh_trace.oracle.lineage_report import lineage_report
-    from kmesh_trace.plots import plot_lineage
+    from kmesh_trace.apps.plots import plot_lineage
 
     if not ctx.trace.row_counts().get("lineage"):
         return None
@@ -447,7 +447,7 @@ def tiers_section(ctx: ReportContext) -> Section:
     saved, with restore costs): what lower tiers would have bought."""
     from kmesh_trace.oracle import tier_costs as tc
     from kmesh_trace.oracle import tiers as tm
-    from kmesh_trace.plots import plot_tier_sweep
+    from kmesh_trace.apps.plots import plot_tier_sweep
 
     block_size, usable = ctx.geometry
     gpu, where = ctx.pool_blocks()
@@ -491,7 +491,7 @@ def fleet_section(ctx: ReportContext) -> Section | None:
     families a family-aware router could keep together."""
     from kmesh_trace.oracle.fleet import DEFAULT_OVERLOAD, ROUTINGS
     from kmesh_trace.oracle.tasks import fleet_sweep
-    from kmesh_trace.plots import plot_fleet
+    from kmesh_trace.apps.plots import plot_fleet
 
     several = len(ctx.trace.engines) > 1
     if not several and not any(r.family_id is not None or r.parent_index is not None for r in ctx.requests):
