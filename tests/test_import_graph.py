@@ -142,6 +142,16 @@ def test_imports_point_one_way():
     assert not upward, f"{len(upward)} upward import(s):\n" + "\n".join(upward)
 
 
+def test_the_jsonl_classifier_is_a_leaf_both_audit_and_importers_use():
+    edges = {(a, b) for a, b, _ in import_edges()}
+    assert not [b for a, b in edges if a == "kmesh_trace.jsonl_lines"]
+    assert {("kmesh_trace.audit.corpus", "kmesh_trace.jsonl_lines"),
+            ("kmesh_trace.datasets.importers.common", "kmesh_trace.jsonl_lines")} <= edges
+    # The importers of plain JSONL formats no longer reach into the audit for it.
+    assert not [b for a, b in edges if a in ("kmesh_trace.datasets.importers.common", "kmesh_trace.datasets.importers.mooncake")
+                and b.startswith("kmesh_trace.audit")]
+
+
 def test_the_check_catches_an_upward_import(tmp_path):
     """The classification would flag a base module importing an analysis or an application."""
     assert layer("kmesh_trace.schema") == BASE
