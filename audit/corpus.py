@@ -29,7 +29,7 @@ from kmesh_trace.audit.findings import BLOCKING, WARNING, Problem, exit_code
 from kmesh_trace.audit.identity import Place, RecordIndex, canonical
 from kmesh_trace.audit.identity import is_timestamp_key_cached as is_ts
 from kmesh_trace.audit.inventory import ROOT_SOURCE, CorpusUnreadableError, Inventory, walk
-from kmesh_trace.audit.lines import BLANK, BOM, MALFORMED, RECORD, FileRead, Malformed, classify, iter_physical_lines
+from kmesh_trace.jsonl_lines import BLANK, BOM, MALFORMED, RECORD, FileRead, Malformed, classify, iter_physical_lines
 
 #: At most this many locations are listed per kind (all are counted).
 MAX_LISTED = 1000

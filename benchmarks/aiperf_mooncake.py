@@ -103,7 +103,7 @@ def main() -> int:
     if not (datasets_dir() / "mooncake" / "conversation_trace.jsonl").exists():
         print(f"Error: the Mooncake trace is not in {datasets_dir()}/mooncake; set KMESH_DATASETS.", file=sys.stderr)
         return 1
-    from kmesh_trace.engine import TINY_QWEN2
+    from kmesh_trace.apps.tiny_engine import TINY_QWEN2
 
     root = args.out or Path(tempfile.mkdtemp(prefix="kmesh-aiperf-"))
     root.mkdir(parents=True, exist_ok=True)

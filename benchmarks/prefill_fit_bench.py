@@ -25,13 +25,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from kmesh_trace.engine import cpu_engine_env
+    from kmesh_trace.apps.tiny_engine import cpu_engine_env
 
     cpu_engine_env()
     from vllm import SamplingParams, TokensPrompt
 
     from kmesh_trace.capture.session import capture_in_process
-    from kmesh_trace.engine import make_engine, write_tiny_model
+    from kmesh_trace.apps.tiny_engine import make_engine, write_tiny_model
     from kmesh_trace.oracle.prefill_cost import PrefillCost
     from kmesh_trace.trace import open_trace
 

@@ -1,9 +1,14 @@
 """kmesh-trace: capture, analyse and replay the KV-cache life of LLM agent request families.
 
-The hub: the schema contract (`kmesh_trace.schema`), trace writing (`kmesh_trace.writer`),
-reading (`kmesh_trace.open_trace`) and the CLI. Analyses live in `kmesh_trace.oracle`,
-audits in `kmesh_trace.audit`, the vLLM plugin in `kmesh_trace.capture`, the native replay in
-`kmesh_trace.native`, importers and workload generators in `kmesh_trace.datasets`.
+Three layers, imports pointing one way (base <- analyses <- applications; tests/test_import_graph.py):
+
+- the base, the modules directly in this package: the schema contract (`kmesh_trace.schema`), trace
+  writing (`kmesh_trace.writer`), reading (`kmesh_trace.open_trace`), errors, paths, values;
+- the analyses: `kmesh_trace.oracle`, audits in `kmesh_trace.audit`, the vLLM plugin in
+  `kmesh_trace.capture`, the native replay in `kmesh_trace.native`, importers and workload generators
+  in `kmesh_trace.datasets`;
+- the applications: the CLI (`kmesh_trace.cli`) and `kmesh_trace.apps` (the report page, plots, the
+  Perfetto export, the demo).
 """
 
 from kmesh_trace.errors import KmeshTraceError

@@ -3,6 +3,15 @@
 It owns loading the shared object, the C structures (chunks in, samples out) and `Ring`, a context
 manager over one engine instance (rings, registered buffers, the optional GPU copy hook). Nothing here
 decides what to read or checks payloads; that is kmesh_trace.native.runner's job.
+
+The record layouts below mirror struct kr_chunk and struct kr_sample by hand; loading the library
+compares them with the layout the C reports (`kr_layout`: each structure's size, each field's offset
+and size) and refuses a mismatch with `LayoutMismatchError`, so a stale build or an edit on one side
+only cannot pass misread records across. Return codes are read through kmesh_trace.native.codes.
+
+`kr_register_dmabuf` speaks a proposed, unmerged io_uring ABI (see the NOTE in native/replay.c);
+`dmabuf_abi_from_header()` says whether its constants came from the kernel header the library was built
+against or are replay.c's own reading of the proposal.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError, MissingDependencyError
+from kmesh_trace.native.codes import NativeCode, errno_code, failure
 
 _HERE = Path(__file__).resolve().parent
 
@@ -28,8 +38,20 @@ SAMPLE_DTYPE = np.dtype([("submit_ns", "<i8"), ("complete_ns", "<i8"), ("result"
                          ("num_sqes", "<i4"), ("copy_result", "<i4"), ("pad", "<i4")])
 
 
+# The C structure each record layout mirrors.
+MIRRORED = {"kr_chunk": CHUNK_DTYPE, "kr_sample": SAMPLE_DTYPE}
+
+
 class NativeError(KmeshTraceError):
-    """The native engine refused an operation (the message names the errno)."""
+    """The native engine refused an operation (the message names the code; `code` holds it, if any)."""
+
+    def __init__(self, message: str, code: NativeCode | None = None):
+        super().__init__(message)
+        self.code = code
+
+
+class LayoutMismatchError(NativeError):
+    """The binding's record layout disagrees with the structure the loaded library was compiled with."""
 
 
 def _find_library() -> Path | None:
@@ -58,6 +80,14 @@ def lib() -> ctypes.CDLL:
             "the native replay engine is not built; run `pip install -e .` (or `pip install .`) in the "
             "kmesh-trace checkout with a C compiler available")
     L = ctypes.CDLL(str(path))
+    _declare(L, path)
+    check_layouts(c_layouts(L), path)
+    _lib = L
+    return L
+
+
+def _declare(L: ctypes.CDLL, path: Path | str) -> None:
+    """Give every entry point its C signature; a library without one was built from another replay.c."""
     vp, i32, u32, i64, u64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64
     p64 = ctypes.POINTER(ctypes.c_int64)
     sigs = {
@@ -76,24 +106,84 @@ def lib() -> ctypes.CDLL:
         "kr_close": ([vp], None),
         "kr_restore": ([vp, vp, u32, vp, p64], i32),
         "kr_ring_state": ([vp, p64, p64, p64, p64], None),
+        "kr_layout": ([u32, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
+                       ctypes.POINTER(u64), ctypes.POINTER(u64)], i32),
+        "kr_dmabuf_abi": ([], u32),
     }
     for name, (args, res) in sigs.items():
-        fn = getattr(L, name)
+        try:
+            fn = getattr(L, name)
+        except AttributeError:
+            raise NativeError(f"{path} has no entry point {name}: it was built from another native/replay.c; "
+                              "rebuild it (`pip install -e .`) from this checkout") from None
         fn.argtypes = args
         fn.restype = res
-    _lib = L
-    return L
+
+
+def c_layouts(L: ctypes.CDLL) -> dict[str, dict]:
+    """What the library says of its structures: {type: {"size": n, "fields": {field: (offset, size)}}}."""
+    found: dict[str, dict] = {}
+    t, f = ctypes.c_char_p(), ctypes.c_char_p()
+    off, size = ctypes.c_uint64(), ctypes.c_uint64()
+    i = 0
+    while L.kr_layout(i, ctypes.byref(t), ctypes.byref(f), ctypes.byref(off), ctypes.byref(size)) == 0:
+        entry = found.setdefault(t.value.decode(), {"size": None, "fields": {}})
+        if f.value is None:
+            entry["size"] = size.value
+        else:
+            entry["fields"][f.value.decode()] = (off.value, size.value)
+        i += 1
+    return found
+
+
+def layout_problems(c_type: str, c_layout: dict | None, mirror) -> list[str]:
+    """How `mirror` (a numpy dtype, or anything np.dtype accepts: a ctypes Structure) differs from the C
+    structure `c_type` as the library describes it; empty when they agree field by field."""
+    if c_layout is None:
+        return [f"the library describes no struct {c_type}"]
+    dt = np.dtype(mirror)
+    problems = []
+    if dt.itemsize != c_layout["size"]:
+        problems.append(f"sizeof(struct {c_type}) is {c_layout['size']} bytes in C, {dt.itemsize} in the binding")
+    c_fields = list(c_layout["fields"])
+    if list(dt.names or ()) != c_fields:
+        problems.append(f"struct {c_type} has fields {c_fields} in C, {list(dt.names or ())} in the binding")
+    for name in c_fields:
+        if dt.names and name in dt.names:
+            c_off, c_size = c_layout["fields"][name]
+            f_dt, f_off = dt.fields[name][:2]
+            if (f_off, f_dt.itemsize) != (c_off, c_size):
+                problems.append(f"{c_type}.{name} is {c_size} bytes at offset {c_off} in C, "
+                                f"{f_dt.itemsize} at offset {f_off} in the binding")
+    return problems
+
+
+def check_layouts(c: dict[str, dict], path: Path | str = "the native library", mirrored: dict | None = None) -> None:
+    """Raise LayoutMismatchError naming every difference between the C structures and their mirrors."""
+    problems = [p for c_type, mirror in (MIRRORED if mirrored is None else mirrored).items()
+                for p in layout_problems(c_type, c.get(c_type), mirror)]
+    if problems:
+        raise LayoutMismatchError(f"{path} was built from a native/replay.c whose structures do not match "
+                                  f"kmesh_trace.native._lib ({'; '.join(problems)}); rebuild it "
+                                  "(`pip install -e .`) from the same checkout")
+
+
+def dmabuf_abi_from_header() -> dict[str, bool]:
+    """Whether each constant of the proposed (unmerged) io_uring DMA-BUF registration came from the kernel
+    header the library was built against (True) or is replay.c's own value (False)."""
+    bits = lib().kr_dmabuf_abi()
+    return {"IORING_RSRC_F_EXTENDED_UPDATE": bool(bits & 1), "IORING_BUF_TYPE_DMABUF": bool(bits & 2)}
 
 
 def strerror(rc: int) -> str:
     """`-errno` from the engine as text (EINVAL: Invalid argument)."""
-    n = -rc
-    return f"{errno.errorcode.get(n, str(n))}: {os.strerror(n)}"
+    return str(errno_code(rc))
 
 
 def _check(rc: int, what: str) -> None:
     if rc < 0:
-        raise NativeError(f"{what} failed ({strerror(rc)})")
+        code = errno_code(rc)
+        raise NativeError(failure(what, code), code)
 
 
 def now_ns() -> int:
@@ -167,13 +257,17 @@ class Ring:
 
     def restore(self, chunks: np.ndarray) -> tuple[np.ndarray, int]:
         """Read every chunk; returns (samples, io_done_ns). Per-chunk failures are in samples['result']."""
-        assert chunks.dtype == CHUNK_DTYPE and chunks.flags.c_contiguous
+        # Checked with a raise, not an assert (`python -O` drops asserts): the C side reads raw memory.
+        if chunks.dtype != CHUNK_DTYPE or not chunks.flags.c_contiguous:
+            raise NativeError(f"restore needs a C-contiguous array of CHUNK_DTYPE records (got dtype {chunks.dtype}, "
+                              f"{'' if chunks.flags.c_contiguous else 'not '}contiguous)")
         samples = np.zeros(len(chunks), dtype=SAMPLE_DTYPE)
         done = ctypes.c_int64()
         rc = self._L.kr_restore(self.ctx, chunks.ctypes.data, len(chunks), samples.ctypes.data, ctypes.byref(done))
         if rc == -errno.EBADFD:
             raise NativeError("io_uring restore refused: an earlier ring failure left reads this ring could not "
-                              "reap (the kernel may still write into its buffers); close it and open a new one")
+                              "reap (the kernel may still write into its buffers); close it and open a new one",
+                              errno_code(rc))
         _check(rc, "io_uring restore")
         return samples, done.value
 
@@ -204,7 +298,8 @@ class HostArena:
         self._map = mmap.mmap(-1, max(num_bytes, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self.array = np.frombuffer(self._map, dtype=np.uint8, count=num_bytes)
         self.address = self.array.ctypes.data
-        assert self.address % mmap.PAGESIZE == 0
+        if self.address % mmap.PAGESIZE:  # mmap gives page-aligned memory; O_DIRECT reads need it
+            raise NativeError(f"host arena at {self.address:#x} is not page aligned ({mmap.PAGESIZE} bytes)")
 
     def close(self) -> None:
         self.array = None

@@ -38,6 +38,7 @@ from typing import Callable
 import numpy as np
 
 from kmesh_trace.native._lib import NOT_MEASURED, SAMPLE_DTYPE, Ownership, now_ns
+from kmesh_trace.native.codes import cufile_code, failure
 from kmesh_trace.native.gpu import GpuArena, RouteUnavailable
 from kmesh_trace.native.routes import GPU_POISON, Probe, Restored, Route, cuda_driver_step, run_steps, torch_cuda_step
 from kmesh_trace.native.store import ALIGNMENT
@@ -177,8 +178,7 @@ def load() -> ctypes.CDLL:
 
 def _ok(st: _Status, what: str) -> None:
     if st.err:
-        cu = f", CUresult {st.cu_err}" if st.cu_err else ""
-        raise RouteUnavailable(f"{what} failed (cuFile error {st.err}{cu})")
+        raise RouteUnavailable(failure(what, cufile_code(st.err, st.cu_err)))
 
 
 def driver_open() -> str:

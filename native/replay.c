@@ -10,10 +10,22 @@
  * it), released when its completion is reaped and, for GPU routes, its copy has been enqueued on the
  * caller's stream (the caller synchronises that stream before reusing the buffer). kr_ring_state()
  * reports what is still owned, so a caller can prove that every buffer was returned.
+ *
+ * Return codes, one domain per entry point (kmesh_trace.native.codes maps each into one message):
+ *   - io_uring entry points (kr_probe_io_uring, kr_open, kr_register_*, kr_unregister_buffers,
+ *     kr_restore) and kr_sample.result: 0 (or a count) on success, -errno on failure;
+ *   - CUDA entry points (kr_cuda_load, kr_cuda_host_register, kr_cuda_host_unregister, kr_attach_cuda)
+ *     and kr_sample.copy_result: 0 on success, a positive CUresult from the driver, or this library's
+ *     own codes KR_ENOLIBCUDA (-1: libcuda.so.1 could not be loaded) and KR_ENOSYMBOL (-2: it lacks a
+ *     driver API symbol used here). These are not errnos: -1 here is not -EPERM.
+ *
+ * The structures that cross into Python (struct kr_chunk, struct kr_sample) are described by
+ * kr_layout(), which the binding compares with its own record layouts when it loads this library.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <stddef.h>
 #include <linux/io_uring.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -33,17 +45,34 @@
 #endif
 
 /*
- * The proposed (unmerged, 2025-2026) DMA-BUF registered-buffer interface: IORING_REGISTER_BUFFERS_UPDATE
- * with an extended-update flag whose data points at buffer descriptors; a descriptor of type DMA-BUF
- * carries the exporter's fd and the O_DIRECT block-device fd the reads will target. A kernel header that
- * defines these wins; a stock kernel answers the extended update with EINVAL, which the probe reports.
+ * NOTE: UNMERGED KERNEL ABI COMPILED IN. The proposed (unmerged, 2025-2026) DMA-BUF registered-buffer
+ * interface: IORING_REGISTER_BUFFERS_UPDATE with an extended-update flag whose data points at buffer
+ * descriptors; a descriptor of type DMA-BUF carries the exporter's fd and the O_DIRECT block-device fd
+ * the reads will target. No mainline <linux/io_uring.h> defines IORING_RSRC_F_EXTENDED_UPDATE,
+ * IORING_BUF_TYPE_DMABUF or the descriptor: the values and struct kr_dmabuf_desc below are this
+ * project's reading of the proposal, not a kernel ABI, and a kernel that merges a different version may
+ * give them other meanings. A kernel header that defines the two constants wins (kr_dmabuf_abi() says
+ * which were compiled in); a stock kernel answers the extended update with EINVAL, which the probe
+ * reports. Only kr_register_dmabuf (the `dmabuf_fixed` route) uses them.
  */
+#define KR_DMABUF_ABI_HEADER_FLAG 1u /* IORING_RSRC_F_EXTENDED_UPDATE came from the kernel header */
+#define KR_DMABUF_ABI_HEADER_TYPE 2u /* IORING_BUF_TYPE_DMABUF came from the kernel header */
 #ifndef IORING_RSRC_F_EXTENDED_UPDATE
 #define IORING_RSRC_F_EXTENDED_UPDATE (1U << 31)
+#define KR_DMABUF_ABI_FLAG_BITS 0u
+#else
+#define KR_DMABUF_ABI_FLAG_BITS KR_DMABUF_ABI_HEADER_FLAG
 #endif
 #ifndef IORING_BUF_TYPE_DMABUF
 #define IORING_BUF_TYPE_DMABUF 1
+#define KR_DMABUF_ABI_TYPE_BITS 0u
+#else
+#define KR_DMABUF_ABI_TYPE_BITS KR_DMABUF_ABI_HEADER_TYPE
 #endif
+
+/* Which of the proposed DMA-BUF constants came from the kernel header this was built against (bits
+ * KR_DMABUF_ABI_HEADER_*); 0: both are this file's own values (the unmerged ABI, see above). */
+unsigned kr_dmabuf_abi(void) { return KR_DMABUF_ABI_FLAG_BITS | KR_DMABUF_ABI_TYPE_BITS; }
 struct kr_dmabuf_desc {
     uint32_t type;      /* IORING_BUF_TYPE_DMABUF */
     int32_t dmabuf_fd;  /* exported GPU arena */
@@ -75,6 +104,34 @@ struct kr_sample {
     int32_t copy_result; /* CUresult of the host->device copy (0 when none was asked for) */
     int32_t pad;
 };
+
+/* The layout of the structures that cross into Python, one row per structure (field NULL: the whole
+ * structure's size) and per field, in declaration order. */
+struct kr_layout_row {
+    const char *type, *field;
+    uint64_t offset, size;
+};
+#define KR_TYPE(T) {#T, NULL, 0, sizeof(struct T)}
+#define KR_FIELD(T, F) {#T, #F, offsetof(struct T, F), sizeof(((struct T *)0)->F)}
+static const struct kr_layout_row kr_layout_rows[] = {
+    KR_TYPE(kr_chunk),
+    KR_FIELD(kr_chunk, fd), KR_FIELD(kr_chunk, buf_index), KR_FIELD(kr_chunk, file_offset),
+    KR_FIELD(kr_chunk, size), KR_FIELD(kr_chunk, buf_offset),
+    KR_TYPE(kr_sample),
+    KR_FIELD(kr_sample, submit_ns), KR_FIELD(kr_sample, complete_ns), KR_FIELD(kr_sample, result),
+    KR_FIELD(kr_sample, worker), KR_FIELD(kr_sample, num_sqes), KR_FIELD(kr_sample, copy_result),
+    KR_FIELD(kr_sample, pad),
+};
+
+/* Row i of the layout table: 0, or -ERANGE past its end. */
+int kr_layout(unsigned i, const char **type, const char **field, uint64_t *offset, uint64_t *size) {
+    if (i >= sizeof kr_layout_rows / sizeof kr_layout_rows[0]) return -ERANGE;
+    *type = kr_layout_rows[i].type;
+    *field = kr_layout_rows[i].field;
+    *offset = kr_layout_rows[i].offset;
+    *size = kr_layout_rows[i].size;
+    return 0;
+}
 
 struct ring {
     int fd;
@@ -123,13 +180,18 @@ static cu_host_unregister_t p_host_unregister;
 static cu_init_t p_init;
 static pthread_mutex_t cuda_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* 0 when libcuda.so.1 is loaded and initialised; -1 no library; -2 missing symbol; >0 cuInit's CUresult. */
+/* This library's own codes in the CUDA entry points' domain (not errnos; see the top of the file). */
+#define KR_ENOLIBCUDA (-1)
+#define KR_ENOSYMBOL (-2)
+
+/* 0 when libcuda.so.1 is loaded and initialised; KR_ENOLIBCUDA no library; KR_ENOSYMBOL missing symbol;
+ * >0 cuInit's CUresult. */
 int kr_cuda_load(void) {
     int rc = 0;
     pthread_mutex_lock(&cuda_lock);
     if (!cuda_lib) {
         cuda_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-        if (!cuda_lib) { rc = -1; goto out; }
+        if (!cuda_lib) { rc = KR_ENOLIBCUDA; goto out; }
         p_init = (cu_init_t)dlsym(cuda_lib, "cuInit");
         p_memcpy = (cu_memcpy_htod_async_t)dlsym(cuda_lib, "cuMemcpyHtoDAsync_v2");
         p_set_current = (cu_ctx_set_current_t)dlsym(cuda_lib, "cuCtxSetCurrent");
@@ -139,7 +201,7 @@ int kr_cuda_load(void) {
         if (!p_init || !p_memcpy || !p_set_current || !p_get_current || !p_host_register || !p_host_unregister) {
             dlclose(cuda_lib);
             cuda_lib = NULL;
-            rc = -2;
+            rc = KR_ENOSYMBOL;
             goto out;
         }
     }
@@ -155,7 +217,7 @@ int kr_cuda_host_register(void *p, size_t n) {
     return rc ? rc : p_host_register(p, n, 1 /* CU_MEMHOSTREGISTER_PORTABLE */);
 }
 
-int kr_cuda_host_unregister(void *p) { return cuda_lib ? p_host_unregister(p) : -1; }
+int kr_cuda_host_unregister(void *p) { return cuda_lib ? p_host_unregister(p) : KR_ENOLIBCUDA; }
 
 /* ---------------------------------------------------------------- io_uring */
 

@@ -20,6 +20,7 @@ import numpy as np
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.native import _lib
 from kmesh_trace.native._lib import CHUNK_DTYPE, NOT_MEASURED, HostArena, Ownership, Ring, now_ns
+from kmesh_trace.native.codes import cuda_code, failure
 from kmesh_trace.native.gpu import GpuArena, RouteUnavailable
 from kmesh_trace.native.store import ALIGNMENT, Chunk
 
@@ -180,11 +181,11 @@ class HostFixedRoute(HostRoute):
             super().__init__(max_bytes, depth, num_workers)
             rc = _lib.lib().kr_cuda_host_register(self.host.address, max_bytes)
             if rc:
-                raise RouteUnavailable(f"cuMemHostRegister of the io_uring buffer failed (CUresult {rc})")
+                raise RouteUnavailable(failure("cuMemHostRegister of the io_uring buffer", cuda_code(rc)))
             self._pinned = True
             rc = self.ring.attach_cuda(self.arena.address, self.arena.stream_handle)
             if rc:
-                raise RouteUnavailable(f"attaching the CUDA copy to the ring failed (CUresult {rc})")
+                raise RouteUnavailable(failure("attaching the CUDA copy to the ring", cuda_code(rc)))
         except BaseException:
             self.close()
             raise
@@ -270,13 +271,9 @@ def _memlock() -> str:
 
 
 def cuda_driver_step() -> str:
-    rc = _lib.lib().kr_cuda_load()
-    if rc == -1:
-        raise OSError("libcuda.so.1 not found (no NVIDIA driver on this host)")
-    if rc == -2:
-        raise OSError("libcuda.so.1 lacks driver API symbols this engine needs")
-    if rc:
-        raise OSError(f"cuInit failed (CUresult {rc})")
+    code = cuda_code(_lib.lib().kr_cuda_load())
+    if not code.ok:
+        raise OSError(str(code) if code.is_engine_code else failure("cuInit", code))
     return "libcuda.so.1 loaded, cuInit ok"
 
 
@@ -294,7 +291,7 @@ def _pin_step() -> str:
     buf = HostArena(mmap.PAGESIZE)
     rc = _lib.lib().kr_cuda_host_register(buf.address, mmap.PAGESIZE)
     if rc:
-        raise OSError(f"cuMemHostRegister failed (CUresult {rc})")
+        raise OSError(failure("cuMemHostRegister", cuda_code(rc)))
     _lib.lib().kr_cuda_host_unregister(buf.address)
     return "page-locked io_uring buffers can be registered with CUDA"
 

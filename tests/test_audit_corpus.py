@@ -229,7 +229,7 @@ def test_unreadable_subdirectory_is_a_problem(tmp_path):
 
 
 def test_capture_cli_exit_codes(tmp_path, cli):
-    from test_audit_capture import write_trace  # the same in-code traces (tests/ is on sys.path)
+    from capture_traces import write_trace  # the same in-code traces (tests/ is on sys.path)
 
     clean = write_trace(tmp_path / "clean")
     res = cli(["audit", "capture", clean, "--json"])

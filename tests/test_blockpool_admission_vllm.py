@@ -34,7 +34,7 @@ MAX_LEN = 4096
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from kmesh_trace.engine import cpu_engine_env, write_tiny_model
+    from kmesh_trace.apps.tiny_engine import cpu_engine_env, write_tiny_model
 
     cpu_engine_env()
     return write_tiny_model(tmp_path_factory.mktemp("tiny-model"))
@@ -132,7 +132,7 @@ def assert_model_matches(real: RealScheduler, sc: Scenario, stuck: list[int]) ->
 def test_sequential_workloads_match_the_real_scheduler(model_dir, watermark):
     """Random family workloads, some with requests larger than the pool. The watermark only gates an
     admission while another request runs, so alone it changes nothing."""
-    from test_blockpool_vllm import random_family_workload
+    from random_scenarios import random_family_workload
 
     rng = random.Random(5)
     num_stalled = 0

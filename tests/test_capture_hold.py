@@ -22,7 +22,7 @@ def _run_arm(tmp, *, hold: bool, monkeypatch) -> dict:
     from kmesh_trace.datasets.workloads.hold_stress import NUM_PHYSICAL_BLOCKS, hold_stress
     from vllm import SamplingParams, TokensPrompt
 
-    from kmesh_trace.engine import make_engine, write_tiny_model
+    from kmesh_trace.apps.tiny_engine import make_engine, write_tiny_model
 
     if hold:
         monkeypatch.setenv("KMESH_HOLD", "1")

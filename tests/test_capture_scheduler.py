@@ -44,7 +44,7 @@ TIMINGS = ("arrival_ns", "first_scheduled_ns", "first_token_ns", "finish_ns")
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from kmesh_trace.engine import cpu_engine_env, write_tiny_model
+    from kmesh_trace.apps.tiny_engine import cpu_engine_env, write_tiny_model
 
     cpu_engine_env()
     return write_tiny_model(tmp_path_factory.mktemp("tiny-model"))

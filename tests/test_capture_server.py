@@ -152,7 +152,7 @@ def openai_traffic(server: Server) -> dict:
 
 @pytest.fixture(scope="module")
 def stopped_servers(tmp_path_factory):
-    from kmesh_trace.engine import write_tiny_model
+    from kmesh_trace.apps.tiny_engine import write_tiny_model
 
     root = tmp_path_factory.mktemp("serve")
     model = write_tiny_model(root / "model")

@@ -83,7 +83,7 @@ def test_report_agrees_with_the_commands_run_separately(demo, cli):
 
 
 def test_timeline_validates_and_matches_invocations(demo):
-    from kmesh_trace.perfetto import validate_trace_events
+    from kmesh_trace.apps.perfetto import validate_trace_events
 
     out, _ = demo
     events = json.loads((out / "timeline.json").read_text())
@@ -106,7 +106,7 @@ def test_demo_page_opens_in_chromium_with_the_reports_numbers(demo, tmp_path):
     """The demo's HTML page in a real headless Chromium: no console message, not blank, and its headroom
     and pressure tables are the report's (which the test above ties to the commands' --json)."""
     from browser import chromium, load
-    from test_report import _Page
+    from report_page import ReportPage
 
     if chromium() is None:
         pytest.skip("no Chromium installed: `apt-get install -y chromium` (make install-browser)")
@@ -114,7 +114,7 @@ def test_demo_page_opens_in_chromium_with_the_reports_numbers(demo, tmp_path):
     report = json.loads((out / "report.json").read_text())
     loaded = load(out / "report.html", tmp_path / "page.png")
     assert loaded.console == []
-    dom = _Page()
+    dom = ReportPage()
     dom.feed(loaded.dom)
     # The page pivots headroom as the CLI does: one row per capacity, one column per policy.
     page = {r["capacity_blocks"]: r for r in dom.records("headroom-pivot")}

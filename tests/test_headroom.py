@@ -10,7 +10,7 @@ from kmesh_trace.datasets.workloads.fork_tree import BLOCK_SIZE, fork_tree_reque
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.headroom import headroom, headroom_of_requests
 from kmesh_trace.oracle.policies import POLICIES, Workload
-from kmesh_trace.plots import plot_headroom
+from kmesh_trace.apps.plots import plot_headroom
 from kmesh_trace.trace import open_trace
 from kmesh_trace.writer import TraceWriter
 

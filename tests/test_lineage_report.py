@@ -98,7 +98,7 @@ def test_cli(tmp_path, cli):
 @pytest.mark.engine
 def test_capture_of_a_real_engine(tmp_path):
     pytest.importorskip("vllm")
-    from test_capture_engine import BLOCK, engine_env, family_workload, make_llm, write_model
+    from tiny_llm import BLOCK, engine_env, family_workload, make_llm, write_model
 
     from kmesh_trace.capture.session import capture_in_process
 

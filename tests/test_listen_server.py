@@ -48,7 +48,7 @@ def _prompt(i: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    from kmesh_trace.engine import write_tiny_model
+    from kmesh_trace.apps.tiny_engine import write_tiny_model
 
     root = tmp_path_factory.mktemp("listen")
     sock_dir = Path(tempfile.mkdtemp(prefix="kv", dir="/tmp"))  # ipc paths must stay short

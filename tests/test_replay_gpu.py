@@ -18,7 +18,7 @@ if ctypes.util.find_library("cuda") is None:  # decide before importing PyTorch 
 from kmesh_trace.native import store as st
 from kmesh_trace.native.routes import probe_route
 from kmesh_trace.native.runner import RunConfig, run
-from test_replay import ddir  # noqa: F401  (the O_DIRECT directory fixture; tests/ is on sys.path)
+from replay_support import ddir  # noqa: F401  (the O_DIRECT directory fixture; tests/ is on sys.path)
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU host)")

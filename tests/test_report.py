@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import shlex
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from browser import chromium, load
+from report_page import ReportPage  # tests/ is on sys.path
 
-from kmesh_trace import report as report_mod
+from kmesh_trace.apps import report as report_mod
 from kmesh_trace.datasets.workloads.fork_tree import BLOCK_SIZE, fork_tree_rows
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.writer import TraceWriter
@@ -89,80 +89,6 @@ def _weka(tmp_path: Path, cli) -> Path:
     return tmp_path / "wk"
 
 
-class _Page(HTMLParser):
-    """Every table of a page by id (its data-key headers and rows of (data-value, text) cells), each
-    section's text, its hints, its reproducing commands, and the embedded data."""
-
-    def __init__(self):
-        super().__init__()
-        self.tables: dict[str, dict] = {}
-        self.sections: dict[str, dict] = {}
-        self.hints: list[tuple[str, str, str]] = []  # (command, option, example)
-        self.data = ""
-        self._t = self._cell = self._section = self._hint = None
-        self._in_data = self._in_code = False
-        self._code = ""
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        if tag == "section":
-            self._section = self.sections.setdefault(a["id"], {"text": "", "svgs": 0, "commands": []})
-        elif tag == "svg" and self._section is not None:
-            self._section["svgs"] += 1
-        elif tag == "table":
-            self._t = self.tables.setdefault(a.get("id") or f"table{len(self.tables)}", {"keys": [], "rows": []})
-        elif tag == "th" and self._t is not None:
-            self._t["keys"].append(a["data-key"])
-        elif tag == "tr" and self._t is not None:
-            self._t["rows"].append([])
-        elif tag == "td" and self._t is not None:
-            self._cell = [json.loads(a["data-value"]), ""]
-        elif tag == "p" and a.get("class") == "hint":
-            self._hint = [a["data-command"], a["data-option"], ""]
-        elif tag == "script" and a.get("id") == "report-data":
-            self._in_data = True
-        elif tag == "code":
-            self._in_code, self._code = True, ""
-
-    def handle_data(self, data):
-        if self._in_data:
-            self.data += data
-        if self._cell is not None:
-            self._cell[1] += data
-        if self._in_code:
-            self._code += data
-        if self._section is not None:
-            self._section["text"] += data
-
-    def handle_endtag(self, tag):
-        if tag == "td" and self._cell is not None:
-            self._t["rows"][-1].append(tuple(self._cell))
-            self._cell = None
-        elif tag == "table":
-            self._t = None
-        elif tag == "section":
-            self._section = None
-        elif tag == "script":
-            self._in_data = False
-        elif tag == "code":
-            self._in_code = False
-            if self._hint is not None:
-                self._hint[2] = self._code
-                self.hints.append(tuple(self._hint))
-                self._hint = None
-            elif self._section is not None:
-                self._section["commands"] += [c.strip() for c in self._code.split(";")]
-
-    def records(self, table_id: str) -> list[dict]:
-        t = self.tables[table_id]
-        out = []
-        for row in (r for r in t["rows"] if r):
-            for value, text in row:
-                assert text == report_mod.fmt(value), (table_id, value, text)  # what people read is the value
-            out.append({k: v for k, (v, _) in zip(t["keys"], row)})
-        return out
-
-
 def _json(cli, *args):
     r = cli([str(a) for a in args])
     assert r.exit_code in (0, 3), r.stderr
@@ -176,7 +102,7 @@ def _run(cli, command: str):
     return _json(cli, *words[1:])
 
 
-def _report(cli, trace: Path, tmp_path: Path, *extra) -> tuple[dict, _Page, object]:
+def _report(cli, trace: Path, tmp_path: Path, *extra) -> tuple[dict, ReportPage, object]:
     page = tmp_path / f"{trace.name}.html"
     r = cli(["report", trace, "--out", page, "--json", *extra])
     assert r.exit_code == 0, r.stderr
@@ -187,13 +113,13 @@ def _report(cli, trace: Path, tmp_path: Path, *extra) -> tuple[dict, _Page, obje
     px = matplotlib.image.imread(str(loaded.screenshot))[..., :3]
     drawn = (px.min(axis=2) < 0.9).mean()
     assert 0.02 < drawn < 0.9 and px.std() > 0.05, drawn  # not blank, not one flat colour
-    dom = _Page()
+    dom = ReportPage()
     dom.feed(loaded.dom)
     assert json.loads(dom.data) == json.loads(r.stdout)  # the browser reads the embedded data back whole
     return json.loads(r.stdout), dom, loaded
 
 
-def _check_sections(cli, embedded: dict, dom: _Page, expected: set[str], plotted: set[str]) -> None:
+def _check_sections(cli, embedded: dict, dom: ReportPage, expected: set[str], plotted: set[str]) -> None:
     """Every expected section is there, with text, a how-to box and its plot; its data is its command's."""
     assert set(embedded) == expected and set(dom.sections) == expected, (set(embedded), expected)
     for sid, s in dom.sections.items():
@@ -212,7 +138,7 @@ def _check_sections(cli, embedded: dict, dom: _Page, expected: set[str], plotted
             assert _run(cli, commands[0]) == embedded[sid], sid
 
 
-def _check_headroom_table(embedded: dict, dom: _Page) -> None:
+def _check_headroom_table(embedded: dict, dom: ReportPage) -> None:
     grid = embedded["headroom"]["grid"]
     recs = dom.records("headroom-grid")
     assert [r["capacity_blocks"] for r in recs] == [g["capacity_blocks"] for g in grid]
@@ -337,7 +263,7 @@ def test_every_hint_and_command_names_a_real_option(browser, trace, tmp_path, cl
 
     monkeypatch.setitem(report_mod.SECTIONS, "pressure", needs)
     report_mod.write_report(trace, tmp_path / "needs.html")
-    dom = _Page()
+    dom = ReportPage()
     dom.feed((tmp_path / "needs.html").read_text())
     pages.append(dom)
     hints = [h for p in pages for h in p.hints]
@@ -375,7 +301,7 @@ def test_headroom_at_given_capacities_is_a_pivot(trace, tmp_path, cli):
     assert r.exit_code == 0, r.stderr
     hr = _json(cli, "headroom", trace, "--capacity-blocks", CAPS, "--json")
     assert json.loads(r.stdout)["headroom"] == hr
-    dom = _Page()
+    dom = ReportPage()
     dom.feed((tmp_path / "r.html").read_text())
     recs = dom.records("headroom-pivot")
     assert [x["capacity_blocks"] for x in recs] == [64, 256, 512]  # one row per capacity, one column per policy

@@ -37,7 +37,7 @@ from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadWorkerMetadata  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from kmesh_trace.engine import cpu_engine_env, write_tiny_model  # noqa: E402
+from kmesh_trace.apps.tiny_engine import cpu_engine_env, write_tiny_model  # noqa: E402
 
 init_none_hash(sha256)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from kmesh_trace.audit.lines import BLANK, BOM, MALFORMED, MALFORMED_REASONS, classify
+from kmesh_trace.jsonl_lines import BLANK, BOM, MALFORMED, MALFORMED_REASONS, classify
 from kmesh_trace.errors import InputFormatError
 
 #: At most this many malformed locations are listed (all are counted).

@@ -36,7 +36,7 @@ from kmesh_trace.audit.edges import SessionRecord, pair_edges, sessions
 from kmesh_trace.audit.fields import UNIT_SECONDS, unit_of
 from kmesh_trace.audit.identity import RecordIndex, canonical
 from kmesh_trace.audit.inventory import walk
-from kmesh_trace.audit.lines import BLANK, BOM, MALFORMED, MALFORMED_REASONS, RECORD, FileRead, classify, iter_physical_lines
+from kmesh_trace.jsonl_lines import BLANK, BOM, MALFORMED, MALFORMED_REASONS, RECORD, FileRead, classify, iter_physical_lines
 from kmesh_trace.datasets.importers.common import MAX_LISTED_MALFORMED, MAX_NS, ImportReport
 from kmesh_trace.errors import InputFormatError, MissingDependencyError
 from kmesh_trace.writer import TraceWriter, to_contract

@@ -13,7 +13,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from kmesh_trace.audit.lines import BOM
+from kmesh_trace.jsonl_lines import BOM
 from kmesh_trace.datasets.importers.common import (
     ROWS_PER_PART,
     ImportReport,

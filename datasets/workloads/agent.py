@@ -6,7 +6,7 @@ reuse the ancestor's KV only while it stays resident. Some families release thei
 after the parent finishes, others after a delay (in engine steps) during which unrelated
 competing requests push on the KV pool. Children's prompts depend on the parent's output, which
 is only known once it ran: the plan says what to send and when, and the driver
-(`kmesh_trace.engine.run_workload`) fills the prompts in as parents finish.
+(`kmesh_trace.apps.tiny_engine.run_workload`) fills the prompts in as parents finish.
 
 Token ids are drawn from a seeded generator, so a plan is reproducible; two random 32-token
 blocks never coincide in practice, so prefixes are shared only where the plan says they are.

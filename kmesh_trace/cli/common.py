@@ -119,7 +119,7 @@ def check_plot_option(plot: Path | None, inputs: "list[Path | str | None]") -> N
     """`--plot FILE`, refused before any work: a .png or .svg the command can write, not inside an input."""
     if plot is None:
         return
-    from kmesh_trace.plots import check_plot_path
+    from kmesh_trace.apps.plots import check_plot_path
 
     check_out_file(check_plot_path(plot), "--plot")
     check_out_not_in_input(plot, inputs, "--plot")

@@ -43,8 +43,8 @@ def demo_cmd(
 
     Exit codes: 0 ok; 1 could not run (usage, input or I/O error)."""
     from kmesh_trace.datasets.workloads.agent import agent_workload
-    from kmesh_trace.demo import Progress as Callbacks
-    from kmesh_trace.demo import run_demo
+    from kmesh_trace.apps.demo import Progress as Callbacks
+    from kmesh_trace.apps.demo import run_demo
 
     warnings.filterwarnings("ignore")
     size = size.value

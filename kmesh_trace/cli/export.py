@@ -41,7 +41,7 @@ def perfetto_cmd(
     """Write the trace as Chrome trace-event JSON: open it in ui.perfetto.dev or chrome://tracing.
 
     Exit codes: 0 ok; 1 could not run (usage, input or I/O error)."""
-    from kmesh_trace.perfetto import export_perfetto
+    from kmesh_trace.apps.perfetto import export_perfetto
     from kmesh_trace.trace import open_trace
 
     check_out_file(out_path, "--out")

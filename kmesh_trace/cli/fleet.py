@@ -51,7 +51,7 @@ def fleet_cmd(
     from kmesh_trace.oracle.stream import pool_capacity
     from kmesh_trace.oracle.tasks import fleet_sweep
     from kmesh_trace.parts import open_parts
-    from kmesh_trace.plots import plot_fleet
+    from kmesh_trace.apps.plots import plot_fleet
 
     routings = [r.strip() for r in routing.split(",") if r.strip()]
     if not routings:

@@ -78,7 +78,7 @@ def headroom_cmd(
     """Prefill tokens (and seconds) the stock cache failed to reuse that an ideal cache of the same capacity
     would have: at the given capacities, or along the whole capacity axis."""
     from kmesh_trace.oracle.headroom import headroom_of_requests
-    from kmesh_trace.plots import plot_headroom
+    from kmesh_trace.apps.plots import plot_headroom
 
     caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
@@ -219,7 +219,7 @@ def _fitted_cost(trace, engine):
 def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, output, approximate, stream, stock,
            grid=None) -> None:
     from kmesh_trace.oracle.headroom_curve import headroom_curve
-    from kmesh_trace.plots import plot_headroom_curve
+    from kmesh_trace.apps.plots import plot_headroom_curve
 
     with err.status("replaying") as status:
         res = headroom_curve(reqs, block_size, policies=names, window=window, num_usable_blocks=usable, cost=cost,

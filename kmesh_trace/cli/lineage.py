@@ -35,7 +35,7 @@ def lineage_cmd(
 ) -> None:
     """The shape of a trace's lineage: families, children per parent, depth, reuse gaps, shared-prefix blocks."""
     from kmesh_trace.oracle.lineage_report import lineage_report
-    from kmesh_trace.plots import plot_lineage
+    from kmesh_trace.apps.plots import plot_lineage
     from kmesh_trace.trace import check_has_requests, open_trace
 
     check_plot_option(plot, [trace])

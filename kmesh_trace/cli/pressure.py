@@ -66,7 +66,7 @@ def pressure_cmd(
     One capacity gives the detailed report; several (--capacity-blocks 64,96,128) a sweep table."""
     from kmesh_trace.oracle.pressure import TraceStream, sweep, trace_stream, what_if
     from kmesh_trace.oracle.stream import pool_capacity
-    from kmesh_trace.plots import plot_pressure_sweep
+    from kmesh_trace.apps.plots import plot_pressure_sweep
 
     if (trace is None) == (scenario is None):
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")

@@ -38,7 +38,7 @@ def report_cmd(
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
     as_json: JsonOption = False,
 ) -> None:
-    from kmesh_trace.report import write_report
+    from kmesh_trace.apps.report import write_report
 
     caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
     check_out_file(out_file, "--out")

@@ -197,7 +197,7 @@ def tiers_cmd(
                 sw = tm.sweep_tiers(reqs, base_config, hs, ss, within_pct=within,
                                     progress=lambda done, _: bar.update(task, completed=done), **kw)
         if plot is not None:
-            from kmesh_trace.plots import plot_tier_sweep
+            from kmesh_trace.apps.plots import plot_tier_sweep
 
             plot_tier_sweep(sw, plot, block_size)
             err.print(f"wrote {plot}")

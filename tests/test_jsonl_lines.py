@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kmesh_trace.audit.corpus import audit_corpus
-from kmesh_trace.audit.lines import (
+from kmesh_trace.jsonl_lines import (
     BLANK,
     BOM,
     MALFORMED,

@@ -77,7 +77,7 @@ def run_demo(out_dir: str | os.PathLike, *, size: str = "full", progress: Progre
 
     progress.stage("headroom")
     from kmesh_trace.oracle.headroom import headroom
-    from kmesh_trace.plots import plot_headroom
+    from kmesh_trace.apps.plots import plot_headroom
 
     usable = trace.num_usable_blocks
     if not usable:
@@ -96,17 +96,17 @@ def run_demo(out_dir: str | os.PathLike, *, size: str = "full", progress: Progre
     report["pressure"] = pr.to_dict()
     points = sweep(ts.requests, block_size=ts.block_size, capacities=capacities, edges="declared")
     report["pressure_sweep"] = [p.to_dict() for p in points]
-    from kmesh_trace.plots import plot_pressure_sweep
+    from kmesh_trace.apps.plots import plot_pressure_sweep
 
     plots += [str(plot_pressure_sweep(points, out / f"pressure.{ext}", ts.block_size)) for ext in ("png", "svg")]
 
     progress.stage("timeline")
-    from kmesh_trace.perfetto import export_perfetto
+    from kmesh_trace.apps.perfetto import export_perfetto
 
     report["timeline"] = export_perfetto(trace, out / "timeline.json")
 
     progress.stage("page")
-    from kmesh_trace.report import write_report
+    from kmesh_trace.apps.report import write_report
 
     write_report(trace_dir, out / "report.html", capacities=capacities)
     timings["total_s"] = time.perf_counter() - t0
@@ -119,7 +119,7 @@ def run_demo(out_dir: str | os.PathLike, *, size: str = "full", progress: Progre
 
 def _capture_workload(plan, model_dir: Path, trace_dir: Path, progress: Progress, timings: dict):
     from kmesh_trace.capture.session import capture_in_process
-    from kmesh_trace.engine import cpu_engine_env, make_engine, run_workload, write_tiny_model
+    from kmesh_trace.apps.tiny_engine import cpu_engine_env, make_engine, run_workload, write_tiny_model
 
     cpu_engine_env()
     # vLLM logs to stdout by default; the report is the demo's data, so its logs go to stderr, and

@@ -13,6 +13,9 @@ line is classified exactly once, and nothing here raises on any input:
 A UTF-8 byte-order mark is tolerated at the start of a file only (the reader strips it and says so);
 anywhere else it is broken JSON. Duplicate keys keep the last value, as every JSON parser here does.
 The reader hashes the file (SHA-256) as it goes, so the audit reads each byte once.
+
+A leaf of the base (it imports only the standard library): the corpus audit (`kmesh_trace.audit.corpus`)
+and the importers (`kmesh_trace.datasets.importers`) classify lines with it alike.
 """
 
 from __future__ import annotations

@@ -3,12 +3,15 @@
 The page is the analyses' front page: each section runs the same public functions as one CLI command
 does by default (the headroom curve, the pressure tradeoff along the capacity axis, the lineage
 statistics, the tiers sweep, the fleet what-if), shows its numbers as tables and inline SVG plots
-drawn by kmesh_trace.plots, defines its terms in a "how to read this" box, and names the command
+drawn by kmesh_trace.apps.plots, defines its terms in a "how to read this" box, and names the command
 that reproduces it. Where the trace lacks a value a command needs (an import records no pool size),
 the section chooses one, says which and why, and the reproducing command carries it as an option.
 The page fetches nothing (a Content-Security-Policy forbids it) and runs no script; the data of every
 section is embedded as JSON (`<script type="application/json">`, with `<`, `>` and `&` escaped so no
-string in a trace can close the element or open a comment).
+string in a trace can close the element or open a comment). The HTML comes from Jinja2 templates
+(kmesh_trace/apps/templates/report_*.html.j2) with autoescaping on: every value is escaped as
+`html.escape` escapes it, and only the pieces built here (tables, plots, the embedded data) pass as
+markup.
 
 Sections are a registry. Adding one is one line in `SECTIONS` plus its builder:
 
@@ -31,6 +34,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+import jinja2
+from markupsafe import Markup
 
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
 
@@ -123,44 +129,48 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
+def _escaped(value: Any) -> Markup:
+    """Every `{{ }}` of the templates: markup as it is, anything else escaped as html.escape does (quotes
+    too), so the page is the one the f-strings it replaced wrote."""
+    return value if isinstance(value, Markup) else Markup(html.escape(str(value)))
+
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).resolve().parent / "templates"),
+    autoescape=True, finalize=_escaped, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+_TEMPLATES.filters.update(fmt=fmt, json=json.dumps)
+_TEMPLATES.tests["numeric"] = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+_TEMPLATES.globals["zip"] = zip
+_PIECES = _TEMPLATES.get_template("report_pieces.html.j2").module
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, id: str = "", keys: Sequence[str] | None = None) -> str:
     """An HTML table; every cell carries its raw value in `data-value`, and the columns their JSON keys
     (`keys`, default the headers) in `data-key`, so the page's numbers can be checked against --json."""
-    keys = list(keys or headers)
-    head = "".join(f'<th data-key="{html.escape(k)}">{html.escape(h)}</th>' for h, k in zip(headers, keys))
-    body = []
-    for r in rows:
-        cells = "".join(
-            f'<td data-value="{html.escape(json.dumps(v))}" class="{"num" if isinstance(v, (int, float)) and not isinstance(v, bool) else ""}">'
-            f"{html.escape(fmt(v))}</td>" for v in r)
-        body.append(f"<tr>{cells}</tr>")
-    ident = f' id="{html.escape(id)}"' if id else ""
-    return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return _PIECES.table(headers, list(keys or headers), rows, id)
 
 
 def paragraph(text: str) -> str:
-    return f"<p>{html.escape(text)}</p>"
+    return _PIECES.paragraph(text)
 
 
 def hint(text: str, command: str, option: str, example: str) -> str:
     """A sentence naming a real option of a real command (`data-command`, `data-option`: the tests check
     both against the CLI) and the example command line that uses it."""
-    return (f'<p class="hint" data-command="{html.escape(command)}" data-option="{html.escape(option)}">'
-            f"{html.escape(text)} <code>{html.escape(example)}</code></p>")
+    return _PIECES.hint(text, command, option, example)
 
 
 def howto(terms: Sequence[tuple[str, str]]) -> str:
     """The "how to read this" box: each term of the section and what it means."""
-    items = "".join(f"<dt>{html.escape(t)}</dt><dd>{html.escape(d)}</dd>" for t, d in terms)
-    return f'<aside class="howto"><h3>How to read this</h3><dl>{items}</dl></aside>'
+    return _PIECES.howto(terms)
 
 
 def svg(draw: Callable[[Path], Path]) -> str:
-    """Inline SVG of a figure drawn by kmesh_trace.plots (`draw(path)` writes FILE.svg)."""
+    """Inline SVG of a figure drawn by kmesh_trace.apps.plots (`draw(path)` writes FILE.svg)."""
     with tempfile.TemporaryDirectory() as d:
         text = draw(Path(d) / "figure.svg").read_text()
     start = text.find("<svg")
-    return f'<figure>{text[start:]}</figure>'
+    return _PIECES.figure(Markup(text[start:]))  # matplotlib's own SVG, inlined as it is
 
 
 def embedded_json(obj: Any) -> str:
@@ -255,7 +265,7 @@ def headroom_section(ctx: ReportContext) -> Section:
     if ctx.capacities:
         return _headroom_at(ctx)
     from kmesh_trace.oracle.headroom_curve import headroom_curve
-    from kmesh_trace.plots import plot_headroom_curve
+    from kmesh_trace.apps.plots import plot_headroom_curve
 
     block_size, usable = ctx.geometry
     cost, fit, why = ctx.prefill
@@ -319,7 +329,7 @@ def _approximate(ctx: ReportContext) -> str | None:
 def _headroom_at(ctx: ReportContext) -> Section:
     """Headroom at the capacities the user gave: one row per capacity, one column per policy (as the CLI)."""
     from kmesh_trace.oracle.headroom import headroom
-    from kmesh_trace.plots import plot_headroom
+    from kmesh_trace.apps.plots import plot_headroom
 
     result = headroom(ctx.trace, ctx.capacities, engine=ctx.engine)
     d = result.to_dict()
@@ -360,7 +370,7 @@ def _sweep_capacities(ctx: ReportContext, at: int) -> list[int]:
 
 def pressure_section(ctx: ReportContext) -> Section:
     from kmesh_trace.oracle.pressure import sweep, trace_stream, what_if
-    from kmesh_trace.plots import plot_pressure_sweep
+    from kmesh_trace.apps.plots import plot_pressure_sweep
 
     edges = _pressure_edges(ctx)
     ts = trace_stream(ctx.trace, ctx.engine, "content" if edges == "content" else "exact_prefix")
@@ -415,7 +425,7 @@ def pressure_section(ctx: ReportContext) -> Section:
 
 def lineage_section(ctx: ReportContext) -> Section | None:
     from kmesh_trace.oracle.lineage_report import lineage_report
-    from kmesh_trace.plots import plot_lineage
+    from kmesh_trace.apps.plots import plot_lineage
 
     if not ctx.trace.row_counts().get("lineage"):
         return None
@@ -447,7 +457,7 @@ def tiers_section(ctx: ReportContext) -> Section:
     saved, with restore costs): what lower tiers would have bought."""
     from kmesh_trace.oracle import tier_costs as tc
     from kmesh_trace.oracle import tiers as tm
-    from kmesh_trace.plots import plot_tier_sweep
+    from kmesh_trace.apps.plots import plot_tier_sweep
 
     block_size, usable = ctx.geometry
     gpu, where = ctx.pool_blocks()
@@ -491,7 +501,7 @@ def fleet_section(ctx: ReportContext) -> Section | None:
     families a family-aware router could keep together."""
     from kmesh_trace.oracle.fleet import DEFAULT_OVERLOAD, ROUTINGS
     from kmesh_trace.oracle.tasks import fleet_sweep
-    from kmesh_trace.plots import plot_fleet
+    from kmesh_trace.apps.plots import plot_fleet
 
     several = len(ctx.trace.engines) > 1
     if not several and not any(r.family_id is not None or r.parent_index is not None for r in ctx.requests):
@@ -566,7 +576,7 @@ def _unavailable(sid: str, ctx: ReportContext, e: KmeshTraceError) -> Section:
     named as the CLI names it, never as the Python parameter."""
     needs = isinstance(e, NeedsParameterError) and e.parameter in OPTION_OF_PARAMETER
     why = f"{e.reason}." if needs else str(e)
-    body = [f'<p class="unavailable">Not available for this trace: {html.escape(why)}</p>']
+    body = [_PIECES.unavailable(why)]
     if needs:
         command, option = _SECTION_COMMAND.get(sid, sid), OPTION_OF_PARAMETER[e.parameter]
         body.append(hint("Give it on the command line:", command, option,
@@ -594,17 +604,11 @@ def build(trace, *, trace_arg: str | None = None, capacities: Sequence[int] | No
 
 
 def render(sections: Sequence[Section], title: str) -> str:
-    parts = [f"<section id=\"{s.id}\"><h2>{html.escape(s.title)}</h2>"
-             + (f'<p class="reproduce">Reproduce: <code>{html.escape(s.command)}</code></p>' if s.command else "")
-             + "".join(s.body) + "</section>" for s in sections]
-    data = embedded_json({s.id: s.data for s in sections})
-    toc = " · ".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in sections)
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1><nav>{toc}</nav>{''.join(parts)}"
-            f'<script type="application/json" id="report-data">{data}</script></body></html>\n')
+    # A section's body is HTML fragments by contract (the pieces above, or a builder's own markup).
+    shown = [{"id": s.id, "title": s.title, "command": s.command, "body": Markup("".join(s.body))} for s in sections]
+    return _TEMPLATES.get_template("report_page.html.j2").render(
+        sections=shown, title=title, csp=Markup(CSP), style=Markup(_STYLE),
+        data=Markup(embedded_json({s.id: s.data for s in sections})))
 
 
 def write_report(trace_path: str | Path, out: str | Path, *, capacities: Sequence[int] | None = None,

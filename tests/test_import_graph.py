@@ -1,0 +1,176 @@
+"""The import graph points one way: base <- analyses <- applications; no test module imports another.
+
+Every module's imports are read with `ast` (module level, inside functions and under `TYPE_CHECKING`
+alike: a deferred import is still a dependency) and each module is put in its layer by where it lives:
+
+- base: the modules directly inside `kmesh_trace/` (the schema, the writer and reader, errors, paths,
+  values, ...): they import only the base;
+- analyses: `kmesh_trace.{capture,audit,oracle,native,datasets}` (the top-level folders `capture/`,
+  `audit/`, `oracle/`, `native/`, `datasets/`): they import the base and each other, never an
+  application;
+- applications: `kmesh_trace.apps` and `kmesh_trace.cli`: they may import anything.
+
+The source folders come from pyproject.toml's `package-dir`, so a new package is classified without
+editing this file (a package outside the three layers fails `test_every_package_has_a_layer`).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    tomllib = pytest.importorskip("tomli")
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE, ANALYSES, APPLICATIONS = 0, 1, 2
+LAYER_NAMES = {BASE: "base", ANALYSES: "analyses", APPLICATIONS: "applications"}
+ANALYSIS_PACKAGES = ("kmesh_trace.capture", "kmesh_trace.audit", "kmesh_trace.oracle", "kmesh_trace.native",
+                     "kmesh_trace.datasets")
+APPLICATION_PACKAGES = ("kmesh_trace.apps", "kmesh_trace.cli")
+
+
+def package_dirs() -> dict[str, Path]:
+    """Installed package name -> its source folder, as pyproject.toml declares them."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = config["package-dir"]
+    found = {}
+    for package in config["packages"]:
+        # The nearest declared ancestor gives the folder: kmesh_trace.oracle.policies -> oracle/policies.
+        parts = package.split(".")
+        for cut in range(len(parts), 0, -1):
+            head = ".".join(parts[:cut])
+            if head in declared:
+                found[package] = ROOT / declared[head] / Path(*parts[cut:])
+                break
+    return found
+
+
+def source_modules() -> dict[str, Path]:
+    """Every module of the installed packages: dotted name -> file (a package's name -> its __init__)."""
+    modules = {}
+    for package, folder in package_dirs().items():
+        for path in sorted(folder.glob("*.py")):
+            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+            modules[name] = path
+    return modules
+
+
+def imported_names(path: Path, module: str) -> list[tuple[str, int]]:
+    """Every absolute module name `path` imports anywhere in its body, with the line it is on."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.stem == "__init__" else module.rpartition(".")[0]
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            # `from pkg import name` may name a submodule: keep both, resolution picks the module.
+            names.append((base, node.lineno))
+            names += [(f"{base}.{alias.name}", node.lineno) for alias in node.names if alias.name != "*"]
+    return names
+
+
+def resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The project module `name` lands in (the longest known prefix), or None for a third-party one."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        head = ".".join(parts[:cut])
+        if head in modules:
+            return head
+    return None
+
+
+def layer(module: str) -> int | None:
+    """The layer of a project module, from the package it lives in."""
+    package = ".".join(module.split(".")[:2])
+    if package in ANALYSIS_PACKAGES:
+        return ANALYSES
+    if package in APPLICATION_PACKAGES:
+        return APPLICATIONS
+    if module == "kmesh_trace" or module.count(".") == 1:
+        return BASE  # a module directly inside kmesh_trace/
+    return None
+
+
+def import_edges() -> list[tuple[str, str, int]]:
+    """(importer, imported, line) for every import between two project modules."""
+    modules = source_modules()
+    edges = set()
+    for module, path in modules.items():
+        for name, line in imported_names(path, module):
+            target = resolve(name, modules)
+            if target is not None and target != module:
+                edges.add((module, target, line))
+    return sorted(edges)
+
+
+def upward_imports() -> list[str]:
+    return [f"{LAYER_NAMES[layer(a)]} {a} (line {line}) imports {LAYER_NAMES[layer(b)]} {b}"
+            for a, b, line in import_edges() if layer(b) > layer(a)]
+
+
+def test_the_graph_is_read():
+    """The reader finds what it must, so an empty graph cannot pass the layering test by accident."""
+    modules = source_modules()
+    assert {"kmesh_trace.schema", "kmesh_trace.oracle.blockpool", "kmesh_trace.cli", "kmesh_trace.apps.report"} <= set(modules)
+    edges = {(a, b) for a, b, _ in import_edges()}
+    assert ("kmesh_trace.oracle.blockpool", "kmesh_trace.holds") in edges
+    # A function-level import counts: capture's plugin hook imports its wrappers only when vLLM calls it.
+    deferred = [(a, b) for a, b in edges if a == "kmesh_trace.capture.plugin"]
+    assert deferred, "the function-level imports of kmesh_trace.capture.plugin were not read"
+
+
+def test_every_package_has_a_layer():
+    unplaced = sorted(m for m in source_modules() if layer(m) is None)
+    assert not unplaced, f"modules in no layer (add their package to a layer in this test): {unplaced}"
+
+
+def test_imports_point_one_way():
+    """base <- analyses <- applications: no module imports one of a higher layer, deferred or not."""
+    upward = upward_imports()
+    assert not upward, f"{len(upward)} upward import(s):\n" + "\n".join(upward)
+
+
+def test_the_jsonl_classifier_is_a_leaf_both_audit_and_importers_use():
+    edges = {(a, b) for a, b, _ in import_edges()}
+    assert not [b for a, b in edges if a == "kmesh_trace.jsonl_lines"]
+    assert {("kmesh_trace.audit.corpus", "kmesh_trace.jsonl_lines"),
+            ("kmesh_trace.datasets.importers.common", "kmesh_trace.jsonl_lines")} <= edges
+    # The importers of plain JSONL formats no longer reach into the audit for it.
+    assert not [b for a, b in edges if a in ("kmesh_trace.datasets.importers.common", "kmesh_trace.datasets.importers.mooncake")
+                and b.startswith("kmesh_trace.audit")]
+
+
+def test_the_check_catches_an_upward_import(tmp_path):
+    """The classification would flag a base module importing an analysis or an application."""
+    assert layer("kmesh_trace.schema") == BASE
+    assert layer("kmesh_trace.oracle.pressure") == ANALYSES
+    assert layer("kmesh_trace.apps.report") == APPLICATIONS
+    assert layer("kmesh_trace.cli.tiers") == APPLICATIONS
+    module = tmp_path / "fake.py"
+    module.write_text("def f():\n    from kmesh_trace.oracle.stream import request_blocks\n")
+    assert imported_names(module, "kmesh_trace.fake")[0] == ("kmesh_trace.oracle.stream", 2)
+
+
+def test_no_test_module_imports_another():
+    """Shared test helpers live in helper modules (tests/*.py not named test_*), never in a test module."""
+    tests = ROOT / "tests"
+    test_modules = {p.stem for p in tests.glob("test_*.py")}
+    offending = []
+    for path in sorted(tests.glob("test_*.py")):
+        for name, line in imported_names(path, f"tests.{path.stem}"):
+            top = name.removeprefix("tests.").split(".")[0]
+            if top in test_modules and top != path.stem:
+                offending.append(f"{path.name}:{line} imports {top}")
+    assert not offending, "test modules importing test modules:\n" + "\n".join(sorted(set(offending)))
