@@ -39,12 +39,14 @@ from typing import Callable, Sequence
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.blockpool import PoolReplay, PoolResult, simulate_pool
+from kmesh_trace.oracle.executor import Executor, InProcess, Task
+from kmesh_trace.oracle.options import option
 from kmesh_trace.oracle.stream import RequestBlocks
-from kmesh_trace.oracle.workload import Workload
+from kmesh_trace.oracle.workload import Workload, location_of
 from kmesh_trace.schema import FleetEdges, edge_values
 
 __all__ = ["DEFAULT_OVERLOAD", "EDGE_MODES", "GLOBAL", "ROUTINGS", "FleetPoint", "FleetResult", "FleetRun",
-           "Routed", "family_keys", "route", "simulate_run", "assemble", "check_options"]
+           "FleetOptions", "Routed", "family_keys", "route", "run", "simulate_run", "sweep", "assemble", "check_options"]
 
 ROUTINGS = ("round-robin", "least-loaded", "family", "prefix-aware")
 GLOBAL = "global"
@@ -298,6 +300,11 @@ class FleetResult:
                 "overload": self.overload, "family_source": self.family_source,
                 "points": [p.to_dict() for p in self.points], "notes": self.notes}
 
+    def rows(self) -> list[dict]:
+        """One row per run at each point: the table and the CSV."""
+        return [{"num_engines": p["num_engines"], "capacity_blocks": p["capacity_blocks"], **run}
+                for p in self.to_dict()["points"] for run in p["runs"]]
+
 
 def check_options(routings: Sequence[str], engines: Sequence[int], capacities: Sequence[int],
                   overload: float) -> None:
@@ -337,3 +344,67 @@ def assemble(runs: Sequence[FleetRun], engines: Sequence[int], capacities: Seque
     first = runs[0]
     family = next((r.family_source for r in runs if r.family_source is not None), None)
     return FleetResult(first.block_size, sum(first.num_requests_per_engine), first.timed, overload, family, points)
+
+
+# ---------------------------------------------------------------------------------------------------
+# One run of the analysis, as `kmesh-trace fleet` and the report's section run it
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    """What `kmesh-trace fleet` is asked (its flags name the fields; `kmesh_trace.oracle.options`)."""
+
+    engines: tuple[int, ...] | None = option("--engines")  # None: the trace's engine partitions
+    capacities: tuple[int, ...] | None = option("--capacity-blocks")  # None: the engines' usable blocks
+    routings: tuple[str, ...] = option("--routing", ROUTINGS)
+    edges: FleetEdges = option("--edges", FleetEdges.auto)
+    overload: float = option("--overload", DEFAULT_OVERLOAD)
+
+    def resolved(self, source) -> tuple[list[int], list[int]]:
+        """(fleet sizes, capacities): the options', else the trace's engines and their one pool size."""
+        from kmesh_trace.oracle.stream import pool_capacity
+
+        ns = list(self.engines) if self.engines is not None else [len(source.engines)]
+        if self.capacities is not None:
+            return ns, list(self.capacities)
+        usable = {m.get("num_usable_blocks") for m in source.engines.values()}
+        if len(usable) > 1:
+            raise KmeshTraceError(f"the trace's engines have different pools ({', '.join(map(str, sorted(usable, key=str)))} "
+                                  "usable blocks); pass --capacity-blocks N.")
+        return ns, [pool_capacity(None, usable.pop())]
+
+    def check(self, source) -> tuple[list[int], list[int]]:
+        """The resolved (fleet sizes, capacities), refused before any work when invalid or too large for memory."""
+        from kmesh_trace.resources import check_fits, fleet_bytes
+
+        ns, caps = self.resolved(source)
+        check_options(self.routings, ns, caps, self.overload)
+        given = (("--engines", self.engines), ("--capacity-blocks", self.capacities))
+        flags = " x ".join(f for f, v in given if v is not None)
+        check_fits(max(fleet_bytes(n, c) for n in ns for c in caps), flags or "--engines",
+                   "engine pools (and a global pool of engines x blocks)")
+        return ns, caps
+
+
+def run(source, options: FleetOptions, executor: Executor | None = None) -> FleetResult:
+    """Every routing of `options` at every (N, C), plus the global pools, over every engine partition of
+    `source` (a `TraceSource`): read once here, or on a remote executor by each task from its location."""
+    executor = executor or InProcess()
+    ns, caps = options.check(source)
+    workload = location_of(source) if executor.remote else Workload.from_trace(source, merged=True)
+    return sweep(workload, ns, caps, list(options.routings), overload=options.overload,
+                 edges=FleetEdges(options.edges).value, executor=executor)
+
+
+def sweep(source, engines: list[int], capacities: list[int], routings: list[str], *, overload: float,
+          edges: str, executor: Executor | None = None) -> FleetResult:
+    """Every routing at every (N, C), plus the global pools, as one task each on `executor` (default: here);
+    merged into a FleetResult. `source`: a Workload, or a location that each task reads."""
+    from kmesh_trace.oracle.tasks import fleet_run
+
+    check_options(routings, engines, capacities, overload)
+    runs = plan(engines, capacities, routings)
+    tasks = [Task(f"{p} with {n * c if p == GLOBAL else n} {'blocks' if p == GLOBAL else 'engines'}"
+                  + ("" if p == GLOBAL else f" of {c} blocks"), (source, p, n, c, overload, edges)) for p, n, c in runs]
+    return assemble((executor or InProcess()).map(fleet_run, tasks), engines, capacities, routings, overload)

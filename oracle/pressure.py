@@ -15,7 +15,7 @@ hold is released after that many child admissions, else after all the children t
 `inferred` uses exact-prefix edges given as `lineage` (child index -> parent index, e.g. the trace's
 lineage rows with edge_kind 'exact_prefix') or, when none are given, infers them from block hashes
 (`infer_exact_prefix_edges`); `content` uses the trace's content edges given as `lineage` (an importer's
-guess from text, e.g. `import lmcache-agent`; `trace_stream(..., edge_kind="content")` reads them).
+guess from text, e.g. `import lmcache-agent`; `Workload.lineage("content")` holds them).
 
 To predict a captured run: `res = what_if_trace("TRACE_DIR")` (the trace's block size, usable blocks,
 times and declared lineage); `res.stock.hit_tokens` / `res.held.hit_tokens` are the per-request hit

@@ -22,7 +22,7 @@ import numpy as np
 from kmesh_trace import schema
 from kmesh_trace.oracle.stream import AccessStream, RequestBlocks, check_block_size, engine_geometry, requests_from_rows
 
-__all__ = ["TraceSource", "Workload"]
+__all__ = ["TraceSource", "Workload", "location_of"]
 
 #: The invocation columns the loader reads (checked against the contract), plus the partition.
 COLUMNS = schema.INVOCATIONS.select(
@@ -124,7 +124,7 @@ class Workload:
         if engine is not None:
             lf = lf.filter(pl.col("engine") == engine)
         lf = lf.sort(order, nulls_last=True)
-        n, where = len(source.engines), _location(source)
+        n, where = len(source.engines), location_of(source)
         if not requests:
             stream = _column_stream(lf, block_size)
             if stream is not None:
@@ -137,7 +137,7 @@ class Workload:
                    num_partitions=n, engine=engine, location=where)
 
 
-def _location(source: TraceSource) -> str | None:
+def location_of(source: TraceSource) -> str | None:
     """The trace's directory or URL (`Trace.path`, `TraceParts.location`)."""
     where = getattr(source, "location", None) or getattr(source, "path", None)
     return None if where is None else str(where)
