@@ -59,6 +59,7 @@ class Workload:
     num_partitions: int = 1
     engine: str | None = None  # the partition it is of (None: the only one, or every one merged)
     location: str | None = None  # where it was read from, for tasks that read it themselves (`kmesh_trace.oracle.tasks`)
+    notes: list[str] = field(default_factory=list)  # what a reader must know about how it was built (scenarios)
     _families: dict = field(default_factory=dict, repr=False)  # fleet routing's family keys, per edge mode
 
     @property

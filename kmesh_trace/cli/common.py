@@ -262,9 +262,9 @@ def emit(output: Output, data: Any, *, rows: list[dict[str, Any]] | None = None,
 def _scenario_enum():
     from enum import Enum
 
-    from kmesh_trace.datasets.workloads import WORKLOADS
+    from kmesh_trace.datasets.workloads import SCENARIOS
 
-    return Enum("ScenarioName", {name.replace("-", "_"): name for name in WORKLOADS}, type=str)
+    return Enum("ScenarioName", {name.replace("-", "_"): name for name in SCENARIOS}, type=str)
 
 
 ScenarioName = _scenario_enum()
@@ -275,7 +275,7 @@ CapacityOption = Annotated[Optional[str], typer.Option(
 
 
 def build_scenario(scenario):
-    """The BuiltWorkload of a --scenario value, its notes printed on stderr."""
+    """The Workload of a --scenario value, its notes printed on stderr."""
     from kmesh_trace.datasets.workloads import get
 
     built = get(scenario.value).build()
@@ -287,10 +287,7 @@ def open_input(trace, scenario, engine: str | None, allow_incomplete: bool):
     """(the opened trace, None) for a TRACE argument, checked as every analysis checks it (requests, a
     complete capture), or (None, its Workload) for a --scenario; the trace stays open inside the block."""
     if scenario is not None:
-        from kmesh_trace.oracle.workload import Workload
-
-        built = build_scenario(scenario)
-        yield None, Workload(built.block_size, built.requests, num_usable_blocks=built.num_usable_blocks)
+        yield None, build_scenario(scenario)
         return
     from kmesh_trace.audit.capture import check_complete
     from kmesh_trace.trace import check_has_requests, open_trace
