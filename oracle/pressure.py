@@ -182,25 +182,22 @@ def infer_exact_prefix_edges(requests: list[RequestBlocks], block_size: int) -> 
     """child index -> parent index: the earlier request with the longest cached chain (its full prompt
     blocks, then the full generated blocks the stream identifies) that is a proper prefix of the
     child's full prompt blocks; the latest such request on ties. Block-granular: a parent's partial
-    tail block is not compared. Hashes are chained, so equal hashes at a position mean equal prefixes
-    (checked anyway on a match)."""
-    chains: list[list[int]] = []
-    by_end: dict[int, int] = {}  # last hash of a chain -> latest request whose chain ends there
+    tail block is not compared. The inference is `kmesh_trace.lineage.PrefixIndex`, the capture's own,
+    over chained block hashes (equal hashes at a position mean equal prefixes; checked anyway)."""
+    from kmesh_trace.lineage import PrefixIndex
+
+    index = PrefixIndex()
     edges: dict[int, int] = {}
     for r in requests:
         n_full = r.num_full_prompt_blocks(block_size)
         mine = r.prompt_hashes[:n_full]
-        for j in range(len(mine) - 2, -1, -1):
-            p = by_end.get(mine[j])
-            if p is not None and len(chains[p]) == j + 1 and chains[p] == mine[:j + 1]:
-                edges[r.index] = p
-                break
+        found = index.longest_prefix(mine, max_len=len(mine) - 1, latest=True)
+        if found is not None:
+            edges[r.index] = found[0]
         chain = list(mine)
         if len(chain) == n_full:
             chain += r.output_hashes
-        chains.append(chain)
-        if chain:
-            by_end[chain[-1]] = r.index
+        index.add(r.index, chain)
     return edges
 
 
