@@ -15,6 +15,7 @@ from collections import deque
 from typing import Any
 
 from kmesh_trace.lineage import ParentResolver, PrefixIndex, declared_edge
+from kmesh_trace.schema import EdgeKind
 
 #: The head length the index once filed sequences by (a shorter sequence was filed apart). `PrefixIndex`
 #: files by (length, last token) instead; tests/test_capture_units.py still builds its cases around it.
@@ -90,7 +91,7 @@ def edges_for(index: LineageIndex, row: dict[str, Any], parents: ParentResolver)
             "parent_request_id": found[0],
             "declared_parent_id": None,
             "family_id": row["family_id"],
-            "edge_kind": "exact_prefix",
+            "edge_kind": EdgeKind.exact_prefix.value,
             "num_shared_tokens": found[1],
         })
     return out

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
+from kmesh_trace.schema import EdgeKind, PressureEdges
 
 #: No fetch of any kind; inline styles and data: images only. A stray external reference is refused
 #: by the browser and shows as a console error (the report test looks for those).
@@ -346,11 +347,12 @@ def _pressure_edges(ctx: ReportContext) -> str:
     """The edges `pressure` can use here: declared when the trace declares parents, else the import's
     content edges when those are all it has, else exact-prefix edges inferred from block hashes."""
     if any(r.parent_index is not None for r in ctx.requests):
-        return "declared"
+        return PressureEdges.declared.value
     kinds = set()
     if ctx.trace.row_counts().get("lineage"):
         kinds = set(ctx.trace.scan("lineage").select("edge_kind").unique().collect().get_column("edge_kind").to_list())
-    return "content" if "content" in kinds and "exact_prefix" not in kinds else "inferred"
+    content, exact = EdgeKind.content.value, EdgeKind.exact_prefix.value
+    return (PressureEdges.content if content in kinds and exact not in kinds else PressureEdges.inferred).value
 
 
 def _sweep_capacities(ctx: ReportContext, at: int) -> list[int]:
@@ -417,14 +419,13 @@ def pressure_section(ctx: ReportContext) -> Section:
 
 
 def lineage_section(ctx: ReportContext) -> Section | None:
-    from kmesh_trace.oracle.lineage_report import lineage_report
+    from kmesh_trace.oracle import lineage_report as lr
     from kmesh_trace.plots import plot_lineage
 
     if not ctx.trace.row_counts().get("lineage"):
         return None
-    rep = lineage_report(ctx.trace, engine=ctx.engine)
-    if (note := _approximate(ctx)) is not None:
-        rep.notes.append(note)
+    options = lr.LineageOptions()
+    rep = lr.run(ctx.trace, options, ctx.engine, note=_approximate(ctx))
     d = rep.to_dict()
     keys = ["what", "count", "min", "p50", "p90", "max", "mean"]
     rows = [[label, *(d[key][k] for k in keys[1:])] for label, key in (
@@ -442,7 +443,7 @@ def lineage_section(ctx: ReportContext) -> Section | None:
             svg(lambda p: plot_lineage(rep, p)),
             table(keys, rows, id="lineage-distributions")]
     body += [paragraph(f"Note: {n}") for n in rep.notes]
-    return Section("Lineage", ctx.command("lineage"), d, body)
+    return Section("Lineage", ctx.command("lineage", options), d, body)
 
 
 def tiers_section(ctx: ReportContext) -> Section:
