@@ -189,6 +189,12 @@ class HeadroomOptions:
         elif {"belady", "belady-prefix"} & set(self.policies):
             check_fits(pool_bytes(max(self.capacities), vllm=False), "--capacity-blocks", "a Belady heap")
 
+    def check_executor(self, executor: Executor) -> None:
+        """A remote executor distributes the replays at given capacities only (a curve is one pass each)."""
+        if self.wants_curve and executor.remote:
+            raise KmeshTraceError("--ray distributes the replays at given capacities; add --capacity-blocks "
+                                  "(without --window).")
+
     def prefill_cost(self) -> PrefillCost | None:
         if self.tokens_per_s is None:
             return None
@@ -234,10 +240,8 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
         cost, fit = fitted.cost, fitted.report
     names = list(options.policies) if options.policies is not None else None
     caps = list(options.capacities) if options.capacities is not None else None
+    options.check_executor(executor)
     if options.wants_curve:  # a window: the curve's result, at the given capacities if any
-        if executor.remote:
-            raise KmeshTraceError("--ray distributes the replays at given capacities; add --capacity-blocks "
-                                  "(without --window).")
         bare = workload.requests is None
         res = headroom_curve(workload.requests, workload.block_size, policies=names, window=options.window,
                              num_usable_blocks=workload.num_usable_blocks, cost=cost, cost_fit=fit, executor=executor,

@@ -1,13 +1,14 @@
-"""The analyses cut into independent pieces, as task functions for `kmesh_trace.distributed.run_tasks`.
+"""The analyses cut into independent pieces, as task functions an `Executor` (kmesh_trace.oracle.executor) runs.
 
 Each function takes a *source*: a trace's location (a directory or a pyarrow filesystem URL), which a
-Ray task reads itself (`kmesh_trace.parts`), or the already-loaded input, which the in-process path
-passes so the trace is read once. A worker keeps the last input it read in memory, keyed by the exact
-parts it came from (path, size, modification time), so the pieces of one sweep that land on one
-worker read the trace once, and a rewritten trace is read again.
+Ray task reads itself (`kmesh_trace.parts`), or the loaded `Workload`, which the in-process path
+passes so the trace is read once (`workload_at` tells them apart; `task_source` picks what to send).
+A worker keeps the last input it read in memory, keyed by the exact parts it came from (path, size,
+modification time), so the pieces of one sweep that land on one worker read the trace once, and a
+rewritten trace is read again.
 
 - `fleet_run`: one routing policy (or the global pool) at one fleet size and capacity;
-- `headroom_points`: one engine's headroom policies at some capacities (a sweep point each);
+- `headroom_point`: one policy at one capacity over one engine's requests;
 - `pressure_point`: one engine's retention what-if at one capacity;
 - `tiers_point`: one engine's requests through one tier configuration.
 """

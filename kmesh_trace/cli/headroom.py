@@ -102,7 +102,8 @@ def headroom_cmd(
         w = w or Workload.from_trace(t, engine, requests=options.needs_requests)
         note = approximate_tokens_note(t) if t is not None else None
     executor = executor_for(processes, ray)
-    if options.wants_curve and not executor.remote:
+    options.check_executor(executor)
+    if options.wants_curve:
         with err.status("replaying") as status:
             res = hr.run(w, options, executor, fitted=fitted, note=note,
                          progress=lambda what: status.update(f"replaying: {what}"))
