@@ -2,8 +2,8 @@
 
 One run: the Mooncake conversation trace (../shared/datasets or $KMESH_DATASETS, or --src) imported into a temporary
 trace directory; a sweep of --routings x --engines x --capacities (plus the global pools) run by
-`kmesh_trace.oracle.tasks.fleet_sweep`, in this process (`ray=None`: the trace read once, then every
-run in turn) and as Ray tasks on a local cluster of --workers CPUs (each task reads the trace's parts
+`kmesh_trace.oracle.fleet.sweep`, in this process (`InProcess`: the trace read once, then every
+run in turn) and as Ray tasks (`OnRay`) on a local cluster of --workers CPUs (each task reads the trace's parts
 itself; a worker keeps what it read while the parts are unchanged). The arms alternate A B B A for
 --rounds pairs; the first Ray sweep on the fresh cluster (workers starting, importing, reading) is
 timed apart as `cold`. Every sweep's result must equal the in-process one, run for run.
@@ -81,8 +81,9 @@ def main() -> None:
 
     from kmesh_trace.datasets.importers.mooncake import import_mooncake
     from kmesh_trace.distributed import LOCAL_SYSTEM_CONFIG
-    from kmesh_trace.oracle.fleet import fleet_workload, plan, simulate_run
-    from kmesh_trace.oracle.tasks import fleet_sweep
+    from kmesh_trace.oracle.executor import InProcess, OnRay
+    from kmesh_trace.oracle.fleet import plan, simulate_run, sweep as fleet_sweep
+    from kmesh_trace.oracle.workload import Workload
     from kmesh_trace.parts import open_parts
 
     routings = args.routings.split(",")
@@ -95,7 +96,9 @@ def main() -> None:
         def sweep(ray_address):
             idle0, total0 = _cpu_jiffies()
             t = time.perf_counter()
-            res = fleet_sweep(trace, args.engines, args.capacities, routings, ray=ray_address, **opts)
+            executor = InProcess() if ray_address is None else OnRay(ray_address)
+            source = trace if executor.remote else Workload.from_trace(open_parts(trace), merged=True)
+            res = fleet_sweep(source, args.engines, args.capacities, routings, executor=executor, **opts)
             s = time.perf_counter() - t
             idle1, total1 = _cpu_jiffies()
             idle[ray_address is not None].append((idle1 - idle0) / max(total1 - total0, 1))
@@ -122,7 +125,7 @@ def main() -> None:
         from kmesh_trace.oracle.fleet import assemble
 
         runs = plan(args.engines, args.capacities, routings)
-        w = fleet_workload(open_parts(trace))
+        w = Workload.from_trace(open_parts(trace), merged=True)
         local_cpu = []
         for policy, n, c in runs:
             t = time.process_time()
@@ -138,7 +141,7 @@ def main() -> None:
         # Per-task figures for SCALING.md: one run of each policy at one point, in this process.
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         t = time.perf_counter()
-        w = fleet_workload(open_parts(trace))
+        w = Workload.from_trace(open_parts(trace), merged=True)
         read_s = time.perf_counter() - t
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         num_reads = sum(len(r.prompt_hashes) for r in w.requests)

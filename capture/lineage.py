@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from kmesh_trace.lineage import ParentResolver, declared_edge
+from kmesh_trace.lineage import ParentResolver, PrefixIndex, declared_edge
+from kmesh_trace.schema import EdgeKind
 
-#: Finished sequences are indexed by their first HEAD tokens (or all of them, when shorter).
+#: The head length the index once filed sequences by (a shorter sequence was filed apart). `PrefixIndex`
+#: files by (length, last token) instead; tests/test_capture_units.py still builds its cases around it.
 HEAD = 16
 
 
@@ -35,64 +37,36 @@ def _common_prefix_len(a: list[int], b: list[int]) -> int:
 
 
 class LineageIndex:
+    """The last `window` finished requests' prompt + output token ids, in a `PrefixIndex`."""
+
     def __init__(self, window: int):
         self.window = window
-        self._seq: dict[str, list[int]] = {}  # request id -> prompt + output token ids
+        self._index = PrefixIndex()  # request id -> prompt + output token ids
         self._finish: dict[str, int | None] = {}
-        self._by_head: dict[tuple, list[str]] = {}
-        self._short_lens: dict[int, int] = {}  # lengths < HEAD present in the index, with counts
         self._order: deque[str] = deque()
 
-    def _head(self, seq: list[int]) -> tuple:
-        return tuple(seq[:HEAD])
-
     def add(self, request_id: str, seq: list[int], finish_ns: int | None) -> None:
-        if request_id in self._seq:
+        if request_id in self._index:
             return
-        self._seq[request_id] = seq
+        self._index.add(request_id, seq)
         self._finish[request_id] = finish_ns
-        self._by_head.setdefault(self._head(seq), []).append(request_id)
-        if len(seq) < HEAD:
-            self._short_lens[len(seq)] = self._short_lens.get(len(seq), 0) + 1
         self._order.append(request_id)
         while len(self._order) > self.window:
-            self._forget(self._order.popleft())
-
-    def _forget(self, request_id: str) -> None:
-        seq = self._seq.pop(request_id)
-        self._finish.pop(request_id, None)
-        head = self._head(seq)
-        ids = self._by_head[head]
-        ids.remove(request_id)
-        if not ids:
-            del self._by_head[head]
-        if len(seq) < HEAD:
-            self._short_lens[len(seq)] -= 1
-            if not self._short_lens[len(seq)]:
-                del self._short_lens[len(seq)]
+            forgotten = self._order.popleft()
+            self._index.remove(forgotten)
+            self._finish.pop(forgotten, None)
 
     def sequence(self, request_id: str) -> list[int] | None:
-        return self._seq.get(request_id)
+        return self._index.get(request_id)
 
     def exact_prefix_parent(self, request_id: str, prompt: list[int], arrival_ns: int | None) -> tuple[str, int] | None:
         """The longest earlier-finished request whose prompt + output the prompt starts with."""
-        heads = [tuple(prompt[:HEAD])] if len(prompt) >= HEAD else []
-        heads += [tuple(prompt[:n]) for n in self._short_lens if n <= len(prompt)]
-        best: tuple[str, int] | None = None
-        for head in heads:
-            for rid in self._by_head.get(head, ()):
-                if rid == request_id:
-                    continue
-                seq = self._seq[rid]
-                n = len(seq)
-                if n == 0 or n > len(prompt) or (best is not None and n <= best[1]):
-                    continue
-                finish = self._finish.get(rid)
-                if arrival_ns is not None and finish is not None and finish > arrival_ns:
-                    continue
-                if prompt[:n] == seq:
-                    best = (rid, n)
-        return best
+
+        def finished_before(rid: str) -> bool:
+            finish = self._finish.get(rid)
+            return rid != request_id and (arrival_ns is None or finish is None or finish <= arrival_ns)
+
+        return self._index.longest_prefix(prompt, accept=finished_before)
 
 
 def edges_for(index: LineageIndex, row: dict[str, Any], parents: ParentResolver) -> list[dict[str, Any]]:
@@ -117,7 +91,7 @@ def edges_for(index: LineageIndex, row: dict[str, Any], parents: ParentResolver)
             "parent_request_id": found[0],
             "declared_parent_id": None,
             "family_id": row["family_id"],
-            "edge_kind": "exact_prefix",
+            "edge_kind": EdgeKind.exact_prefix.value,
             "num_shared_tokens": found[1],
         })
     return out

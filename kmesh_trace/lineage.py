@@ -167,3 +167,59 @@ def lineage_cycles(parent_of: dict) -> tuple[list, list[list]]:
         for x in path:
             state[x] = 2
     return self_parents, cycles
+
+
+class PrefixIndex:
+    """Exact-prefix inference, the one implementation: sequences (token ids, or chained block hashes) by
+    key, and for a query the longest indexed sequence it starts with.
+
+    The capture (`kmesh_trace.capture.lineage`) indexes each finished request's prompt + output token
+    ids; the analyses (`kmesh_trace.oracle.pressure.infer_exact_prefix_edges`) each request's cached
+    chain of block hashes. Sequences are filed under (length, last element), so a query looks at only
+    the lengths present and compares in full only the sequences that end as its own prefix does."""
+
+    def __init__(self) -> None:
+        self._seq: dict[Any, list] = {}
+        self._by_end: dict[tuple[int, Any], list] = {}  # (length, last element) -> keys, oldest first
+        self._lengths: dict[int, int] = {}  # length -> how many sequences have it
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._seq
+
+    def get(self, key: Any) -> list | None:
+        return self._seq.get(key)
+
+    def add(self, key: Any, seq: list) -> None:
+        """Index `seq` under `key` (an empty sequence is kept but never matches)."""
+        self._seq[key] = seq
+        if seq:
+            self._by_end.setdefault((len(seq), seq[-1]), []).append(key)
+            self._lengths[len(seq)] = self._lengths.get(len(seq), 0) + 1
+
+    def remove(self, key: Any) -> None:
+        seq = self._seq.pop(key)
+        if not seq:
+            return
+        end = (len(seq), seq[-1])
+        keys = self._by_end[end]
+        keys.remove(key)
+        if not keys:
+            del self._by_end[end]
+        self._lengths[len(seq)] -= 1
+        if not self._lengths[len(seq)]:
+            del self._lengths[len(seq)]
+
+    def longest_prefix(self, query: list, *, max_len: int | None = None, accept=None,
+                       latest: bool = False) -> tuple[Any, int] | None:
+        """(key, length) of the longest indexed sequence of at most `max_len` elements (default: the
+        query's) that `query` starts with and `accept(key)` allows; of equal ones, the oldest indexed
+        (`latest`: the newest)."""
+        limit = len(query) if max_len is None else min(max_len, len(query))
+        for n in sorted((n for n in self._lengths if n <= limit), reverse=True):
+            keys = self._by_end.get((n, query[n - 1]))
+            if not keys:
+                continue
+            for key in (reversed(keys) if latest else keys):
+                if (accept is None or accept(key)) and self._seq[key] == query[:n]:
+                    return key, n
+        return None

@@ -13,9 +13,9 @@ capture joins against vLLM's event stream; imported traces carry their own (re-c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from functools import lru_cache
 from typing import TYPE_CHECKING
-
 
 from kmesh_trace.errors import SchemaVersionError
 
@@ -134,7 +134,50 @@ INVOCATIONS = Table(
     ),
 )
 
-EDGE_KINDS = ("declared", "exact_prefix", "content")
+
+def edge_values(enum: type[Enum]) -> tuple[str, ...]:
+    """The values of one of the edge vocabularies below, in order."""
+    return tuple(m.value for m in enum)
+
+
+class EdgeKind(str, Enum):
+    """The lineage table's `edge_kind`: where a parent-child edge comes from."""
+
+    declared = "declared"  # from the caller, or the source's own structure
+    exact_prefix = "exact_prefix"  # the child's prompt starts with the parent's whole prompt + output
+    content = "content"  # an importer's guess from text
+
+
+EDGE_KINDS = edge_values(EdgeKind)
+
+
+class PressureEdges(str, Enum):
+    """Which edges the retention what-if (`kmesh-trace pressure --edges`) holds parents for.
+
+    `inferred` means exact-prefix edges, whatever their `EdgeSource`: the trace's exact_prefix
+    lineage rows when it has them (recorded from exact token ids), else inferred here from block hashes."""
+
+    declared = "declared"
+    inferred = "inferred"
+    content = "content"
+
+
+class EdgeSource(str, Enum):
+    """Where the edges of one what-if came from (the JSON's `edge_source`)."""
+
+    declared = "declared"  # each request's declared parent
+    lineage = "lineage"  # rows of the trace's lineage table (exact_prefix or content)
+    block_hashes = "block_hashes"  # exact-prefix edges inferred from the requests' block hashes
+
+
+class FleetEdges(str, Enum):
+    """The families `family` routing keeps together (`kmesh-trace fleet --edges`): declared lineage,
+    exact-prefix edges inferred from block hashes, or auto (declared when the trace declares any)."""
+
+    auto = "auto"
+    declared = "declared"
+    inferred = "inferred"
+
 
 LINEAGE = Table(
     "lineage",

@@ -34,69 +34,41 @@ one drops.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.blockpool import PoolReplay, PoolResult, simulate_pool
-from kmesh_trace.oracle.kv_stream import scan_invocations
-from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, requests_from_rows
+from kmesh_trace.oracle.executor import Executor, InProcess, Task
+from kmesh_trace.oracle.options import option
+from kmesh_trace.oracle.stream import RequestBlocks
+from kmesh_trace.oracle.workload import Workload, location_of
+from kmesh_trace.schema import FleetEdges, edge_values
 
 __all__ = ["DEFAULT_OVERLOAD", "EDGE_MODES", "GLOBAL", "ROUTINGS", "FleetPoint", "FleetResult", "FleetRun",
-           "FleetWorkload", "Routed", "fleet_workload", "route", "simulate_run", "assemble", "check_options"]
+           "FleetOptions", "Routed", "family_keys", "route", "run", "simulate_run", "sweep", "assemble", "check_options"]
 
 ROUTINGS = ("round-robin", "least-loaded", "family", "prefix-aware")
 GLOBAL = "global"
-EDGE_MODES = ("auto", "declared", "inferred")
+EDGE_MODES = edge_values(FleetEdges)
 DEFAULT_OVERLOAD = 1.25
 
-# The invocation columns the stream needs, plus the partition (the order of simultaneous arrivals).
-_COLUMNS = ("request_id", "caller_request_id", "seq", "family_id", "parent_id", "num_expected_children",
-            "num_prompt_tokens", "num_output_tokens", "prompt_token_ids", "output_token_ids",
-            "prompt_block_hashes", "arrival_ns", "finish_ns", "num_cached_tokens", "engine")
+
+def families(workload: Workload, edges: str = "auto") -> tuple[list[str], str]:
+    """(family key per request, where the families came from: declared or inferred), kept on the workload."""
+    if edges not in EDGE_MODES:
+        raise KmeshTraceError(f"unknown edge mode {edges!r}; use one of {', '.join(EDGE_MODES)}.")
+    if edges == "auto":
+        declared = any(r.family_id is not None or r.parent_index is not None for r in workload.requests)
+        edges = "declared" if declared else "inferred"
+    cache = workload._families
+    if edges not in cache:
+        cache[edges] = (family_keys(workload.requests, workload.block_size, edges), edges)
+    return cache[edges]
 
 
-# ---------------------------------------------------------------------------------------------------
-# The workload: every request of every engine partition, in arrival order
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class FleetWorkload:
-    block_size: int
-    requests: list[RequestBlocks]
-    num_usable_blocks: int | None = None  # the trace's per-engine pool, when every engine records the same
-    num_partitions: int = 1
-    _families: dict = field(default_factory=dict, repr=False)
-
-    @property
-    def timed(self) -> bool:
-        return bool(self.requests) and all(r.arrival_ns is not None and r.finish_ns is not None for r in self.requests)
-
-    def families(self, edges: str = "auto") -> tuple[list[str], str]:
-        """(family key per request, where the families came from: declared or inferred)."""
-        if edges not in EDGE_MODES:
-            raise KmeshTraceError(f"unknown edge mode {edges!r}; use one of {', '.join(EDGE_MODES)}.")
-        if edges == "auto":
-            declared = any(r.family_id is not None or r.parent_index is not None for r in self.requests)
-            edges = "declared" if declared else "inferred"
-        if edges not in self._families:
-            self._families[edges] = (_family_keys(self.requests, self.block_size, edges), edges)
-        return self._families[edges]
-
-
-def fleet_workload(trace) -> FleetWorkload:
-    """Every engine partition's invocations of an opened trace (`open_trace` or `kmesh_trace.parts.open_parts`),
-    merged in arrival order (simultaneous arrivals: by partition, then seq)."""
-    block_size = check_block_size(trace.block_size)
-    df = (scan_invocations(trace).select(_COLUMNS)  # a KV-events recording's are rebuilt from its events
-          .sort(["arrival_ns", "engine", "seq"], nulls_last=True).collect())
-    requests = requests_from_rows(df.iter_rows(named=True), block_size)
-    usable = {m.get("num_usable_blocks") for m in trace.engines.values()}
-    return FleetWorkload(block_size, requests, usable.pop() if len(usable) == 1 else None, len(trace.engines))
-
-
-def _family_keys(requests: Sequence[RequestBlocks], block_size: int, edges: str) -> list[str]:
+def family_keys(requests: Sequence[RequestBlocks], block_size: int, edges: str) -> list[str]:
+    """The family of each request: its declared family or the root of its `edges` tree."""
     if edges == "declared":
         parent = {i: r.parent_index for i, r in enumerate(requests) if r.parent_index is not None}
     else:
@@ -133,7 +105,7 @@ _Choose = Callable[[int, RequestBlocks], int]
 
 
 class _Fleet:
-    def __init__(self, workload: FleetWorkload, num_engines: int, capacity_blocks: int):
+    def __init__(self, workload: Workload, num_engines: int, capacity_blocks: int):
         self.timed = workload.timed
         self.replays = [PoolReplay([], workload.block_size, capacity_blocks, None, self.timed) for _ in range(num_engines)]
         self.routed = [0] * num_engines
@@ -156,7 +128,7 @@ def _least_loaded(fleet: _Fleet, workload, overload, edges) -> _Choose:
 
 
 def _family(fleet: _Fleet, workload, overload, edges) -> _Choose:
-    keys, _ = workload.families(edges)
+    keys, _ = families(workload, edges)
     home: dict[str, int] = {}
 
     def choose(i: int, r: RequestBlocks) -> int:
@@ -185,7 +157,7 @@ _ROUTERS = {"round-robin": _round_robin, "least-loaded": _least_loaded, "family"
             "prefix-aware": _prefix_aware}
 
 
-def route(workload: FleetWorkload, routing: str, num_engines: int, capacity_blocks: int, *,
+def route(workload: Workload, routing: str, num_engines: int, capacity_blocks: int, *,
           overload: float = DEFAULT_OVERLOAD, edges: str = "auto") -> Routed:
     """Route every request of `workload` to one of `num_engines` pools of `capacity_blocks`."""
     check_options([routing], [num_engines], [capacity_blocks], overload)
@@ -248,7 +220,7 @@ class FleetRun:
                 "num_not_admitted": self.num_not_admitted, "num_deferred": self.num_deferred}
 
 
-def simulate_run(workload: FleetWorkload, policy: str, num_engines: int, capacity_blocks: int, *,
+def simulate_run(workload: Workload, policy: str, num_engines: int, capacity_blocks: int, *,
                  overload: float = DEFAULT_OVERLOAD, edges: str = "auto") -> FleetRun:
     """One run: `policy` is a routing from ROUTINGS or `global`."""
     if policy == GLOBAL:
@@ -269,7 +241,7 @@ def simulate_run(workload: FleetWorkload, policy: str, num_engines: int, capacit
         num_evictions=sum(p.total_evictions for p in pools),
         num_not_admitted=sum(p.admitted.count(False) for p in pools),
         num_deferred=sum(p.num_deferred for p in pools), timed=workload.timed,
-        family_source=workload.families(edges)[1] if policy == "family" else None,
+        family_source=families(workload, edges)[1] if policy == "family" else None,
     )
 
 
@@ -328,6 +300,11 @@ class FleetResult:
                 "overload": self.overload, "family_source": self.family_source,
                 "points": [p.to_dict() for p in self.points], "notes": self.notes}
 
+    def rows(self) -> list[dict]:
+        """One row per run at each point: the table and the CSV."""
+        return [{"num_engines": p["num_engines"], "capacity_blocks": p["capacity_blocks"], **run}
+                for p in self.to_dict()["points"] for run in p["runs"]]
+
 
 def check_options(routings: Sequence[str], engines: Sequence[int], capacities: Sequence[int],
                   overload: float) -> None:
@@ -367,3 +344,67 @@ def assemble(runs: Sequence[FleetRun], engines: Sequence[int], capacities: Seque
     first = runs[0]
     family = next((r.family_source for r in runs if r.family_source is not None), None)
     return FleetResult(first.block_size, sum(first.num_requests_per_engine), first.timed, overload, family, points)
+
+
+# ---------------------------------------------------------------------------------------------------
+# One run of the analysis, as `kmesh-trace fleet` and the report's section run it
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    """What `kmesh-trace fleet` is asked (its flags name the fields; `kmesh_trace.oracle.options`)."""
+
+    engines: tuple[int, ...] | None = option("--engines")  # None: the trace's engine partitions
+    capacities: tuple[int, ...] | None = option("--capacity-blocks")  # None: the engines' usable blocks
+    routings: tuple[str, ...] = option("--routing", ROUTINGS)
+    edges: FleetEdges = option("--edges", FleetEdges.auto)
+    overload: float = option("--overload", DEFAULT_OVERLOAD)
+
+    def resolved(self, source) -> tuple[list[int], list[int]]:
+        """(fleet sizes, capacities): the options', else the trace's engines and their one pool size."""
+        from kmesh_trace.oracle.stream import pool_capacity
+
+        ns = list(self.engines) if self.engines is not None else [len(source.engines)]
+        if self.capacities is not None:
+            return ns, list(self.capacities)
+        usable = {m.get("num_usable_blocks") for m in source.engines.values()}
+        if len(usable) > 1:
+            raise KmeshTraceError(f"the trace's engines have different pools ({', '.join(map(str, sorted(usable, key=str)))} "
+                                  "usable blocks); pass --capacity-blocks N.")
+        return ns, [pool_capacity(None, usable.pop())]
+
+    def check(self, source) -> tuple[list[int], list[int]]:
+        """The resolved (fleet sizes, capacities), refused before any work when invalid or too large for memory."""
+        from kmesh_trace.resources import check_fits, fleet_bytes
+
+        ns, caps = self.resolved(source)
+        check_options(self.routings, ns, caps, self.overload)
+        given = (("--engines", self.engines), ("--capacity-blocks", self.capacities))
+        flags = " x ".join(f for f, v in given if v is not None)
+        check_fits(max(fleet_bytes(n, c) for n in ns for c in caps), flags or "--engines",
+                   "engine pools (and a global pool of engines x blocks)")
+        return ns, caps
+
+
+def run(source, options: FleetOptions, executor: Executor | None = None) -> FleetResult:
+    """Every routing of `options` at every (N, C), plus the global pools, over every engine partition of
+    `source` (a `TraceSource`): read once here, or on a remote executor by each task from its location."""
+    executor = executor or InProcess()
+    ns, caps = options.check(source)
+    workload = location_of(source) if executor.remote else Workload.from_trace(source, merged=True)
+    return sweep(workload, ns, caps, list(options.routings), overload=options.overload,
+                 edges=FleetEdges(options.edges).value, executor=executor)
+
+
+def sweep(source, engines: list[int], capacities: list[int], routings: list[str], *, overload: float,
+          edges: str, executor: Executor | None = None) -> FleetResult:
+    """Every routing at every (N, C), plus the global pools, as one task each on `executor` (default: here);
+    merged into a FleetResult. `source`: a Workload, or a location that each task reads."""
+    from kmesh_trace.oracle.tasks import fleet_run
+
+    check_options(routings, engines, capacities, overload)
+    runs = plan(engines, capacities, routings)
+    tasks = [Task(f"{p} with {n * c if p == GLOBAL else n} {'blocks' if p == GLOBAL else 'engines'}"
+                  + ("" if p == GLOBAL else f" of {c} blocks"), (source, p, n, c, overload, edges)) for p, n, c in runs]
+    return assemble((executor or InProcess()).map(fleet_run, tasks), engines, capacities, routings, overload)

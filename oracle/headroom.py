@@ -22,15 +22,18 @@ prompt block hash the trace lists (an import's partial last block included) is o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.oracle.policies import POLICIES, PolicyResult, Workload, get_policy
+from kmesh_trace.oracle.policies import POLICIES, PolicyResult, get_policy
 from kmesh_trace.oracle.policies.base import result_of
 from kmesh_trace.oracle.prefill_cost import PrefillCost
-from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, engine_geometry, pool_capacity, request_blocks
+from kmesh_trace.oracle.executor import Executor, InProcess, Task
+from kmesh_trace.oracle.options import option
+from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, pool_capacity
+from kmesh_trace.oracle.workload import Workload
 
 #: A bracket wider than this share of belady's hit tokens makes the headroom a range, not a number.
 WIDE_BRACKET = 0.05
@@ -50,6 +53,7 @@ class HeadroomResult:
     notes: list[str] = field(default_factory=list)
     bound: PolicyResult | None = None
     cost: PrefillCost | None = None  # when set, to_dict adds prefill seconds
+    note: str | None = None  # what a reader must know about the trace (approximate token ids)
 
     def bracket(self) -> dict | None:
         """[belady-prefix, belady] prefill tokens at the headroom capacity, when both were replayed there."""
@@ -80,7 +84,13 @@ class HeadroomResult:
             d["prefill_cost"] = self.cost.to_json()
             if self.stock is not None and self.bound is not None:
                 d["headroom_seconds"] = prefill_seconds(self.stock, self.cost) - prefill_seconds(self.bound, self.cost)
+        if self.note:
+            d["note"] = self.note
         return d
+
+    def rows(self) -> list[dict]:
+        """One row per (policy, capacity) replay: the table and the CSV."""
+        return self.to_dict()["results"]
 
 
 def prefill_seconds(result: PolicyResult, cost: PrefillCost) -> float:
@@ -91,9 +101,9 @@ def prefill_seconds(result: PolicyResult, cost: PrefillCost) -> float:
 def headroom(trace, capacities: Sequence[int] | None = None, policies: Sequence[str] | None = None, *,
              engine: str | None = None, simulate: Simulate | None = None) -> HeadroomResult:
     """Headroom of an opened trace (`kmesh_trace.trace.open_trace`)."""
-    block_size, num_usable_blocks = engine_geometry(trace, engine)
-    return headroom_of_requests(request_blocks(trace, engine), block_size, capacities, policies,
-                                num_usable_blocks=num_usable_blocks, simulate=simulate)
+    w = Workload.from_trace(trace, engine)
+    return headroom_of_requests(w.requests, w.block_size, capacities, policies, num_usable_blocks=w.num_usable_blocks,
+                                simulate=simulate)
 
 
 def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | None,
@@ -140,3 +150,114 @@ def _find(results: list[PolicyResult], policy: str, capacity: int) -> PolicyResu
     return next((r for r in results if r.policy == policy and r.capacity_blocks == capacity), None)
 
 
+
+
+# ---- one run of the analysis, as `kmesh-trace headroom` and the report's section run it ------------
+
+
+@dataclass(frozen=True)
+class HeadroomOptions:
+    """What `kmesh-trace headroom` is asked (its flags name the fields; `kmesh_trace.oracle.options`)."""
+
+    capacities: tuple[int, ...] | None = option("--capacity-blocks")  # None: the curve
+    policies: tuple[str, ...] | None = option("--policies")  # None: every one
+    curve: bool = option("--curve", False)
+    window: str = option("--window", "all")
+    tokens_per_s: float | None = option("--prefill-tokens-per-s")  # None: fitted to a capture's prefills
+    attention_factor: float = option("--attention-factor", 0.0)
+
+    @property
+    def wants_curve(self) -> bool:
+        """The curve's result: no capacities given, or a window (at the given capacities, if any)."""
+        return self.capacities is None or self.window != "all"
+
+    @property
+    def needs_requests(self) -> bool:
+        """A curve without vllm replays a bare access stream (no RequestBlocks)."""
+        return not (self.wants_curve and self.policies is not None and "vllm" not in self.policies)
+
+    def check(self) -> None:
+        """Refuse contradictory options, and pools too large for memory, before any work."""
+        from kmesh_trace.resources import check_fits, pool_bytes
+
+        if self.curve and self.capacities is not None:
+            raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
+        if self.capacities is None:
+            return
+        if self.policies is None or "vllm" in self.policies:
+            check_fits(pool_bytes(max(self.capacities)), "--capacity-blocks", "a vLLM pool model")
+        elif {"belady", "belady-prefix"} & set(self.policies):
+            check_fits(pool_bytes(max(self.capacities), vllm=False), "--capacity-blocks", "a Belady heap")
+
+    def check_executor(self, executor: Executor) -> None:
+        """A remote executor distributes the replays at given capacities only (a curve is one pass each)."""
+        if self.wants_curve and executor.remote:
+            raise KmeshTraceError("--ray distributes the replays at given capacities; add --capacity-blocks "
+                                  "(without --window).")
+
+    def prefill_cost(self) -> PrefillCost | None:
+        if self.tokens_per_s is None:
+            return None
+        return PrefillCost.from_throughput(self.tokens_per_s, attention_factor=self.attention_factor)
+
+
+@dataclass
+class FittedPrefill:
+    """The prefill cost fitted to a capture's measured prefills (`prefill_cost.usable_fit`)."""
+
+    cost: PrefillCost | None  # None: no fit, or the fit is not usable
+    fit: Any  # the FitReport, or None
+    why: str | None  # why there are no seconds
+
+    @property
+    def report(self) -> dict | None:
+        """The fit as the JSON gives it (without its points), with why it is unusable when it is."""
+        if self.fit is None:
+            return None
+        d = {k: v for k, v in self.fit.to_json().items() if k != "points"}
+        if self.why:
+            d["why_unusable"] = self.why
+        return d
+
+
+def fitted_prefill(trace, engine: str | None = None) -> FittedPrefill:
+    from kmesh_trace.oracle.prefill_cost import usable_fit
+
+    return FittedPrefill(*usable_fit(trace, engine))
+
+
+def run(workload: Workload, options: HeadroomOptions, executor: Executor | None = None, *,
+        fitted: FittedPrefill | None = None, progress=None, note: str | None = None):
+    """Headroom of `workload` as `options` ask: the CurveResult (no capacities, or a window), else the
+    HeadroomResult at the given capacities. `executor` runs the curve's grid replays (forked workers
+    share the workload) or, when remote (Ray), the replays at given capacities, one task per point
+    reading the trace itself. `fitted`: the trace's fitted prefill cost, used without a throughput."""
+    from kmesh_trace.oracle.headroom_curve import headroom_curve
+
+    executor = executor or InProcess()
+    cost, fit = options.prefill_cost(), None
+    if cost is None and fitted is not None:
+        cost, fit = fitted.cost, fitted.report
+    names = list(options.policies) if options.policies is not None else None
+    caps = list(options.capacities) if options.capacities is not None else None
+    options.check_executor(executor)
+    if options.wants_curve:  # a window: the curve's result, at the given capacities if any
+        bare = workload.requests is None
+        res = headroom_curve(workload.requests, workload.block_size, policies=names, window=options.window,
+                             num_usable_blocks=workload.num_usable_blocks, cost=cost, cost_fit=fit, executor=executor,
+                             progress=progress, stream=workload.stream if bare else None,
+                             stock_tokens=workload.stock_tokens if bare else None, grid=caps)
+        res.note = note
+        return res
+    simulate = None
+    if executor.remote:  # one task per (policy, capacity) point, each reading its own input
+        from kmesh_trace.oracle.tasks import headroom_point, task_source
+
+        source, engine = task_source(workload, executor), workload.engine
+        where = f"engine={engine}" if engine else "the trace"
+        simulate = lambda points: executor.map(  # noqa: E731
+            headroom_point, [Task(f"{where}: {p} at {c} blocks", (source, engine, p, c)) for p, c in points])
+    result = headroom_of_requests(workload.requests, workload.block_size, caps, names,
+                                  num_usable_blocks=workload.num_usable_blocks, simulate=simulate)
+    result.cost, result.note = cost, note
+    return result

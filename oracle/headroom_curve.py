@@ -16,7 +16,6 @@ infinite cache's hits, the bracket [belady-prefix, belady], and prefill seconds.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -25,6 +24,7 @@ import numpy as np
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.curves import CURVES, HitCurve
 from kmesh_trace.oracle.headroom import WIDE_BRACKET
+from kmesh_trace.oracle.executor import Executor, ForkPool, Task
 from kmesh_trace.oracle.policies import POLICIES, Workload, get_policy
 from kmesh_trace.oracle.policies.infinite import infinite_hits
 from kmesh_trace.oracle.prefill_cost import PrefillCost
@@ -72,6 +72,11 @@ class CurveResult:
     base_prefill_seconds: float | None = None  # with no cache
     ttft: dict[str, dict] = field(default_factory=dict)  # policy -> prefill-seconds quantiles at stock capacity
     notes: list[str] = field(default_factory=list)
+    note: str | None = None  # what a reader must know about the trace (approximate token ids)
+
+    def rows(self) -> list[dict]:
+        """One row per grid capacity: the table and the CSV."""
+        return self.along_grid()
 
     def prefill_tokens(self, hit_blocks) -> np.ndarray:
         return self.num_prompt_tokens - np.asarray(hit_blocks, np.int64) * self.block_size
@@ -153,6 +158,10 @@ class CurveResult:
             d["prefill_cost_fit"] = self.cost_fit
             d["no_cache_prefill_seconds"] = self.base_prefill_seconds
             d["ttft_estimate_seconds"] = self.ttft
+        if self.note:
+            d["note"] = self.note
+        if self.cost is None and self.cost_fit is not None:  # fitted, but not usable: say so in the JSON too
+            d["prefill_cost_fit"] = self.cost_fit
         return d
 
 
@@ -166,10 +175,11 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
                    policies: Sequence[str] | None = None, window: str = "all", num_usable_blocks: int | None = None,
                    cost: PrefillCost | None = None, cost_fit: dict | None = None, grid: Sequence[int] | None = None,
                    processes: int | None = None, progress=None, stream: AccessStream | None = None,
-                   stock_tokens: np.ndarray | None = None) -> CurveResult:
+                   stock_tokens: np.ndarray | None = None, executor: Executor | None = None) -> CurveResult:
     """Curves of `policies` over `requests` (arrival order), or over a bare `stream` (with the engine's
     measured hit tokens per request in `stock_tokens`, when known) for policies that need no requests
-    (every one but `vllm`); see the module docstring."""
+    (every one but `vllm`); see the module docstring. The grid replays run on `executor` (default:
+    `processes` forked workers)."""
     block_size = check_block_size(block_size)
     if window not in WINDOWS:
         raise KmeshTraceError(f"unknown window {window!r}; the windows are {', '.join(WINDOWS)}.")
@@ -201,7 +211,7 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
     for name in names:
         if name not in CURVES:
             step(f"{name} at {len(grid)} capacities")
-            per_request[name] = replay_grid(name, workload, grid, processes)
+            per_request[name] = replay_grid(name, workload, grid, processes, executor)
             curves[name] = PolicyCurve(name, False, np.asarray(grid, np.int64), per_request[name][:, start:].sum(axis=1))
 
     curves = {name: curves[name] for name in names}  # in the order asked for
@@ -266,30 +276,17 @@ def _quantiles(x: np.ndarray) -> dict:
 
 # ---- replaying a policy at many capacities, in parallel where cores allow ---------------------------
 
-_SHARED: Workload | None = None  # the workload a forked worker inherits
+
+def _replay_point(name: str, workload: Workload, cap: int) -> np.ndarray:
+    return POLICIES[name].simulate(workload, cap).hit_blocks_per_request
 
 
-def _replay_one(args: tuple[str, int]) -> np.ndarray:
-    name, cap = args
-    assert _SHARED is not None
-    return POLICIES[name].simulate(_SHARED, cap).hit_blocks_per_request
-
-
-def replay_grid(name: str, workload: Workload, capacities: Sequence[int], processes: int | None = None) -> np.ndarray:
-    """Per-request hit blocks of `name` at each capacity (rows): worker processes (fork) share the
-    workload when more than one core is free and the platform forks; else one after another."""
-    global _SHARED
-    procs = min(processes or os.cpu_count() or 1, len(capacities))
+def replay_grid(name: str, workload: Workload, capacities: Sequence[int], processes: int | None = None,
+                executor: Executor | None = None) -> np.ndarray:
+    """Per-request hit blocks of `name` at each capacity (rows), on `executor` (default: worker processes
+    forked when more than one core is free and the platform forks, sharing the workload; else one after
+    another)."""
     workload.stream  # built once, before any fork
-    import multiprocessing as mp
-
-    if procs > 1 and "fork" in mp.get_all_start_methods():
-        _SHARED = workload
-        try:
-            with mp.get_context("fork").Pool(procs) as pool:
-                rows = pool.map(_replay_one, [(name, int(c)) for c in capacities], chunksize=1)
-        finally:
-            _SHARED = None
-    else:
-        rows = [POLICIES[name].simulate(workload, int(c)).hit_blocks_per_request for c in capacities]
+    executor = executor or ForkPool(processes)
+    rows = executor.map(_replay_point, [Task(f"{name} at {int(c)} blocks", (name, workload, int(c))) for c in capacities])
     return np.vstack(rows) if rows else np.zeros((0, workload.stream.num_requests), np.int64)

@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.options import option
+from kmesh_trace.schema import EDGE_KINDS
 
-EDGE_ORDER = ("declared", "exact_prefix", "content")
+EDGE_ORDER = EDGE_KINDS  # the default edge kind: the first of these the trace has
 QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -298,3 +300,19 @@ def _shared_blocks(inv, child_idx: np.ndarray, par_idx: np.ndarray, block_size: 
         par = hv[hs[p]:hs[p] + min(full[p], he[p] - hs[p])]
         out[k] = _common_prefix(child, par)
     return out
+
+
+@dataclass(frozen=True)
+class LineageOptions:
+    """What `kmesh-trace lineage` is asked (its flags name the fields; `kmesh_trace.oracle.options`)."""
+
+    edges: str | None = option("--edges")  # an EdgeKind; None: the first kind the trace has (EDGE_ORDER)
+
+
+def run(trace, options: LineageOptions, engine: str | None = None, *, note: str | None = None) -> LineageReport:
+    """The lineage report `options` ask for, over engine `engine` (None: every one) of an opened trace;
+    `note`: what a reader must know about the trace (approximate token ids), kept among its notes."""
+    rep = lineage_report(trace, edge_kind=options.edges, engine=engine)
+    if note:
+        rep.notes.append(note)
+    return rep

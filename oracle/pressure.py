@@ -15,7 +15,7 @@ hold is released after that many child admissions, else after all the children t
 `inferred` uses exact-prefix edges given as `lineage` (child index -> parent index, e.g. the trace's
 lineage rows with edge_kind 'exact_prefix') or, when none are given, infers them from block hashes
 (`infer_exact_prefix_edges`); `content` uses the trace's content edges given as `lineage` (an importer's
-guess from text, e.g. `import lmcache-agent`; `trace_stream(..., edge_kind="content")` reads them).
+guess from text, e.g. `import lmcache-agent`; `Workload.lineage("content")` holds them).
 
 To predict a captured run: `res = what_if_trace("TRACE_DIR")` (the trace's block size, usable blocks,
 times and declared lineage); `res.stock.hit_tokens` / `res.held.hit_tokens` are the per-request hit
@@ -29,13 +29,16 @@ from pathlib import Path
 
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
 from kmesh_trace.oracle.blockpool import HoldPolicy, PoolResult, simulate_pool
-from kmesh_trace.oracle.stream import RequestBlocks, engine_geometry, pool_capacity, request_blocks
+from kmesh_trace.oracle.executor import Executor, InProcess, Task
+from kmesh_trace.oracle.options import option
+from kmesh_trace.oracle.stream import RequestBlocks, pool_capacity
+from kmesh_trace.oracle.workload import Workload
+from kmesh_trace.schema import EdgeKind, EdgeSource, PressureEdges, edge_values
 
-__all__ = ["FamilyRow", "PressureResult", "SweepPoint", "TraceStream", "what_if", "what_if_trace", "sweep",
-           "hold_policy", "infer_exact_prefix_edges", "trace_stream",
-           "sweep_point"]
+__all__ = ["FamilyRow", "PressureOptions", "PressureResult", "PressureSweep", "SweepPoint", "what_if", "what_if_trace",
+           "sweep", "hold_policy", "infer_exact_prefix_edges", "lineage_for", "run", "sweep_point"]
 
-EDGE_MODES = ("declared", "inferred", "content")
+EDGE_MODES = edge_values(PressureEdges)
 
 
 @dataclass
@@ -82,7 +85,8 @@ class PressureResult:
     families: list[FamilyRow]  # one per parent: its hold (the JSON's `holds`)
     request_ids: list[str] = field(default_factory=list)
     num_families: int = 0  # as `lineage` counts them (module docstring)
-    edge_source: str = "declared"  # declared (parent_index), lineage (given exact-prefix rows), block_hashes
+    edge_source: str = "declared"  # an EdgeSource: declared (parent_index), lineage (given rows), block_hashes
+    note: str | None = None  # what a reader must know about the trace (approximate token ids)
 
     def _arm(self, res: PoolResult) -> dict:
         children = set(self.child_indices)
@@ -156,6 +160,8 @@ class PressureResult:
         }
         if per_request:
             d["requests"] = self.per_request()
+        if self.note:
+            d["note"] = self.note
         return d
 
 
@@ -176,25 +182,22 @@ def infer_exact_prefix_edges(requests: list[RequestBlocks], block_size: int) -> 
     """child index -> parent index: the earlier request with the longest cached chain (its full prompt
     blocks, then the full generated blocks the stream identifies) that is a proper prefix of the
     child's full prompt blocks; the latest such request on ties. Block-granular: a parent's partial
-    tail block is not compared. Hashes are chained, so equal hashes at a position mean equal prefixes
-    (checked anyway on a match)."""
-    chains: list[list[int]] = []
-    by_end: dict[int, int] = {}  # last hash of a chain -> latest request whose chain ends there
+    tail block is not compared. The inference is `kmesh_trace.lineage.PrefixIndex`, the capture's own,
+    over chained block hashes (equal hashes at a position mean equal prefixes; checked anyway)."""
+    from kmesh_trace.lineage import PrefixIndex
+
+    index = PrefixIndex()
     edges: dict[int, int] = {}
     for r in requests:
         n_full = r.num_full_prompt_blocks(block_size)
         mine = r.prompt_hashes[:n_full]
-        for j in range(len(mine) - 2, -1, -1):
-            p = by_end.get(mine[j])
-            if p is not None and len(chains[p]) == j + 1 and chains[p] == mine[:j + 1]:
-                edges[r.index] = p
-                break
+        found = index.longest_prefix(mine, max_len=len(mine) - 1, latest=True)
+        if found is not None:
+            edges[r.index] = found[0]
         chain = list(mine)
         if len(chain) == n_full:
             chain += r.output_hashes
-        chains.append(chain)
-        if chain:
-            by_end[chain[-1]] = r.index
+        index.add(r.index, chain)
     return edges
 
 
@@ -219,21 +222,23 @@ def hold_policy(requests: list[RequestBlocks], edges: dict[int, int], *, expiry_
 
 def _edges(requests: list[RequestBlocks], mode: str, block_size: int,
            lineage: dict[int, int] | None) -> tuple[dict[int, int], str]:
+    """The edges of `mode` (a `PressureEdges`) and their `EdgeSource`: declared parents; for `content`,
+    the given lineage rows; for `inferred` (exact-prefix), the given lineage rows when there are any, else
+    the edges inferred from block hashes."""
     if mode not in EDGE_MODES:
         raise KmeshTraceError(f"Unknown edge mode {mode!r}; use one of {', '.join(EDGE_MODES)}.")
-    if mode == "declared":
-        edges, source = {r.index: r.parent_index for r in requests if r.parent_index is not None}, "declared"
-    elif mode == "content":
-        edges, source = dict(lineage or {}), "lineage"
-    elif lineage is not None:
-        edges, source = dict(lineage), "lineage"
+    if mode == PressureEdges.declared.value:
+        edges = {r.index: r.parent_index for r in requests if r.parent_index is not None}
+        source = EdgeSource.declared
+    elif mode == PressureEdges.content.value or lineage is not None:
+        edges, source = dict(lineage or {}), EdgeSource.lineage
     else:
-        edges, source = infer_exact_prefix_edges(requests, block_size), "block_hashes"
+        edges, source = infer_exact_prefix_edges(requests, block_size), EdgeSource.block_hashes
     for c, p in edges.items():
         if not 0 <= p < c < len(requests):
             raise KmeshTraceError(f"Edge {p} -> {c} does not point from an earlier request to a later one; "
                                   "check the trace's lineage.")
-    return edges, source
+    return edges, source.value
 
 
 def what_if(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks: int,
@@ -308,36 +313,18 @@ def sweep_point(r: PressureResult) -> SweepPoint:
                       r.stock.total_hit_tokens, r.held.total_hit_tokens)
 
 
-@dataclass
-class TraceStream:
-    """What the what-if needs from a trace: the stream, the pool's geometry, exact-prefix edges."""
-
-    requests: list[RequestBlocks]
-    block_size: int
-    num_usable_blocks: int | None
-    lineage: dict[int, int] | None  # the trace's exact_prefix edges; None when it has none
+def lineage_for(workload: Workload, edges: str) -> dict[int, int] | None:
+    """The trace's lineage edges that serve `edges`: its content rows for `content`, else its exact_prefix
+    rows (which `inferred` uses when the trace has them; `declared` ignores them)."""
+    kind = EdgeKind.content if edges == PressureEdges.content.value else EdgeKind.exact_prefix
+    return workload.lineage(kind.value)
 
 
-def trace_stream(trace, engine: str | None = None, edge_kind: str = "exact_prefix") -> TraceStream:
-    """Read an opened trace (`kmesh_trace.trace.open_trace`) for `what_if`; `lineage` holds its `edge_kind` edges."""
-    import polars as pl
-
+def check_has_requests(source, engine: str | None) -> None:
+    """One sentence for a KV-events recording: the what-if needs requests and lineage."""
     from kmesh_trace.oracle.kv_stream import refuse_without_requests
 
-    refuse_without_requests(trace, engine, "the retention what-if")
-    block_size, num_usable_blocks = engine_geometry(trace, engine)
-    reqs = request_blocks(trace, engine)
-    lf = trace.scan("lineage").filter(pl.col("edge_kind") == edge_kind)
-    if engine is not None:
-        lf = lf.filter(pl.col("engine") == engine)
-    rows = lf.select("child_request_id", "parent_request_id").collect()
-    index = {r.request_id: r.index for r in reqs}
-    lineage: dict[int, int] = {}
-    for child, parent in rows.iter_rows():
-        c, p = index.get(child), index.get(parent)
-        if c is not None and p is not None and p < c and p > lineage.get(c, -1):
-            lineage[c] = p  # several ancestors: the nearest one is the parent
-    return TraceStream(reqs, block_size, num_usable_blocks, lineage or None)
+    refuse_without_requests(source, engine, "the retention what-if")
 
 
 def what_if_trace(trace, *, engine: str | None = None, capacity_blocks: int | None = None, **kwargs) -> PressureResult:
@@ -348,9 +335,94 @@ def what_if_trace(trace, *, engine: str | None = None, capacity_blocks: int | No
 
     if isinstance(trace, (str, Path)):
         with open_trace(trace) as t:
-            ts = trace_stream(t, engine)
+            check_has_requests(t, engine)
+            w = Workload.from_trace(t, engine)
     else:
-        ts = trace_stream(trace, engine)
-    kwargs.setdefault("lineage", ts.lineage)
-    return what_if(ts.requests, block_size=ts.block_size,
-                   num_usable_blocks=pool_capacity(capacity_blocks, ts.num_usable_blocks), **kwargs)
+        check_has_requests(trace, engine)
+        w = Workload.from_trace(trace, engine)
+    kwargs.setdefault("lineage", w.lineage(EdgeKind.exact_prefix.value))
+    return what_if(w.requests, block_size=w.block_size,
+                   num_usable_blocks=pool_capacity(capacity_blocks, w.num_usable_blocks), **kwargs)
+
+
+# ---- one run of the analysis, as `kmesh-trace pressure` and the report's section run it ------------
+
+
+@dataclass(frozen=True)
+class PressureOptions:
+    """What `kmesh-trace pressure` is asked (its flags name the fields; `kmesh_trace.oracle.options`)."""
+
+    edges: PressureEdges = option("--edges", PressureEdges.declared)
+    capacities: tuple[int, ...] | None = option("--capacity-blocks")  # None: the trace's usable blocks
+    expiry_s: float | None = option("--expiry-s")
+    max_held_blocks: int | None = option("--max-held-blocks")
+    max_families: int | None = option("--max-families")
+    sweep: bool = option(None, False)  # a sweep table even at one capacity (several capacities always are)
+
+    def check(self, flag: str = "--capacity-blocks") -> None:
+        """Refuse pools too large for memory before any work (`flag`: the option that gave the capacities)."""
+        from kmesh_trace.resources import check_fits, pool_bytes
+
+        if self.capacities is not None:
+            check_fits(pool_bytes(max(self.capacities)), flag, "a vLLM pool model")
+
+    @property
+    def is_sweep(self) -> bool:
+        return self.capacities is not None and (len(self.capacities) > 1 or self.sweep)
+
+    def what_if_options(self) -> dict:
+        return dict(edges=PressureEdges(self.edges).value, expiry_s=self.expiry_s,
+                    max_held_blocks=self.max_held_blocks, max_families=self.max_families)
+
+
+@dataclass
+class PressureSweep:
+    """The what-if along the capacity axis (`to_dict` is the JSON of `kmesh-trace pressure` with several capacities)."""
+
+    block_size: int
+    edges: str
+    points: list[SweepPoint]
+    note: str | None = None  # what a reader must know about the trace (approximate token ids)
+
+    def to_dict(self) -> dict:
+        d = {"block_size": self.block_size, "edges": self.edges, "sweep": [p.to_dict() for p in self.points]}
+        if self.note:
+            d["note"] = self.note
+        return d
+
+    def rows(self) -> list[dict]:
+        return self.to_dict()["sweep"]
+
+
+def run(workload: Workload, options: PressureOptions, executor: Executor | None = None) -> PressureResult | PressureSweep:
+    """The what-if of `options` over `workload`: one PressureResult at one capacity (the trace's usable
+    blocks by default), or a PressureSweep; on a remote executor, one task per capacity reads the trace."""
+    from kmesh_trace.oracle.tasks import pressure_point, task_source
+
+    executor = executor or InProcess()
+    opts = options.what_if_options()
+    lineage = lineage_for(workload, opts["edges"])
+    caps = list(options.capacities) if options.is_sweep else [
+        pool_capacity(options.capacities[0] if options.capacities else None, workload.num_usable_blocks)]
+    whole = not options.is_sweep
+    if executor.remote:  # one task per capacity, each reading the engine's parts itself
+        source, engine = task_source(workload, executor), workload.engine
+        where = f"engine={engine}" if engine else "the trace"
+        results = executor.map(pressure_point, [Task(f"{where}: what-if at {c} blocks", (source, engine, c, opts, whole))
+                                                for c in caps])
+    elif whole:
+        results = [what_if(workload.requests, block_size=workload.block_size, num_usable_blocks=caps[0],
+                           lineage=lineage, **opts)]
+    else:
+        results = sweep(workload.requests, block_size=workload.block_size, capacities=caps, lineage=lineage, **opts)
+    return results[0] if whole else PressureSweep(workload.block_size, opts["edges"], results)
+
+
+def untimed_note(workload: Workload) -> str | None:
+    """Why the replay is sequential, when only some requests have arrival and finish times."""
+    reqs = workload.requests
+    num_timed = sum(r.arrival_ns is not None and r.finish_ns is not None for r in reqs)
+    if 0 < num_timed < len(reqs):
+        return (f"{len(reqs) - num_timed:,} of {len(reqs):,} requests lack arrival or finish times, so "
+                "the replay is sequential (each request freed before the next)")
+    return None

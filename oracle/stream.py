@@ -25,9 +25,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from kmesh_trace import schema
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
-from kmesh_trace.oracle.kv_stream import scan_invocations
 
 
 @dataclass(slots=True)
@@ -98,13 +96,6 @@ def token_block_hashes(prompt: Sequence[int], output: Sequence[int] | None, bloc
 
 
 # ---- building RequestBlocks ----------------------------------------------------------------------
-
-#: The invocation columns the stream reads (checked against the contract).
-_COLUMNS = schema.INVOCATIONS.select(
-    "request_id", "caller_request_id", "seq", "family_id", "parent_id", "num_expected_children", "num_prompt_tokens",
-    "num_output_tokens", "prompt_token_ids", "output_token_ids", "prompt_block_hashes", "arrival_ns", "finish_ns",
-    "num_cached_tokens")
-
 
 def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[RequestBlocks]:
     """RequestBlocks from invocation rows (dicts with contract column names), in the order given."""
@@ -201,56 +192,11 @@ def engine_geometry(trace, engine: str | None = None) -> tuple[int, int | None]:
 
 
 def request_blocks(trace, engine: str | None = None) -> list[RequestBlocks]:
-    """The trace's invocations as RequestBlocks, ordered by arrival_ns then seq; declared parents from
-    the trace's lineage (`kmesh_trace.lineage.declared_parents`)."""
-    import polars as pl
+    """`Workload.from_trace(trace, engine).requests` (kmesh_trace.oracle.workload), for callers that
+    want only the requests."""
+    from kmesh_trace.oracle.workload import Workload
 
-    from kmesh_trace.lineage import declared_parents
-
-    block_size, _ = engine_geometry(trace, engine)
-    lf = scan_invocations(trace, engine)  # a KV-events recording's are rebuilt from its events
-    if engine is not None:
-        lf = lf.filter(pl.col("engine") == engine)
-    df = lf.select(_COLUMNS).sort(["arrival_ns", "seq"], nulls_last=True).collect()
-    reqs = requests_from_rows(df.iter_rows(named=True), block_size)
-    set_declared_parents(reqs, {child: parent for (_, child), parent in declared_parents(trace, engine).items()})
-    return reqs
-
-
-def stream_of_trace(trace, engine: str | None = None) -> "tuple[AccessStream, np.ndarray | None]":
-    """The trace's AccessStream, and the engine's measured hit tokens per invocation when every one has
-    them (else None), ordered as `request_blocks` orders them. A trace whose invocations list block
-    hashes without token ids (imports) is flattened column-wise, without a RequestBlocks per
-    invocation; one with token ids goes through `request_blocks` (its blocks must be hashed)."""
-    import polars as pl
-    import pyarrow.compute as pc
-
-    block_size, _ = engine_geometry(trace, engine)
-    lf = scan_invocations(trace, engine)  # a KV-events recording's are rebuilt from its events
-    if engine is not None:
-        lf = lf.filter(pl.col("engine") == engine)
-    lf = lf.sort(["arrival_ns", "seq"], nulls_last=True)
-    cols = lf.select(pl.col("prompt_token_ids").is_not_null().any().alias("tokens"),
-                     pl.col("num_cached_tokens").is_not_null().all().alias("stock"),
-                     pl.col("prompt_block_hashes").is_null().any().alias("missing")).collect().row(0, named=True)
-    stock = None
-    if cols["stock"]:
-        stock = lf.select("num_cached_tokens").collect().to_series().to_numpy().astype(np.int64)
-    if cols["tokens"] or cols["missing"]:
-        return AccessStream.from_requests(request_blocks(trace, engine), block_size), stock
-    df = lf.select("num_prompt_tokens", "prompt_block_hashes").collect()
-    lists = df.to_arrow().column("prompt_block_hashes").combine_chunks()
-    num_reads = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
-    flat = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
-    prompt_tokens = df["num_prompt_tokens"].to_numpy().astype(np.int64)
-    n_full = np.minimum(num_reads, prompt_tokens // block_size)
-    n_elig = np.minimum(num_reads, np.maximum(prompt_tokens - 1, 0) // block_size)
-    pos = np.arange(len(flat), dtype=np.int64) - np.repeat(np.cumsum(num_reads) - num_reads, num_reads)
-    keep = pos < np.repeat(n_full, num_reads)
-    eligible = (pos < np.repeat(n_elig, num_reads))[keep]
-    req_start = np.zeros(len(num_reads) + 1, np.int64)
-    np.cumsum(n_full, out=req_start[1:])
-    return AccessStream.from_arrays(block_size, flat[keep], eligible, req_start, prompt_tokens, num_reads), stock
+    return list(Workload.from_trace(trace, engine).requests)
 
 
 # ---- the flat access stream ----------------------------------------------------------------------

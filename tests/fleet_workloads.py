@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from kmesh_trace.oracle.fleet import FleetWorkload
+from kmesh_trace.oracle.workload import Workload as FleetWorkload
 from kmesh_trace.oracle.stream import RequestBlocks
 from kmesh_trace.writer import TraceWriter
 

@@ -10,7 +10,7 @@ import pytest
 import typer
 
 from kmesh_trace.cli import app
-from kmesh_trace.datasets.workloads import WORKLOADS, get
+from kmesh_trace.datasets.workloads import SCENARIOS as WORKLOADS, get
 from kmesh_trace.errors import KmeshTraceError
 
 SCENARIO_COMMANDS = ["headroom", "pressure", "tiers"]

@@ -3,6 +3,7 @@ replay against simulate_pool, the global pool as the reference, the CLI and its 
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 
@@ -11,11 +12,14 @@ import pytest
 from fleet_workloads import BLOCK_SIZE, random_rows, req, workload, write_fleet_trace
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.blockpool import PoolReplay, simulate_pool
-from kmesh_trace.oracle.fleet import GLOBAL, ROUTINGS, fleet_workload, route, simulate_run
+from kmesh_trace.oracle.fleet import GLOBAL, ROUTINGS, route, simulate_run
+from kmesh_trace.oracle.fleet import sweep as fleet_sweep
 from kmesh_trace.oracle.stream import requests_from_rows
-from kmesh_trace.oracle.tasks import fleet_sweep
 from kmesh_trace.parts import open_parts
 from kmesh_trace.trace import open_trace
+from kmesh_trace.oracle.workload import Workload
+
+fleet_workload = functools.partial(Workload.from_trace, merged=True)  # every partition, as the fleet reads it
 
 
 # ---- the step-wise replay ---------------------------------------------------------------------

@@ -98,10 +98,11 @@ def test_one_pass_curves_equal_the_replays_at_sampled_capacities(mooncake):
 
 
 def test_column_wise_stream_equals_the_stream_of_request_blocks(mooncake):
-    from kmesh_trace.oracle.stream import stream_of_trace
+    from kmesh_trace.oracle.workload import Workload
 
     _, trace, _, w = mooncake
-    s, stock = stream_of_trace(trace)
+    flat = Workload.from_trace(trace, requests=False)  # hash-only: flattened column-wise, no RequestBlocks
+    s, stock = flat.stream, flat.stock_tokens
     assert stock is None
     for name in ("obj", "eligible", "next_use", "req_start", "num_prompt_tokens", "num_reads"):
         assert np.array_equal(getattr(s, name), getattr(w.stream, name)), name

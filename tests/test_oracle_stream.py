@@ -139,7 +139,8 @@ def test_a_child_finds_its_parents_generated_blocks():
 
 def test_engine_geometry_is_the_one_place_analyses_read_block_size_and_capacity(tmp_path):
     from kmesh_trace.oracle.headroom import headroom, headroom_of_requests
-    from kmesh_trace.oracle.pressure import trace_stream, what_if_trace
+    from kmesh_trace.oracle.pressure import what_if_trace
+    from kmesh_trace.oracle.workload import Workload
 
     for e, meta in (("e0", {"block_size": 2, "num_usable_blocks": 10}), ("e1", {}), ("e2", {"block_size": 4})):
         with TraceWriter(tmp_path / "t", e, meta) as w:
@@ -152,7 +153,7 @@ def test_engine_geometry_is_the_one_place_analyses_read_block_size_and_capacity(
     with pytest.raises(KmeshTraceError, match="the trace has no engine 'e9'; its engines are e0, e1, e2."):
         engine_geometry(t, "e9")
     no_block_size = r"^the trace has no block size; its engine metadata must give `block_size`\.$"
-    for analysis in (engine_geometry, request_blocks, trace_stream, lambda t, e: headroom(t, engine=e)):
+    for analysis in (engine_geometry, request_blocks, Workload.from_trace, lambda t, e: headroom(t, engine=e)):
         with pytest.raises(KmeshTraceError, match=no_block_size):
             analysis(t, "e1")
     with pytest.raises(KmeshTraceError, match=no_block_size):

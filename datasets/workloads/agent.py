@@ -118,14 +118,14 @@ def request_rows(plan: AgentWorkload, seed: int = 0) -> list[dict]:
 
 
 def _built(size: str):
-    from kmesh_trace.datasets.workloads import BuiltWorkload
     from kmesh_trace.oracle.stream import requests_from_rows
+    from kmesh_trace.oracle.workload import Workload
 
     plan = agent_workload(size=size)
-    return BuiltWorkload(requests_from_rows(request_rows(plan), plan.block_size), plan.block_size,
-                         plan.num_gpu_blocks - 1,
-                         ["the agent plan without an engine: parents' outputs are placeholders and requests run "
-                          "one after another; `kmesh-trace demo` captures the real run"])
+    return Workload(plan.block_size, requests_from_rows(request_rows(plan), plan.block_size),
+                    num_usable_blocks=plan.num_gpu_blocks - 1,
+                    notes=["the agent plan without an engine: parents' outputs are placeholders and requests run "
+                           "one after another; `kmesh-trace demo` captures the real run"])
 
 
 def full():

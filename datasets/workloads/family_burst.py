@@ -62,7 +62,7 @@ def built():
     then its children arrive together; the GPU pool holds every child and nothing competes."""
     from dataclasses import replace
 
-    from kmesh_trace.datasets.workloads import BuiltWorkload
+    from kmesh_trace.oracle.workload import Workload
 
     b = family_burst()
     n = len(b.ancestor_hashes) * b.block_size
@@ -70,6 +70,6 @@ def built():
                            prompt_hashes=list(b.ancestor_hashes), arrival_ns=0, finish_ns=500_000_000,
                            family_id="burst", num_expected_children=len(b.requests))
     children = [replace(r, index=r.index + 1, parent_index=0) for r in b.requests]
-    return BuiltWorkload([parent, *children], b.block_size, b.gpu_blocks + len(b.ancestor_hashes) + 1,
-                         [f"{b.kv_bytes_per_token:,} KV bytes per token; `tiers --scenario family-burst` stores the "
-                          "ancestor in the SSD tier and compares its arms"])
+    return Workload(b.block_size, [parent, *children], num_usable_blocks=b.gpu_blocks + len(b.ancestor_hashes) + 1,
+                    notes=[f"{b.kv_bytes_per_token:,} KV bytes per token; `tiers --scenario family-burst` stores the "
+                           "ancestor in the SSD tier and compares its arms"])

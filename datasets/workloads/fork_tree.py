@@ -76,9 +76,9 @@ def write_fork_tree(out: str | Path, *, num_usable_blocks: int = NUM_USABLE_BLOC
 
 
 def _built(aligned: bool):
-    from kmesh_trace.datasets.workloads import BuiltWorkload
+    from kmesh_trace.oracle.workload import Workload
 
-    return BuiltWorkload(fork_tree_requests(aligned=aligned), BLOCK_SIZE, NUM_USABLE_BLOCKS)
+    return Workload(BLOCK_SIZE, fork_tree_requests(aligned=aligned), num_usable_blocks=NUM_USABLE_BLOCKS)
 
 
 def aligned():

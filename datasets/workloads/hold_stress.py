@@ -106,10 +106,10 @@ def hold_stress(scale: int = 1, parent_output: list[int] | None = None, seed: in
 
 
 def _built(scale: int):
-    from kmesh_trace.datasets.workloads import BuiltWorkload
+    from kmesh_trace.oracle.workload import Workload
 
     sc = hold_stress(scale)
-    return BuiltWorkload(sc.request_blocks(), sc.block_size, sc.num_usable_blocks)
+    return Workload(sc.block_size, sc.request_blocks(), num_usable_blocks=sc.num_usable_blocks)
 
 
 def scale_1():

@@ -89,12 +89,12 @@ def run_demo(out_dir: str | os.PathLike, *, size: str = "full", progress: Progre
     plots = [str(plot_headroom(hr, out / f"headroom.{ext}")) for ext in ("png", "svg")]
 
     progress.stage("pressure")
-    from kmesh_trace.oracle.pressure import sweep, trace_stream, what_if
+    from kmesh_trace.oracle.pressure import PressureOptions, run
+    from kmesh_trace.oracle.workload import Workload
 
-    ts = trace_stream(trace)
-    pr = what_if(ts.requests, block_size=ts.block_size, num_usable_blocks=int(usable), edges="declared")
-    report["pressure"] = pr.to_dict()
-    points = sweep(ts.requests, block_size=ts.block_size, capacities=capacities, edges="declared")
+    ts = Workload.from_trace(trace)
+    report["pressure"] = run(ts, PressureOptions(capacities=(int(usable),))).to_dict()
+    points = run(ts, PressureOptions(capacities=tuple(capacities), sweep=True)).points
     report["pressure_sweep"] = [p.to_dict() for p in points]
     from kmesh_trace.apps.plots import plot_pressure_sweep
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import html
 import json
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -39,6 +39,7 @@ import jinja2
 from markupsafe import Markup
 
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
+from kmesh_trace.schema import EdgeKind, PressureEdges
 
 #: No fetch of any kind; inline styles and data: images only. A stray external reference is refused
 #: by the browser and shows as a console error (the report test looks for those).
@@ -61,8 +62,13 @@ class ReportContext:
     def engine_flag(self) -> str:
         return f" --engine {self.engine}" if self.engine else ""
 
-    def command(self, name: str, options: str = "") -> str:
-        return f"kmesh-trace {name} {self.trace_arg}{options}{self.engine_flag()} --json"
+    def command(self, name: str, options: Any = "") -> str:
+        """The command line that reproduces a section: `options` is an analysis' options object (its flags
+        derived by `kmesh_trace.oracle.options.flags`) or the flags as text."""
+        from kmesh_trace.oracle.options import flags
+
+        text = options if isinstance(options, str) else flags(options)
+        return f"kmesh-trace {name} {self.trace_arg}{text}{self.engine_flag()} --json"
 
     @cached_property
     def geometry(self) -> tuple[int, int | None]:
@@ -71,17 +77,28 @@ class ReportContext:
         return engine_geometry(self.trace, self.engine)
 
     @cached_property
-    def requests(self):
-        from kmesh_trace.oracle.stream import request_blocks
+    def workload(self):
+        """The engine's Workload (`kmesh_trace.oracle.workload`), read once for every section."""
+        from kmesh_trace.oracle.workload import Workload
 
-        return request_blocks(self.trace, self.engine)
+        return Workload.from_trace(self.trace, self.engine)
+
+    @property
+    def requests(self):
+        return self.workload.requests
 
     @cached_property
-    def prefill(self):
-        """(cost or None, fit report or None, why there are no seconds or None), as headroom and tiers fit it."""
-        from kmesh_trace.oracle.prefill_cost import usable_fit
+    def fitted(self):
+        """The prefill cost fitted to the capture, as headroom and tiers fit it (`oracle.headroom.FittedPrefill`)."""
+        from kmesh_trace.oracle.headroom import fitted_prefill
 
-        return usable_fit(self.trace, self.engine)
+        return fitted_prefill(self.trace, self.engine)
+
+    @property
+    def prefill(self):
+        """(cost or None, fit report or None, why there are no seconds or None)."""
+        f = self.fitted
+        return f.cost, f.fit, f.why
 
     @property
     def meta(self) -> dict:
@@ -257,29 +274,17 @@ def audit_section(ctx: ReportContext) -> Section:
     return Section("Audit verdicts", f"kmesh-trace audit capture {ctx.trace_arg} --json", d, body)
 
 
-def _caps_flag(caps: Sequence[int] | None) -> str:
-    return f" --capacity-blocks {','.join(map(str, caps))}" if caps else ""
-
-
 def headroom_section(ctx: ReportContext) -> Section:
     if ctx.capacities:
         return _headroom_at(ctx)
-    from kmesh_trace.oracle.headroom_curve import headroom_curve
+    from kmesh_trace.oracle import headroom as hr
+    from kmesh_trace.oracle.executor import executor_for
     from kmesh_trace.apps.plots import plot_headroom_curve
 
-    block_size, usable = ctx.geometry
-    cost, fit, why = ctx.prefill
-    fit_d = None
-    if fit is not None:
-        fit_d = {k: v for k, v in fit.to_json().items() if k != "points"}
-        if why:
-            fit_d["why_unusable"] = why
-    res = ctx.curve = headroom_curve(ctx.requests, block_size, num_usable_blocks=usable, cost=cost, cost_fit=fit_d)
+    options = hr.HeadroomOptions()
+    res = ctx.curve = hr.run(ctx.workload, options, executor_for(), fitted=ctx.fitted, note=_approximate(ctx))
     d = res.to_dict()
-    if cost is None and fit_d is not None:  # as the command: the unusable fit stays in the JSON
-        d["prefill_cost_fit"] = fit_d
-    if (note := _approximate(ctx)) is not None:
-        d["note"] = note
+    cost, why = res.cost, ctx.fitted.why
     rows = res.along_grid()
     pols = list(res.curves)
     keys = ["capacity_blocks", *(f"{p}.hit_ratio" for p in pols), "headroom_tokens", "bracket_width_tokens"]
@@ -317,7 +322,7 @@ def headroom_section(ctx: ReportContext) -> Section:
         body.append(hint(f"No prefill seconds: {why}:", "headroom", "--prefill-tokens-per-s",
                          f"kmesh-trace headroom {ctx.trace_arg} --prefill-tokens-per-s 20000"))
     body += [paragraph(f"Note: {n}") for n in res.notes]
-    return Section("Headroom", ctx.command("headroom"), d, body)
+    return Section("Headroom", ctx.command("headroom", options), d, body)
 
 
 def _approximate(ctx: ReportContext) -> str | None:
@@ -328,10 +333,11 @@ def _approximate(ctx: ReportContext) -> str | None:
 
 def _headroom_at(ctx: ReportContext) -> Section:
     """Headroom at the capacities the user gave: one row per capacity, one column per policy (as the CLI)."""
-    from kmesh_trace.oracle.headroom import headroom
+    from kmesh_trace.oracle import headroom as hr
     from kmesh_trace.apps.plots import plot_headroom
 
-    result = headroom(ctx.trace, ctx.capacities, engine=ctx.engine)
+    options = hr.HeadroomOptions(capacities=tuple(ctx.capacities))
+    result = hr.run(ctx.workload, options)
     d = result.to_dict()
     pols = list(dict.fromkeys(r["policy"] for r in d["results"]))
     caps = sorted({r["capacity_blocks"] for r in d["results"]})
@@ -344,18 +350,19 @@ def _headroom_at(ctx: ReportContext) -> Section:
         body.append(paragraph(f"Headroom: {d['headroom_tokens']:,} prefill tokens at {d['headroom_capacity_blocks']:,} "
                               f"blocks (stock from {d['stock_source']} minus belady)."))
     body += [paragraph(f"Note: {n}") for n in result.notes]
-    return Section("Headroom", ctx.command("headroom", _caps_flag(ctx.capacities)), d, body)
+    return Section("Headroom", ctx.command("headroom", options), d, body)
 
 
 def _pressure_edges(ctx: ReportContext) -> str:
     """The edges `pressure` can use here: declared when the trace declares parents, else the import's
     content edges when those are all it has, else exact-prefix edges inferred from block hashes."""
     if any(r.parent_index is not None for r in ctx.requests):
-        return "declared"
+        return PressureEdges.declared.value
     kinds = set()
     if ctx.trace.row_counts().get("lineage"):
         kinds = set(ctx.trace.scan("lineage").select("edge_kind").unique().collect().get_column("edge_kind").to_list())
-    return "content" if "content" in kinds and "exact_prefix" not in kinds else "inferred"
+    content, exact = EdgeKind.content.value, EdgeKind.exact_prefix.value
+    return (PressureEdges.content if content in kinds and exact not in kinds else PressureEdges.inferred).value
 
 
 def _sweep_capacities(ctx: ReportContext, at: int) -> list[int]:
@@ -369,19 +376,17 @@ def _sweep_capacities(ctx: ReportContext, at: int) -> list[int]:
 
 
 def pressure_section(ctx: ReportContext) -> Section:
-    from kmesh_trace.oracle.pressure import sweep, trace_stream, what_if
+    from kmesh_trace.oracle import pressure as pr
     from kmesh_trace.apps.plots import plot_pressure_sweep
 
     edges = _pressure_edges(ctx)
-    ts = trace_stream(ctx.trace, ctx.engine, "content" if edges == "content" else "exact_prefix")
+    pr.check_has_requests(ctx.trace, ctx.engine)
+    w = ctx.workload
     usable, where = ctx.pool_blocks()
-    res = what_if(ts.requests, block_size=ts.block_size, num_usable_blocks=usable, edges=edges, lineage=ts.lineage)
+    options = pr.PressureOptions(pr.PressureEdges(edges), None if w.num_usable_blocks else (usable,))
+    res = pr.run(w, options)
+    res.note = note = _approximate(ctx)
     d = res.to_dict()
-    note = _approximate(ctx)
-    if note:
-        d["note"] = note
-    edge_flag = "" if edges == "declared" else f" --edges {edges}"
-    cap_flag = "" if ts.num_usable_blocks else f" --capacity-blocks {usable}"
     arm_keys = ["child_hit_tokens", "other_hit_tokens", "hit_tokens", "prefill_tokens", "evictions"]
     body = [howto([("hold", "an extra reference on a family's ancestor blocks, taken when the parent finishes and "
                             "released when its children have been admitted (or on expiry)."),
@@ -407,31 +412,30 @@ def pressure_section(ctx: ReportContext) -> Section:
                       f"of other requests: net {d['net_cached_tokens']:,} cached tokens, over {d['num_families']:,} "
                       f"families and {d['num_parents']:,} parents.")]
     data: dict[str, Any] = {"at_capacity": d}
-    command = ctx.command("pressure", f"{edge_flag}{cap_flag}")
+    command = ctx.command("pressure", options)
     caps = _sweep_capacities(ctx, usable)
     if len(caps) > 1:
-        points = sweep(ts.requests, block_size=ts.block_size, capacities=caps, edges=edges, lineage=ts.lineage)
-        data["sweep"] = {"block_size": ts.block_size, "edges": edges, "sweep": [p.to_dict() for p in points]}
-        if note:
-            data["sweep"]["note"] = note
+        along = replace(options, capacities=tuple(caps))
+        swept = pr.run(w, along)
+        swept.note, points = note, swept.points
+        data["sweep"] = swept.to_dict()
         keys = ["capacity_blocks", "stock_hit_tokens", "held_hit_tokens", "saved_child_tokens", "displaced_hit_tokens",
                 "net_cached_tokens"]
-        body += [svg(lambda p: plot_pressure_sweep(points, p, ts.block_size)),
+        body += [svg(lambda p: plot_pressure_sweep(points, p, w.block_size)),
                  table(["capacity", "stock_hits", "held_hits", "saved", "displaced", "net"],
                        [[s[k] for k in keys] for s in data["sweep"]["sweep"]], id="pressure-sweep", keys=keys)]
-        command += "; " + ctx.command("pressure", f"{edge_flag}{_caps_flag(caps)}")
+        command += "; " + ctx.command("pressure", along)
     return Section("Retention pressure", command, data, body)
 
 
 def lineage_section(ctx: ReportContext) -> Section | None:
-    from kmesh_trace.oracle.lineage_report import lineage_report
+    from kmesh_trace.oracle import lineage_report as lr
     from kmesh_trace.apps.plots import plot_lineage
 
     if not ctx.trace.row_counts().get("lineage"):
         return None
-    rep = lineage_report(ctx.trace, engine=ctx.engine)
-    if (note := _approximate(ctx)) is not None:
-        rep.notes.append(note)
+    options = lr.LineageOptions()
+    rep = lr.run(ctx.trace, options, ctx.engine, note=_approximate(ctx))
     d = rep.to_dict()
     keys = ["what", "count", "min", "p50", "p90", "max", "mean"]
     rows = [[label, *(d[key][k] for k in keys[1:])] for label, key in (
@@ -449,7 +453,7 @@ def lineage_section(ctx: ReportContext) -> Section | None:
             svg(lambda p: plot_lineage(rep, p)),
             table(keys, rows, id="lineage-distributions")]
     body += [paragraph(f"Note: {n}") for n in rep.notes]
-    return Section("Lineage", ctx.command("lineage"), d, body)
+    return Section("Lineage", ctx.command("lineage", options), d, body)
 
 
 def tiers_section(ctx: ReportContext) -> Section:
@@ -499,8 +503,8 @@ FLEET_ENGINES = (2, 4, 8)
 def fleet_section(ctx: ReportContext) -> Section | None:
     """Routing over N engines against one global pool: shown when the trace has several engines, or
     families a family-aware router could keep together."""
-    from kmesh_trace.oracle.fleet import DEFAULT_OVERLOAD, ROUTINGS
-    from kmesh_trace.oracle.tasks import fleet_sweep
+    from kmesh_trace.oracle import fleet
+    from kmesh_trace.oracle.options import flags
     from kmesh_trace.apps.plots import plot_fleet
 
     several = len(ctx.trace.engines) > 1
@@ -516,7 +520,8 @@ def fleet_section(ctx: ReportContext) -> Section | None:
     # A line, not a point: the trace's engines at a few capacities, or one engine's requests over 2..8 engines.
     ns = [len(ctx.trace.engines)] if several else list(FLEET_ENGINES)
     caps = sorted({max(cap // 4, 1), max(cap // 2, 1), cap, 2 * cap}) if several else [cap]
-    result = fleet_sweep(str(ctx.trace.path), ns, caps, list(ROUTINGS), overload=DEFAULT_OVERLOAD, edges="auto")
+    options = fleet.FleetOptions(None if several else tuple(ns), tuple(caps))
+    result = fleet.run(ctx.trace, options)
     d = result.to_dict()
     keys = ["num_engines", "capacity_blocks", "policy", "hit_ratio", "prefill_tokens", "load_imbalance", "gap_tokens",
             "gap_closed"]
@@ -534,8 +539,7 @@ def fleet_section(ctx: ReportContext) -> Section | None:
             table(["engines", "blocks each", "policy", "hit ratio", "prefill", "max/mean requests", "gap", "closed"],
                   rows, id="fleet-runs", keys=keys)]
     body += [paragraph(f"Note: {note}") for note in d["notes"]]
-    engines_flag = "" if several else f" --engines {','.join(map(str, ns))}"
-    command = f"kmesh-trace fleet {ctx.trace_arg}{engines_flag} --capacity-blocks {','.join(map(str, caps))} --json"
+    command = f"kmesh-trace fleet {ctx.trace_arg}{flags(options)} --json"
     return Section("Fleet", command, d, body)
 
 

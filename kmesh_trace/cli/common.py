@@ -43,6 +43,7 @@ import inspect
 import json
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
@@ -261,9 +262,9 @@ def emit(output: Output, data: Any, *, rows: list[dict[str, Any]] | None = None,
 def _scenario_enum():
     from enum import Enum
 
-    from kmesh_trace.datasets.workloads import WORKLOADS
+    from kmesh_trace.datasets.workloads import SCENARIOS
 
-    return Enum("ScenarioName", {name.replace("-", "_"): name for name in WORKLOADS}, type=str)
+    return Enum("ScenarioName", {name.replace("-", "_"): name for name in SCENARIOS}, type=str)
 
 
 ScenarioName = _scenario_enum()
@@ -274,13 +275,42 @@ CapacityOption = Annotated[Optional[str], typer.Option(
 
 
 def build_scenario(scenario):
-    """The BuiltWorkload of a --scenario value, its notes printed on stderr."""
+    """The Workload of a --scenario value, its notes printed on stderr."""
     from kmesh_trace.datasets.workloads import get
 
     built = get(scenario.value).build()
     for note in built.notes:
         err.print(f"note: {scenario.value}: {note}", markup=False, highlight=False)
     return built
+@contextmanager
+def open_input(trace, scenario, engine: str | None, allow_incomplete: bool):
+    """(the opened trace, None) for a TRACE argument, checked as every analysis checks it (requests, a
+    complete capture), or (None, its Workload) for a --scenario; the trace stays open inside the block."""
+    if scenario is not None:
+        yield None, build_scenario(scenario)
+        return
+    from kmesh_trace.audit.capture import check_complete
+    from kmesh_trace.trace import check_has_requests, open_trace
+
+    with open_trace(trace) as t:
+        check_has_requests(t)
+        check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
+        yield t, None
+
+
+@contextmanager
+def progress_of(executor, label: str, *, always: bool = False):
+    """A progress bar advancing as `executor`'s tasks complete: for remote (Ray) tasks, or `always`."""
+    if not (always or executor.remote):
+        yield
+        return
+    with progress() as bar:
+        tid = bar.add_task(label, total=None)
+        executor.on_start = lambda n: bar.update(tid, total=n)
+        executor.on_done = lambda task: bar.advance(tid)
+        yield
+
+
 def approximate_tokens_note(trace) -> str | None:
     """Say on stderr (and return) that a trace's token ids are an importer's approximation, when they are."""
     from kmesh_trace.trace import approximate_tokens

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
 from kmesh_trace.cli.display import Table
 
-from kmesh_trace.cli.common import Output, check_plot_option, emit, err, handles_errors, out, output_options, parse_ints, progress
+from kmesh_trace.cli.common import (Output, check_plot_option, emit, err, handles_errors, out, output_options, parse_ints,
+                                    progress_of)
 from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.executor import InProcess, OnRay
+from kmesh_trace.schema import FleetEdges
 from kmesh_trace.values import finite_float
-
-
-class Edges(str, Enum):
-    auto = "auto"
-    declared = "declared"
-    inferred = "inferred"
 
 
 def register(app: typer.Typer) -> None:
@@ -37,8 +33,8 @@ def fleet_cmd(
     routing: str = typer.Option(
         "round-robin,least-loaded,family,prefix-aware", "--routing",
         help="Routing policies, comma-separated, from: round-robin, least-loaded, family, prefix-aware."),
-    edges: Edges = typer.Option(
-        Edges.auto, "--edges", help="Families for `family` routing: declared lineage, inferred exact-prefix "
+    edges: FleetEdges = typer.Option(
+        FleetEdges.auto, "--edges", help="Families for `family` routing: declared lineage, inferred exact-prefix "
                                     "edges, or auto (declared when the trace declares any)."),
     overload: float = typer.Option(
         1.25, "--overload", parser=finite_float(0, 1e6, lo_open=True), help="prefix-aware skips an engine whose load exceeds this multiple of the mean load (+1)."),
@@ -47,15 +43,13 @@ def fleet_cmd(
     output: Output = None,
 ) -> None:
     """Hit ratio, prefill tokens and load imbalance of each routing policy, and its gap to a global pool."""
-    from kmesh_trace.oracle.fleet import ROUTINGS, check_options
-    from kmesh_trace.oracle.stream import pool_capacity
-    from kmesh_trace.oracle.tasks import fleet_sweep
+    from kmesh_trace.oracle import fleet
     from kmesh_trace.parts import open_parts
     from kmesh_trace.apps.plots import plot_fleet
 
-    routings = [r.strip() for r in routing.split(",") if r.strip()]
+    routings = tuple(r.strip() for r in routing.split(",") if r.strip())
     if not routings:
-        raise KmeshTraceError(f"--routing needs at least one policy from: {', '.join(ROUTINGS)}.")
+        raise KmeshTraceError(f"--routing needs at least one policy from: {', '.join(fleet.ROUTINGS)}.")
     check_plot_option(plot, [trace])
     check_ray_option(ray)
     parts = open_parts(trace)  # metadata only: the tasks (or the one read below) read the parts
@@ -64,34 +58,19 @@ def fleet_cmd(
     if not parts.parts("invocations") and not parts.parts("block_events"):  # a KV-events recording has only events
         raise KmeshTraceError(f"{trace} has no requests (its invocations table is empty and it holds no block events); "
                               "there are no requests to route.")
-    ns = parse_ints(engines, "--engines") if engines is not None else [len(parts.engines)]
-    if capacity_blocks is not None:
-        caps = parse_ints(capacity_blocks, "--capacity-blocks")
-    else:
-        usable = {m.get("num_usable_blocks") for m in parts.engines.values()}
-        if len(usable) > 1:
-            raise KmeshTraceError(f"the trace's engines have different pools ({', '.join(map(str, sorted(usable, key=str)))} "
-                                  "usable blocks); pass --capacity-blocks N.")
-        caps = [pool_capacity(None, usable.pop())]
-    check_options(routings, ns, caps, overload)
-    from kmesh_trace.resources import check_fits, fleet_bytes
-
-    flags = " x ".join(f for f, v in (("--engines", engines), ("--capacity-blocks", capacity_blocks)) if v is not None)
-    check_fits(max(fleet_bytes(n, c) for n in ns for c in caps), flags or "--engines",
-               "engine pools (and a global pool of engines x blocks)")
-    with progress() as bar:
-        tid = bar.add_task("fleet", total=None)
-        result = fleet_sweep(trace, ns, caps, routings, overload=overload, edges=edges.value, ray=ray,
-                             on_start=lambda n: bar.update(tid, total=n), on_done=lambda t: bar.advance(tid))
+    ns = parse_ints(engines, "--engines") if engines is not None else None
+    caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
+    options = fleet.FleetOptions(ns and tuple(ns), caps and tuple(caps), routings, edges, overload)
+    options.check(parts)
+    executor = InProcess() if ray is None else OnRay(ray)
+    with progress_of(executor, "fleet", always=True):
+        result = fleet.run(parts, options, executor)
     if result.num_requests == 0:
         raise KmeshTraceError(f"{trace} has no invocations; there are no requests to route.")
-    d = result.to_dict()
     if plot is not None:
         plot_fleet(result, plot)
         err.print(f"wrote {plot}")
-    rows = [{"num_engines": p["num_engines"], "capacity_blocks": p["capacity_blocks"], **run}
-            for p in d["points"] for run in p["runs"]]
-    emit(output, d, rows=rows, render=lambda: _render(d))
+    emit(output, result.to_dict(), rows=result.rows(), render=lambda: _render(result.to_dict()))
 
 
 def _render(d: dict) -> None:

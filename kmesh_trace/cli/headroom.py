@@ -3,6 +3,7 @@ capacities or (`--curve`, the default without --capacity-blocks) along the whole
 
 from __future__ import annotations
 
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -15,18 +16,20 @@ from kmesh_trace.cli.common import (
     Output,
     ScenarioOption,
     approximate_tokens_note,
-    build_scenario,
     check_plot_option,
     emit,
     err,
     handles_errors,
+    open_input,
     out,
     output_options,
     parse_ints,
-    run_tasks_with_progress,
+    progress_of,
 )
 from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.executor import executor_for
+from kmesh_trace.oracle.workload import Workload
 from kmesh_trace.values import bounded_int, finite_float
 
 
@@ -77,79 +80,49 @@ def headroom_cmd(
 ) -> None:
     """Prefill tokens (and seconds) the stock cache failed to reuse that an ideal cache of the same capacity
     would have: at the given capacities, or along the whole capacity axis."""
-    from kmesh_trace.oracle.headroom import headroom_of_requests
-    from kmesh_trace.apps.plots import plot_headroom
+    from kmesh_trace.oracle import headroom as hr
 
     caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
-    names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
+    names = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else None
     if (trace is None) == (scenario is None):
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
     if capacity is not None and caps is not None:
         raise KmeshTraceError("give the capacities once: --capacity or --capacity-blocks.")
-    fixed = caps is not None or capacity is not None  # capacities given (in bytes: known once the trace is open)
-    if curve and fixed:
+    if curve and capacity is not None:  # capacities in bytes: known once the trace is open
         raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
+    options = hr.HeadroomOptions(None if caps is None else tuple(caps), names, curve, window.value, tokens_per_s,
+                                 attention_factor)
     check_plot_option(plot, [trace, model_config])  # a bad --plot must fail before the replays, not after them
     check_ray_option(ray)
-    if caps is not None:
-        _check_pool_memory(caps, names)
-    cost = fit = stream = stock = None
-    if tokens_per_s is not None:
-        from kmesh_trace.oracle.prefill_cost import PrefillCost
-
-        cost = PrefillCost.from_throughput(tokens_per_s, attention_factor=attention_factor)
-    approximate = None
-    if scenario is not None:
-        w = build_scenario(scenario)
-        reqs, block_size, usable = w.requests, w.block_size, w.num_usable_blocks
-        meta: dict = {}
-    else:
-        from kmesh_trace.audit.capture import check_complete
-        from kmesh_trace.oracle.stream import engine_geometry, request_blocks
-        from kmesh_trace.trace import check_has_requests, open_trace
-
-        with open_trace(trace) as t:
-            check_has_requests(t)
-            check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
-            block_size, usable = engine_geometry(t, engine)
-            meta = t.engines[engine] if engine is not None else t.metadata
-            if (not fixed or window is not Window.all) and names is not None and "vllm" not in names:
-                # a curve without vllm needs no RequestBlocks
-                from kmesh_trace.oracle.stream import stream_of_trace
-
-                reqs, (stream, stock) = None, stream_of_trace(t, engine)
-            else:
-                reqs = request_blocks(t, engine)
-            if cost is None:
-                cost, fit = _fitted_cost(t, engine)
-            approximate = approximate_tokens_note(t)
-    if capacity is not None:
-        caps = _capacities_in_blocks(capacity, block_size, meta, kv_bytes, model_config)
-    if caps is None or window is not Window.all:  # a window: the curve's result, at the given capacities if any
-        if ray is not None:
-            raise KmeshTraceError("--ray distributes the replays at given capacities; add --capacity-blocks "
-                                  "(without --window).")
-        return _curve(reqs, block_size, usable, names, window.value, cost, fit, processes, plot, output, approximate,
-                      stream, stock, caps)
-    simulate = None
-    if ray is not None:  # one task per (policy, capacity) point, each reading its own input
-        from kmesh_trace.oracle.policies import Workload
-
-        simulate = _tasks(Workload(block_size, reqs) if scenario is not None else str(trace), engine, ray)
-    result = headroom_of_requests(reqs, block_size, caps, names, num_usable_blocks=usable, simulate=simulate)
-    result.cost = cost
-    d = _plot_and_notes(result, plot, plot_headroom, approximate)
-    emit(output, d, rows=d["results"], render=lambda: render(d))
+    options.check()
+    with open_input(trace, scenario, engine, allow_incomplete) as (t, w):
+        if capacity is not None:
+            options = replace(options, capacities=_capacities_in_blocks(capacity, t, w, engine, kv_bytes, model_config))
+        fitted = None if t is None or options.tokens_per_s is not None else _fitted(t, engine)
+        w = w or Workload.from_trace(t, engine, requests=options.needs_requests)
+        note = approximate_tokens_note(t) if t is not None else None
+    executor = executor_for(processes, ray)
+    options.check_executor(executor)
+    if options.wants_curve:
+        with err.status("replaying") as status:
+            res = hr.run(w, options, executor, fitted=fitted, note=note,
+                         progress=lambda what: status.update(f"replaying: {what}"))
+        return _emit(res, plot, output, lambda: _render_curve(res, w.block_size, options.window, res.cost))
+    with progress_of(executor, "headroom"):
+        res = hr.run(w, options, executor, fitted=fitted, note=note)
+    _emit(res, plot, output, lambda: render(res.to_dict()))
 
 
-def _check_pool_memory(caps: list[int], names: list[str] | None) -> None:
-    """The pools the replays allocate at the largest capacity, refused before any work when too large."""
-    from kmesh_trace.resources import check_fits, pool_bytes
+def _emit(res, plot, output, render_human) -> None:
+    """Write the plot, print the notes (the approximate-token note was said already), emit the result."""
+    from kmesh_trace.apps.plots import plot_headroom, plot_headroom_curve
 
-    if names is None or "vllm" in names:
-        check_fits(pool_bytes(max(caps)), "--capacity-blocks", "a vLLM pool model")
-    elif {"belady", "belady-prefix"} & set(names):
-        check_fits(pool_bytes(max(caps), vllm=False), "--capacity-blocks", "a Belady heap")
+    if plot is not None:
+        (plot_headroom_curve if hasattr(res, "curves") else plot_headroom)(res, plot)
+        err.print(f"wrote {plot}")
+    for note in res.notes:
+        err.print(f"note: {note}")
+    emit(output, res.to_dict(), rows=res.rows(), render=render_human)
 
 
 def render(d: dict) -> None:
@@ -170,65 +143,38 @@ def render(d: dict) -> None:
                   f"prefill tokens (width {b['width_tokens']:,}{', wide' if b['wide'] else ''})")
 
 
-def _capacities_in_blocks(text: str, block_size: int, meta: dict, kv_bytes, model_config) -> list[int]:
-    """`--capacity` as block counts: plain numbers are blocks, sizes with a unit are bytes over the block's bytes."""
+def _capacities_in_blocks(text: str, trace, workload, engine, kv_bytes, model_config) -> tuple[int, ...]:
+    """`--capacity` as block counts: plain numbers are blocks, sizes with a unit are bytes over the block's bytes
+    (the KV bytes per token from the options, else the trace's engine metadata)."""
+    from kmesh_trace.oracle.stream import engine_geometry
     from kmesh_trace.oracle.tier_costs import kv_bytes_per_token, parse_capacity
 
+    if trace is None:
+        block_size, meta = workload.block_size, {}
+    else:
+        block_size, meta = engine_geometry(trace, engine)[0], trace.engines[engine] if engine is not None else trace.metadata
     kvbpt, _ = kv_bytes_per_token(meta, kv_bytes, model_config)
     block_bytes = block_size * kvbpt if kvbpt else None
     caps = [parse_capacity(c, block_bytes, "--capacity") for c in text.split(",") if c.strip()]
     if not caps or min(caps) <= 0:
         raise KmeshTraceError(f"--capacity must give capacities of at least one block ({block_size} tokens"
                               f"{f', {block_bytes:,} bytes' if block_bytes else ''}); got {text!r}.")
-    return caps
+    return tuple(caps)
 
 
-def _plot_and_notes(result, plot, plotter, approximate: str | None) -> dict:
-    """Write the plot, print the notes (the approximate-token note was said already); the result as a dict."""
-    if plot is not None:
-        plotter(result, plot)
-        err.print(f"wrote {plot}")
-    for note in result.notes:
-        err.print(f"note: {note}")
-    d = result.to_dict()
-    if approximate:
-        d["note"] = approximate
-    return d
+def _fitted(trace, engine):
+    """The prefill cost fitted to a capture's measured prefills (`oracle.headroom.fitted_prefill`), said on
+    stderr: the fit's quality, and why there are no seconds when it is not usable."""
+    from kmesh_trace.oracle.headroom import fitted_prefill
 
-
-def _fitted_cost(trace, engine):
-    """The prefill cost fitted to a capture's measured prefills when the fit is usable, else (None, fit or
-    None) with a note saying why there are no seconds (`kmesh_trace.oracle.prefill_cost.usable_fit`)."""
-    from kmesh_trace.oracle.prefill_cost import usable_fit
-
-    cost, fit, why = usable_fit(trace, engine)
+    fitted = fitted_prefill(trace, engine)
+    fit, why = fitted.fit, fitted.why
     if fit is not None:
         err.print(f"prefill cost fitted to {fit.n} measured prefills: r2 {fit.r2:.3f}, median relative error "
                   f"{fit.median_relative_error:.1%}", markup=False, highlight=False)
     if why and not str(trace.metadata.get("source", "")).startswith("import"):
         err.print(f"note: {why}", markup=False, highlight=False)
-    if fit is None:
-        return cost, None
-    fit_d = fit.to_json()
-    fit_d.pop("points")
-    if why:
-        fit_d["why_unusable"] = why
-    return cost, fit_d
-
-
-def _curve(reqs, block_size, usable, names, window, cost, fit, processes, plot, output, approximate, stream, stock,
-           grid=None) -> None:
-    from kmesh_trace.oracle.headroom_curve import headroom_curve
-    from kmesh_trace.apps.plots import plot_headroom_curve
-
-    with err.status("replaying") as status:
-        res = headroom_curve(reqs, block_size, policies=names, window=window, num_usable_blocks=usable, cost=cost,
-                             cost_fit=fit, processes=processes, progress=lambda what: status.update(f"replaying: {what}"),
-                             stream=stream, stock_tokens=stock, grid=grid)
-    d = _plot_and_notes(res, plot, plot_headroom_curve, approximate)
-    if cost is None and fit is not None:  # fitted, but not usable: say so in the JSON too
-        d["prefill_cost_fit"] = fit
-    emit(output, d, rows=res.along_grid(), render=lambda: _render_curve(res, block_size, window, cost))
+    return fitted
 
 
 def _render_curve(res, block_size, window, cost) -> None:
@@ -274,12 +220,3 @@ def _render_curve(res, block_size, window, cost) -> None:
         out.print(tt)
 
 
-def _tasks(source, engine: str | None, ray: str):
-    """headroom's `simulate`: one task per (policy, capacity) point, each reading `source` itself."""
-    from kmesh_trace.distributed import Task
-    from kmesh_trace.oracle.tasks import headroom_point
-
-    where = f"engine={engine}" if engine else "the trace"
-    return lambda points: run_tasks_with_progress(
-        headroom_point, [Task(f"{where}: {p} at {c} blocks", (source, engine, p, c)) for p, c in points],
-        ray=ray, label="headroom")

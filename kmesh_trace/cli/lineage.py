@@ -34,14 +34,14 @@ def lineage_cmd(
     output: Output = None,
 ) -> None:
     """The shape of a trace's lineage: families, children per parent, depth, reuse gaps, shared-prefix blocks."""
-    from kmesh_trace.oracle.lineage_report import lineage_report
+    from kmesh_trace.oracle import lineage_report as lr
     from kmesh_trace.apps.plots import plot_lineage
     from kmesh_trace.trace import check_has_requests, open_trace
 
     check_plot_option(plot, [trace])
     with open_trace(trace) as t:
         check_has_requests(t)
-        rep = lineage_report(t, edge_kind=edges, engine=engine)
+        rep = lr.run(t, lr.LineageOptions(edges), engine)
         note = approximate_tokens_note(t)
     if note:
         rep.notes.append(note)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -15,27 +14,24 @@ from kmesh_trace.cli.common import (
     Output,
     ScenarioOption,
     approximate_tokens_note,
-    build_scenario,
     check_plot_option,
     emit,
     err,
     handles_errors,
     out,
+    open_input,
     output_options,
     parse_ints,
-    run_tasks_with_progress,
+    progress_of,
 )
 from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.executor import InProcess, OnRay
+from kmesh_trace.oracle.workload import Workload
+from kmesh_trace.schema import PressureEdges
 from kmesh_trace.values import MAX_BLOCKS, MAX_SECONDS, bounded_int, finite_float
 
 MAX_FAMILY_ROWS = 20
-
-
-class Edges(str, Enum):
-    declared = "declared"
-    inferred = "inferred"
-    content = "content"
 
 
 def register(app: typer.Typer) -> None:
@@ -47,7 +43,7 @@ def register(app: typer.Typer) -> None:
 def pressure_cmd(
     trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
     scenario: ScenarioOption = None,
-    edges: Edges = typer.Option(Edges.declared, "--edges", help="Families from declared lineage, inferred exact-prefix edges, or an import's content edges (guessed from text)."),
+    edges: PressureEdges = typer.Option(PressureEdges.declared, "--edges", help="Families from declared lineage, inferred exact-prefix edges, or an import's content edges (guessed from text)."),
     expiry_s: Optional[float] = typer.Option(None, "--expiry-s", parser=finite_float(0, MAX_SECONDS), help="Release a hold this many seconds after it was taken (needs trace times)."),
     max_held_blocks: Optional[int] = typer.Option(None, "--max-held-blocks", parser=bounded_int(0, MAX_BLOCKS), help="Refuse a hold that would put more blocks under hold."),
     max_families: Optional[int] = typer.Option(None, "--max-families", parser=bounded_int(0, MAX_BLOCKS), help="Refuse a hold that would make more families hold at once."),
@@ -64,8 +60,7 @@ def pressure_cmd(
     """Replay the trace stock and with family holds through the vLLM block-pool model; report the tradeoff.
 
     One capacity gives the detailed report; several (--capacity-blocks 64,96,128) a sweep table."""
-    from kmesh_trace.oracle.pressure import TraceStream, sweep, trace_stream, what_if
-    from kmesh_trace.oracle.stream import pool_capacity
+    from kmesh_trace.oracle import pressure as pr
     from kmesh_trace.apps.plots import plot_pressure_sweep
 
     if (trace is None) == (scenario is None):
@@ -75,59 +70,30 @@ def pressure_cmd(
     option = "--capacity-blocks" if sweep_capacity is None else "--sweep-capacity"
     text = capacity_blocks if sweep_capacity is None else sweep_capacity
     caps = parse_ints(text, option) if text is not None else None
-    is_sweep = caps is not None and (len(caps) > 1 or sweep_capacity is not None or plot is not None)
     if plot is not None and caps is None:
         raise KmeshTraceError("--plot draws a capacity sweep; add --capacity-blocks a,b,c.")
     check_plot_option(plot, [trace])
     check_ray_option(ray)
-    if caps is not None:
-        from kmesh_trace.resources import check_fits, pool_bytes
-
-        check_fits(pool_bytes(max(caps)), option, "a vLLM pool model")
-    if scenario is not None:
-        w = build_scenario(scenario)
-        approximate = None
-        reqs, block_size, usable, lineage = w.requests, w.block_size, w.num_usable_blocks, None
-    else:
-        from kmesh_trace.audit.capture import check_complete
-        from kmesh_trace.trace import check_has_requests, open_trace
-
-        with open_trace(trace) as t:
-            check_has_requests(t)
-            check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
-            ts = trace_stream(t, engine, "content" if edges is Edges.content else "exact_prefix")
-            approximate = approximate_tokens_note(t)
-        reqs, block_size, usable, lineage = ts.requests, ts.block_size, ts.num_usable_blocks, ts.lineage
-    num_timed = sum(r.arrival_ns is not None and r.finish_ns is not None for r in reqs)
-    if 0 < num_timed < len(reqs):
-        err.print(f"note: {len(reqs) - num_timed:,} of {len(reqs):,} requests lack arrival or finish times, so "
-                  "the replay is sequential (each request freed before the next)")
-    opts = dict(edges=edges.value, lineage=lineage, expiry_s=expiry_s, max_held_blocks=max_held_blocks,
-                max_families=max_families)
-    if ray is not None:  # one task per capacity, each reading the engine's parts itself
-        source = str(trace) if trace is not None else TraceStream(reqs, block_size, usable, lineage)
-        on_ray = _on_ray(source, engine, {k: v for k, v in opts.items() if k != "lineage"}, ray)
-    if is_sweep:
-        if ray is not None:
-            points = on_ray(caps, False)
-        else:
-            points = sweep(reqs, block_size=block_size, capacities=caps, **opts)
+    options = pr.PressureOptions(edges, None if caps is None else tuple(caps), expiry_s, max_held_blocks, max_families,
+                                 sweep=sweep_capacity is not None or plot is not None)
+    options.check(option)
+    with open_input(trace, scenario, engine, allow_incomplete) as (t, w):
+        if t is not None:
+            pr.check_has_requests(t, engine)
+            w = Workload.from_trace(t, engine)
+        note = approximate_tokens_note(t) if t is not None else None
+    if (untimed := pr.untimed_note(w)) is not None:
+        err.print(f"note: {untimed}")
+    executor = InProcess() if ray is None else OnRay(ray)
+    with progress_of(executor, "pressure"):
+        res = pr.run(w, options, executor)
+    res.note = note
+    if options.is_sweep:
         if plot is not None:
-            plot_pressure_sweep(points, plot, block_size)
+            plot_pressure_sweep(res.points, plot, w.block_size)
             err.print(f"wrote {plot}")
-        d = {"block_size": block_size, "edges": edges.value, "sweep": [p.to_dict() for p in points]}
-        if approximate:
-            d["note"] = approximate
-        emit(output, d, rows=d["sweep"], render=lambda: _render_sweep(d))
-        return
-    usable = pool_capacity(caps[0] if caps else None, usable)
-    if ray is not None:
-        res = on_ray([usable], True)[0]
-    else:
-        res = what_if(reqs, block_size=block_size, num_usable_blocks=usable, **opts)
+        return emit(output, res.to_dict(), rows=res.rows(), render=lambda: _render_sweep(res.to_dict()))
     d = res.to_dict(per_request=per_request)
-    if approximate:
-        d["note"] = approximate
     emit(output, d, rows=d["holds"], render=lambda: _render(d))
 
 
@@ -183,14 +149,3 @@ def _render(d: dict) -> None:
     out.print(f"holds {d['num_holds']:,}  unused {d['unused_holds']:,}  refused {d['refused_holds']:,}  "
               f"held_block_steps {d['held_block_steps']:,}"
               + (f"  held_block_seconds {secs:,.3f}" if secs is not None else ""))
-
-
-def _on_ray(source, engine: str | None, options: dict, ray: str):
-    """(capacities, whole) -> one what-if per capacity as Ray tasks (`whole`: PressureResults, else SweepPoints)."""
-    from kmesh_trace.distributed import Task
-    from kmesh_trace.oracle.tasks import pressure_point
-
-    where = f"engine={engine}" if engine else "the trace"
-    return lambda caps, whole: run_tasks_with_progress(
-        pressure_point, [Task(f"{where}: what-if at {c} blocks", (source, engine, c, options, whole)) for c in caps],
-        ray=ray, label="pressure")

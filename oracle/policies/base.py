@@ -1,6 +1,6 @@
 """The one small interface every cache policy implements, and the replay result they return.
 
-A policy replays a `Workload` (the requests and/or their flat `AccessStream`) at a capacity in
+A policy replays a `Workload` (`kmesh_trace.oracle.workload`: the requests and/or their flat `AccessStream`) at a capacity in
 blocks and returns, per request, how many of its prompt blocks were served from the cache. Token
 counts and ratios are derived here, once, from those per-request hits, so every policy follows
 the same engine rules: a request's hit tokens are its hit blocks times the block size, capped so
@@ -9,32 +9,15 @@ the last prompt token is always computed; prefill tokens are the rest of its pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
 from kmesh_trace.oracle.stream import AccessStream, RequestBlocks
+from kmesh_trace.oracle.workload import Workload
 
-
-@dataclass
-class Workload:
-    """What a policy replays: the requests (needed by the block-pool model) and their access stream."""
-
-    block_size: int
-    requests: Sequence[RequestBlocks] | None = None
-    _stream: AccessStream | None = field(default=None, repr=False)
-
-    @property
-    def stream(self) -> AccessStream:
-        if self._stream is None:
-            assert self.requests is not None
-            self._stream = AccessStream.from_requests(self.requests, self.block_size)
-        return self._stream
-
-    @classmethod
-    def of_stream(cls, stream: AccessStream) -> "Workload":
-        return cls(stream.block_size, None, stream)
+__all__ = ["Policy", "PolicyResult", "StreamPolicy", "Workload", "reference_accesses", "result_of"]
 
 
 @dataclass

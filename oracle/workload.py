@@ -1,0 +1,196 @@
+"""The one input every simulator, analysis, task and report section reads: a `Workload`, and the one
+way to get it from a trace, `Workload.from_trace`.
+
+A workload is the requests of one engine partition (or of every partition, merged, for the fleet) in
+arrival order as `RequestBlocks`, and/or their flat `AccessStream`, with what the analyses need
+around them: the block size, the engine's usable blocks, the engine's measured hit tokens (the
+captured stock), and the lineage table's edges by kind (child index -> parent index). Declared
+parents are applied to the requests, the same way for every analysis.
+
+The source is anything with the reading side of a trace (`TraceSource`): `kmesh_trace.trace.Trace`
+(a local directory) and `kmesh_trace.parts.TraceParts` (a pyarrow filesystem, what a Ray task reads).
+A KV-events recording's invocations are rebuilt from its events (`kmesh_trace.oracle.kv_stream`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from kmesh_trace import schema
+from kmesh_trace.oracle.stream import AccessStream, RequestBlocks, check_block_size, engine_geometry, requests_from_rows
+
+__all__ = ["TraceSource", "Workload", "location_of"]
+
+#: The invocation columns the loader reads (checked against the contract), plus the partition.
+COLUMNS = schema.INVOCATIONS.select(
+    "request_id", "caller_request_id", "seq", "family_id", "parent_id", "num_expected_children", "num_prompt_tokens",
+    "num_output_tokens", "prompt_token_ids", "output_token_ids", "prompt_block_hashes", "arrival_ns", "finish_ns",
+    "num_cached_tokens")
+
+
+class TraceSource(Protocol):
+    """The reading side of a trace that the loader needs (`Trace` and `TraceParts` have it)."""
+
+    engines: dict[str, dict[str, Any]]
+
+    @property
+    def metadata(self) -> dict[str, Any]: ...
+
+    @property
+    def block_size(self) -> int | None: ...
+
+    def scan(self, name: str): ...
+
+
+@dataclass
+class Workload:
+    """What a policy replays and an analysis reads: the requests (needed by the block-pool model) and
+    their access stream, with the pool geometry, the captured stock and the lineage edges."""
+
+    block_size: int
+    requests: Sequence[RequestBlocks] | None = None
+    _stream: AccessStream | None = field(default=None, repr=False)
+    num_usable_blocks: int | None = None  # the engine's pool (merged: when every engine records the same)
+    _stock_tokens: np.ndarray | None = field(default=None, repr=False)  # measured hit tokens (stream only)
+    edges: dict[str, dict[int, int]] = field(default_factory=dict)  # lineage edge kind -> child index -> parent index
+    num_partitions: int = 1
+    engine: str | None = None  # the partition it is of (None: the only one, or every one merged)
+    location: str | None = None  # where it was read from, for tasks that read it themselves (`kmesh_trace.oracle.tasks`)
+    notes: list[str] = field(default_factory=list)  # what a reader must know about how it was built (scenarios)
+    _families: dict = field(default_factory=dict, repr=False)  # fleet routing's family keys, per edge mode
+
+    @property
+    def stream(self) -> AccessStream:
+        if self._stream is None:
+            assert self.requests is not None
+            self._stream = AccessStream.from_requests(self.requests, self.block_size)
+        return self._stream
+
+    @classmethod
+    def of_stream(cls, stream: AccessStream) -> "Workload":
+        return cls(stream.block_size, None, stream)
+
+    @property
+    def stock_tokens(self) -> np.ndarray | None:
+        """The engine's measured hit tokens per request when every request has them (captures), else None."""
+        if self.requests is None:
+            return self._stock_tokens
+        if self.requests and all(r.stock_cached_tokens is not None for r in self.requests):
+            return np.fromiter((r.stock_cached_tokens for r in self.requests), np.int64, len(self.requests))
+        return None
+
+    @property
+    def timed(self) -> bool:
+        """Every request has an arrival and a finish time (the pool replays concurrently)."""
+        reqs = self.requests or ()
+        return bool(reqs) and all(r.arrival_ns is not None and r.finish_ns is not None for r in reqs)
+
+    def families(self, edges: str = "auto") -> tuple[list[str], str]:
+        """(family key per request, declared or inferred): `kmesh_trace.oracle.fleet.families`."""
+        from kmesh_trace.oracle.fleet import families
+
+        return families(self, edges)
+
+    def lineage(self, kind: str) -> dict[int, int] | None:
+        """The trace's `kind` lineage edges (child index -> nearest parent index); None when it has none."""
+        return dict(self.edges[kind]) if self.edges.get(kind) else None
+
+    @classmethod
+    def from_trace(cls, source: TraceSource, engine: str | None = None, *, merged: bool = False,
+                   requests: bool = True) -> "Workload":
+        """The workload of engine partition `engine` of `source` (None: the only one), or with `merged`
+        of every partition (simultaneous arrivals ordered by partition, then seq).
+
+        Ordered by arrival_ns then seq. With `requests=False`, a trace whose invocations list block hashes
+        without token ids (imports) is flattened column-wise, without a RequestBlocks per invocation
+        (`requests` stays None); one with token ids still builds them (its blocks must be hashed)."""
+        import polars as pl
+
+        from kmesh_trace.lineage import declared_parents
+        from kmesh_trace.oracle.kv_stream import scan_invocations
+        from kmesh_trace.oracle.stream import set_declared_parents
+
+        if merged:
+            block_size = check_block_size(source.block_size)
+            pools = {m.get("num_usable_blocks") for m in source.engines.values()}
+            usable, order = (pools.pop() if len(pools) == 1 else None), ["arrival_ns", "engine", "seq"]
+            engine = None
+        else:
+            block_size, usable = engine_geometry(source, engine)
+            order = ["arrival_ns", "seq"]
+        lf = scan_invocations(source, engine)  # a KV-events recording's are rebuilt from its events
+        if engine is not None:
+            lf = lf.filter(pl.col("engine") == engine)
+        lf = lf.sort(order, nulls_last=True)
+        n, where = len(source.engines), location_of(source)
+        if not requests:
+            stream = _column_stream(lf, block_size)
+            if stream is not None:
+                return cls(block_size, None, stream[0], usable, stream[1], num_partitions=n,
+                           engine=engine, location=where)
+        df = lf.select(*COLUMNS, "engine").collect()
+        reqs = requests_from_rows(df.iter_rows(named=True), block_size)
+        set_declared_parents(reqs, {child: parent for (_, child), parent in declared_parents(source, engine).items()})
+        return cls(block_size, reqs, None, usable, edges=_lineage_edges(source, engine, reqs),
+                   num_partitions=n, engine=engine, location=where)
+
+
+def location_of(source: TraceSource) -> str | None:
+    """The trace's directory or URL (`Trace.path`, `TraceParts.location`)."""
+    where = getattr(source, "location", None) or getattr(source, "path", None)
+    return None if where is None else str(where)
+
+
+def _column_stream(lf, block_size: int) -> tuple[AccessStream, np.ndarray | None] | None:
+    """The stream of a hash-only trace flattened column-wise, and the measured hit tokens when every
+    invocation has them; None when some invocation has token ids or lacks hashes."""
+    import polars as pl
+    import pyarrow.compute as pc
+
+    cols = lf.select(pl.col("prompt_token_ids").is_not_null().any().alias("tokens"),
+                     pl.col("num_cached_tokens").is_not_null().all().alias("stock"),
+                     pl.col("prompt_block_hashes").is_null().any().alias("missing")).collect().row(0, named=True)
+    if cols["tokens"] or cols["missing"]:
+        return None
+    stock = None
+    if cols["stock"]:
+        stock = lf.select("num_cached_tokens").collect().to_series().to_numpy().astype(np.int64)
+    df = lf.select("num_prompt_tokens", "prompt_block_hashes").collect()
+    lists = df.to_arrow().column("prompt_block_hashes").combine_chunks()
+    num_reads = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
+    prompt_tokens = df["num_prompt_tokens"].to_numpy().astype(np.int64)
+    n_full = np.minimum(num_reads, prompt_tokens // block_size)
+    n_elig = np.minimum(num_reads, np.maximum(prompt_tokens - 1, 0) // block_size)
+    pos = np.arange(len(flat), dtype=np.int64) - np.repeat(np.cumsum(num_reads) - num_reads, num_reads)
+    keep = pos < np.repeat(n_full, num_reads)
+    eligible = (pos < np.repeat(n_elig, num_reads))[keep]
+    req_start = np.zeros(len(num_reads) + 1, np.int64)
+    np.cumsum(n_full, out=req_start[1:])
+    return AccessStream.from_arrays(block_size, flat[keep], eligible, req_start, prompt_tokens, num_reads), stock
+
+
+def _lineage_edges(source: TraceSource, engine: str | None, reqs: Sequence[RequestBlocks]) -> dict[str, dict[int, int]]:
+    """The lineage table's exact_prefix and content edges as request indices (several ancestors of a
+    child: the nearest one is its parent); declared edges are the requests' `parent_index`."""
+    import polars as pl
+
+    kinds = (schema.EdgeKind.exact_prefix.value, schema.EdgeKind.content.value)
+    lf = source.scan("lineage").filter(pl.col("edge_kind").is_in(kinds))
+    if engine is not None:
+        lf = lf.filter(pl.col("engine") == engine)
+    rows = lf.select("edge_kind", "child_request_id", "parent_request_id").collect()
+    if rows.height == 0:
+        return {}
+    index = {r.request_id: r.index for r in reqs}
+    out: dict[str, dict[int, int]] = {}
+    for kind, child, parent in rows.iter_rows():
+        c, p = index.get(child), index.get(parent)
+        edges = out.setdefault(kind, {})
+        if c is not None and p is not None and p < c and p > edges.get(c, -1):
+            edges[c] = p
+    return out
+
