@@ -45,6 +45,13 @@ that model's row of `headroom` exactly. The lower tiers observe the replay:
   completion among the chunks it needs, minus its arrival (or the sum of its read durations, untimed);
   its estimated time to first token = restore wait + the prefill cost of the tokens it recomputes; the
   prefill seconds saved net of restores compare with the GPU-only replay of the same pool.
+
+The modules, one job each: `config` (specs, costs, configurations and their checks), `store` (the one
+LRU store), `timing` (when reads complete), `prep` (early preparation's schedule and staging),
+`replay` (the pool replay's hooks: lookup steps, offloading, write-through stores), `connector` (the
+simple-cpu connector as a replay strategy), `simulate` (`simulate_tiers`), `result`, `sweep`,
+`family_burst` (the scenario's arms), `run` (`run(input, options)`: what `kmesh-trace tiers` calls) and
+`render` (its human output, from the JSON).
 """
 
 from kmesh_trace.oracle.tiers.config import (
@@ -59,9 +66,10 @@ from kmesh_trace.oracle.tiers.config import (
 )
 from kmesh_trace.oracle.tiers.family_burst import family_burst_arms
 from kmesh_trace.oracle.tiers.result import TierRead, TierResult
+from kmesh_trace.oracle.tiers.run import ArmsReport, TiersInput, TiersOptions, TiersReport, run, run_family_burst
 from kmesh_trace.oracle.tiers.simulate import simulate_tiers
 from kmesh_trace.oracle.tiers.sweep import SweepResult, sweep_tiers
 
 __all__ = ["simple_cpu", "TierSpec", "RestoreCost", "TierConfig", "TierResult", "TierRead", "PrefillSeconds",
            "simulate_tiers", "sweep_tiers", "SweepResult", "family_burst_arms", "TIER_NAMES", "WRITE_POLICIES",
-           "LOOKUP_MODES"]
+           "LOOKUP_MODES", "run", "run_family_burst", "TiersOptions", "TiersInput", "TiersReport", "ArmsReport"]
