@@ -61,18 +61,34 @@ class Tier:
 
 
 class _Lookup:
-    """One request's lookup below the GPU: what it waits for and what it read."""
+    """One request's lookup below the GPU: what it waits for and what it read. One per replay, reset for
+    each request (allocating one per request costs more than the lookup on a large stream)."""
 
     __slots__ = ("t", "wait", "clock", "read_now", "read_once", "loaded", "counts")
 
-    def __init__(self, t: int, num_tiers: int):
-        self.t = t
-        self.wait = [t, t]  # latest completion this request needs (p50, p95)
+    def __init__(self, num_tiers: int):
+        self.t = 0
+        self.wait = [0, 0]  # latest completion this request needs (p50, p95)
         self.clock: list = [None] * num_tiers  # per tier: completion of this request's reads so far
         self.read_now: dict = {}  # chunk -> completion, chunks this request already reads or shares
         self.read_once: list = []  # (tier index, key): read-once chunks, dropped once the walk is done
         self.loaded: list = []  # (hash, completion, tier name): blocks restored into the GPU (timed)
         self.counts = [0] * num_tiers  # blocks found per tier
+
+    def reset(self, t: int) -> _Lookup:
+        self.t = t
+        self.wait[0] = self.wait[1] = t
+        clock, counts = self.clock, self.counts
+        for k in range(len(clock)):
+            clock[k] = None
+            counts[k] = 0
+        if self.read_now:
+            self.read_now.clear()
+        if self.read_once:
+            self.read_once.clear()
+        if self.loaded:
+            self.loaded.clear()
+        return self
 
 
 class TierReplay(PoolReplay):
@@ -106,6 +122,7 @@ class TierReplay(PoolReplay):
         self.gpu_ready: dict = {}  # block hash -> (done_ns, done_p95_ns, tier name): restored, not yet usable
         self.ready_heap: list = []
         self.prep = EarlyPrep(self.requests, config, timed) if config.early_prep and self.tiers else None
+        self.look = _Lookup(len(self.tiers))
 
     # -- the pool's hooks -----------------------------------------------------------------------------
 
@@ -130,7 +147,7 @@ class TierReplay(PoolReplay):
         if not self.tiers:
             return
         self.store_marks[i] = sum(x.store.num_stores for x in self.tiers)
-        look = _Lookup(t, len(self.tiers))
+        look = self.look.reset(t)
         if self.gpu_ready:
             n_gpu = self._restores_in_flight(i, r.prompt_hashes, n_gpu, look)
         self._walk_below(i, r, n_gpu, look)
