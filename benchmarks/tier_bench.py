@@ -35,7 +35,7 @@ def best_of(fn, repeat: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--min-reads", type=int, default=10_000_000)
-    ap.add_argument("--gpu-blocks", type=int, default=4096)
+    ap.add_argument("--capacity-blocks", "--gpu-blocks", dest="gpu_blocks", type=int, default=4096)
     ap.add_argument("--repeat", type=int, default=1)
     a = ap.parse_args()
     bs = 16

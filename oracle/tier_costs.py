@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
-from kmesh_trace.oracle.tiers import RestoreCost
+from kmesh_trace.oracle.tiers.config import RestoreCost
 
 __all__ = ["kv_bytes_per_token", "kv_bytes_from_config", "restore_costs_from_results", "prefill_model",
            "parse_capacity", "SSD_ROUTES"]

@@ -100,7 +100,7 @@ def test_analysis_errors_name_parameters_and_the_cli_names_its_options(cli, tmp_
     assert r.exit_code == 1
     assert r.stderr == ("Error: the trace does not record the engine's usable blocks (imported traces cannot); "
                         "pass --capacity-blocks N.\n")
-    r = cli(["tiers", tmp_path / "t"])  # the same parameter is another option there
+    r = cli(["tiers", tmp_path / "t"])  # the same parameter, the same option
     assert r.exit_code == 1
     assert r.stderr == ("Error: the trace does not record the engine's usable blocks (imported traces cannot); "
-                        "pass --gpu-blocks N.\n")
+                        "pass --capacity-blocks N.\n")

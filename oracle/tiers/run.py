@@ -1,0 +1,244 @@
+"""`tiers` as one call: `run(source, options) -> TiersReport`, `run_family_burst(options) -> ArmsReport`.
+
+`TiersOptions` holds every choice with its default (the CLI's defaults are these); `TiersInput` is what
+a run reads (one engine's requests, geometry, and where the KV bytes and the prefill fit come from).
+A run resolves the restore costs, the KV bytes per token and the prefill model, builds the tier
+configuration, and simulates either the GPU pool alone and the configuration, or a host x SSD sweep
+(one task per configuration, in process or on Ray, through `kmesh_trace.distributed.run_tasks`). The
+reports give the JSON (`to_dict`) and the human rendering (`lines`, `kmesh_trace.oracle.tiers.render`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.stream import RequestBlocks
+from kmesh_trace.oracle.tiers import render
+from kmesh_trace.oracle.tiers.config import SIMPLE_CPU, TIER_NAMES, RestoreCost, TierConfig, TierSpec, simple_cpu
+from kmesh_trace.oracle.tiers.result import TierResult
+from kmesh_trace.oracle.tiers.simulate import simulate_tiers
+from kmesh_trace.oracle.tiers.sweep import SweepResult, sweep_configs, sweep_tiers
+
+__all__ = ["TiersOptions", "TiersInput", "TiersReport", "ArmsReport", "run", "run_family_burst"]
+
+
+@dataclass(frozen=True)
+class TiersOptions:
+    """A `tiers` run's choices. Capacities (`host`, `ssd`, the sweeps') are text: blocks, or bytes with a
+    unit (40GiB); `read_once` names tiers, comma-separated; the sweeps are comma-separated lists."""
+
+    capacity_blocks: int | None = None  # the GPU pool (default: the trace's usable blocks)
+    host: str | None = None
+    ssd: str | None = None
+    host_write: str = "on-evict"
+    ssd_write: str = "on-evict"
+    chunk_tokens: int | None = None  # default: one block
+    read_once: str | None = None
+    singleflight: bool = False
+    early_prep: bool = False
+    prep_lead_s: float | None = None
+    connector: str | None = None  # "simple-cpu"
+    lookup: str = "any"
+    kv_bytes_per_token: int | None = None  # default: the capture's engine metadata
+    model_config: Path | None = None
+    restore_results: Path | None = None
+    ssd_route: str | None = None
+    host_gbps: float | None = None
+    ssd_gbps: float | None = None
+    host_latency_ms: float = 0.0
+    ssd_latency_ms: float = 0.0
+    prefill_tokens_per_s: float | None = None  # default: fitted on the capture's measured prefills
+    sweep_host: str | None = None
+    sweep_ssd: str | None = None
+    within: float = 5.0
+    engine: str | None = None
+    # The family-burst scenario.
+    children: int = 5
+    ancestor_mib: float = 48
+    chunks: int = 16
+    #: The flag the capacity came from, as errors name it (the deprecated --gpu-blocks when given so).
+    capacity_flag: str = "--capacity-blocks"
+
+    @property
+    def swept(self) -> bool:
+        return self.sweep_host is not None or self.sweep_ssd is not None
+
+    def restore_costs(self) -> tuple[dict[str, RestoreCost], list[str]]:
+        """(restore cost per tier, notes on where they came from): measured results, then the flags."""
+        from kmesh_trace.oracle import tier_costs as tc
+
+        costs: dict = {}
+        notes: list[str] = []
+        if self.restore_results is not None:
+            costs, notes = tc.restore_costs_from_results(self.restore_results, self.ssd_route)
+        for name, gbps, lat in (("host", self.host_gbps, self.host_latency_ms),
+                                ("ssd", self.ssd_gbps, self.ssd_latency_ms)):
+            if gbps is not None:
+                costs[name] = RestoreCost(gbps, lat / 1e3, None, "flag")
+            elif name in costs and lat:
+                c = costs[name]
+                costs[name] = RestoreCost(c.gbps, lat / 1e3, c.gbps_p95, c.source)
+        return costs, notes
+
+
+@dataclass
+class TiersInput:
+    """What a run reads: one engine's requests in arrival order and their geometry; `metadata` (the
+    engine's, for the KV bytes per token) and `trace` (for the prefill fit) are absent for a built-in
+    workload; `location` is what a Ray task reads itself (None: tasks are given the requests)."""
+
+    requests: list[RequestBlocks]
+    block_size: int
+    usable_blocks: int | None
+    source: str  # as the output names it: the trace's path, or scenario:NAME
+    metadata: dict = field(default_factory=dict)
+    trace: Any = None
+    location: str | None = None
+    engine: str | None = None
+
+    @classmethod
+    def from_trace(cls, t, location: str, engine: str | None = None) -> TiersInput:
+        """An open trace's engine partition (`engine`, None: the only one)."""
+        from kmesh_trace.oracle.stream import engine_geometry, request_blocks
+        from kmesh_trace.trace import check_has_requests
+
+        check_has_requests(t)
+        block_size, usable = engine_geometry(t, engine)
+        reqs = request_blocks(t, engine)
+        meta = t.engines[engine] if engine is not None else t.metadata
+        return cls(reqs, block_size, usable, location, meta, t, location, engine)
+
+    @classmethod
+    def from_workload(cls, w, name: str) -> TiersInput:
+        """A built-in workload (`kmesh_trace.datasets.workloads.BuiltWorkload`): no capture metadata."""
+        return cls(w.requests, w.block_size, w.num_usable_blocks, f"scenario:{name}")
+
+
+@dataclass
+class TiersReport:
+    """The GPU pool alone and one configuration (`results`), or a sweep; `head` describes the run;
+    `notes` are what a reader must know (printed on stderr); `journal` is set once one is written."""
+
+    head: dict
+    results: list[TierResult]
+    sweep: SweepResult | None = None
+    notes: list[str] = field(default_factory=list)
+    journal: dict | None = None
+
+    def to_dict(self) -> dict:
+        if self.sweep is not None:
+            return {**self.head, "sweep": self.sweep.to_dict()}
+        d = {**self.head, "configurations": [r.to_dict() for r in self.results]}
+        if self.journal is not None:
+            d["journal"] = self.journal
+        return d
+
+    def lines(self, d: dict | None = None) -> list:
+        d = self.to_dict() if d is None else d
+        return render.sweep_lines(d) if self.sweep is not None else render.configuration_lines(d)
+
+
+@dataclass
+class ArmsReport:
+    """The family-burst scenario's arms (`kmesh_trace.oracle.tiers.family_burst`)."""
+
+    data: dict
+
+    def to_dict(self) -> dict:
+        return self.data
+
+    def lines(self, d: dict | None = None) -> list:
+        return render.arms_lines(self.data if d is None else d)
+
+
+def run_family_burst(options: TiersOptions) -> ArmsReport:
+    from kmesh_trace.datasets.workloads.family_burst import family_burst
+    from kmesh_trace.oracle import tier_costs as tc
+    from kmesh_trace.oracle.tiers.family_burst import family_burst_arms
+
+    o = options
+    costs, _ = o.restore_costs()
+    burst = family_burst(o.children, o.ancestor_mib, o.chunks)
+    prefill, prefill_src, _ = tc.prefill_model(None, o.prefill_tokens_per_s)
+    arms = family_burst_arms(burst, costs=costs, prefill=prefill)
+    return ArmsReport({"scenario": "family-burst", "children": o.children, "ancestor_mib": o.ancestor_mib,
+                       "chunks": o.chunks, "block_size": burst.block_size,
+                       "kv_bytes_per_token": burst.kv_bytes_per_token,
+                       "costs": {k: v.to_dict() for k, v in costs.items()}, "prefill": prefill_src, "arms": arms})
+
+
+def run(source: TiersInput, options: TiersOptions, *, ray: str | None = None,
+        on_start: Callable[[int], None] | None = None, on_done: Callable[[Any], None] | None = None) -> TiersReport:
+    """`options` over `source`. A sweep runs one task per configuration (`ray`: on that cluster, else in
+    this process); `on_start(num_tasks)` and `on_done(task)` follow its progress."""
+    from kmesh_trace.oracle import tier_costs as tc
+    from kmesh_trace.oracle.stream import pool_capacity
+    from kmesh_trace.resources import check_fits, pool_bytes
+
+    o = options
+    costs, cost_notes = o.restore_costs()
+    kvbpt, kv_src = tc.kv_bytes_per_token(source.metadata, o.kv_bytes_per_token, o.model_config)
+    prefill, prefill_src, fit = tc.prefill_model(source.trace, o.prefill_tokens_per_s, source.engine)
+    gpu = pool_capacity(o.capacity_blocks, source.usable_blocks)
+    check_fits(pool_bytes(gpu), o.capacity_flag, "a vLLM pool model")  # the lower tiers grow with the data
+    bs = source.block_size
+    block_bytes = bs * kvbpt if kvbpt else None
+    if o.chunk_tokens is not None and (o.chunk_tokens <= 0 or o.chunk_tokens % bs):
+        raise KmeshTraceError(f"--chunk-tokens must be a positive multiple of the block size ({bs}).")
+    chunk = (o.chunk_tokens or bs) // bs
+    once = {x.strip() for x in (o.read_once or "").split(",") if x.strip()}
+    if once - set(TIER_NAMES):
+        raise KmeshTraceError(f"--read-once names tiers from {', '.join(TIER_NAMES)} (got {o.read_once!r}).")
+    writes = {"host": o.host_write, "ssd": o.ssd_write}
+
+    def spec(name: str, cap: int) -> TierSpec:
+        return TierSpec(name, cap, chunk, writes[name], name not in once)
+
+    tiers = tuple(spec(n, tc.parse_capacity(c, block_bytes, f"--{n}")) for n, c in (("host", o.host), ("ssd", o.ssd))
+                  if c is not None)
+    base = TierConfig(gpu, tiers, o.singleflight, o.early_prep, o.prep_lead_s, o.lookup)
+    kw: dict = dict(block_size=bs, kv_bytes_per_token=kvbpt, costs=costs, prefill=prefill)
+    notes: list[str] = []
+    if o.connector is not None:
+        if o.connector != SIMPLE_CPU:
+            raise KmeshTraceError(f"unknown connector model {o.connector!r}; the one modelled is simple-cpu.")
+        if len(tiers) != 1 or o.swept:
+            raise KmeshTraceError("--vllm-connector simple-cpu models one tier: give --host (cpu backend) or --ssd "
+                                  "(disk backend), and no sweep.")
+        base = simple_cpu(gpu, tiers[0].capacity_blocks, tiers[0].name)
+        kw["timed"] = False
+        notes.append("the simple-cpu connector model replays the trace sequentially (one request at a time)")
+    head = {"trace": source.source, "block_size": bs, "gpu_blocks": gpu, "kv_bytes_per_token": kvbpt,
+            "kv_bytes_source": kv_src, "costs": {k: v.to_dict() for k, v in costs.items()}, "cost_notes": cost_notes,
+            "prefill": prefill_src, "prefill_model": prefill.to_json() if prefill is not None else None,
+            "prefill_fit": {k: v for k, v in fit.to_json().items() if k != "points"} if fit is not None else None}
+    if o.swept:
+        hs = [tc.parse_capacity(x, block_bytes, "--sweep-host") for x in (o.sweep_host or "0").split(",")]
+        ss = [tc.parse_capacity(x, block_bytes, "--sweep-ssd") for x in (o.sweep_ssd or "0").split(",")]
+        sweep_base = TierConfig(gpu, tuple(spec(n, 1) for n in TIER_NAMES), o.singleflight, o.early_prep,
+                                o.prep_lead_s, o.lookup)
+        sw = sweep_tiers(source.requests, sweep_base, hs, ss, within_pct=o.within,
+                         simulate=lambda configs: _run_configs(source, configs, kw, ray, on_start, on_done))
+        return TiersReport(head, [], sw, notes)
+    results = [simulate_tiers(source.requests, TierConfig(gpu), **kw)]  # the GPU pool alone, for comparison
+    if tiers:
+        results.append(simulate_tiers(source.requests, base, **kw))
+    notes.extend(dict.fromkeys(n for r in results for n in r.notes))
+    return TiersReport(head, results, None, notes)
+
+
+def _run_configs(source: TiersInput, configs: list[TierConfig], kw: dict, ray, on_start, on_done) -> list[TierResult]:
+    """One task per configuration (`kmesh_trace.oracle.tasks.tiers_point`): on Ray each reads the engine's
+    parts itself when the input came from a trace; in process they share the loaded requests."""
+    from kmesh_trace.distributed import Task, run_tasks
+    from kmesh_trace.oracle.tasks import tiers_point
+
+    where = source.source if source.location is None else f"engine={source.engine}" if source.engine else "the trace"
+    task_source = source.location if ray is not None and source.location is not None else source.requests
+    tasks = [Task(f"{where}: {c.label}", (task_source, source.engine, c, kw)) for c in configs]
+    if on_start is not None:
+        on_start(len(tasks))
+    return run_tasks(tiers_point, tasks, ray=ray, on_done=on_done)
