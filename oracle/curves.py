@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.interruptible import run_interruptible
 from kmesh_trace.oracle.stream import AccessStream
 
@@ -275,8 +276,8 @@ def _belady_levels(obj, eligible, next_use, req_start, num_objects, measure_from
     while csize < num_objects + 2:
         csize *= 2
     ctree = np.full(2 * csize, _INF, np.int32)  # min tree over capacities of their critical times
-    crit = np.full(csize, -1, np.int64)
-    last = np.full(num_objects, -1, np.int64)
+    crit = np.full(csize, -1, np.int32)
+    last = np.full(num_objects, -1, np.int32)
     nodes = np.empty(64, np.int64)
     after = np.empty(64, np.int64)
     num_caps = 0  # capacities created so far (one per fresh access and one per dummy); index 0 is never a level
@@ -332,6 +333,8 @@ def lru_curve(stream: AccessStream, measure_from: int = 0) -> HitCurve:
 
 def belady_curve(stream: AccessStream, measure_from: int = 0) -> HitCurve:
     """`belady` at every capacity, counting requests from `measure_from` on."""
+    if len(stream) >= 2**30:  # times 2t + 1 are int32 in the kernel
+        raise KmeshTraceError(f"the belady curve handles up to 2^30 block accesses, not {len(stream):,}.")
     count, possum = run_interruptible(_belady_levels, stream.obj, stream.eligible, stream.next_use, stream.req_start,
                                       stream.num_objects, int(measure_from))
     return HitCurve("belady", stream.block_size, count, possum, *_measured(stream, measure_from))
