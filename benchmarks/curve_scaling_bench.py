@@ -8,7 +8,8 @@ AccessStream, then
   Belady stack grows to the whole working set, 170,899 blocks, from the second copy on).
 For each N (doubling from --min-reads), one child process per kernel builds the stream and runs it once
 (numba's compiled code loaded on a small stream first), reporting the kernel's seconds, its ratio to the
-previous N (`x previous`: 2.0 is linear), the load average when it ran, and the memory per block read
+previous N in CPU seconds of the process (`CPU x previous`: 2.0 is linear; wall seconds move more with
+the load), the load average when it ran, and the memory per block read
 that the stream adds to the resident set and the kernel's own peak above that (the high-water mark is
 reset before the kernel, /proc/self/clear_refs; the vllm arm's RequestBlocks count as stream):
 `belady-curve` (every capacity), `vllm` and `belady-prefix` at one capacity (4,096 blocks; the grid runs
@@ -118,11 +119,11 @@ def child(src: Path, mode: str, n_reads: int, kernel: str) -> dict:
     stream_bytes = sum(getattr(stream, a).nbytes for a in arrays) + _rss() - before
     with_stream = _rss()
     _reset_peak()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = run(stream, reqs)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = _peak()
-    return {"mode": mode, "kernel": kernel, "block_reads": len(stream), "seconds": seconds, "result": int(result),
+    return {"mode": mode, "kernel": kernel, "block_reads": len(stream), "seconds": seconds, "cpu_seconds": cpu, "result": int(result),
             "peak_bytes": peak, "stream_bytes": stream_bytes, "kernel_peak_bytes": peak - with_stream,
             "load": os.getloadavg()[0]}
 
@@ -174,21 +175,23 @@ def main() -> None:
                 row = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
                 row["bytes_per_read"] = (row["stream_bytes"] + row["kernel_peak_bytes"]) / row["block_reads"]
                 prev = [r for r in rows if r["mode"] == mode and r["kernel"] == kernel]
-                row["x_previous"] = row["seconds"] / prev[-1]["seconds"] if prev else None
+                row["x_previous"] = row["cpu_seconds"] / prev[-1]["cpu_seconds"] if prev else None
                 rows.append(row)
-                print(f"{mode:6} {kernel:13} {row['block_reads']:>11,} reads  {row['seconds']:8.3f} s"
+                print(f"{mode:6} {kernel:13} {row['block_reads']:>11,} reads  {row['seconds']:8.3f} s,"
+                      f" CPU {row['cpu_seconds']:8.3f} s"
                       f" ({'x%.2f' % row['x_previous'] if prev else '     '})"
-                      f"  {row['seconds'] / row['block_reads'] * 1e9:7.1f} ns/read;"
+                      f"  {row['cpu_seconds'] / row['block_reads'] * 1e9:7.1f} CPU ns/read;"
                       f" stream {row['stream_bytes'] / row['block_reads']:5.1f} + kernel"
                       f" {row['kernel_peak_bytes'] / row['block_reads']:5.1f} B/read; load {row['load']:.1f}", flush=True)
             n *= 2
     if args.json:
         args.json.write_text(json.dumps({"rows": rows}, indent=2))
-    print("\n| stream | kernel | block reads | seconds | x previous | ns/read | stream B/read | kernel B/read | load |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| stream | kernel | block reads | seconds | CPU seconds | CPU x previous | CPU ns/read | stream B/read |"
+          " kernel B/read | load |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['mode']} | {r['kernel']} | {r['block_reads']:,} | {r['seconds']:.3f} |"
-              f" {'%.2f' % r['x_previous'] if r['x_previous'] else ''} | {r['seconds'] / r['block_reads'] * 1e9:.0f} |"
+        print(f"| {r['mode']} | {r['kernel']} | {r['block_reads']:,} | {r['seconds']:.3f} | {r['cpu_seconds']:.3f} |"
+              f" {'%.2f' % r['x_previous'] if r['x_previous'] else ''} | {r['cpu_seconds'] / r['block_reads'] * 1e9:.0f} |"
               f" {r['stream_bytes'] / r['block_reads']:.1f} | {r['kernel_peak_bytes'] / r['block_reads']:.1f} |"
               f" {r['load']:.1f} |")
     if args.plot:

@@ -185,6 +185,7 @@ def charge_as_prefix(levels, count, possum):  # pragma: no cover (compiled)
 
 _INF = np.int32(1 << 30)  # "no last touch in this node" (sums stay far below it)
 _DONE, _CAP_READ, _TOUCH, _CAP_DUMMY = 8, 1, 2, 4  # slot state bits, see _slot
+_BLOCK = 8  # slots per leaf of the time tree, scanned in place
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -198,30 +199,48 @@ def _slot(state):  # pragma: no cover (compiled)
     return total, (min(0, dummy) if state & _TOUCH else 0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _node(sm, ms, slots, size, i):  # pragma: no cover (compiled)
-    if i >= size:
-        return _slot(slots[i - size])
-    return sm[i], ms[i]
+@numba.njit(cache=True, nogil=True)
+def _scan(slots, lo, hi, after):  # pragma: no cover (compiled)
+    # Over slots [lo, hi) with `after` the sum of everything later: (their sum, the smallest suffix sum
+    # after a last touch, the earliest last touch whose suffix sum is 0 or -1).
+    total = 0
+    low = _INF
+    first = -1
+    for j in range(hi - 1, lo - 1, -1):
+        s, m = _slot(slots[j])
+        if m != _INF:
+            if after + total == 0:  # the dummy at 2j + 1
+                first = 2 * j + 1
+            if slots[j] & _TOUCH and after + total + ((slots[j] >> 2) & 1) - 1 == 0:
+                first = 2 * j
+            low = min(low, m + total)
+        total += s
+    return total, low, first
 
 
 @numba.njit(cache=True, nogil=True)
-def _pull(sm, ms, slots, size, j):  # pragma: no cover (compiled)
-    i = (j + size) >> 1
+def _pull(sm, ms, slots, nb, j):  # pragma: no cover (compiled)
+    # Nodes 1..nb-1 are internal, nb + b summarises block b.
+    b = j // _BLOCK
+    s, m, _ = _scan(slots, b * _BLOCK, (b + 1) * _BLOCK, 0)
+    i = nb + b
+    sm[i] = s
+    ms[i] = m
+    i >>= 1
     while i >= 1:
-        sl, ml = _node(sm, ms, slots, size, 2 * i)
-        sr, mr = _node(sm, ms, slots, size, 2 * i + 1)
-        sm[i] = sl + sr
-        ms[i] = min(ml + sr, mr)
+        sr = sm[2 * i + 1]
+        sm[i] = sm[2 * i] + sr
+        ms[i] = min(ms[2 * i] + sr, ms[2 * i + 1])
         i >>= 1
 
 
 @numba.njit(cache=True, nogil=True)
-def _first_balanced(sm, ms, slots, size, p, nodes, after):  # pragma: no cover (compiled)
+def _first_balanced(sm, ms, slots, nb, p, nodes, after):  # pragma: no cover (compiled)
     # The earliest last touch after time 2p with nothing after it on balance (imbalance 0). Time
     # 2(t - 1) + 1, the latest dummy, always qualifies.
+    bp = p // _BLOCK
     k = 0
-    lo, hi = p + 1 + size, 2 * size
+    lo, hi = bp + 1 + nb, 2 * nb
     while lo < hi:
         if lo & 1:
             nodes[k] = lo
@@ -232,24 +251,25 @@ def _first_balanced(sm, ms, slots, size, p, nodes, after):  # pragma: no cover (
     a = 0
     for q in range(k - 1, -1, -1):
         after[q] = a
-        a += _node(sm, ms, slots, size, nodes[q])[0]
-    if a == 0:  # the dummy right after p
+        a += sm[nodes[q]]
+    total, _, first = _scan(slots, p + 1, (bp + 1) * _BLOCK, a)
+    if a + total == 0:  # the dummy right after p
         return 2 * p + 1
+    if first >= 0:
+        return first
     for q in range(k):
         i, a = nodes[q], after[q]
-        if _node(sm, ms, slots, size, i)[1] + a != 0:
+        if ms[i] + a != 0:
             continue
-        while i < size:
-            sr = _node(sm, ms, slots, size, 2 * i + 1)[0]
-            if _node(sm, ms, slots, size, 2 * i)[1] + a + sr == 0:
+        while i < nb:
+            sr = sm[2 * i + 1]
+            if ms[2 * i] + a + sr == 0:
                 a += sr
                 i = 2 * i
             else:
                 i = 2 * i + 1
-        j = i - size
-        if slots[j] & _TOUCH and ((slots[j] >> 2) & 1) - 1 + a == 0:
-            return 2 * j
-        return 2 * j + 1
+        b = i - nb
+        return _scan(slots, b * _BLOCK, (b + 1) * _BLOCK, a)[2]
     return -1  # unreachable
 
 
@@ -264,14 +284,14 @@ def _set_critical(tree, csize, c, when):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True, nogil=True)
-def _belady_levels(obj, eligible, next_use, req_start, num_objects, measure_from):  # pragma: no cover
+def _belady_levels(obj, eligible, req_start, num_objects, measure_from):  # pragma: no cover
     n = len(obj)
-    size = 1
-    while size < max(n, 1):
-        size *= 2
-    sm = np.zeros(size, np.int32)  # internal nodes of the time tree: sum, smallest suffix after a touch
-    ms = np.full(size, _INF, np.int32)
-    slots = np.zeros(size, np.uint8)
+    nb = 1  # blocks of _BLOCK slots, a power of two
+    while nb * _BLOCK < max(n, 1):
+        nb *= 2
+    sm = np.zeros(2 * nb, np.int32)  # the time tree's nodes: sum, smallest suffix sum after a last touch
+    ms = np.full(2 * nb, _INF, np.int32)
+    slots = np.zeros(nb * _BLOCK, np.uint8)
     csize = 1  # capacities 1..num_objects + 1 can be levels (a level never exceeds the objects on the stack)
     while csize < num_objects + 2:
         csize *= 2
@@ -287,8 +307,8 @@ def _belady_levels(obj, eligible, next_use, req_start, num_objects, measure_from
         for t in range(req_start[r], req_start[r + 1]):
             o = obj[t]
             p = last[o]
-            if eligible[t] and p >= 0 and next_use[p] == t:  # a counted reuse: its level, then d becomes critical
-                s = _first_balanced(sm, ms, slots, size, p, nodes, after)
+            if eligible[t] and p >= 0:  # a counted reuse (next_use[p] == t): its level; then d becomes critical
+                s = _first_balanced(sm, ms, slots, nb, p, nodes, after)
                 i = 1
                 while i < csize:
                     i = 2 * i if ctree[2 * i] <= s else 2 * i + 1
@@ -297,11 +317,11 @@ def _belady_levels(obj, eligible, next_use, req_start, num_objects, measure_from
                 nh += 1
                 old = crit[d]
                 slots[old >> 1] &= np.uint8(0xFF ^ (_CAP_DUMMY if old & 1 else _CAP_READ))
-                _pull(sm, ms, slots, size, old >> 1)
+                _pull(sm, ms, slots, nb, old >> 1)
                 crit[d] = 2 * t
                 _set_critical(ctree, csize, d, 2 * t)
                 slots[p] &= np.uint8(0xFF ^ _TOUCH)  # the object's last touch moves to t
-                _pull(sm, ms, slots, size, p)
+                _pull(sm, ms, slots, nb, p)
             else:  # a fresh object (first access, write, or a read after a write): a new capacity
                 if 0 < num_caps < csize:
                     crit[num_caps] = 2 * t
@@ -312,7 +332,7 @@ def _belady_levels(obj, eligible, next_use, req_start, num_objects, measure_from
                 _set_critical(ctree, csize, num_caps, 2 * t + 1)
             num_caps += 1
             slots[t] = np.uint8(_DONE | _CAP_READ | _TOUCH | _CAP_DUMMY)
-            _pull(sm, ms, slots, size, t)
+            _pull(sm, ms, slots, nb, t)
             last[o] = t
         if r >= measure_from and nh > 0:
             count, possum = charge_as_prefix(thr[:nh], count, possum)
@@ -335,8 +355,8 @@ def belady_curve(stream: AccessStream, measure_from: int = 0) -> HitCurve:
     """`belady` at every capacity, counting requests from `measure_from` on."""
     if len(stream) >= 2**30:  # times 2t + 1 are int32 in the kernel
         raise KmeshTraceError(f"the belady curve handles up to 2^30 block accesses, not {len(stream):,}.")
-    count, possum = run_interruptible(_belady_levels, stream.obj, stream.eligible, stream.next_use, stream.req_start,
-                                      stream.num_objects, int(measure_from))
+    count, possum = run_interruptible(_belady_levels, stream.obj, stream.eligible, stream.req_start, stream.num_objects,
+                                      int(measure_from))
     return HitCurve("belady", stream.block_size, count, possum, *_measured(stream, measure_from))
 
 
