@@ -7,14 +7,18 @@ AccessStream, then
 - `repeat`: the same copies with the same ids (each copy's reads reuse the previous copy's blocks, so the
   Belady stack grows to the whole working set, 170,899 blocks, from the second copy on).
 For each N (doubling from --min-reads), one child process per kernel builds the stream and runs it once
-(numba's compiled code loaded on a small stream first), reporting the kernel's seconds, the child's peak
-RSS (`ru_maxrss`) and the memory per block read that the stream and the kernel add to it (resident set
-before the stream, after it, and the peak after the kernel; the vllm arm's RequestBlocks included):
+(numba's compiled code loaded on a small stream first), reporting the kernel's seconds, its ratio to the
+previous N in CPU seconds of the process (`CPU x previous`: 2.0 is linear; wall seconds move more with
+the load), the load average when it ran, and the memory per block read
+that the stream adds to the resident set and the kernel's own peak above that (the high-water mark is
+reset before the kernel, /proc/self/clear_refs; the vllm arm's RequestBlocks count as stream):
 `belady-curve` (every capacity), `vllm` and `belady-prefix` at one capacity (4,096 blocks; the grid runs
-19 of these), `lru-curve`.
+19 of these), `lru-curve`. It ends with the table as Markdown. The defaults (up to 1.6 M reads) take a
+few minutes; the series of benchmarks/README.md went to --max-reads 102400000.
 
     KMESH_DATASETS=../shared/datasets .venv/bin/python benchmarks/curve_scaling_bench.py \\
-        [--max-reads 16000000] [--repeat-max-reads 600000] [--json OUT.json] [--plot OUT.png]
+        [--kernels belady-curve,lru-curve] [--max-reads 1600000] [--repeat-max-reads 1600000] \\
+        [--json OUT.json] [--plot OUT.png]
 """
 
 from __future__ import annotations
@@ -57,26 +61,27 @@ def mooncake_stream(src: Path):
                                     num_reads)
 
 
-def stream_of(src: Path, mode: str, n_reads: int):
+def stream_of(base, mode: str, n_reads: int):
     """The first requests of the tiled stream holding at least n_reads block reads."""
-    from kmesh_trace.oracle.stream import AccessStream, next_uses
+    from kmesh_trace.oracle.stream import NEVER, AccessStream, next_uses
 
-    base = mooncake_stream(src)
     copies = -(-n_reads // len(base))
+    n = len(base)
+    r = int(np.searchsorted(base.req_start, n_reads - (copies - 1) * n))  # requests of the last copy kept
+    m = (copies - 1) * n + int(base.req_start[r])
     if mode == "fresh":
         tiled = base.tile(copies)
-        obj, elig, starts = tiled.obj, tiled.eligible, tiled.req_start
+        obj, elig, nu = tiled.obj[:m].copy(), tiled.eligible[:m].copy(), tiled.next_use[:m].copy()
+        nu[nu >= m] = NEVER  # a next use in the part cut off
+        del tiled
     else:
-        n = len(base)
-        obj, elig = np.tile(base.obj, copies), np.tile(base.eligible, copies)
-        starts = np.append((base.req_start[:-1][None, :] + (np.arange(copies) * n)[:, None]).ravel(), copies * n)
-    r = int(np.searchsorted(starts, n_reads))  # requests kept
-    m = int(starts[r])
-    obj, elig = obj[:m], elig[:m]
-    k = np.tile(base.num_prompt_tokens, copies)[:r]
-    nr = np.tile(base.num_reads, copies)[:r]
-    return AccessStream(512, obj, elig, next_uses(obj, elig), starts[:r + 1], k, nr,
-                        int(obj.max()) + 1 if m else 0)
+        obj, elig = np.tile(base.obj, copies)[:m].copy(), np.tile(base.eligible, copies)[:m].copy()
+        nu = next_uses(obj, elig)
+    kept = (copies - 1) * base.num_requests + r
+    starts = np.append((base.req_start[:-1][None, :] + (np.arange(copies) * n)[:, None]).ravel()[:kept], m)
+    k = np.tile(base.num_prompt_tokens, copies)[:kept]
+    nr = np.tile(base.num_reads, copies)[:kept]
+    return AccessStream(512, obj, elig, nu, starts, k, nr, int(obj.max()) + 1 if m else 0)
 
 
 def requests_of(stream):
@@ -103,18 +108,38 @@ def child(src: Path, mode: str, n_reads: int, kernel: str) -> dict:
                                  stream=stream).total_hit_blocks
         return POLICIES[kernel].simulate(Workload.of_stream(stream), CAPACITY).hit_blocks
 
-    small = stream_of(src, "fresh", 1000)
+    base = mooncake_stream(src)
+    small = stream_of(base, "fresh", 1000)
     run(small, requests_of(small))  # numba's compiled code loaded from its cache, outside the timing
+    del small
+    stream = stream_of(base, mode, n_reads)
     before = _rss()
-    stream = stream_of(src, mode, n_reads)
     reqs = requests_of(stream) if kernel == "vllm" else None
+    arrays = ("obj", "eligible", "next_use", "req_start", "num_prompt_tokens", "num_reads")
+    stream_bytes = sum(getattr(stream, a).nbytes for a in arrays) + _rss() - before
     with_stream = _rss()
-    t0 = time.perf_counter()
+    _reset_peak()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = run(stream, reqs)
-    seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"mode": mode, "kernel": kernel, "block_reads": len(stream), "seconds": seconds, "result": int(result),
-            "peak_bytes": peak, "stream_bytes": with_stream - before, "kernel_peak_bytes": peak - with_stream}
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    peak = _peak()
+    return {"mode": mode, "kernel": kernel, "block_reads": len(stream), "seconds": seconds, "cpu_seconds": cpu, "result": int(result),
+            "peak_bytes": peak, "stream_bytes": stream_bytes, "kernel_peak_bytes": peak - with_stream,
+            "load": os.getloadavg()[0]}
+
+
+def _reset_peak() -> None:
+    """Start the resident-set high-water mark (VmHWM) afresh (Linux: /proc/self/clear_refs)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _rss() -> int:
@@ -126,8 +151,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", type=Path, default=DATASETS / "mooncake" / "conversation_trace.jsonl")
     ap.add_argument("--min-reads", type=int, default=100_000)
-    ap.add_argument("--max-reads", type=int, default=16_000_000)
-    ap.add_argument("--repeat-max-reads", type=int, default=600_000)
+    ap.add_argument("--max-reads", type=int, default=1_600_000)
+    ap.add_argument("--repeat-max-reads", type=int, default=1_600_000)
     ap.add_argument("--kernels", default=",".join(KERNELS))
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
@@ -149,13 +174,26 @@ def main() -> None:
                                capture_output=True)  # numba's cache, outside the timing
                 row = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
                 row["bytes_per_read"] = (row["stream_bytes"] + row["kernel_peak_bytes"]) / row["block_reads"]
+                prev = [r for r in rows if r["mode"] == mode and r["kernel"] == kernel]
+                row["x_previous"] = row["cpu_seconds"] / prev[-1]["cpu_seconds"] if prev else None
                 rows.append(row)
-                print(f"{mode:6} {kernel:13} {row['block_reads']:>11,} reads  {row['seconds']:8.3f} s  "
-                      f"{row['seconds'] / row['block_reads'] * 1e9:7.1f} ns/read  peak {row['peak_bytes'] / 2**20:6.0f} MiB;"
-                      f" stream + kernel {row['bytes_per_read']:.1f} B/read", flush=True)
+                print(f"{mode:6} {kernel:13} {row['block_reads']:>11,} reads  {row['seconds']:8.3f} s,"
+                      f" CPU {row['cpu_seconds']:8.3f} s"
+                      f" ({'x%.2f' % row['x_previous'] if prev else '     '})"
+                      f"  {row['cpu_seconds'] / row['block_reads'] * 1e9:7.1f} CPU ns/read;"
+                      f" stream {row['stream_bytes'] / row['block_reads']:5.1f} + kernel"
+                      f" {row['kernel_peak_bytes'] / row['block_reads']:5.1f} B/read; load {row['load']:.1f}", flush=True)
             n *= 2
     if args.json:
-        args.json.write_text(json.dumps({"uptime": os.getloadavg(), "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"rows": rows}, indent=2))
+    print("\n| stream | kernel | block reads | seconds | CPU seconds | CPU x previous | CPU ns/read | stream B/read |"
+          " kernel B/read | load |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['mode']} | {r['kernel']} | {r['block_reads']:,} | {r['seconds']:.3f} | {r['cpu_seconds']:.3f} |"
+              f" {'%.2f' % r['x_previous'] if r['x_previous'] else ''} | {r['cpu_seconds'] / r['block_reads'] * 1e9:.0f} |"
+              f" {r['stream_bytes'] / r['block_reads']:.1f} | {r['kernel_peak_bytes'] / r['block_reads']:.1f} |"
+              f" {r['load']:.1f} |")
     if args.plot:
         import matplotlib
 

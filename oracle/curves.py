@@ -17,6 +17,23 @@ hits (its *level*), and the hits at capacity c are the accesses of level <= c.
   displaces the resident object with the farthest next use when its own is nearer; an object with
   no counted next use leaves.
 
+  The levels are computed without that stack, in O(log n) per access, by the Critical Stack
+  Algorithm of G. Bilardi, K. Ekanadham and P. Pattnaik, "Optimal on-line computation of stack
+  distances for MIN and OPT" (ACM Computing Frontiers 2017, doi:10.1145/3075564.3075571), which
+  gives OPT's stack distance of every access from the LRU order of the objects and, per capacity c,
+  its *critical time* (when an access last had distance c). That algorithm is for demand paging
+  (the accessed object always enters the cache); this cache may refuse an incoming block, which is
+  demand paging with one more slot on the trace with a fresh, never reused access after each access
+  (it takes the slot the refused block would hold): at time 2t the access, at 2t + 1 its dummy. An
+  access without a counted previous use (a first access, a write, a read after a write) is a fresh
+  object too. Every fresh object creates a capacity critical at its time. A counted reuse of an
+  object last touched at time tau has level d = the smallest capacity c >= 1 critical at or before
+  s, where s is the earliest last touch of an object after tau with balance 0 (as many capacities
+  critical after s as objects touched after s; the balance is never negative there); d becomes
+  critical now. The balance is a segment tree over time slots (sum, and the smallest suffix sum after
+  a last touch), the critical times a min tree over capacities. `tests/belady_stack.py` keeps the
+  stack itself as the reference the tests compare against.
+
 Each curve also carries, per capacity, the position sum of its hits so that prefill seconds follow
 from a `PrefillCost` (hits are charged as a cached prefix: a request with h hit blocks computes
 positions [h * block_size, prompt tokens)). Requests before `measure_from` warm the cache but are
@@ -31,8 +48,9 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.interruptible import run_interruptible
-from kmesh_trace.oracle.stream import NEVER, AccessStream
+from kmesh_trace.oracle.stream import AccessStream
 
 
 @dataclass
@@ -138,78 +156,186 @@ def _lru_levels(obj, eligible, req_start, num_objects, measure_from):  # pragma:
 
 
 @numba.njit(cache=True, nogil=True)
-def _belady_levels(obj, eligible, next_use, req_start, num_objects, never, measure_from):  # pragma: no cover
-    # Levels are two sequential arrays (object, next use; object -1 = a hole); the inner loops touch
-    # nothing else, so an object's level is found by scanning rather than kept up to date per move.
-    size = 1024
-    lvl_obj = np.full(size, -1, np.int64)
-    lvl_key = np.zeros(size, np.int64)
-    on_stack = np.zeros(num_objects, np.bool_)
-    num_levels = 0
-    count = np.zeros(size + 1, np.int64)
-    possum = np.zeros(size + 1, np.int64)
+def level_buffers(req_start):  # pragma: no cover (compiled)
+    """(count, position-sum histograms, a buffer for one request's hit levels)."""
     longest = 0
     for r in range(len(req_start) - 1):
         longest = max(longest, req_start[r + 1] - req_start[r])
-    thr = np.empty(max(longest, 1), np.int64)
+    return np.zeros(1025, np.int64), np.zeros(1025, np.int64), np.empty(max(longest, 1), np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def charge_as_prefix(levels, count, possum):  # pragma: no cover (compiled)
+    """Add one request's hit levels to the histograms (grown as needed), charged as a prefix: the k-th
+    cheapest hit is block k of the request's hit prefix."""
+    th = np.sort(levels)
+    nh = len(th)
+    if th[nh - 1] >= len(count):
+        grown = np.zeros(max(2 * len(count), th[nh - 1] + 1), np.int64)
+        grown[:len(count)] = count
+        count = grown
+        grown = np.zeros(len(count), np.int64)
+        grown[:len(possum)] = possum
+        possum = grown
+    for k in range(nh):
+        count[th[k]] += 1
+        possum[th[k]] += k
+    return count, possum
+
+
+_INF = np.int32(1 << 30)  # "no last touch in this node" (sums stay far below it)
+_DONE, _CAP_READ, _TOUCH, _CAP_DUMMY = 8, 1, 2, 4  # slot state bits, see _slot
+_BLOCK = 8  # slots per leaf of the time tree, scanned in place
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _slot(state):  # pragma: no cover (compiled)
+    # Slot j of the time tree holds times 2j (access j) and 2j + 1 (its dummy). Returns the slot's sum of
+    # (capacity marks - last touches) and the smallest such sum after one of its last touches.
+    if not state & _DONE:
+        return 0, _INF
+    dummy = ((state >> 2) & 1) - 1  # the dummy is always a last touch
+    total = (state & _CAP_READ) - ((state >> 1) & 1) + dummy
+    return total, (min(0, dummy) if state & _TOUCH else 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _scan(slots, lo, hi, after):  # pragma: no cover (compiled)
+    # Over slots [lo, hi) with `after` the sum of everything later: (their sum, the smallest suffix sum
+    # after a last touch, the earliest last touch whose suffix sum is 0 or -1).
+    total = 0
+    low = _INF
+    first = -1
+    for j in range(hi - 1, lo - 1, -1):
+        s, m = _slot(slots[j])
+        if m != _INF:
+            if after + total == 0:  # the dummy at 2j + 1
+                first = 2 * j + 1
+            if slots[j] & _TOUCH and after + total + ((slots[j] >> 2) & 1) - 1 == 0:
+                first = 2 * j
+            low = min(low, m + total)
+        total += s
+    return total, low, first
+
+
+@numba.njit(cache=True, nogil=True)
+def _pull(sm, ms, slots, nb, j):  # pragma: no cover (compiled)
+    # Nodes 1..nb-1 are internal, nb + b summarises block b.
+    b = j // _BLOCK
+    s, m, _ = _scan(slots, b * _BLOCK, (b + 1) * _BLOCK, 0)
+    i = nb + b
+    sm[i] = s
+    ms[i] = m
+    i >>= 1
+    while i >= 1:
+        sr = sm[2 * i + 1]
+        sm[i] = sm[2 * i] + sr
+        ms[i] = min(ms[2 * i] + sr, ms[2 * i + 1])
+        i >>= 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_balanced(sm, ms, slots, nb, p, nodes, after):  # pragma: no cover (compiled)
+    # The earliest last touch after time 2p with nothing after it on balance (imbalance 0). Time
+    # 2(t - 1) + 1, the latest dummy, always qualifies.
+    bp = p // _BLOCK
+    k = 0
+    lo, hi = bp + 1 + nb, 2 * nb
+    while lo < hi:
+        if lo & 1:
+            nodes[k] = lo
+            k += 1
+            lo += 1
+        lo >>= 1
+        hi >>= 1
+    a = 0
+    for q in range(k - 1, -1, -1):
+        after[q] = a
+        a += sm[nodes[q]]
+    total, _, first = _scan(slots, p + 1, (bp + 1) * _BLOCK, a)
+    if a + total == 0:  # the dummy right after p
+        return 2 * p + 1
+    if first >= 0:
+        return first
+    for q in range(k):
+        i, a = nodes[q], after[q]
+        if ms[i] + a != 0:
+            continue
+        while i < nb:
+            sr = sm[2 * i + 1]
+            if ms[2 * i] + a + sr == 0:
+                a += sr
+                i = 2 * i
+            else:
+                i = 2 * i + 1
+        b = i - nb
+        return _scan(slots, b * _BLOCK, (b + 1) * _BLOCK, a)[2]
+    return -1  # unreachable
+
+
+@numba.njit(cache=True, nogil=True)
+def _set_critical(tree, csize, c, when):  # pragma: no cover (compiled)
+    i = c + csize
+    tree[i] = when
+    i >>= 1
+    while i >= 1:
+        tree[i] = min(tree[2 * i], tree[2 * i + 1])
+        i >>= 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _belady_levels(obj, eligible, req_start, num_objects, measure_from):  # pragma: no cover
+    n = len(obj)
+    nb = 1  # blocks of _BLOCK slots, a power of two
+    while nb * _BLOCK < max(n, 1):
+        nb *= 2
+    sm = np.zeros(2 * nb, np.int32)  # the time tree's nodes: sum, smallest suffix sum after a last touch
+    ms = np.full(2 * nb, _INF, np.int32)
+    slots = np.zeros(nb * _BLOCK, np.uint8)
+    csize = 1  # capacities 1..num_objects + 1 can be levels (a level never exceeds the objects on the stack)
+    while csize < num_objects + 2:
+        csize *= 2
+    ctree = np.full(2 * csize, _INF, np.int32)  # min tree over capacities of their critical times
+    crit = np.full(csize, -1, np.int32)
+    last = np.full(num_objects, -1, np.int32)
+    nodes = np.empty(64, np.int64)
+    after = np.empty(64, np.int64)
+    num_caps = 0  # capacities created so far (one per fresh access and one per dummy); index 0 is never a level
+    count, possum, thr = level_buffers(req_start)
     for r in range(len(req_start) - 1):
         nh = 0
         for t in range(req_start[r], req_start[r + 1]):
             o = obj[t]
-            if on_stack[o]:
-                d = 0
-                while lvl_obj[d] != o:
-                    d += 1
-                if eligible[t]:
-                    thr[nh] = d + 1
-                    nh += 1
-                lvl_obj[d] = -1
-                on_stack[o] = False
-            ky = next_use[t]
-            if ky == never:
-                continue
-            on_stack[o] = True
-            y = o
-            i = 0
-            while True:
-                if i == num_levels:
-                    if i == size:
-                        size *= 2
-                        grown_obj = np.full(size, -1, np.int64)
-                        grown_obj[:i] = lvl_obj
-                        grown_key = np.zeros(size, np.int64)
-                        grown_key[:i] = lvl_key
-                        lvl_obj, lvl_key = grown_obj, grown_key
-                    num_levels += 1
-                    lvl_obj[i] = y
-                    lvl_key[i] = ky
-                    break
-                z = lvl_obj[i]
-                if z < 0:
-                    lvl_obj[i] = y
-                    lvl_key[i] = ky
-                    break
-                kz = lvl_key[i]
-                if kz > ky:  # the nearer next use stays on this level
-                    lvl_obj[i] = y
-                    lvl_key[i] = ky
-                    y = z
-                    ky = kz
-                i += 1
-        while num_levels > 0 and lvl_obj[num_levels - 1] < 0:
-            num_levels -= 1
+            p = last[o]
+            if eligible[t] and p >= 0:  # a counted reuse (next_use[p] == t): its level; then d becomes critical
+                s = _first_balanced(sm, ms, slots, nb, p, nodes, after)
+                i = 1
+                while i < csize:
+                    i = 2 * i if ctree[2 * i] <= s else 2 * i + 1
+                d = i - csize
+                thr[nh] = d
+                nh += 1
+                old = crit[d]
+                slots[old >> 1] &= np.uint8(0xFF ^ (_CAP_DUMMY if old & 1 else _CAP_READ))
+                _pull(sm, ms, slots, nb, old >> 1)
+                crit[d] = 2 * t
+                _set_critical(ctree, csize, d, 2 * t)
+                slots[p] &= np.uint8(0xFF ^ _TOUCH)  # the object's last touch moves to t
+                _pull(sm, ms, slots, nb, p)
+            else:  # a fresh object (first access, write, or a read after a write): a new capacity
+                if 0 < num_caps < csize:
+                    crit[num_caps] = 2 * t
+                    _set_critical(ctree, csize, num_caps, 2 * t)
+                num_caps += 1
+            if 0 < num_caps < csize:  # the dummy after t: a fresh object, a new capacity
+                crit[num_caps] = 2 * t + 1
+                _set_critical(ctree, csize, num_caps, 2 * t + 1)
+            num_caps += 1
+            slots[t] = np.uint8(_DONE | _CAP_READ | _TOUCH | _CAP_DUMMY)
+            _pull(sm, ms, slots, nb, t)
+            last[o] = t
         if r >= measure_from and nh > 0:
-            th = np.sort(thr[:nh])  # charged as a prefix: the k-th cheapest hit is block k
-            if th[nh - 1] >= len(count):
-                grown = np.zeros(max(2 * len(count), th[nh - 1] + 1), np.int64)
-                grown[:len(count)] = count
-                count = grown
-                grown = np.zeros(len(count), np.int64)
-                grown[:len(possum)] = possum
-                possum = grown
-            for k in range(nh):
-                count[th[k]] += 1
-                possum[th[k]] += k
+            count, possum = charge_as_prefix(thr[:nh], count, possum)
     return count, possum
 
 
@@ -227,8 +353,10 @@ def lru_curve(stream: AccessStream, measure_from: int = 0) -> HitCurve:
 
 def belady_curve(stream: AccessStream, measure_from: int = 0) -> HitCurve:
     """`belady` at every capacity, counting requests from `measure_from` on."""
-    count, possum = run_interruptible(_belady_levels, stream.obj, stream.eligible, stream.next_use, stream.req_start,
-                                   stream.num_objects, NEVER, int(measure_from))
+    if len(stream) >= 2**30:  # times 2t + 1 are int32 in the kernel
+        raise KmeshTraceError(f"the belady curve handles up to 2^30 block accesses, not {len(stream):,}.")
+    count, possum = run_interruptible(_belady_levels, stream.obj, stream.eligible, stream.req_start, stream.num_objects,
+                                      int(measure_from))
     return HitCurve("belady", stream.block_size, count, possum, *_measured(stream, measure_from))
 
 

@@ -44,3 +44,79 @@ def test_curve_equals_the_replay_at_every_capacity(policy, curve):
             checked += got > 0
         assert full.num_reads == int(s.num_reads.sum())
     assert checked > 1000
+
+
+# ---- the one-pass `belady` curve against the priority stack itself (tests/belady_stack.py) --------------
+
+from belady_stack import stack_belady_curve  # noqa: E402
+
+from kmesh_trace.oracle.stream import AccessStream  # noqa: E402
+
+SHAPES = {  # (distinct objects per access, share of writes, longest request)
+    "small-vocabulary": (0.02, 0.1, 6),
+    "deep": (0.3, 0.0, 40),
+    "never-heavy": (0.8, 0.05, 12),  # most objects are never reused
+    "write-heavy": (0.2, 0.7, 12),  # most next accesses are writes: NEVER next uses
+    "mixed": (0.1, 0.3, 25),
+}
+
+
+def _random_stream(rng, n, shape):
+    distinct, writes, longest = SHAPES[shape]
+    ids = rng.integers(0, max(1, int(n * distinct)), n).astype(np.uint64)
+    if shape == "deep":  # cyclic sweeps over a large working set, with noise
+        ids = (np.arange(n) % max(1, int(n * distinct))).astype(np.uint64) ^ (rng.random(n) < 0.1)
+    eligible = rng.random(n) >= writes
+    cuts = np.cumsum(rng.integers(1, longest + 1, n))
+    req_start = np.concatenate([[0], cuts[cuts < n], [n]]).astype(np.int64)
+    per = np.diff(req_start)
+    return AccessStream.from_arrays(16, ids, eligible, req_start, per * 16 + 1, per)
+
+
+def _same_curve(got, want):
+    top = max(got.max_level, want.max_level) + 1
+    pad = lambda a: np.pad(a, (0, max(0, top - len(a))))[:top]  # noqa: E731
+    assert np.array_equal(pad(got.count), pad(want.count))
+    assert np.array_equal(pad(got.position_sum), pad(want.position_sum))
+    assert (got.num_reads, got.num_prompt_tokens) == (want.num_reads, want.num_prompt_tokens)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_belady_curve_equals_the_priority_stack_on_random_streams(shape):
+    rng = np.random.default_rng(sum(map(ord, shape)))
+    deepest = 0
+    for seed in range(300):
+        n = int(rng.integers(1, 400 if seed % 10 else 5000))
+        s = _random_stream(rng, n, shape)
+        start = int(rng.integers(0, s.num_requests))
+        for measure_from in (0, start):
+            got, want = belady_curve(s, measure_from), stack_belady_curve(s, measure_from)
+            _same_curve(got, want)
+        deepest = max(deepest, want.max_level)
+    assert deepest > 10  # the streams reach deep levels
+
+
+@pytest.mark.parametrize("name", ["conversation_trace.jsonl", "synthetic_trace.jsonl"])
+def test_belady_curve_equals_the_priority_stack_on_mooncake(shared_datasets, tmp_path, name):
+    from kmesh_trace.datasets.importers.mooncake import import_mooncake
+    from kmesh_trace.oracle.stream import next_uses, stream_of_trace
+    from kmesh_trace.trace import open_trace
+
+    path = shared_datasets / "mooncake" / name
+    if not path.is_file():
+        pytest.skip(f"{path} not found (the Mooncake traces of the public datasets)")
+    import_mooncake(path, tmp_path / "trace")
+    s, _ = stream_of_trace(open_trace(tmp_path / "trace"))
+    for measure_from in (0, s.num_requests // 2):
+        _same_curve(belady_curve(s, measure_from), stack_belady_curve(s, measure_from))
+    # Then again with the same ids, as far as 150,000 more accesses: the second pass reuses the whole working
+    # set (the deepest stack; the stack's own cost grows with its depth).
+    r = min(int(np.searchsorted(s.req_start, 150_000)), s.num_requests)
+    m = int(s.req_start[r])
+    obj, eligible = np.concatenate([s.obj, s.obj[:m]]), np.concatenate([s.eligible, s.eligible[:m]])
+    again = AccessStream(512, obj, eligible, next_uses(obj, eligible), np.concatenate([s.req_start, s.req_start[1:r + 1] + len(s)]),
+                         np.concatenate([s.num_prompt_tokens, s.num_prompt_tokens[:r]]),
+                         np.concatenate([s.num_reads, s.num_reads[:r]]), s.num_objects)
+    got = belady_curve(again, s.num_requests)
+    _same_curve(got, stack_belady_curve(again, s.num_requests))
+    assert got.max_level > s.num_objects // 2
