@@ -91,10 +91,8 @@ def pressure_point(source, engine: str | None, capacity: int, options: dict, who
 def tiers_point(source, engine: str | None, config, options: dict):
     """One tier configuration over one engine's requests (`source`: a location, or the requests);
     `options`: simulate_tiers's other keywords (block size, KV bytes per token, costs, prefill)."""
-    from kmesh_trace.oracle.stream import request_blocks
     from kmesh_trace.oracle.tiers import simulate_tiers
 
     if isinstance(source, str):
-        source = load_at(source, None if engine is None else (engine,), "tiers",
-                         lambda parts: request_blocks(parts, engine))
+        source = workload_at(source, engine).requests
     return simulate_tiers(source, config, **options)

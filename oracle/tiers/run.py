@@ -102,18 +102,17 @@ class TiersInput:
     @classmethod
     def from_trace(cls, t, location: str, engine: str | None = None) -> TiersInput:
         """An open trace's engine partition (`engine`, None: the only one)."""
-        from kmesh_trace.oracle.stream import engine_geometry, request_blocks
+        from kmesh_trace.oracle.workload import Workload
         from kmesh_trace.trace import check_has_requests
 
         check_has_requests(t)
-        block_size, usable = engine_geometry(t, engine)
-        reqs = request_blocks(t, engine)
+        w = Workload.from_trace(t, engine)
         meta = t.engines[engine] if engine is not None else t.metadata
-        return cls(reqs, block_size, usable, location, meta, t, location, engine)
+        return cls(list(w.requests), w.block_size, w.num_usable_blocks, location, meta, t, location, engine)
 
     @classmethod
     def from_workload(cls, w, name: str) -> TiersInput:
-        """A built-in workload (`kmesh_trace.datasets.workloads.BuiltWorkload`): no capture metadata."""
+        """A scenario's workload (`kmesh_trace.oracle.workload.Workload`, from `--scenario`): no capture metadata."""
         return cls(w.requests, w.block_size, w.num_usable_blocks, f"scenario:{name}")
 
 
