@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from bailian_data import generate_bailian
-from kmesh_trace.cli.inputs import open_input, sniff
+from kmesh_trace.cli.inputs import open_as_trace, sniff
 from kmesh_trace.errors import InputFormatError
 from kmesh_trace.trace import open_trace
 
@@ -21,7 +21,7 @@ def _same_as_import(src, fmt, tmp_path):
 
     importer(fmt)(src, tmp_path / "imported", engine_id=f"import-{fmt}")
     heard = []
-    with open_input(src, on_import=heard.append) as t, open_trace(tmp_path / "imported") as ref:
+    with open_as_trace(src, on_import=heard.append) as t, open_trace(tmp_path / "imported") as ref:
         got = t.scan("invocations").collect().drop("engine")
         want = ref.scan("invocations").collect().drop("engine")
         assert got.equals(want) and got.height > 0
@@ -64,7 +64,7 @@ def test_a_trace_directory_opens_as_itself(tmp_path):
 
     write_fork_tree(tmp_path / "t")
     assert sniff(tmp_path / "t") is None
-    with open_input(tmp_path / "t", on_import=pytest.fail) as t:
+    with open_as_trace(tmp_path / "t", on_import=pytest.fail) as t:
         assert t.path == (tmp_path / "t")
 
 
@@ -92,5 +92,41 @@ def test_a_file_of_malformed_mooncake_lines_is_refused(tmp_path):
     p = tmp_path / "m.jsonl"
     p.write_text("\n".join(json.dumps({"timestamp": -1, "input_length": "x", "hash_ids": [1]}) for _ in range(3)))
     with pytest.raises(InputFormatError, match="holds no request readable as mooncake"):
-        with open_input(p):
+        with open_as_trace(p):
             pass
+
+
+@pytest.mark.parametrize("command", [
+    ["headroom", "--policies", "lru,belady"],
+    ["headroom", "--capacity-blocks", "8,32"],
+    ["pressure", "--capacity-blocks", "32"],
+    ["tiers", "--capacity-blocks", "32", "--host", "64"],
+    ["fleet", "--engines", "2", "--capacity-blocks", "16"],
+    ["lineage"],
+])
+def test_commands_read_a_public_file_as_its_import(tmp_path, cli, command):
+    """Each analysis on a Bailian JSONL file prints exactly what it prints on the file's import."""
+    from kmesh_trace.cli.inputs import importer
+
+    src = tmp_path / "bailian.jsonl"
+    generate_bailian(src, num_sessions=8)
+    importer("bailian")(src, tmp_path / "imported", engine_id="import-bailian")
+    direct = cli([command[0], str(src), *command[1:], "--json"])
+    imported = cli([command[0], str(tmp_path / "imported"), *command[1:], "--json"])
+    assert direct.exit_code == 0, direct.stderr
+    assert imported.exit_code == 0, imported.stderr
+    got, want = json.loads(direct.stdout), json.loads(imported.stdout)
+    assert got.pop("trace", str(src)) == str(src) and want.pop("trace", None) in (None, str(tmp_path / "imported"))
+    assert got == want
+    assert f"read {src} as bailian input" in " ".join(direct.stderr.split())
+
+
+def test_headroom_reads_the_mooncake_file_as_its_import(tmp_path, cli, shared_datasets):
+    src = shared_datasets / "mooncake" / "conversation_trace.jsonl"
+    from kmesh_trace.cli.inputs import importer
+
+    importer("mooncake")(src, tmp_path / "imported", engine_id="import-mooncake")
+    args = ["--window", "last-half", "--policies", "lru,belady-prefix", "--json"]
+    direct, imported = cli(["headroom", str(src), *args]), cli(["headroom", str(tmp_path / "imported"), *args])
+    assert direct.exit_code == imported.exit_code == 0, direct.stderr
+    assert json.loads(direct.stdout) == json.loads(imported.stdout)

@@ -282,17 +282,22 @@ def build_scenario(scenario):
     for note in built.notes:
         err.print(f"note: {scenario.value}: {note}", markup=False, highlight=False)
     return built
+
+
 @contextmanager
 def open_input(trace, scenario, engine: str | None, allow_incomplete: bool):
     """(the opened trace, None) for a TRACE argument, checked as every analysis checks it (requests, a
-    complete capture), or (None, its Workload) for a --scenario; the trace stays open inside the block."""
+    complete capture), or (None, its Workload) for a --scenario; the trace stays open inside the block.
+    TRACE may be a public trace read as it is (a Mooncake or Bailian JSONL file, a weka or lmcache-agent
+    directory: `kmesh_trace.cli.inputs`)."""
     if scenario is not None:
         yield None, build_scenario(scenario)
         return
     from kmesh_trace.audit.capture import check_complete
-    from kmesh_trace.trace import check_has_requests, open_trace
+    from kmesh_trace.cli.inputs import open_as_trace
+    from kmesh_trace.trace import check_has_requests
 
-    with open_trace(trace) as t:
+    with open_as_trace(trace, on_import=err.print, until_exit=True) as t:
         check_has_requests(t)
         check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
         yield t, None

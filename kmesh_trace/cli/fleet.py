@@ -24,8 +24,8 @@ def register(app: typer.Typer) -> None:
 @handles_errors
 @output_options(csv=True)
 def fleet_cmd(
-    trace: str = typer.Argument(..., help="Trace directory or pyarrow filesystem URL (s3://bucket/trace); every "
-                                           "engine partition's requests are routed."),
+    trace: str = typer.Argument(..., help="Trace directory, pyarrow filesystem URL (s3://bucket/trace) or a Mooncake/Bailian JSONL file or weka/lmcache-agent directory, imported on the way in; "
+                                           "every engine partition's requests are routed."),
     engines: Optional[str] = typer.Option(
         None, "--engines", help="Fleet sizes, comma-separated (default: the trace's engine partitions)."),
     capacity_blocks: Optional[str] = typer.Option(
@@ -52,7 +52,9 @@ def fleet_cmd(
         raise KmeshTraceError(f"--routing needs at least one policy from: {', '.join(fleet.ROUTINGS)}.")
     check_plot_option(plot, [trace])
     check_ray_option(ray)
-    parts = open_parts(trace)  # metadata only: the tasks (or the one read below) read the parts
+    from kmesh_trace.cli.inputs import trace_location
+
+    parts = open_parts(trace_location(trace, on_import=err.print))  # metadata only: the tasks read the parts
     if not parts.engines:
         raise KmeshTraceError(f"{trace} has no engine partitions; there are no requests to route.")
     if not parts.parts("invocations") and not parts.parts("block_events"):  # a KV-events recording has only events

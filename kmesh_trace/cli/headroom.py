@@ -29,7 +29,6 @@ from kmesh_trace.cli.common import (
 from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.executor import executor_for
-from kmesh_trace.oracle.workload import Workload
 from kmesh_trace.values import bounded_int, finite_float
 
 
@@ -45,7 +44,7 @@ def register(app: typer.Typer) -> None:
 @handles_errors
 @output_options(csv=True)
 def headroom_cmd(
-    trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
+    trace: Optional[Path] = typer.Argument(None, help="Trace directory, or a Mooncake/Bailian JSONL file or weka/lmcache-agent directory, imported on the way in (or use --scenario)."),
     capacity_blocks: CapacityOption = None,
     capacity: Optional[str] = typer.Option(
         None, "--capacity", help="Pool capacities, comma-separated: blocks, or bytes with a unit (40GiB) converted "
@@ -81,6 +80,7 @@ def headroom_cmd(
     """Prefill tokens (and seconds) the stock cache failed to reuse that an ideal cache of the same capacity
     would have: at the given capacities, or along the whole capacity axis."""
     from kmesh_trace.oracle import headroom as hr
+    from kmesh_trace.oracle.workload import Workload
 
     caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
     names = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else None

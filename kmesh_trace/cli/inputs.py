@@ -12,7 +12,9 @@ files is weka, one of `.jsonl` files (one level down) lmcache-agent.
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,10 +96,12 @@ def _first_record(path: Path) -> object:
 
 
 @contextmanager
-def open_input(path: str | Path, *, on_import: Callable[[str], None] | None = None, **open_options) -> Iterator:
+def open_as_trace(path: str | Path, *, on_import: Callable[[str], None] | None = None, until_exit: bool = False,
+                  **open_options) -> Iterator:
     """An opened `Trace` of `path`: the trace directory itself, or a public trace imported into a temporary
-    one for the command's duration. `on_import(line)` hears what was imported; `open_options` go to
-    `open_trace`."""
+    one, removed when the block ends (`until_exit`: when the process ends, so that tasks started after
+    the block, on Ray, can still read it). `on_import(line)` hears what was imported; `open_options`
+    go to `open_trace`."""
     from kmesh_trace.trace import open_trace
 
     path = Path(path)
@@ -106,7 +110,10 @@ def open_input(path: str | Path, *, on_import: Callable[[str], None] | None = No
         with open_trace(path, **open_options) as t:
             yield t
         return
-    with tempfile.TemporaryDirectory(prefix="kmesh-trace-input-") as d:
+    d = tempfile.mkdtemp(prefix="kmesh-trace-input-")
+    if until_exit:
+        atexit.register(shutil.rmtree, d, ignore_errors=True)
+    try:
         out = Path(d) / "trace"
         report = importer(fmt)(path, out, engine_id=f"import-{fmt}")
         if report.num_invocations == 0:
@@ -118,3 +125,17 @@ def open_input(path: str | Path, *, on_import: Callable[[str], None] | None = No
                       f"{fmt}` keeps the trace for SQL)")
         with open_trace(out, **open_options) as t:
             yield t
+    finally:
+        if not until_exit:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def trace_location(where: str, *, on_import: Callable[[str], None] | None = None) -> str:
+    """`where` (a trace directory or a pyarrow filesystem URL) as given, or, for a local public trace, the
+    temporary trace directory it is imported into (kept until the process ends: tasks read it)."""
+    path = Path(where)
+    if "://" in where or not path.exists() or sniff(path) is None:
+        return where
+    cm = open_as_trace(path, on_import=on_import, until_exit=True)
+    t = cm.__enter__()  # the import stays until exit; the trace is reopened by whoever reads the location
+    return str(t.path)

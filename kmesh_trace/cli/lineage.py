@@ -26,7 +26,7 @@ def _fmt(v: float | None, digits: int = 2) -> str:
 @handles_errors
 @output_options(csv=True)
 def lineage_cmd(
-    trace: Path = typer.Argument(..., help="Trace directory."),
+    trace: Path = typer.Argument(..., help="Trace directory, or a Mooncake/Bailian JSONL file or weka/lmcache-agent directory, imported on the way in."),
     edges: Optional[str] = typer.Option(None, "--edges", help="Edge kind to read from the lineage table: declared, "
                                         "exact_prefix or content (default: the first of these the trace has)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Only this engine partition."),
@@ -36,10 +36,11 @@ def lineage_cmd(
     """The shape of a trace's lineage: families, children per parent, depth, reuse gaps, shared-prefix blocks."""
     from kmesh_trace.oracle import lineage_report as lr
     from kmesh_trace.apps.plots import plot_lineage
-    from kmesh_trace.trace import check_has_requests, open_trace
+    from kmesh_trace.cli.inputs import open_as_trace
+    from kmesh_trace.trace import check_has_requests
 
     check_plot_option(plot, [trace])
-    with open_trace(trace) as t:
+    with open_as_trace(trace, on_import=err.print) as t:
         check_has_requests(t)
         rep = lr.run(t, lr.LineageOptions(edges), engine)
         note = approximate_tokens_note(t)

@@ -27,7 +27,6 @@ from kmesh_trace.cli.common import (
 from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.executor import InProcess, OnRay
-from kmesh_trace.oracle.workload import Workload
 from kmesh_trace.schema import PressureEdges
 from kmesh_trace.values import MAX_BLOCKS, MAX_SECONDS, bounded_int, finite_float
 
@@ -41,7 +40,7 @@ def register(app: typer.Typer) -> None:
 @handles_errors
 @output_options(csv=True)
 def pressure_cmd(
-    trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
+    trace: Optional[Path] = typer.Argument(None, help="Trace directory, or a Mooncake/Bailian JSONL file or weka/lmcache-agent directory, imported on the way in (or use --scenario)."),
     scenario: ScenarioOption = None,
     edges: PressureEdges = typer.Option(PressureEdges.declared, "--edges", help="Families from declared lineage, inferred exact-prefix edges, or an import's content edges (guessed from text)."),
     expiry_s: Optional[float] = typer.Option(None, "--expiry-s", parser=finite_float(0, MAX_SECONDS), help="Release a hold this many seconds after it was taken (needs trace times)."),
@@ -61,6 +60,7 @@ def pressure_cmd(
 
     One capacity gives the detailed report; several (--capacity-blocks 64,96,128) a sweep table."""
     from kmesh_trace.oracle import pressure as pr
+    from kmesh_trace.oracle.workload import Workload
     from kmesh_trace.apps.plots import plot_pressure_sweep
 
     if (trace is None) == (scenario is None):

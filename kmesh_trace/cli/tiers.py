@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
 @handles_errors
 @output_options()
 def tiers_cmd(
-    trace: Optional[Path] = typer.Argument(None, help="Trace directory (or use --scenario)."),
+    trace: Optional[Path] = typer.Argument(None, help="Trace directory, or a Mooncake/Bailian JSONL file or weka/lmcache-agent directory, imported on the way in (or use --scenario)."),
     scenario: ScenarioOption = None,
     capacity_blocks: Optional[int] = typer.Option(None, "--capacity-blocks", parser=bounded_int(1, MAX_BLOCKS), help="GPU pool usable blocks (default: the trace's)."),
     gpu_blocks: Optional[int] = typer.Option(None, "--gpu-blocks", parser=bounded_int(1, MAX_BLOCKS), hidden=True, help="Deprecated: the old name of --capacity-blocks."),
@@ -144,10 +144,12 @@ def _input(trace: Optional[Path], scenario, engine: Optional[str]):
     if scenario is not None:  # any built-in workload but family-burst: a stream with no capture metadata
         yield TiersInput.from_workload(build_scenario(scenario), scenario.value)
         return
-    from kmesh_trace.trace import open_trace
+    from kmesh_trace.cli.inputs import open_as_trace
 
-    with open_trace(trace) as t:
-        yield TiersInput.from_trace(t, str(trace), engine)
+    with open_as_trace(trace, on_import=err.print, until_exit=True) as t:  # a public trace: imported first
+        inp = TiersInput.from_trace(t, str(trace), engine)
+        inp.location = str(t.path)  # where tasks read it: the import's directory for a public trace
+        yield inp
 
 
 @contextmanager
