@@ -99,7 +99,7 @@ def tiers_cmd(
         connector=vllm_connector.value if vllm_connector else None, lookup=lookup.value, kv_bytes_per_token=kv_bytes,
         model_config=model_config, restore_results=restore_results, ssd_route=ssd_route, host_gbps=host_gbps,
         ssd_gbps=ssd_gbps, host_latency_ms=host_latency_ms, ssd_latency_ms=ssd_latency_ms,
-        prefill_tokens_per_s=prefill_tps, sweep_host=sweep_host, sweep_ssd=sweep_ssd, within=within, engine=engine,
+        prefill_tokens_per_s=prefill_tps, sweep_host=sweep_host, sweep_ssd=sweep_ssd, within=within,
         children=children, ancestor_mib=ancestor_mib, chunks=chunks,
         capacity_flag="--capacity-blocks" if gpu_blocks is None else "--gpu-blocks")
     _check_outputs(trace, scenario, options, ray, plot, journal)

@@ -27,8 +27,9 @@ __all__ = ["TiersOptions", "TiersInput", "TiersReport", "ArmsReport", "run", "ru
 
 @dataclass(frozen=True)
 class TiersOptions:
-    """A `tiers` run's choices. Capacities (`host`, `ssd`, the sweeps') are text: blocks, or bytes with a
-    unit (40GiB); `read_once` names tiers, comma-separated; the sweeps are comma-separated lists."""
+    """A `tiers` run's choices (the engine partition is the input's). Capacities (`host`, `ssd`, the
+    sweeps') are text: blocks, or bytes with a unit (40GiB); `read_once` names tiers, comma-separated;
+    the sweeps are comma-separated lists."""
 
     capacity_blocks: int | None = None  # the GPU pool (default: the trace's usable blocks)
     host: str | None = None
@@ -54,7 +55,6 @@ class TiersOptions:
     sweep_host: str | None = None
     sweep_ssd: str | None = None
     within: float = 5.0
-    engine: str | None = None
     # The family-burst scenario.
     children: int = 5
     ancestor_mib: float = 48
