@@ -195,7 +195,7 @@ def test_mooncake_import_report_has_every_section_without_options(browser, tmp_p
     _check_headroom_table(embedded, dom)
     assert embedded["headroom"]["stock"] is None and "No stock" in dom.sections["headroom"]["text"]
     assert embedded["pressure"]["at_capacity"]["edges"] == "inferred"  # no declared parents: exact-prefix edges
-    assert "--gpu-blocks" in dom.sections["tiers"]["commands"][0]  # an import records no pool size: the page chose one
+    assert "--capacity-blocks" in dom.sections["tiers"]["commands"][0]  # an import records no pool size: the page chose one
     assert embedded["audit"]["verdict"]["headroom"]["blocked_by"] == ["import"]
     assert "block events (no engine served the trace)" in embedded["audit"]["imports"]["import-mooncake"]["gaps"]
     assert not [p for p in embedded["audit"]["problems"] if p["severity"] == "blocking"]

@@ -468,7 +468,7 @@ def tiers_section(ctx: ReportContext) -> Section:
     kvbpt, _ = tc.kv_bytes_per_token(ctx.meta, None, None)
     cost, _, _ = ctx.prefill
     grid = [0, gpu, 2 * gpu, 4 * gpu]
-    gpu_flag = "" if usable else f" --gpu-blocks {gpu}"
+    gpu_flag = "" if usable else f" --capacity-blocks {gpu}"
     sw = tm.sweep_tiers(ctx.requests, tm.TierConfig(gpu, tuple(tm.TierSpec(n, 1) for n in tm.TIER_NAMES)), grid, grid,
                         block_size=block_size, kv_bytes_per_token=kvbpt, costs={}, prefill=cost)
     d = sw.to_dict()
