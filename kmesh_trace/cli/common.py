@@ -324,12 +324,3 @@ def approximate_tokens_note(trace) -> str | None:
     if note:
         err.print(f"note: {note}", markup=False, highlight=False)
     return note
-
-
-def run_tasks_with_progress(fn: Callable, tasks: list, *, ray: str | None, label: str) -> list:
-    """`kmesh_trace.distributed.run_tasks` with a progress bar that advances as each task completes."""
-    from kmesh_trace.distributed import run_tasks
-
-    with progress() as bar:
-        tid = bar.add_task(label, total=len(tasks))
-        return run_tasks(fn, tasks, ray=ray, on_done=lambda t: bar.advance(tid))

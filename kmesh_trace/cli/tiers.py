@@ -106,8 +106,11 @@ def tiers_cmd(
     if scenario is not None and scenario.value == "family-burst":
         report = tm.run_family_burst(options)
     else:
-        with _input(trace, scenario, engine) as source, _sweep_progress(ray) as (on_start, on_done):
-            report = tm.run(source, options, ray=ray, on_start=on_start, on_done=on_done)
+        from kmesh_trace.oracle.executor import InProcess, OnRay
+
+        executor = InProcess() if ray is None else OnRay(ray)
+        with _input(trace, scenario, engine) as source, _sweep_progress(executor):
+            report = tm.run(source, options, executor)
         for note in report.notes:
             err.print(f"note: {note}")
         if plot is not None:
@@ -153,18 +156,19 @@ def _input(trace: Optional[Path], scenario, engine: Optional[str]):
 
 
 @contextmanager
-def _sweep_progress(ray: Optional[str]):
-    """(on_start, on_done) callbacks of a sweep's progress bar, which starts once the sweep's tasks are known."""
+def _sweep_progress(executor):
+    """A sweep's progress bar on `executor`'s tasks, started once the sweep's tasks are known."""
     bar = task = None
 
     def on_start(num_tasks: int) -> None:
         nonlocal bar, task
         bar = progress()
         bar.start()
-        task = bar.add_task("tiers" if ray else "simulating tiers", total=num_tasks)
+        task = bar.add_task("tiers" if executor.remote else "simulating tiers", total=num_tasks)
 
+    executor.on_start, executor.on_done = on_start, lambda _: bar.advance(task)
     try:
-        yield on_start, lambda _: bar.advance(task)
+        yield
     finally:
         if bar is not None:
             bar.stop()

@@ -4,7 +4,7 @@
 a run reads (one engine's requests, geometry, and where the KV bytes and the prefill fit come from).
 A run resolves the restore costs, the KV bytes per token and the prefill model, builds the tier
 configuration, and simulates either the GPU pool alone and the configuration, or a host x SSD sweep
-(one task per configuration, in process or on Ray, through `kmesh_trace.distributed.run_tasks`). The
+(one task per configuration, in process or on Ray, through one `kmesh_trace.oracle.executor.Executor`). The
 reports give the JSON (`to_dict`) and the human rendering (`lines`, `kmesh_trace.oracle.tiers.render`).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.stream import RequestBlocks
@@ -169,10 +169,9 @@ def run_family_burst(options: TiersOptions) -> ArmsReport:
                        "costs": {k: v.to_dict() for k, v in costs.items()}, "prefill": prefill_src, "arms": arms})
 
 
-def run(source: TiersInput, options: TiersOptions, *, ray: str | None = None,
-        on_start: Callable[[int], None] | None = None, on_done: Callable[[Any], None] | None = None) -> TiersReport:
-    """`options` over `source`. A sweep runs one task per configuration (`ray`: on that cluster, else in
-    this process); `on_start(num_tasks)` and `on_done(task)` follow its progress."""
+def run(source: TiersInput, options: TiersOptions, executor=None) -> TiersReport:
+    """`options` over `source`. A sweep runs one task per configuration through `executor`
+    (`kmesh_trace.oracle.executor`; default in this process), whose `on_start`/`on_done` follow it."""
     from kmesh_trace.oracle import tier_costs as tc
     from kmesh_trace.oracle.stream import pool_capacity
     from kmesh_trace.resources import check_fits, pool_bytes
@@ -220,7 +219,7 @@ def run(source: TiersInput, options: TiersOptions, *, ray: str | None = None,
         sweep_base = TierConfig(gpu, tuple(spec(n, 1) for n in TIER_NAMES), o.singleflight, o.early_prep,
                                 o.prep_lead_s, o.lookup)
         sw = sweep_tiers(source.requests, sweep_base, hs, ss, within_pct=o.within,
-                         simulate=lambda configs: _run_configs(source, configs, kw, ray, on_start, on_done))
+                         simulate=lambda configs: _run_configs(source, configs, kw, executor))
         return TiersReport(head, [], sw, notes)
     results = [simulate_tiers(source.requests, TierConfig(gpu), **kw)]  # the GPU pool alone, for comparison
     if tiers:
@@ -229,15 +228,14 @@ def run(source: TiersInput, options: TiersOptions, *, ray: str | None = None,
     return TiersReport(head, results, None, notes)
 
 
-def _run_configs(source: TiersInput, configs: list[TierConfig], kw: dict, ray, on_start, on_done) -> list[TierResult]:
-    """One task per configuration (`kmesh_trace.oracle.tasks.tiers_point`): on Ray each reads the engine's
-    parts itself when the input came from a trace; in process they share the loaded requests."""
-    from kmesh_trace.distributed import Task, run_tasks
+def _run_configs(source: TiersInput, configs: list[TierConfig], kw: dict, executor) -> list[TierResult]:
+    """One task per configuration (`kmesh_trace.oracle.tasks.tiers_point`): on a remote executor (Ray) each
+    reads the engine's parts itself when the input came from a trace; in process they share the requests."""
+    from kmesh_trace.oracle.executor import InProcess, Task
     from kmesh_trace.oracle.tasks import tiers_point
 
+    executor = executor or InProcess()
     where = source.source if source.location is None else f"engine={source.engine}" if source.engine else "the trace"
-    task_source = source.location if ray is not None and source.location is not None else source.requests
-    tasks = [Task(f"{where}: {c.label}", (task_source, source.engine, c, kw)) for c in configs]
-    if on_start is not None:
-        on_start(len(tasks))
-    return run_tasks(tiers_point, tasks, ray=ray, on_done=on_done)
+    task_source = source.location if executor.remote and source.location is not None else source.requests
+    return executor.map(tiers_point, [Task(f"{where}: {c.label}", (task_source, source.engine, c, kw))
+                                      for c in configs])
