@@ -564,7 +564,7 @@ def _check_lineage(lin, inv, f: _Findings) -> None:
             "engine", "child_request_id", "parent_request_id", "edge_kind", "num_shared_tokens",
             "declared_parent_id").iter_rows():
         where = f"lineage:{eng}:{child}<-{parent}"
-        if kind == "declared" and parent is None:
+        if kind == schema.EdgeKind.declared and parent is None:
             f.add("lineage_dangling_parent", "a declared parent is not in the child's engine partition (never sent, "
                   "or served by another engine; the edge is kept without parent_request_id and that engine's "
                   "retention analysis cannot hold for it)",
@@ -572,7 +572,7 @@ def _check_lineage(lin, inv, f: _Findings) -> None:
         if (eng, child) not in known or (parent is not None and (eng, parent) not in known):
             f.add("lineage_dangling", "a lineage edge names a request that is not in the invocations", where, blocks=(RETENTION,))
             continue
-        if kind != "exact_prefix" or parent is None:
+        if kind != schema.EdgeKind.exact_prefix or parent is None:
             continue
         child_prompt, _ = tokens[(eng, child)]
         p_prompt, p_output = tokens[(eng, parent)]
@@ -635,9 +635,9 @@ def _imports(t: Trace, inv, lineage) -> dict[str, dict]:
         elif not has_tokens:
             approximate.append("prompts are block ids from the source (no token ids): block-exact, output blocks unknown")
         for kind in kinds:
-            edges = "--edges declared" if kind == "declared" else ("--edges inferred" if kind == "exact_prefix" else f"--edges {kind}")
+            edges = "--edges declared" if kind == schema.EdgeKind.declared else ("--edges inferred" if kind == schema.EdgeKind.exact_prefix else f"--edges {kind}")
             supports.append(f"pressure what-if over {kind} edges ({edges}) and the lineage report")
-        if "content" in kinds:
+        if schema.EdgeKind.content.value in kinds:
             approximate.append("content edges are guessed from text (an input extends the previous one, or repeats its "
                                "output); they are not lineage")
         if meta.get("arrival"):

@@ -29,6 +29,10 @@ import re
 from collections import OrderedDict
 from typing import Any
 
+#: The lineage table's `edge_kind` of a declared edge (`kmesh_trace.schema.EdgeKind.declared`; written here,
+#: not imported, so the engine process's import of this module stays standard-library only).
+DECLARED = "declared"
+
 #: Prefixes vLLM's OpenAI server puts before the base request id (completions, chat completions).
 RESPONSE_PREFIXES = ("cmpl-", "chatcmpl-")
 _INDEX_SUFFIX = re.compile(r"^(.+)-(\d+)$")
@@ -109,7 +113,7 @@ def declared_edge(child_request_id: str, declared_parent: Any, family_id: str | 
                   resolver: ParentResolver) -> dict[str, Any]:
     """The `lineage` row of a declared edge (`num_shared_tokens` left for the caller to fill)."""
     return {"child_request_id": child_request_id, "parent_request_id": resolver.resolve(declared_parent),
-            "declared_parent_id": str(declared_parent), "family_id": family_id, "edge_kind": "declared",
+            "declared_parent_id": str(declared_parent), "family_id": family_id, "edge_kind": DECLARED,
             "num_shared_tokens": None}
 
 
@@ -122,7 +126,7 @@ def declared_parents(trace, engine: str | None = None) -> dict[tuple[str, str], 
     import polars as pl
 
     # Hive partitioning may read an engine id like "0" as an integer.
-    lin = trace.scan("lineage").with_columns(pl.col("engine").cast(pl.Utf8)).filter(pl.col("edge_kind") == "declared")
+    lin = trace.scan("lineage").with_columns(pl.col("engine").cast(pl.Utf8)).filter(pl.col("edge_kind") == DECLARED)
     inv = trace.scan("invocations").with_columns(pl.col("engine").cast(pl.Utf8))
     if engine is not None:
         lin = lin.filter(pl.col("engine") == engine)

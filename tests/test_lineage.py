@@ -85,3 +85,9 @@ def test_an_incomplete_capture_is_refused_unless_allowed(tmp_path, cli):
         assert "2 of the 9 requests that had arrived by then had no invocation row yet" in r.stderr
         r = cli(cmd + ["--allow-incomplete", "--json"])
         assert r.exit_code == 0 and "warning: engine e0:" in r.stderr, r.stderr
+
+
+def test_the_declared_edge_kind_is_the_schemas():
+    from kmesh_trace import lineage, schema
+
+    assert lineage.DECLARED == schema.EdgeKind.declared.value

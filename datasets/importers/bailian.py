@@ -24,6 +24,7 @@ from kmesh_trace.datasets.importers.common import (
     require_time_ns,
 )
 from kmesh_trace.writer import TraceWriter
+from kmesh_trace import schema
 
 BLOCK_SIZE = 16
 FORMAT = "bailian"
@@ -77,7 +78,7 @@ def import_bailian(src: str | Path, out: str | Path, *, engine_id: str = "import
                      "prompt_block_hashes": chain_hashes(ids), "arrival_ns": arrival_ns})
         if pid is not None:
             edges.append({"child_request_id": cid, "parent_request_id": pid if pid in seen else None,
-                          "declared_parent_id": pid, "family_id": family, "edge_kind": "declared"})
+                          "declared_parent_id": pid, "family_id": family, "edge_kind": schema.EdgeKind.declared.value})
         seq += 1
         report.num_block_hashes += len(ids)
         if len(rows) >= ROWS_PER_PART:

@@ -40,6 +40,7 @@ from kmesh_trace.jsonl_lines import BLANK, BOM, MALFORMED, MALFORMED_REASONS, RE
 from kmesh_trace.datasets.importers.common import MAX_LISTED_MALFORMED, MAX_NS, ImportReport
 from kmesh_trace.errors import InputFormatError, MissingDependencyError
 from kmesh_trace.writer import TraceWriter, to_contract
+from kmesh_trace import schema
 
 FORMAT = "lmcache-agent"
 BYTES_TOKENIZER = "utf-8-bytes"
@@ -227,7 +228,7 @@ class _Import:
                 if any(pair_edges(prev, cur)):
                     p, c = by_where[prev.where], by_where[cur.where]
                     edges.append({"child_request_id": c.request_id, "parent_request_id": p.request_id,
-                                  "family_id": c.family_id, "edge_kind": "content",
+                                  "family_id": c.family_id, "edge_kind": schema.EdgeKind.content.value,
                                   "num_shared_tokens": _common_prefix(c.prompt, p.prompt, p.output)})
         part: list[_Record] = []
         tokens = 0

@@ -578,7 +578,7 @@ def _file_table(fid: str, reader: _FileReader, values: np.ndarray, first_seq: in
         "agent_type": [threads[r.thread].agent_type for r in reqs_sorted],
     }, schema=_FILE_SCHEMA)
     edges = [{"child_request_id": ids[i], "parent_request_id": parent_ids[i], "declared_parent_id": parent_ids[i],
-              "family_id": fid, "edge_kind": "declared"} for i in range(len(ids)) if parent_ids[i] is not None]
+              "family_id": fid, "edge_kind": schema.EdgeKind.declared.value} for i in range(len(ids)) if parent_ids[i] is not None]
     return table, edges
 
 
