@@ -12,7 +12,8 @@ previous N in CPU seconds of the process (`CPU x previous`: 2.0 is linear; wall 
 the load), the load average when it ran, and the memory per block read
 that the stream adds to the resident set and the kernel's own peak above that (the high-water mark is
 reset before the kernel, /proc/self/clear_refs; the vllm arm's RequestBlocks count as stream):
-`belady-curve` (every capacity), `vllm` and `belady-prefix` at one capacity (4,096 blocks; the grid runs
+`belady-curve` (every capacity; `belady-stack`, not in the defaults: the same curve by the priority
+stack of tests/belady_stack.py, O(depth) per read), `vllm` and `belady-prefix` at one capacity (4,096 blocks; the grid runs
 19 of these), `lru-curve`. It ends with the table as Markdown. The defaults (up to 1.6 M reads) take a
 few minutes; the series of benchmarks/README.md went to --max-reads 102400000.
 
@@ -101,6 +102,11 @@ def child(src: Path, mode: str, n_reads: int, kernel: str) -> dict:
     def run(stream, reqs):
         if kernel == "belady-curve":
             return belady_curve(stream).max_level
+        if kernel == "belady-stack":  # the O(depth) priority stack the tests keep as the reference
+            sys.path.insert(0, str(HERE.parents[1] / "tests"))
+            from belady_stack import stack_belady_curve
+
+            return stack_belady_curve(stream).max_level
         if kernel == "lru-curve":
             return lru_curve(stream).max_level
         if kernel == "vllm":
