@@ -12,9 +12,11 @@ previous N in CPU seconds of the process (`CPU x previous`: 2.0 is linear; wall 
 the load), the load average when it ran, and the memory per block read
 that the stream adds to the resident set and the kernel's own peak above that (the high-water mark is
 reset before the kernel, /proc/self/clear_refs; the vllm arm's RequestBlocks count as stream):
-`belady-curve` (every capacity), `vllm` and `belady-prefix` at one capacity (4,096 blocks; the grid runs
-19 of these), `lru-curve`. It ends with the table as Markdown. The defaults (up to 1.6 M reads) take a
-few minutes; the series of benchmarks/README.md went to --max-reads 102400000.
+`belady-curve` (every capacity; `belady-stack`, not in the defaults: the same curve by the priority
+stack of tests/belady_stack.py, O(depth) per read), `vllm` and `belady-prefix` at one capacity (4,096
+blocks; the grid runs 19 of these), `lru-curve`. It ends with the table as Markdown. The defaults (up to
+1.6 M reads) take a few minutes; the series of benchmarks/README.md went to --max-reads 102400000.
+`--from-logs LOG...` prints the table (and --plot draws CPU seconds) from the lines of earlier runs.
 
     KMESH_DATASETS=../shared/datasets .venv/bin/python benchmarks/curve_scaling_bench.py \\
         [--kernels belady-curve,lru-curve] [--max-reads 1600000] [--repeat-max-reads 1600000] \\
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -101,6 +104,11 @@ def child(src: Path, mode: str, n_reads: int, kernel: str) -> dict:
     def run(stream, reqs):
         if kernel == "belady-curve":
             return belady_curve(stream).max_level
+        if kernel == "belady-stack":  # the O(depth) priority stack the tests keep as the reference
+            sys.path.insert(0, str(HERE.parents[1] / "tests"))
+            from belady_stack import stack_belady_curve
+
+            return stack_belady_curve(stream).max_level
         if kernel == "lru-curve":
             return lru_curve(stream).max_level
         if kernel == "vllm":
@@ -123,9 +131,26 @@ def child(src: Path, mode: str, n_reads: int, kernel: str) -> dict:
     result = run(stream, reqs)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = _peak()
-    return {"mode": mode, "kernel": kernel, "block_reads": len(stream), "seconds": seconds, "cpu_seconds": cpu, "result": int(result),
+    return {"mode": mode, "kernel": kernel, "block_reads": len(stream), "seconds": seconds, "cpu_seconds": cpu,
+            "result": int(result),
             "peak_bytes": peak, "stream_bytes": stream_bytes, "kernel_peak_bytes": peak - with_stream,
             "load": os.getloadavg()[0]}
+
+
+_LINE = re.compile(r"(\w+)\s+([\w-]+)\s+([\d,]+) reads\s+([\d.]+) s, CPU\s+([\d.]+) s \((?:x([\d.]+)|\s+)\)"
+                   r"\s+[\d.]+ CPU ns/read; stream\s+([\d.]+) \+ kernel\s+([\d.]+) B/read; load ([\d.]+)")
+
+
+def _rows_of_log(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text().splitlines():
+        m = _LINE.match(line)
+        if m:
+            n = int(m[3].replace(",", ""))
+            rows.append({"mode": m[1], "kernel": m[2], "block_reads": n, "seconds": float(m[4]),
+                         "cpu_seconds": float(m[5]), "x_previous": float(m[6]) if m[6] else None,
+                         "stream_bytes": float(m[7]) * n, "kernel_peak_bytes": float(m[8]) * n, "load": float(m[9])})
+    return rows
 
 
 def _reset_peak() -> None:
@@ -156,15 +181,22 @@ def main() -> None:
     ap.add_argument("--kernels", default=",".join(KERNELS))
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
+    ap.add_argument("--from-logs", nargs="+", type=Path, metavar="LOG",
+                    help="no runs: the table and --plot from the printed lines of earlier runs")
     ap.add_argument("--child", nargs=3, metavar=("MODE", "READS", "KERNEL"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.src, args.child[0], int(args.child[1]), args.child[2])))
         return
-    if not args.src.is_file():
-        sys.exit(f"{args.src} not found; pass --src with the Mooncake conversation_trace.jsonl")
-    rows = []
     kernels = args.kernels.split(",")
+    if args.from_logs:
+        rows = [r for path in args.from_logs for r in _rows_of_log(path)]
+        kernels = list(dict.fromkeys(r["kernel"] for r in rows))
+        args.max_reads = args.repeat_max_reads = 0  # nothing to run
+    elif not args.src.is_file():
+        sys.exit(f"{args.src} not found; pass --src with the Mooncake conversation_trace.jsonl")
+    else:
+        rows = []
     for mode, top in (("fresh", args.max_reads), ("repeat", args.repeat_max_reads)):
         n = args.min_reads
         while n <= top:
@@ -182,7 +214,8 @@ def main() -> None:
                       f" ({'x%.2f' % row['x_previous'] if prev else '     '})"
                       f"  {row['cpu_seconds'] / row['block_reads'] * 1e9:7.1f} CPU ns/read;"
                       f" stream {row['stream_bytes'] / row['block_reads']:5.1f} + kernel"
-                      f" {row['kernel_peak_bytes'] / row['block_reads']:5.1f} B/read; load {row['load']:.1f}", flush=True)
+                      f" {row['kernel_peak_bytes'] / row['block_reads']:5.1f} B/read; load {row['load']:.1f}",
+                      flush=True)
             n *= 2
     if args.json:
         args.json.write_text(json.dumps({"rows": rows}, indent=2))
@@ -191,7 +224,8 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['mode']} | {r['kernel']} | {r['block_reads']:,} | {r['seconds']:.3f} | {r['cpu_seconds']:.3f} |"
-              f" {'%.2f' % r['x_previous'] if r['x_previous'] else ''} | {r['cpu_seconds'] / r['block_reads'] * 1e9:.0f} |"
+              f" {'%.2f' % r['x_previous'] if r['x_previous'] else ''} |"
+              f" {r['cpu_seconds'] / r['block_reads'] * 1e9:.0f} |"
               f" {r['stream_bytes'] / r['block_reads']:.1f} | {r['kernel_peak_bytes'] / r['block_reads']:.1f} |"
               f" {r['load']:.1f} |")
     if args.plot:
@@ -203,12 +237,13 @@ def main() -> None:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for mode in ("fresh", "repeat"):
             for kernel in kernels:
-                pts = [(r["block_reads"], r["seconds"]) for r in rows if r["mode"] == mode and r["kernel"] == kernel]
+                pts = [(r["block_reads"], r["cpu_seconds"]) for r in rows
+                       if r["mode"] == mode and r["kernel"] == kernel]
                 if pts:
                     x, y = zip(*pts)
                     ax.loglog(x, y, "o-" if mode == "fresh" else "s--", label=f"{kernel} ({mode} ids)")
         ax.set_xlabel("block reads")
-        ax.set_ylabel("kernel seconds")
+        ax.set_ylabel("kernel CPU seconds")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()

@@ -114,7 +114,8 @@ def test_belady_curve_equals_the_priority_stack_on_mooncake(shared_datasets, tmp
     r = min(int(np.searchsorted(s.req_start, 150_000)), s.num_requests)
     m = int(s.req_start[r])
     obj, eligible = np.concatenate([s.obj, s.obj[:m]]), np.concatenate([s.eligible, s.eligible[:m]])
-    again = AccessStream(512, obj, eligible, next_uses(obj, eligible), np.concatenate([s.req_start, s.req_start[1:r + 1] + len(s)]),
+    starts = np.concatenate([s.req_start, s.req_start[1:r + 1] + len(s)])
+    again = AccessStream(512, obj, eligible, next_uses(obj, eligible), starts,
                          np.concatenate([s.num_prompt_tokens, s.num_prompt_tokens[:r]]),
                          np.concatenate([s.num_reads, s.num_reads[:r]]), s.num_objects)
     got = belady_curve(again, s.num_requests)
