@@ -243,3 +243,17 @@ def test_reading_parts_by_location_gives_clear_errors(tmp_path):
     assert list(one.engines) == ["e1"] and [p.split("/")[-2] for p in one.parts("invocations")] == ["engine=e1"]
     assert one.scan("invocations").collect()["request_id"].to_list() == [f"q{i}" for i in range(1, 60, 2)]
     assert one.scan("lineage").collect().height == 0
+
+
+def test_cli_capacity_in_bytes_is_the_same_fleet_as_in_blocks(cli, tmp_path):
+    """--capacity on fleet (per engine, issue 26, item 5): 4.8MB at 1,000 KV bytes per token and 16-token blocks
+    is 300 blocks."""
+    from kmesh_trace.datasets.workloads.fork_tree import write_fork_tree
+
+    trace = str(write_fork_tree(tmp_path / "t"))
+    want = cli(["fleet", trace, "--engines", "2", "--capacity-blocks", "150,300", "--json"])
+    assert want.exit_code == 0, want.stderr
+    got = cli(["fleet", trace, "--engines", "2", "--capacity", "2.4MB,4.8MB", "--kv-bytes-per-token", "1000", "--json"])
+    assert (got.exit_code, got.stdout) == (0, want.stdout), got.stderr
+    r = cli(["fleet", trace, "--capacity", "300", "--capacity-blocks", "300"])
+    assert (r.exit_code, r.stderr.strip()) == (1, "Error: give the capacities once: --capacity or --capacity-blocks.")

@@ -181,3 +181,16 @@ def test_inferred_edges_come_from_the_traces_exact_prefix_rows(tmp_path):
     res = what_if_trace(tmp_path / "t", edges="inferred")
     assert (res.edge_source, res.child_indices) == ("lineage", [1, 4])
     assert what_if_trace(tmp_path / "t").edge_source == "declared"
+
+
+def test_cli_capacity_in_bytes_is_the_same_what_if_as_in_blocks(cli, tmp_path):
+    """--capacity on pressure as on headroom (issue 26, item 5): 4.8MB at 1,000 KV bytes per token and 16-token
+    blocks is 300 blocks; a sweep in bytes is the sweep in blocks."""
+    trace = write_fork_tree(tmp_path / "t")
+    for blocks, size in (("300", "4.8MB"), ("150,300", "2.4MB,4.8MB")):
+        want = cli(["pressure", trace, "--capacity-blocks", blocks, "--json"])
+        assert want.exit_code == 0, want.stderr
+        got = cli(["pressure", trace, "--capacity", size, "--kv-bytes-per-token", "1000", "--json"])
+        assert (got.exit_code, got.stdout) == (0, want.stdout), got.stderr
+    r = cli(["pressure", trace, "--capacity", "300", "--capacity-blocks", "300"])
+    assert (r.exit_code, r.stderr.strip()) == (1, "Error: give the capacities once: --capacity or --capacity-blocks.")

@@ -272,6 +272,33 @@ ScenarioOption = Annotated[Optional[ScenarioName], typer.Option(
     "--scenario", help="Analyse a built-in workload (kmesh_trace.datasets.workloads) instead of a trace.")]
 CapacityOption = Annotated[Optional[str], typer.Option(
     "--capacity-blocks", help="Pool capacities in blocks, comma-separated, e.g. 256,512 (default: the trace's usable blocks).")]
+CapacityBytesOption = Annotated[Optional[str], typer.Option(
+    "--capacity", help="Pool capacities, comma-separated: blocks, or bytes with a unit (40GiB) converted with the KV "
+                       "bytes per token.")]
+KvBytesOption = Annotated[Optional[int], typer.Option(
+    "--kv-bytes-per-token", help="KV bytes per token, for --capacity in bytes (default: the capture's engine metadata).")]
+ModelConfigOption = Annotated[Optional[Path], typer.Option(
+    "--model-config", help="Hugging Face config.json giving the KV bytes per token, for --capacity in bytes.")]
+
+
+def capacities_in_blocks(text: str, block_size: int, meta: dict, kv_bytes: int | None, model_config) -> tuple[int, ...]:
+    """`--capacity` as block counts: plain numbers are blocks, sizes with a unit are bytes over the block's bytes
+    (the KV bytes per token from `kv_bytes` or `model_config`, else the engine metadata `meta`)."""
+    from kmesh_trace.oracle.tier_costs import kv_bytes_per_token, parse_capacity
+
+    kvbpt, _ = kv_bytes_per_token(meta, kv_bytes, model_config)
+    block_bytes = block_size * kvbpt if kvbpt else None
+    caps = [parse_capacity(c, block_bytes, "--capacity") for c in text.split(",") if c.strip()]
+    if not caps or min(caps) <= 0:
+        raise KmeshTraceError(f"--capacity must give capacities of at least one block ({block_size} tokens"
+                              f"{f', {block_bytes:,} bytes' if block_bytes else ''}); got {text!r}.")
+    return tuple(caps)
+
+
+def one_capacity_flag(capacity_blocks: str | None, capacity: str | None) -> None:
+    """Refuse capacities given twice (in blocks and with --capacity)."""
+    if capacity is not None and capacity_blocks is not None:
+        raise KmeshTraceError("give the capacities once: --capacity or --capacity-blocks.")
 
 
 def build_scenario(scenario):

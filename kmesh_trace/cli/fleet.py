@@ -8,8 +8,22 @@ from typing import Optional
 import typer
 from kmesh_trace.cli.display import Table
 
-from kmesh_trace.cli.common import (Output, check_plot_option, emit, err, handles_errors, out, output_options, parse_ints,
-                                    progress_of)
+from kmesh_trace.cli.common import (
+    CapacityBytesOption,
+    KvBytesOption,
+    ModelConfigOption,
+    Output,
+    capacities_in_blocks,
+    check_plot_option,
+    emit,
+    err,
+    handles_errors,
+    one_capacity_flag,
+    out,
+    output_options,
+    parse_ints,
+    progress_of,
+)
 from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.executor import InProcess, OnRay
@@ -30,6 +44,9 @@ def fleet_cmd(
         None, "--engines", help="Fleet sizes, comma-separated (default: the trace's engine partitions)."),
     capacity_blocks: Optional[str] = typer.Option(
         None, "--capacity-blocks", help="Usable blocks per engine, comma-separated (default: the trace's)."),
+    capacity: CapacityBytesOption = None,
+    kv_bytes: KvBytesOption = None,
+    model_config: ModelConfigOption = None,
     routing: str = typer.Option(
         "round-robin,least-loaded,family,prefix-aware", "--routing",
         help="Routing policies, comma-separated, from: round-robin, least-loaded, family, prefix-aware."),
@@ -50,7 +67,8 @@ def fleet_cmd(
     routings = tuple(r.strip() for r in routing.split(",") if r.strip())
     if not routings:
         raise KmeshTraceError(f"--routing needs at least one policy from: {', '.join(fleet.ROUTINGS)}.")
-    check_plot_option(plot, [trace])
+    one_capacity_flag(capacity_blocks, capacity)
+    check_plot_option(plot, [trace, model_config])
     check_ray_option(ray)
     from kmesh_trace.cli.inputs import trace_location
 
@@ -62,6 +80,10 @@ def fleet_cmd(
                               "there are no requests to route.")
     ns = parse_ints(engines, "--engines") if engines is not None else None
     caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
+    if capacity is not None:  # per engine, in bytes: converted with the trace's KV geometry
+        from kmesh_trace.oracle.stream import check_block_size
+
+        caps = capacities_in_blocks(capacity, check_block_size(parts.block_size), parts.metadata, kv_bytes, model_config)
     options = fleet.FleetOptions(ns and tuple(ns), caps and tuple(caps), routings, edges, overload)
     options.check(parts)
     executor = InProcess() if ray is None else OnRay(ray)

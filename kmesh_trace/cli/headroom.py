@@ -12,14 +12,19 @@ import typer
 from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import (
+    CapacityBytesOption,
     CapacityOption,
+    KvBytesOption,
+    ModelConfigOption,
     Output,
     ScenarioOption,
     approximate_tokens_note,
+    capacities_in_blocks,
     check_plot_option,
     emit,
     err,
     handles_errors,
+    one_capacity_flag,
     open_input,
     out,
     output_options,
@@ -46,13 +51,9 @@ def register(app: typer.Typer) -> None:
 def headroom_cmd(
     trace: Optional[Path] = typer.Argument(None, help="Trace directory, or a Mooncake/Bailian JSONL file or weka/lmcache-agent directory, imported on the way in (or use --scenario)."),
     capacity_blocks: CapacityOption = None,
-    capacity: Optional[str] = typer.Option(
-        None, "--capacity", help="Pool capacities, comma-separated: blocks, or bytes with a unit (40GiB) converted "
-                                 "with the KV bytes per token."),
-    kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", help="KV bytes per token, for --capacity "
-                                           "in bytes (default: the capture's engine metadata)."),
-    model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json giving the KV "
-                                                "bytes per token, for --capacity in bytes."),
+    capacity: CapacityBytesOption = None,
+    kv_bytes: KvBytesOption = None,
+    model_config: ModelConfigOption = None,
     policies: Optional[str] = typer.Option(
         None, "--policies", help="Policies, comma-separated, from: infinite, lru, vllm, belady, belady-prefix (default: all)."),
     curve: bool = typer.Option(
@@ -86,8 +87,7 @@ def headroom_cmd(
     names = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else None
     if (trace is None) == (scenario is None):
         raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
-    if capacity is not None and caps is not None:
-        raise KmeshTraceError("give the capacities once: --capacity or --capacity-blocks.")
+    one_capacity_flag(capacity_blocks, capacity)
     if curve and capacity is not None:  # capacities in bytes: known once the trace is open
         raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
     options = hr.HeadroomOptions(None if caps is None else tuple(caps), names, curve, window.value, tokens_per_s,
@@ -144,22 +144,13 @@ def render(d: dict) -> None:
 
 
 def _capacities_in_blocks(text: str, trace, workload, engine, kv_bytes, model_config) -> tuple[int, ...]:
-    """`--capacity` as block counts: plain numbers are blocks, sizes with a unit are bytes over the block's bytes
-    (the KV bytes per token from the options, else the trace's engine metadata)."""
+    """`--capacity` as block counts, with the geometry of the trace's engine (or of the scenario's workload)."""
     from kmesh_trace.oracle.stream import engine_geometry
-    from kmesh_trace.oracle.tier_costs import kv_bytes_per_token, parse_capacity
 
     if trace is None:
-        block_size, meta = workload.block_size, {}
-    else:
-        block_size, meta = engine_geometry(trace, engine)[0], trace.engines[engine] if engine is not None else trace.metadata
-    kvbpt, _ = kv_bytes_per_token(meta, kv_bytes, model_config)
-    block_bytes = block_size * kvbpt if kvbpt else None
-    caps = [parse_capacity(c, block_bytes, "--capacity") for c in text.split(",") if c.strip()]
-    if not caps or min(caps) <= 0:
-        raise KmeshTraceError(f"--capacity must give capacities of at least one block ({block_size} tokens"
-                              f"{f', {block_bytes:,} bytes' if block_bytes else ''}); got {text!r}.")
-    return tuple(caps)
+        return capacities_in_blocks(text, workload.block_size, {}, kv_bytes, model_config)
+    meta = trace.engines[engine] if engine is not None else trace.metadata
+    return capacities_in_blocks(text, engine_geometry(trace, engine)[0], meta, kv_bytes, model_config)
 
 
 def _fitted(trace, engine):

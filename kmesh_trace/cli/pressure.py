@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -9,17 +10,22 @@ import typer
 from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import (
-    MAX_BLOCKS,
+    CapacityBytesOption,
     CapacityOption,
+    KvBytesOption,
+    MAX_BLOCKS,
+    ModelConfigOption,
     Output,
     ScenarioOption,
     approximate_tokens_note,
+    capacities_in_blocks,
     check_plot_option,
     emit,
     err,
     handles_errors,
-    out,
+    one_capacity_flag,
     open_input,
+    out,
     output_options,
     parse_ints,
     progress_of,
@@ -47,6 +53,9 @@ def pressure_cmd(
     max_held_blocks: Optional[int] = typer.Option(None, "--max-held-blocks", parser=bounded_int(0, MAX_BLOCKS), help="Refuse a hold that would put more blocks under hold."),
     max_families: Optional[int] = typer.Option(None, "--max-families", parser=bounded_int(0, MAX_BLOCKS), help="Refuse a hold that would make more families hold at once."),
     capacity_blocks: CapacityOption = None,
+    capacity: CapacityBytesOption = None,
+    kv_bytes: KvBytesOption = None,
+    model_config: ModelConfigOption = None,
     sweep_capacity: Optional[str] = typer.Option(None, "--sweep-capacity", hidden=True, help="Same as --capacity-blocks with a sweep table (kept for old scripts)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="With several capacities: write net tokens against capacity to FILE.png or FILE.svg."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
@@ -70,9 +79,10 @@ def pressure_cmd(
     option = "--capacity-blocks" if sweep_capacity is None else "--sweep-capacity"
     text = capacity_blocks if sweep_capacity is None else sweep_capacity
     caps = parse_ints(text, option) if text is not None else None
-    if plot is not None and caps is None:
+    one_capacity_flag(text, capacity)
+    if plot is not None and caps is None and capacity is None:
         raise KmeshTraceError("--plot draws a capacity sweep; add --capacity-blocks a,b,c.")
-    check_plot_option(plot, [trace])
+    check_plot_option(plot, [trace, model_config])
     check_ray_option(ray)
     options = pr.PressureOptions(edges, None if caps is None else tuple(caps), expiry_s, max_held_blocks, max_families,
                                  sweep=sweep_capacity is not None or plot is not None)
@@ -81,6 +91,11 @@ def pressure_cmd(
         if t is not None:
             pr.check_has_requests(t, engine)
             w = Workload.from_trace(t, engine)
+        if capacity is not None:  # in bytes: converted with the engine's KV geometry, known now
+            meta = {} if t is None else t.engines[engine] if engine is not None else t.metadata
+            options = replace(options, capacities=capacities_in_blocks(capacity, w.block_size, meta, kv_bytes,
+                                                                       model_config))
+            options.check("--capacity")
         note = approximate_tokens_note(t) if t is not None else None
     if (untimed := pr.untimed_note(w)) is not None:
         err.print(f"note: {untimed}")
