@@ -4,7 +4,7 @@
 - contract fields: every metadata field a capture must fill (schema.REQUIRED_CAPTURE_METADATA), every contract
   column in every Parquet part, the nullable columns a row's state requires (FILLED_WHEN), and
   enumerated columns holding only their vocabulary (schema.VOCABULARIES);
-- block events, replayed in `seq` order: reference counts never negative; frees only of blocks that
+- block events, walked in `seq` order: reference counts never negative; frees only of blocks that
   were allocated and are still referenced; touches only of blocks once allocated and still cached;
   evictions only of cached blocks; no allocation of a block whose hash was never evicted; every
   cached hash held by one block while resident (a warning: vLLM's BlockHashToBlockMap admits
@@ -28,7 +28,7 @@
 Each finding is a `Problem` naming the analyses it stops from qualifying.
 
 A KV-events recording (`source` kv-events:ENGINE, written by `kmesh-trace listen`) is checked by
-`audit/kv_events.py` instead of the pool replay (it has no requests and no block ids).
+`audit/kv_events.py` instead of the pool walk (it has no requests and no block ids).
 
 An imported partition (`source` import:FORMAT) is no capture: it has no engine and no block events,
 so it never qualifies (the verdict is blocked by `import`), and its `seq` is the import order (a warning,
@@ -157,7 +157,7 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     frames = {"invocations": inv, "block_events": ev, "lineage": t.frame("lineage"), "transfers": t.frame("transfers")}
     _check_values(frames, f)
     _check_domains(frames, f)
-    touches = _replay_block_events(ev, f)
+    touches = _walk_block_events(ev, f)
     _check_cached_tokens(t, inv, touches, f)
     _check_clocks(t, inv, f)
     lineage = t.frame("lineage")
@@ -380,7 +380,7 @@ def _check_values(frames: dict, f: _Findings) -> None:
                   [f"{table}.{col}={v!r}" for v in values], count=bad.height)
 
 
-#: Domain rules the block-event replay reports in its own words (negative_ref_cnt).
+#: Domain rules the block-event walk reports in its own words (negative_ref_cnt).
 _DOMAINS_CHECKED_ELSEWHERE = {("block_events", "ref_cnt")}
 #: The key that names a row of each table in a finding's location.
 _ROW_KEY = {"invocations": "request_id", "block_events": "seq", "lineage": "child_request_id", "transfers": "request_id"}
@@ -411,7 +411,7 @@ def _check_domains(frames: dict, f: _Findings) -> None:
 # ---- block events --------------------------------------------------------------------------
 
 
-def _replay_block_events(ev, f: _Findings) -> dict[tuple[str, str], int]:
+def _walk_block_events(ev, f: _Findings) -> dict[tuple[str, str], int]:
     """Replay each engine's block events in seq order; returns touches per (engine, request)."""
     touches: dict[tuple[str, str], int] = {}
     if ev.height == 0:

@@ -136,7 +136,7 @@ INVOCATIONS = Table(
 
 
 def edge_values(enum: type[Enum]) -> tuple[str, ...]:
-    """The values of one of the edge vocabularies below, in order."""
+    """The values of one of the vocabularies below (edges, tier policies), in order."""
     return tuple(m.value for m in enum)
 
 
@@ -177,6 +177,26 @@ class FleetEdges(str, Enum):
     auto = "auto"
     declared = "declared"
     inferred = "inferred"
+
+
+class TierWrite(str, Enum):
+    """When a lower tier stores a block (`kmesh-trace tiers --host-write/--ssd-write`)."""
+
+    on_evict = "on-evict"  # the blocks the GPU pool evicts
+    write_through = "write-through"  # every full block as it is computed, in chunks
+
+
+class TierLookup(str, Enum):
+    """How a prompt's blocks are looked up below the GPU (`kmesh-trace tiers --lookup`)."""
+
+    any = "any"  # GPU then lower tiers, block by block
+    gpu_prefix = "gpu-prefix"  # lower tiers only extend the GPU prefix (vLLM's connectors)
+
+
+class TierConnector(str, Enum):
+    """A vLLM connector the tier model reproduces exactly (`kmesh-trace tiers --vllm-connector`)."""
+
+    simple_cpu = "simple-cpu"  # SimpleCPUOffloadConnector, eager mode
 
 
 LINEAGE = Table(

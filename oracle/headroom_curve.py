@@ -211,7 +211,7 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
     for name in names:
         if name not in CURVES:
             step(f"{name} at {len(grid)} capacities")
-            per_request[name] = replay_grid(name, workload, grid, processes, executor)
+            per_request[name] = simulate_grid(name, workload, grid, processes, executor)
             curves[name] = PolicyCurve(name, False, np.asarray(grid, np.int64), per_request[name][:, start:].sum(axis=1))
 
     curves = {name: curves[name] for name in names}  # in the order asked for
@@ -281,8 +281,8 @@ def _replay_point(name: str, workload: Workload, cap: int) -> np.ndarray:
     return POLICIES[name].simulate(workload, cap).hit_blocks_per_request
 
 
-def replay_grid(name: str, workload: Workload, capacities: Sequence[int], processes: int | None = None,
-                executor: Executor | None = None) -> np.ndarray:
+def simulate_grid(name: str, workload: Workload, capacities: Sequence[int], processes: int | None = None,
+                  executor: Executor | None = None) -> np.ndarray:
     """Per-request hit blocks of `name` at each capacity (rows), on `executor` (default: worker processes
     forked when more than one core is free and the platform forks, sharing the workload; else one after
     another)."""

@@ -10,7 +10,7 @@ import pytest
 
 from kmesh_trace.datasets.workloads.fork_tree import BLOCK_SIZE, fork_tree_requests, fork_tree_rows, write_fork_tree
 from kmesh_trace.oracle.headroom import headroom_of_requests
-from kmesh_trace.oracle.headroom_curve import grid_capacities, headroom_curve, replay_grid
+from kmesh_trace.oracle.headroom_curve import grid_capacities, headroom_curve, simulate_grid
 from kmesh_trace.oracle.policies import POLICIES, Workload
 from kmesh_trace.oracle.prefill_cost import PrefillCost
 from kmesh_trace.oracle.stream import requests_from_rows
@@ -50,9 +50,9 @@ def test_curve_agrees_with_the_replays_at_every_grid_capacity(window):
     assert res.ttft["belady"]["p50"] <= res.ttft["no cache"]["p50"]
 
 
-def test_replay_grid_in_worker_processes_equals_one_after_another():
+def test_simulate_grid_in_worker_processes_equals_one_after_another():
     w = Workload(BLOCK_SIZE, fork_tree_requests())
-    assert (replay_grid("vllm", w, [64, 300, 512], processes=2) == replay_grid("vllm", w, [64, 300, 512], processes=1)).all()
+    assert (simulate_grid("vllm", w, [64, 300, 512], processes=2) == simulate_grid("vllm", w, [64, 300, 512], processes=1)).all()
 
 
 def test_a_wide_bracket_is_flagged():

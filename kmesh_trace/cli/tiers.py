@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -26,21 +25,8 @@ from kmesh_trace.cli.common import (
 )
 from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.schema import TierConnector, TierLookup, TierWrite
 from kmesh_trace.values import MAX_BLOCKS, MAX_SECONDS, bounded_int, finite_float
-
-
-class Write(str, Enum):
-    on_evict = "on-evict"
-    write_through = "write-through"
-
-
-class Connector(str, Enum):
-    simple_cpu = "simple-cpu"
-
-
-class Lookup(str, Enum):
-    any = "any"
-    gpu_prefix = "gpu-prefix"
 
 
 def register(app: typer.Typer) -> None:
@@ -56,15 +42,15 @@ def tiers_cmd(
     gpu_blocks: Optional[int] = typer.Option(None, "--gpu-blocks", parser=bounded_int(1, MAX_BLOCKS), hidden=True, help="Deprecated: the old name of --capacity-blocks."),
     host: Optional[str] = typer.Option(None, "--host", help="Host-memory tier capacity: blocks, or bytes with a unit (40GiB); absent if not given."),
     ssd: Optional[str] = typer.Option(None, "--ssd", help="SSD tier capacity: blocks, or bytes with a unit; absent if not given."),
-    host_write: Write = typer.Option(Write.on_evict, "--host-write", help="When the host tier stores a block."),
-    ssd_write: Write = typer.Option(Write.on_evict, "--ssd-write", help="When the SSD tier stores a block."),
+    host_write: TierWrite = typer.Option(TierWrite.on_evict, "--host-write", help="When the host tier stores a block."),
+    ssd_write: TierWrite = typer.Option(TierWrite.on_evict, "--ssd-write", help="When the SSD tier stores a block."),
     chunk_tokens: Optional[int] = typer.Option(None, "--chunk-tokens", parser=bounded_int(1, MAX_BLOCKS), help="Lower-tier chunk in tokens (a multiple of the block size, e.g. 256; needs write-through). Default: one block."),
     read_once: Optional[str] = typer.Option(None, "--read-once", help="Tiers that drop a chunk once loaded, comma-separated (host, ssd)."),
     singleflight: bool = typer.Option(False, "--singleflight/--no-singleflight", help="Concurrent needs of one chunk share one read."),
     early_prep: bool = typer.Option(False, "--early-prep/--no-early-prep", help="Load a declared family's ancestor ahead of its children."),
     prep_lead_s: Optional[float] = typer.Option(None, "--prep-lead-s", parser=finite_float(0, MAX_SECONDS), help="With --early-prep: prepare this long before the first child (default: when the parent finishes)."),
-    vllm_connector: Optional[Connector] = typer.Option(None, "--vllm-connector", help="simple-cpu: reproduce vLLM's SimpleCPUOffloadConnector (eager) on one tier, --host (cpu backend) or --ssd (disk backend), replayed sequentially."),
-    lookup: Lookup = typer.Option(Lookup.any, "--lookup", help="any: GPU then lower tiers block by block; gpu-prefix: lower tiers only extend the GPU prefix (vLLM's connectors)."),
+    vllm_connector: Optional[TierConnector] = typer.Option(None, "--vllm-connector", help="simple-cpu: reproduce vLLM's SimpleCPUOffloadConnector (eager) on one tier, --host (cpu backend) or --ssd (disk backend), replayed sequentially."),
+    lookup: TierLookup = typer.Option(TierLookup.any, "--lookup", help="any: GPU then lower tiers block by block; gpu-prefix: lower tiers only extend the GPU prefix (vLLM's connectors)."),
     kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", parser=bounded_int(1, 1 << 40), help="KV bytes per token (default: the capture's engine metadata)."),
     model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json giving the KV bytes per token."),
     restore_results: Optional[Path] = typer.Option(None, "--restore-results", help="A `replay run --out` directory: restore costs measured on the target host."),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.schema import TierConnector, TierLookup, TierWrite, edge_values
 
 if TYPE_CHECKING:
     import numpy as np
@@ -19,10 +20,10 @@ __all__ = ["TIER_NAMES", "WRITE_POLICIES", "LOOKUP_MODES", "SIMPLE_CPU", "Prefil
            "TierConfig", "simple_cpu"]
 
 TIER_NAMES = ("host", "ssd")
-WRITE_POLICIES = ("on-evict", "write-through")
-LOOKUP_MODES = ("any", "gpu-prefix")
+WRITE_POLICIES = edge_values(TierWrite)
+LOOKUP_MODES = edge_values(TierLookup)
 #: The one connector model: vLLM's SimpleCPUOffloadConnector (`kmesh_trace.oracle.tiers.simple_cpu`).
-SIMPLE_CPU = "simple-cpu"
+SIMPLE_CPU = TierConnector.simple_cpu.value
 
 
 class PrefillSeconds(Protocol):
