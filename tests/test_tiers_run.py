@@ -30,3 +30,15 @@ def test_capacity_blocks_is_the_flag_and_gpu_blocks_its_hidden_old_name(cli):
     assert both.exit_code == 1 and both.stderr == "Error: give --capacity-blocks once (--gpu-blocks is its old name).\n"
     shown = cli(["tiers", "--help"]).stdout
     assert "--capacity-blocks" in shown and "--gpu-blocks" not in shown
+
+
+def test_tiers_options_name_their_flags():
+    """The report's tiers reproduce line comes from the options (`oracle.options.flags`), as every section's."""
+    from kmesh_trace.oracle.options import flags
+    from kmesh_trace.oracle.tiers import TiersOptions
+
+    assert flags(TiersOptions()) == ""
+    assert flags(TiersOptions(capacity_blocks=64, sweep_host="0,64", sweep_ssd="0,64")) == \
+        " --capacity-blocks 64 --sweep-host 0,64 --sweep-ssd 0,64"
+    assert flags(TiersOptions(host="8GiB", host_write="write-through", singleflight=True, connector="simple-cpu")) == \
+        " --host 8GiB --host-write write-through --singleflight --vllm-connector simple-cpu"

@@ -460,6 +460,7 @@ def tiers_section(ctx: ReportContext) -> Section:
     """A host x SSD sweep at the GPU pool (multiples 0, 1, 2, 4 of it), ranked by hit tokens (or seconds
     saved, with restore costs): what lower tiers would have bought."""
     from kmesh_trace.oracle import tier_costs as tc
+    from kmesh_trace.oracle.options import flags
     from kmesh_trace.oracle import tiers as tm
     from kmesh_trace.apps.plots import plot_tier_sweep
 
@@ -468,13 +469,13 @@ def tiers_section(ctx: ReportContext) -> Section:
     kvbpt, _ = tc.kv_bytes_per_token(ctx.meta, None, None)
     cost, _, _ = ctx.prefill
     grid = [0, gpu, 2 * gpu, 4 * gpu]
-    gpu_flag = "" if usable else f" --capacity-blocks {gpu}"
     sw = tm.sweep_tiers(ctx.requests, tm.TierConfig(gpu, tuple(tm.TierSpec(n, 1) for n in tm.TIER_NAMES)), grid, grid,
                         block_size=block_size, kv_bytes_per_token=kvbpt, costs={}, prefill=cost)
     d = sw.to_dict()
     keys = ["label", "hit_tokens", "recomputed_tokens", "num_lower_tier_reads", "lower_tier_read_bytes"]
     rows = [[c[k] for k in keys] for c in d["configurations"]]
     sizes = ",".join(map(str, grid))
+    options = tm.TiersOptions(capacity_blocks=None if usable else gpu, sweep_host=sizes, sweep_ssd=sizes)
     flat = [v for row in d["grid"] for v in row]
     spread = (max(flat) - min(flat)) / max(flat) if flat and max(flat) else 0.0
     body = [howto([("GPU / host / SSD", "the engine's pool, then host memory, then SSD; a prompt block is usable "
@@ -489,11 +490,10 @@ def tiers_section(ctx: ReportContext) -> Section:
                       f"{spread:.1%} of the best."),
             hint("Restore costs are not priced here; for seconds saved, give the restores measured on the target host "
                  "(a `replay run --out` directory):", "tiers", "--restore-results",
-                 f"kmesh-trace tiers {ctx.trace_arg}{gpu_flag} --sweep-host {sizes} --sweep-ssd {sizes} "
-                 "--restore-results DIR"),
+                 f"kmesh-trace tiers {ctx.trace_arg}{flags(options)} --restore-results DIR"),
             svg(lambda p: plot_tier_sweep(sw, p, block_size)),
             table(["configuration", "hit tokens", "recomputed", "reads", "bytes read"], rows, id="tiers-sweep", keys=keys)]
-    return Section("Tiers", ctx.command("tiers", f"{gpu_flag} --sweep-host {sizes} --sweep-ssd {sizes}"), d, body)
+    return Section("Tiers", ctx.command("tiers", options), d, body)
 
 
 #: Engines in the fleet what-if of a one-engine trace with families.

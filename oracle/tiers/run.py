@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.options import option
 from kmesh_trace.oracle.stream import RequestBlocks
 from kmesh_trace.oracle.tiers import render
 from kmesh_trace.oracle.tiers.config import SIMPLE_CPU, TIER_NAMES, RestoreCost, TierConfig, TierSpec, simple_cpu
@@ -27,40 +28,40 @@ __all__ = ["TiersOptions", "TiersInput", "TiersReport", "ArmsReport", "run", "ru
 
 @dataclass(frozen=True)
 class TiersOptions:
-    """A `tiers` run's choices (the engine partition is the input's). Capacities (`host`, `ssd`, the
-    sweeps') are text: blocks, or bytes with a unit (40GiB); `read_once` names tiers, comma-separated;
-    the sweeps are comma-separated lists."""
+    """A `tiers` run's choices (the engine partition is the input's; its flags name the fields:
+    `kmesh_trace.oracle.options`). Capacities (`host`, `ssd`, the sweeps') are text: blocks, or bytes
+    with a unit (40GiB); `read_once` names tiers, comma-separated; the sweeps are comma-separated lists."""
 
-    capacity_blocks: int | None = None  # the GPU pool (default: the trace's usable blocks)
-    host: str | None = None
-    ssd: str | None = None
-    host_write: str = "on-evict"
-    ssd_write: str = "on-evict"
-    chunk_tokens: int | None = None  # default: one block
-    read_once: str | None = None
-    singleflight: bool = False
-    early_prep: bool = False
-    prep_lead_s: float | None = None
-    connector: str | None = None  # "simple-cpu"
-    lookup: str = "any"
-    kv_bytes_per_token: int | None = None  # default: the capture's engine metadata
-    model_config: Path | None = None
-    restore_results: Path | None = None
-    ssd_route: str | None = None
-    host_gbps: float | None = None
-    ssd_gbps: float | None = None
-    host_latency_ms: float = 0.0
-    ssd_latency_ms: float = 0.0
-    prefill_tokens_per_s: float | None = None  # default: fitted on the capture's measured prefills
-    sweep_host: str | None = None
-    sweep_ssd: str | None = None
-    within: float = 5.0
+    capacity_blocks: int | None = option("--capacity-blocks", None)  # the GPU pool (default: the trace's usable blocks)
+    host: str | None = option("--host", None)
+    ssd: str | None = option("--ssd", None)
+    host_write: str = option("--host-write", "on-evict")
+    ssd_write: str = option("--ssd-write", "on-evict")
+    chunk_tokens: int | None = option("--chunk-tokens", None)  # default: one block
+    read_once: str | None = option("--read-once", None)
+    singleflight: bool = option("--singleflight", False)
+    early_prep: bool = option("--early-prep", False)
+    prep_lead_s: float | None = option("--prep-lead-s", None)
+    connector: str | None = option("--vllm-connector", None)  # "simple-cpu"
+    lookup: str = option("--lookup", "any")
+    kv_bytes_per_token: int | None = option("--kv-bytes-per-token", None)  # default: the capture's engine metadata
+    model_config: Path | None = option("--model-config", None)
+    restore_results: Path | None = option("--restore-results", None)
+    ssd_route: str | None = option("--ssd-route", None)
+    host_gbps: float | None = option("--host-gbps", None)
+    ssd_gbps: float | None = option("--ssd-gbps", None)
+    host_latency_ms: float = option("--host-latency-ms", 0.0)
+    ssd_latency_ms: float = option("--ssd-latency-ms", 0.0)
+    prefill_tokens_per_s: float | None = option("--prefill-tokens-per-s", None)  # default: fitted to the capture
+    sweep_host: str | None = option("--sweep-host", None)
+    sweep_ssd: str | None = option("--sweep-ssd", None)
+    within: float = option("--within", 5.0)
     # The family-burst scenario.
-    children: int = 5
-    ancestor_mib: float = 48
-    chunks: int = 16
+    children: int = option("--children", 5)
+    ancestor_mib: float = option("--ancestor-mib", 48)
+    chunks: int = option("--chunks", 16)
     #: The flag the capacity came from, as errors name it (the deprecated --gpu-blocks when given so).
-    capacity_flag: str = "--capacity-blocks"
+    capacity_flag: str = option(None, "--capacity-blocks")
 
     @property
     def swept(self) -> bool:
