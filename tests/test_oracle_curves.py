@@ -99,14 +99,15 @@ def test_belady_curve_equals_the_priority_stack_on_random_streams(shape):
 @pytest.mark.parametrize("name", ["conversation_trace.jsonl", "synthetic_trace.jsonl"])
 def test_belady_curve_equals_the_priority_stack_on_mooncake(shared_datasets, tmp_path, name):
     from kmesh_trace.datasets.importers.mooncake import import_mooncake
-    from kmesh_trace.oracle.stream import next_uses, stream_of_trace
+    from kmesh_trace.oracle.stream import next_uses
+    from kmesh_trace.oracle.workload import Workload
     from kmesh_trace.trace import open_trace
 
     path = shared_datasets / "mooncake" / name
     if not path.is_file():
         pytest.skip(f"{path} not found (the Mooncake traces of the public datasets)")
     import_mooncake(path, tmp_path / "trace")
-    s, _ = stream_of_trace(open_trace(tmp_path / "trace"))
+    s = Workload.from_trace(open_trace(tmp_path / "trace"), requests=False).stream
     for measure_from in (0, s.num_requests // 2):
         _same_curve(belady_curve(s, measure_from), stack_belady_curve(s, measure_from))
     # Then again with the same ids, as far as 150,000 more accesses: the second pass reuses the whole working

@@ -78,10 +78,10 @@ def test_every_rule_names_a_column_of_the_contract():
 
 def test_the_audit_and_readers_take_their_names_from_the_contract():
     from kmesh_trace.audit import capture as audit_capture
-    from kmesh_trace.oracle import stream
+    from kmesh_trace.oracle import workload
 
     assert {(t, c) for t, cols in audit_capture.FILLED_WHEN.items() for c in cols} == set(schema.FILLED_WHEN)
-    assert set(stream._COLUMNS) <= set(schema.INVOCATIONS.column_names)
+    assert set(workload.COLUMNS) <= set(schema.INVOCATIONS.column_names)
 
 
 def test_every_metadata_field_has_one_typed_record():

@@ -98,8 +98,8 @@ def headroom_cmd(
     with open_input(trace, scenario, engine, allow_incomplete) as (t, w):
         if capacity is not None:
             options = replace(options, capacities=_capacities_in_blocks(capacity, t, w, engine, kv_bytes, model_config))
+        w = w or Workload.from_trace(t, engine, requests=options.needs_requests)  # its refusals come first
         fitted = None if t is None or options.tokens_per_s is not None else _fitted(t, engine)
-        w = w or Workload.from_trace(t, engine, requests=options.needs_requests)
         note = approximate_tokens_note(t) if t is not None else None
     executor = executor_for(processes, ray)
     options.check_executor(executor)
