@@ -12,8 +12,8 @@ Streams (both sides read the same Mooncake-format JSONL file):
   prefix hashes), a partial last block getting an id of its own. Written under /tmp.
 
 Timed, whole process, each in a fresh subprocess, rounds alternating ours / peer, medians:
-- ours: `kmesh-trace import mooncake SRC --out T` then `kmesh-trace headroom T ... --window last-half --json`,
-  one arm per `--arms`: `exact` (`--policies lru,belady`: both exact at every capacity from 1 block to the
+- ours: `kmesh-trace headroom SRC ... --window last-half --json` on the JSONL file as it is (with
+  --import-first: `kmesh-trace import mooncake SRC --out T`, then `headroom T`), one arm per `--arms`: `exact` (`--policies lru,belady`: both exact at every capacity from 1 block to the
   working set), `default` (the default curve: those two, and vllm and belady-prefix on the power-of-two grid),
   `same-work` (`--policies lru,belady-prefix --capacity-blocks` the peer's capacities: the peer's work);
 - peer: parse the file (`kvcache_sim.trace.parse_trace_file`) and `run_cpp_sweep` at --num-capacities
@@ -147,11 +147,19 @@ ARMS = {
 }
 
 
+#: True: `kmesh-trace headroom SRC.jsonl` reads the file as it is (one process, as users run it now);
+#: False (--import-first): `kmesh-trace import` then `headroom` on the trace, two processes.
+DIRECT = True
+
+
 def run_ours(src: Path, tmp: Path, arm: str = "exact", caps: list[int] | None = None) -> tuple[float, int, dict]:
+    flags = [f.format(caps=",".join(map(str, caps or []))) for f in ARMS[arm]]
+    if DIRECT:
+        w, m, out = timed([str(BIN / "kmesh-trace"), "headroom", str(src), *flags, "--window", "last-half", "--json"])
+        return w, m, json.loads(out)
     trace = tmp / "trace"
     subprocess.run(["rm", "-rf", str(trace)], check=True)
     w1, m1, _ = timed([str(BIN / "kmesh-trace"), "import", "mooncake", str(src), "--out", str(trace)])
-    flags = [f.format(caps=",".join(map(str, caps or []))) for f in ARMS[arm]]
     w2, m2, out = timed([str(BIN / "kmesh-trace"), "headroom", str(trace), *flags, "--window", "last-half", "--json"])
     return w1 + w2, max(m1, m2), json.loads(out)
 
@@ -250,7 +258,11 @@ def main() -> None:
     ap.add_argument("--num-capacities", type=int, default=10)
     ap.add_argument("--arms", default="exact,default,same-work", help=f"our arms, from {', '.join(ARMS)}")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--import-first", action="store_true", help="ours as `import` then `headroom` on the trace "
+                    "(default: `headroom` on the JSONL file itself)")
     args = ap.parse_args()
+    global DIRECT
+    DIRECT = not args.import_first
     try:
         import kvcache_sim  # noqa: F401
     except ImportError:
