@@ -135,8 +135,8 @@ INVOCATIONS = Table(
 )
 
 
-def edge_values(enum: type[Enum]) -> tuple[str, ...]:
-    """The values of one of the vocabularies below (edges, tier policies), in order."""
+def vocabulary(enum: type[Enum]) -> tuple[str, ...]:
+    """The values of one of the vocabulary enums below (edges, tier policies), in order."""
     return tuple(m.value for m in enum)
 
 
@@ -148,7 +148,7 @@ class EdgeKind(str, Enum):
     content = "content"  # an importer's guess from text
 
 
-EDGE_KINDS = edge_values(EdgeKind)
+EDGE_KINDS = vocabulary(EdgeKind)
 
 
 class PressureEdges(str, Enum):

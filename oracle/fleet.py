@@ -43,14 +43,14 @@ from kmesh_trace.oracle.executor import Executor, InProcess, Task
 from kmesh_trace.oracle.options import option
 from kmesh_trace.oracle.stream import RequestBlocks
 from kmesh_trace.oracle.workload import Workload, location_of
-from kmesh_trace.schema import FleetEdges, edge_values
+from kmesh_trace.schema import FleetEdges, vocabulary
 
 __all__ = ["DEFAULT_OVERLOAD", "EDGE_MODES", "GLOBAL", "ROUTINGS", "FleetPoint", "FleetResult", "FleetRun",
            "FleetOptions", "Routed", "family_keys", "route", "run", "simulate_run", "sweep", "assemble", "check_options"]
 
 ROUTINGS = ("round-robin", "least-loaded", "family", "prefix-aware")
 GLOBAL = "global"
-EDGE_MODES = edge_values(FleetEdges)
+EDGE_MODES = vocabulary(FleetEdges)
 DEFAULT_OVERLOAD = 1.25
 
 

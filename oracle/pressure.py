@@ -33,12 +33,12 @@ from kmesh_trace.oracle.executor import Executor, InProcess, Task
 from kmesh_trace.oracle.options import option
 from kmesh_trace.oracle.stream import RequestBlocks, pool_capacity
 from kmesh_trace.oracle.workload import Workload
-from kmesh_trace.schema import EdgeKind, EdgeSource, PressureEdges, edge_values
+from kmesh_trace.schema import EdgeKind, EdgeSource, PressureEdges, vocabulary
 
 __all__ = ["FamilyRow", "PressureOptions", "PressureResult", "PressureSweep", "SweepPoint", "what_if", "what_if_trace",
            "sweep", "hold_policy", "infer_exact_prefix_edges", "lineage_for", "run", "sweep_point"]
 
-EDGE_MODES = edge_values(PressureEdges)
+EDGE_MODES = vocabulary(PressureEdges)
 
 
 @dataclass

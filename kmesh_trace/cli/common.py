@@ -295,6 +295,18 @@ def capacities_in_blocks(text: str, block_size: int, meta: dict, kv_bytes: int |
     return tuple(caps)
 
 
+def capacities_of_input(text: str, trace, workload, engine: str | None, kv_bytes: int | None,
+                        model_config) -> tuple[int, ...]:
+    """`--capacity` with the geometry of an analysis' input: the trace's engine partition (`open_input`'s
+    trace), else the scenario's workload (which has no KV geometry of its own)."""
+    if trace is None:
+        return capacities_in_blocks(text, workload.block_size, {}, kv_bytes, model_config)
+    from kmesh_trace.oracle.stream import engine_geometry
+
+    meta = trace.engines[engine] if engine is not None else trace.metadata
+    return capacities_in_blocks(text, engine_geometry(trace, engine)[0], meta, kv_bytes, model_config)
+
+
 def one_capacity_flag(capacity_blocks: str | None, capacity: str | None) -> None:
     """Refuse capacities given twice (in blocks and with --capacity)."""
     if capacity is not None and capacity_blocks is not None:

@@ -19,7 +19,7 @@ from kmesh_trace.cli.common import (
     Output,
     ScenarioOption,
     approximate_tokens_note,
-    capacities_in_blocks,
+    capacities_of_input,
     check_plot_option,
     emit,
     err,
@@ -97,7 +97,7 @@ def headroom_cmd(
     options.check()
     with open_input(trace, scenario, engine, allow_incomplete) as (t, w):
         if capacity is not None:
-            options = replace(options, capacities=_capacities_in_blocks(capacity, t, w, engine, kv_bytes, model_config))
+            options = replace(options, capacities=capacities_of_input(capacity, t, w, engine, kv_bytes, model_config))
         w = w or Workload.from_trace(t, engine, requests=options.needs_requests)  # its refusals come first
         fitted = None if t is None or options.tokens_per_s is not None else _fitted(t, engine)
         note = approximate_tokens_note(t) if t is not None else None
@@ -141,16 +141,6 @@ def render(d: dict) -> None:
         b = d["bracket"]
         out.print(f"bracket: belady-prefix {b['belady_prefix_prefill_tokens']:,} .. belady {b['belady_prefill_tokens']:,} "
                   f"prefill tokens (width {b['width_tokens']:,}{', wide' if b['wide'] else ''})")
-
-
-def _capacities_in_blocks(text: str, trace, workload, engine, kv_bytes, model_config) -> tuple[int, ...]:
-    """`--capacity` as block counts, with the geometry of the trace's engine (or of the scenario's workload)."""
-    from kmesh_trace.oracle.stream import engine_geometry
-
-    if trace is None:
-        return capacities_in_blocks(text, workload.block_size, {}, kv_bytes, model_config)
-    meta = trace.engines[engine] if engine is not None else trace.metadata
-    return capacities_in_blocks(text, engine_geometry(trace, engine)[0], meta, kv_bytes, model_config)
 
 
 def _fitted(trace, engine):

@@ -95,6 +95,29 @@ def _first_record(path: Path) -> object:
     return None
 
 
+def imported(path: Path, fmt: str, *, on_import: Callable[[str], None] | None = None,
+             until_exit: bool = False) -> tuple[str, Path]:
+    """(the temporary directory, the trace in it) of public trace `path` imported as `fmt`; the directory is
+    removed at the process's exit when `until_exit`, else it is the caller's to remove."""
+    d = tempfile.mkdtemp(prefix="kmesh-trace-input-")
+    if until_exit:
+        atexit.register(shutil.rmtree, d, ignore_errors=True)
+    out = Path(d) / "trace"
+    try:
+        report = importer(fmt)(path, out, engine_id=f"import-{fmt}")
+        if report.num_invocations == 0:
+            raise InputFormatError(f"{path} holds no request readable as {fmt} input "
+                                   f"({report.num_malformed_lines:,} malformed); `kmesh-trace import {fmt}` says why.")
+    except BaseException:
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    if on_import is not None:
+        bad = f", {report.num_malformed_lines:,} malformed lines skipped" if report.num_malformed_lines else ""
+        on_import(f"read {path} as {fmt} input: {report.num_invocations:,} requests{bad} (`kmesh-trace import "
+                  f"{fmt}` keeps the trace for SQL)")
+    return d, out
+
+
 @contextmanager
 def open_as_trace(path: str | Path, *, on_import: Callable[[str], None] | None = None, until_exit: bool = False,
                   **open_options) -> Iterator:
@@ -110,19 +133,8 @@ def open_as_trace(path: str | Path, *, on_import: Callable[[str], None] | None =
         with open_trace(path, **open_options) as t:
             yield t
         return
-    d = tempfile.mkdtemp(prefix="kmesh-trace-input-")
-    if until_exit:
-        atexit.register(shutil.rmtree, d, ignore_errors=True)
+    d, out = imported(path, fmt, on_import=on_import, until_exit=until_exit)
     try:
-        out = Path(d) / "trace"
-        report = importer(fmt)(path, out, engine_id=f"import-{fmt}")
-        if report.num_invocations == 0:
-            raise InputFormatError(f"{path} holds no request readable as {fmt} input "
-                                   f"({report.num_malformed_lines:,} malformed); `kmesh-trace import {fmt}` says why.")
-        if on_import is not None:
-            bad = f", {report.num_malformed_lines:,} malformed lines skipped" if report.num_malformed_lines else ""
-            on_import(f"read {path} as {fmt} input: {report.num_invocations:,} requests{bad} (`kmesh-trace import "
-                      f"{fmt}` keeps the trace for SQL)")
         with open_trace(out, **open_options) as t:
             yield t
     finally:
@@ -134,8 +146,6 @@ def trace_location(where: str, *, on_import: Callable[[str], None] | None = None
     """`where` (a trace directory or a pyarrow filesystem URL) as given, or, for a local public trace, the
     temporary trace directory it is imported into (kept until the process ends: tasks read it)."""
     path = Path(where)
-    if "://" in where or not path.exists() or sniff(path) is None:
+    if "://" in where or not path.exists() or (fmt := sniff(path)) is None:
         return where
-    cm = open_as_trace(path, on_import=on_import, until_exit=True)
-    t = cm.__enter__()  # the import stays until exit; the trace is reopened by whoever reads the location
-    return str(t.path)
+    return str(imported(path, fmt, on_import=on_import, until_exit=True)[1])

@@ -18,7 +18,7 @@ from kmesh_trace.cli.common import (
     Output,
     ScenarioOption,
     approximate_tokens_note,
-    capacities_in_blocks,
+    capacities_of_input,
     check_plot_option,
     emit,
     err,
@@ -92,9 +92,7 @@ def pressure_cmd(
             pr.check_has_requests(t, engine)
             w = Workload.from_trace(t, engine)
         if capacity is not None:  # in bytes: converted with the engine's KV geometry, known now
-            meta = {} if t is None else t.engines[engine] if engine is not None else t.metadata
-            options = replace(options, capacities=capacities_in_blocks(capacity, w.block_size, meta, kv_bytes,
-                                                                       model_config))
+            options = replace(options, capacities=capacities_of_input(capacity, t, w, engine, kv_bytes, model_config))
             options.check("--capacity")
         note = approximate_tokens_note(t) if t is not None else None
     if (untimed := pr.untimed_note(w)) is not None:

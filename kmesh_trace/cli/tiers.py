@@ -136,9 +136,7 @@ def _input(trace: Optional[Path], scenario, engine: Optional[str]):
     from kmesh_trace.cli.inputs import open_as_trace
 
     with open_as_trace(trace, on_import=err.print, until_exit=True) as t:  # a public trace: imported first
-        inp = TiersInput.from_trace(t, str(trace), engine)
-        inp.location = str(t.path)  # where tasks read it: the import's directory for a public trace
-        yield inp
+        yield TiersInput.from_trace(t, str(trace), engine)
 
 
 @contextmanager

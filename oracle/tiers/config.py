@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.schema import TierConnector, TierLookup, TierWrite, edge_values
+from kmesh_trace.schema import TierConnector, TierLookup, TierWrite, vocabulary
 
 if TYPE_CHECKING:
     import numpy as np
@@ -20,8 +20,8 @@ __all__ = ["TIER_NAMES", "WRITE_POLICIES", "LOOKUP_MODES", "SIMPLE_CPU", "Prefil
            "TierConfig", "simple_cpu"]
 
 TIER_NAMES = ("host", "ssd")
-WRITE_POLICIES = edge_values(TierWrite)
-LOOKUP_MODES = edge_values(TierLookup)
+WRITE_POLICIES = vocabulary(TierWrite)
+LOOKUP_MODES = vocabulary(TierLookup)
 #: The one connector model: vLLM's SimpleCPUOffloadConnector (`kmesh_trace.oracle.tiers.simple_cpu`).
 SIMPLE_CPU = TierConnector.simple_cpu.value
 

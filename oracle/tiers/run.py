@@ -101,15 +101,16 @@ class TiersInput:
     engine: str | None = None
 
     @classmethod
-    def from_trace(cls, t, location: str, engine: str | None = None) -> TiersInput:
-        """An open trace's engine partition (`engine`, None: the only one)."""
+    def from_trace(cls, t, name: str, engine: str | None = None) -> TiersInput:
+        """An open trace's engine partition (`engine`, None: the only one); `name` is how the output names
+        it (the user's path: a public trace's import lives elsewhere, where its tasks read it)."""
         from kmesh_trace.oracle.workload import Workload
         from kmesh_trace.trace import check_has_requests
 
         check_has_requests(t)
         w = Workload.from_trace(t, engine)
         meta = t.engines[engine] if engine is not None else t.metadata
-        return cls(list(w.requests), w.block_size, w.num_usable_blocks, location, meta, t, location, engine)
+        return cls(list(w.requests), w.block_size, w.num_usable_blocks, name, meta, t, w.location, engine)
 
     @classmethod
     def from_workload(cls, w, name: str) -> TiersInput:
