@@ -1,4 +1,4 @@
-"""Build hook: the native replay engine (native/replay.c) as a plain shared object.
+"""Build hook: the native replay library (native/replay.c) as a plain shared object.
 
 It is compiled with the system C compiler during the normal `pip install` / `pip install -e .` and
 loaded with ctypes (kmesh_trace.native._lib), never imported as a Python module. It needs only glibc:

@@ -18,7 +18,7 @@ from kmesh_trace.lineage import ParentResolver, PrefixIndex, declared_edge
 from kmesh_trace.schema import EdgeKind
 
 #: The head length the index once filed sequences by (a shorter sequence was filed apart). `PrefixIndex`
-#: files by (length, last token) instead; tests/test_capture_units.py still builds its cases around it.
+#: files by (length, last token) instead; tests/test_capture_lineage.py still builds its cases around it.
 HEAD = 16
 
 

@@ -77,7 +77,7 @@ def lib() -> ctypes.CDLL:
     path = _find_library()
     if path is None:
         raise MissingDependencyError(
-            "the native replay engine is not built; run `pip install -e .` (or `pip install .`) in the "
+            "the native replay library is not built; run `pip install -e .` (or `pip install .`) in the "
             "kmesh-trace checkout with a C compiler available")
     L = ctypes.CDLL(str(path))
     _declare(L, path)
