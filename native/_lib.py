@@ -1,4 +1,4 @@
-"""The ctypes binding of the native replay engine (native/replay.c, built by setup.py).
+"""The ctypes binding of the native replay library (native/replay.c, built by setup.py).
 
 It owns loading the shared object, the C structures (chunks in, samples out) and `Ring`, a context
 manager over one engine instance (rings, registered buffers, the optional GPU copy hook). Nothing here
