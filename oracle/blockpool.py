@@ -158,7 +158,7 @@ def simulate_pool(requests: list[RequestBlocks], *, block_size: int, num_usable_
 
     `num_usable_blocks` excludes vLLM's null block (a pool of N+1 physical blocks has N usable).
     `timed`: None uses arrival/finish times when every request has both; False forces sequential.
-    Without holds the replay runs compiled (`blockpool_compiled`, tested equal to `PoolReplay`, the
+    The replay runs compiled (`blockpool_compiled`, holds included, tested equal to `PoolReplay`, the
     reference); `stream`, the requests' AccessStream when the caller has it, saves building it again.
     """
     if block_size <= 0 or num_usable_blocks <= 0:
@@ -170,23 +170,25 @@ def simulate_pool(requests: list[RequestBlocks], *, block_size: int, num_usable_
     if holds is not None and holds.expiry_ns is not None and not timed:
         raise KmeshTraceError("Hold expiry needs arrival and finish times on every request; drop the expiry "
                               "or use a trace with times.")
-    if holds is None:
-        return _compiled_result(requests, block_size, num_usable_blocks, timed, stream)
-    return PoolReplay(requests, block_size, num_usable_blocks, holds, timed).run()
+    return _compiled_result(requests, block_size, num_usable_blocks, timed, stream, holds)
 
 
-def _compiled_result(requests, block_size, num_usable_blocks, timed, stream) -> PoolResult:
-    """The replay without holds by the compiled kernel (`blockpool_compiled`), as a PoolResult."""
-    from kmesh_trace.oracle.blockpool_compiled import replay_compiled
+def _compiled_result(requests, block_size, num_usable_blocks, timed, stream, holds) -> PoolResult:
+    """The replay by the compiled kernel (`blockpool_compiled`), as a PoolResult."""
+    from kmesh_trace.oracle.blockpool_compiled import REASONS, STATUSES, TAKEN, replay_compiled
 
-    hits, evictions, admitted, stalled, queue, deferred = replay_compiled(requests, block_size, num_usable_blocks,
-                                                                          timed, stream)
+    (hits, evictions, admitted, stalled, queue, deferred, records), fam, names = replay_compiled(
+        requests, block_size, num_usable_blocks, timed, stream, holds)
     hit_blocks = hits.tolist()
     return PoolResult(
         block_size=block_size, num_usable_blocks=num_usable_blocks, hit_blocks=hit_blocks,
         hit_tokens=[h * block_size for h in hit_blocks], num_evictions=evictions.tolist(), admitted=admitted.tolist(),
         num_prompt_tokens=[r.num_prompt_tokens for r in requests], free_queue=queue.tolist(),
-        num_deferred=int(deferred), holds=[], timed=timed, stalled=stalled.tolist())
+        num_deferred=int(deferred), holds=[
+            ModelHold(p, names[fam[p]], STATUSES[s], nb, served, None if why < 0 else REASONS[why], steps,
+                      taken if timed and s == TAKEN else None, released if timed and why >= 0 else None)
+            for p, s, nb, served, why, steps, taken, released in zip(*(a.tolist() for a in records))],
+        timed=timed, stalled=stalled.tolist())
 
 
 # ---------------------------------------------------------------------------------------------------

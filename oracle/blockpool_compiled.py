@@ -1,4 +1,4 @@
-"""The `vllm` block-pool model compiled: `simulate_pool`'s replay without holds, as one numba kernel.
+"""The `vllm` block-pool model compiled: `simulate_pool`'s replay, family holds included, as one numba kernel.
 
 The same rules as `kmesh_trace.oracle.blockpool` (its docstring lists them, rule by rule), applied in the
 same order, over arrays instead of Python objects:
@@ -10,10 +10,20 @@ same order, over arrays instead of Python objects:
 - a block's key is -1 (no hash: a partial tail), -2 (a private key no lookup matches: a generated block
   the stream does not identify) or the dense id of its hash;
 - timed replays keep the running requests in a binary heap ordered by (finish, index), as `heapq` orders
-  the Python model's tuples.
+  the Python model's tuples;
+- active holds form a linked list over parent indices, oldest first (the Python model's dict order), and
+  each parent's held blocks are kept in a buffer sized by the parents' full blocks; a record per hold, in
+  the order they were asked for, as `PoolReplay.records`.
+
+The pool's state travels as one tuple of arrays (`pool_state`), the holds' as another (`HoldState`), so
+the steps are small functions compiled inline into their callers: `lookup`, `touch`, `allocate` (with an
+optional buffer that receives the evicted hashes), `free_blocks`, `finish`, `take_hold` / `release_hold`,
+`fit` (admission: what a request needs, releasing holds under pressure and waiting for finishes). The pool
+kernel here and the tier kernel (`kmesh_trace.oracle.tiers.compiled`) are built from them.
 
 The Python model stays the reference: tests replay random workloads (timed and sequential, duplicates,
-stalls, deferrals) through both and compare every per-request result and the final free queue.
+stalls, deferrals, holds with every cap and expiry) through both and compare every per-request result,
+every hold record and the final free queue.
 """
 
 from __future__ import annotations
@@ -26,14 +36,30 @@ from kmesh_trace.oracle.interruptible import run_interruptible
 NO_KEY = -1
 PRIVATE_KEY = -2
 
+# hold statuses and release reasons, as codes (`STATUSES[code]`, `REASONS[code]`)
+STATUSES = ("taken", "refused_blocks", "refused_families", "empty", "not_needed")
+REASONS = ("children", "expiry", "pressure", "close")
+TAKEN, REFUSED_BLOCKS, REFUSED_FAMILIES, EMPTY, NOT_NEEDED = range(5)
+CHILDREN, EXPIRY, PRESSURE, CLOSE = range(4)
 
-@numba.njit(cache=True, nogil=True, inline="always")
+# fit's outcomes
+FITS, STALLS, REFUSED = 0, 1, 2
+
+_jit = numba.njit(cache=True, nogil=True, inline="always")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The running requests' heap
+# ---------------------------------------------------------------------------------------------------
+
+
+@_jit
 def _before(k1, i1, k2, i2):  # pragma: no cover (compiled); heapq's order of (finish, index) tuples
     return k1 < k2 or (k1 == k2 and i1 < i2)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _heap_push(hk, hi, size, k, i):  # pragma: no cover (compiled)
+@_jit
+def heap_push(hk, hi, size, k, i):  # pragma: no cover (compiled)
     j = size
     p = (j - 1) >> 1
     while j > 0 and not _before(hk[p], hi[p], k, i):
@@ -44,8 +70,8 @@ def _heap_push(hk, hi, size, k, i):  # pragma: no cover (compiled)
     return size + 1
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _heap_pop(hk, hi, size):  # pragma: no cover (compiled); returns the new size, the popped index in hi[size]
+@_jit
+def heap_pop(hk, hi, size):  # pragma: no cover (compiled); returns the new size, the popped index in hi[size]
     top = hi[0]
     size -= 1
     k, i = hk[size], hi[size]
@@ -63,7 +89,32 @@ def _heap_pop(hk, hi, size):  # pragma: no cover (compiled); returns the new siz
     return size
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+# ---------------------------------------------------------------------------------------------------
+# The pool: (ref, key, prv, nxt, bprev, bnext, head, tail)
+# ---------------------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, nogil=True)
+def pool_state(num_usable, num_objects):  # pragma: no cover (compiled)
+    """A fresh pool of `num_usable` blocks, the free queue in block-id order, over `num_objects` hashes."""
+    n = num_usable + 1
+    ref = np.zeros(n, np.int64)
+    key = np.full(n, NO_KEY, np.int64)
+    prv = np.full(n, -1, np.int64)  # -1: not in the free queue
+    nxt = np.full(n, -1, np.int64)
+    bprev = np.full(n, -1, np.int64)  # the blocks cached under one hash, oldest first
+    bnext = np.full(n, -1, np.int64)
+    head = np.full(num_objects, -1, np.int64)
+    tail = np.full(num_objects, -1, np.int64)
+    prv[0] = num_usable
+    nxt[0] = 1 if num_usable > 0 else 0
+    for blk in range(1, n):
+        prv[blk] = blk - 1
+        nxt[blk] = blk + 1 if blk + 1 < n else 0
+    return (ref, key, prv, nxt, bprev, bnext, head, tail)
+
+
+@_jit
 def _link_after(prv, nxt, left, blk):  # pragma: no cover (compiled); the free queue: blk right after left
     right = nxt[left]
     prv[blk], nxt[blk] = left, right
@@ -71,11 +122,119 @@ def _link_after(prv, nxt, left, blk):  # pragma: no cover (compiled); the free q
     prv[right] = blk
 
 
+@_jit
+def _unlink(prv, nxt, blk):  # pragma: no cover (compiled); blk leaves the free queue
+    nxt[prv[blk]] = nxt[blk]
+    prv[nxt[blk]] = prv[blk]
+    prv[blk] = -1
+    nxt[blk] = -1
+
+
+@_jit
+def lookup(P, obj, a, max_hit, seq):  # pragma: no cover (compiled)
+    """The prefix lookup of hashes obj[a:a + max_hit]: hit blocks into seq[:nh]; returns (nh, how many of
+    them sit in the free queue)."""
+    ref, head = P[0], P[6]
+    nh = 0
+    ev = 0
+    for j in range(max_hit):
+        blk = head[obj[a + j]]
+        if blk < 0:
+            break
+        seq[nh] = blk
+        nh += 1
+        if ref[blk] == 0:
+            ev += 1
+    return nh, ev
+
+
+@_jit
+def cached_block(P, k):  # pragma: no cover (compiled); the oldest block cached under hash id k, or -1
+    return P[6][k]
+
+
+@_jit
+def touch(P, blocks, a, b):  # pragma: no cover (compiled)
+    """`PoolModel.touch` of blocks[a:b]; returns how many left the free queue."""
+    ref, prv, nxt = P[0], P[2], P[3]
+    n = 0
+    for j in range(a, b):
+        blk = blocks[j]
+        if ref[blk] == 0:
+            _unlink(prv, nxt, blk)
+            n += 1
+        ref[blk] += 1
+    return n
+
+
+@_jit
+def new_block_key(obj, a, n_listed, n_out, n_prompt_full, num_full, j):  # pragma: no cover (compiled)
+    """The key of a request's block j (its hashes are obj[a:], n_listed prompt ones then n_out output
+    ones): a prompt hash, a generated one (private when unknown), or none for the partial tail."""
+    if j >= num_full:
+        return NO_KEY
+    if j < n_prompt_full and j < n_listed:
+        return obj[a + j]
+    o = j - n_prompt_full
+    return obj[a + n_listed + o] if 0 <= o < n_out else PRIVATE_KEY
+
+
+@_jit
+def allocate(P, obj, a, n_listed, n_out, n_prompt_full, num_full, start, num_blocks, seq,
+             evicted):  # pragma: no cover (compiled)
+    """`PoolModel.allocate` of the request's blocks start..num_blocks into seq[start:num_blocks]: pop the
+    head, drop its old hash, cache the new key. `evicted` (length 0: not kept) receives the evicted hash
+    ids, private keys excepted, in order. Returns (cached blocks evicted, hash ids written to evicted)."""
+    ref, key, prv, nxt, bprev, bnext, head, tail = P
+    keep = len(evicted) > 0
+    ne = 0
+    nk = 0
+    for j in range(start, num_blocks):
+        k = new_block_key(obj, a, n_listed, n_out, n_prompt_full, num_full, j)
+        blk = nxt[0]
+        nxt[0] = nxt[blk]
+        prv[nxt[blk]] = 0
+        prv[blk] = -1
+        nxt[blk] = -1
+        old = key[blk]
+        if old != NO_KEY:
+            ne += 1
+            if old >= 0:
+                if keep:
+                    evicted[nk] = old
+                    nk += 1
+                p, q = bprev[blk], bnext[blk]
+                if p >= 0:
+                    bnext[p] = q
+                else:
+                    head[old] = q
+                if q >= 0:
+                    bprev[q] = p
+                else:
+                    tail[old] = p
+                bprev[blk] = -1
+                bnext[blk] = -1
+        ref[blk] = 1
+        key[blk] = k
+        if k >= 0:
+            t = tail[k]
+            bprev[blk] = t
+            bnext[blk] = -1
+            if t >= 0:
+                bnext[t] = blk
+            else:
+                head[k] = blk
+            tail[k] = blk
+        seq[j] = blk
+    return ne, nk
+
+
 @numba.njit(cache=True, nogil=True)
-def _free_blocks(blocks, a, b, step, ref, key, prv, nxt, scratch):  # pragma: no cover (compiled)
+def free_blocks(P, blocks, a, b, step, scratch):  # pragma: no cover (compiled)
     """`PoolModel.free_blocks` over blocks[a], blocks[a + step], ... (b excluded): unhashed blocks whose
     count reaches 0 go to the head (keeping their order), hashed ones to the tail, each in the order their
     count reached 0. Returns how many blocks joined the free queue."""
+    ref, key, prv, nxt = P[0], P[1], P[2], P[3]
     nf = 0
     nl = len(scratch)  # hashed ones fill scratch from the end
     j = a
@@ -98,24 +257,221 @@ def _free_blocks(blocks, a, b, step, ref, key, prv, nxt, scratch):  # pragma: no
 
 
 @numba.njit(cache=True, nogil=True)
-def _pool_kernel(obj, req_start, n_prompt_listed, prompt_tokens, output_tokens, finish, arrival, timed,
-                 block_size, num_usable, num_objects):  # pragma: no cover (compiled)
+def free_queue(P):  # pragma: no cover (compiled)
+    """The free queue's block ids, head first."""
+    nxt = P[3]
+    queue = np.empty(len(nxt) - 1, np.int64)
+    nq = 0
+    blk = nxt[0]
+    while blk != 0:
+        queue[nq] = blk
+        nq += 1
+        blk = nxt[blk]
+    return queue[:nq]
+
+
+@_jit
+def request_blocks(prompt_tokens, output_tokens, block_size, i):  # pragma: no cover (compiled)
+    """(blocks, full blocks) request i holds when it finishes (`PoolReplay._needs`)."""
+    computed = prompt_tokens[i] + max(output_tokens[i] - 1, 0)
+    return -(-computed // block_size), computed // block_size
+
+
+# ---------------------------------------------------------------------------------------------------
+# Holds
+# ---------------------------------------------------------------------------------------------------
+# H = (aprev, anext, remaining, taken_step, hoff, hstore, fam, fam_refs, children, rec_of, is_parent,
+#      release_after, parent_of, rec_parent, rec_status, rec_blocks, rec_served, rec_reason, rec_steps,
+#      rec_taken, rec_released)
+# S = [n_active, num_held_refs, num_families_active, num_boundaries, num_records, now,
+#      expiry_ns (-1: none), max_held_blocks (-1: none), max_families (-1: none)]
+# aprev/anext: the active holds, oldest first, a list over parent indices with sentinel n_req.
+
+
+@numba.njit(cache=True, nogil=True)
+def hold_state(n_req, has_holds, is_parent, release_after, parent_of, fam, num_families, num_full, expiry_ns,
+               max_held_blocks, max_families):  # pragma: no cover (compiled)
+    """The holds' state for one replay (arrays of one element each when `has_holds` is False)."""
+    m = n_req if has_holds else 0
+    hoff = np.zeros(m + 1, np.int64)
+    for p in range(m):
+        hoff[p + 1] = hoff[p] + (num_full[p] if is_parent[p] else 0)
+    aprev = np.full(m + 1, m, np.int64)
+    anext = np.full(m + 1, m, np.int64)
+    H = (aprev, anext, np.zeros(m, np.int64), np.zeros(m, np.int64), hoff, np.zeros(hoff[m], np.int64),
+         fam[:m].astype(np.int64), np.zeros(num_families if has_holds else 0, np.int64), np.zeros(m, np.int64),
+         np.full(m, -1, np.int64), is_parent[:m].astype(np.int64), release_after[:m].astype(np.int64),
+         parent_of[:m].astype(np.int64), np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int64),
+         np.zeros(m, np.int64), np.full(m, -1, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int64),
+         np.zeros(m, np.int64))
+    S = np.zeros(9, np.int64)
+    S[6], S[7], S[8] = expiry_ns, max_held_blocks, max_families
+    return H, S
+
+
+@_jit
+def take_hold(P, H, S, p, blocks, a, nblk, timed):  # pragma: no cover (compiled)
+    """`PoolReplay._take`: parent p finishing with full blocks blocks[a:a + nblk], before its own
+    references are freed. Returns how many blocks left the free queue (none: p references them)."""
+    aprev, anext, remaining, taken_step, hoff, hstore = H[0], H[1], H[2], H[3], H[4], H[5]
+    fam, fam_refs, children, rec_of, release_after = H[6], H[7], H[8], H[9], H[11]
+    rec_parent, rec_status, rec_blocks, rec_taken = H[13], H[14], H[15], H[19]
+    f = fam[p]
+    left = release_after[p] - children[p]
+    r = S[4]
+    S[4] += 1
+    rec_of[p] = r
+    rec_parent[r] = p
+    rec_blocks[r] = nblk
+    if left <= 0:
+        rec_status[r] = NOT_NEEDED
+    elif nblk == 0:
+        rec_status[r] = EMPTY
+    elif S[7] >= 0 and S[1] + nblk > S[7]:
+        rec_status[r] = REFUSED_BLOCKS
+    elif S[8] >= 0 and fam_refs[f] == 0 and S[2] + 1 > S[8]:
+        rec_status[r] = REFUSED_FAMILIES
+    else:
+        rec_status[r] = TAKEN
+    if rec_status[r] != TAKEN:
+        return 0
+    rec_taken[r] = S[5] if timed else 0
+    o = hoff[p]
+    for j in range(nblk):
+        hstore[o + j] = blocks[a + j]
+    out = touch(P, hstore, o, o + nblk)
+    sentinel = len(aprev) - 1
+    last = aprev[sentinel]
+    aprev[p], anext[p] = last, sentinel
+    anext[last] = p
+    aprev[sentinel] = p
+    S[0] += 1
+    remaining[p] = left
+    taken_step[p] = S[3]
+    S[1] += nblk
+    if fam_refs[f] == 0:
+        S[2] += 1
+    fam_refs[f] += 1
+    return out
+
+
+@_jit
+def release_hold(P, H, S, p, reason, timed, scratch):  # pragma: no cover (compiled)
+    """`PoolReplay._release` of p's active hold; returns how many blocks joined the free queue."""
+    aprev, anext, taken_step, hoff, hstore, fam, fam_refs, rec_of = H[0], H[1], H[3], H[4], H[5], H[6], H[7], H[9]
+    rec_blocks, rec_reason, rec_steps, rec_released = H[15], H[17], H[18], H[20]
+    anext[aprev[p]] = anext[p]
+    aprev[anext[p]] = aprev[p]
+    S[0] -= 1
+    r = rec_of[p]
+    nblk = rec_blocks[r]
+    rec_reason[r] = reason
+    rec_released[r] = S[5] if timed else 0
+    rec_steps[r] = nblk * (S[3] - taken_step[p])
+    S[1] -= nblk
+    f = fam[p]
+    fam_refs[f] -= 1
+    if fam_refs[f] == 0:
+        S[2] -= 1
+    o = hoff[p]
+    return free_blocks(P, hstore, o + nblk - 1, o - 1, -1, scratch)
+
+
+@_jit
+def oldest_hold(H):  # pragma: no cover (compiled)
+    return H[1][len(H[1]) - 1]
+
+
+@_jit
+def child_admitted(P, H, S, i, timed, scratch):  # pragma: no cover (compiled)
+    """`PoolReplay._child_admitted`; returns how many blocks joined the free queue."""
+    p = H[12][i]
+    if p < 0:
+        return 0
+    H[8][p] += 1
+    r = H[9][p]
+    if r < 0 or H[14][r] != TAKEN or H[17][r] >= 0:  # no active hold
+        return 0
+    H[16][r] += 1
+    H[2][p] -= 1
+    if H[2][p] <= 0:
+        return release_hold(P, H, S, p, CHILDREN, timed, scratch)
+    return 0
+
+
+@_jit
+def boundary(P, H, S, timed, scratch):  # pragma: no cover (compiled)
+    """`PoolReplay._boundary`: expire holds, oldest first, then count the boundary. Returns blocks freed."""
+    out = 0
+    if S[6] >= 0:
+        while S[0] > 0:
+            p = oldest_hold(H)
+            if H[19][H[9][p]] + S[6] > S[5]:
+                break
+            out += release_hold(P, H, S, p, EXPIRY, timed, scratch)
+    S[3] += 1
+    return out
+
+
+@_jit
+def close_holds(P, H, S, timed, scratch):  # pragma: no cover (compiled)
+    while S[0] > 0:
+        release_hold(P, H, S, oldest_hold(H), CLOSE, timed, scratch)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A request's finish and admission
+# ---------------------------------------------------------------------------------------------------
+
+
+@_jit
+def finish(P, H, S, f, store, a, n, nfull, finish_ns, has_holds, timed, scratch):  # pragma: no cover
+    """`PoolReplay._finish` of request f, whose blocks are store[a:a + n] (nfull of them full): the clock,
+    its hold, then its blocks freed tail first. Returns the change in free blocks."""
+    if timed:
+        S[5] = max(S[5], finish_ns)
+    out = 0
+    if has_holds and H[10][f]:
+        out -= take_hold(P, H, S, f, store, a, nfull, timed)
+    return out + free_blocks(P, store, a + n - 1, a - 1, -1, scratch)
+
+
+@_jit
+def fit(P, H, S, obj, a, max_hit, prompt_blocks, num_blocks, num_free, seq, has_holds, timed, hk, hi, hsize,
+        store, off, cnt, prompt_tokens, output_tokens, finish_ns, block_size, scratch):  # pragma: no cover
+    """`PoolReplay.admit`'s loop: look the prompt up until its blocks fit, releasing the oldest hold under
+    pressure, else waiting for the earliest finish (timed), else stalling or refusing it. Returns
+    (outcome, hits in seq[:nh], blocks, free blocks, heap size, deferred)."""
+    deferred = False
+    while True:
+        nh, ev = lookup(P, obj, a, max_hit, seq)
+        if num_blocks - nh + ev <= num_free:
+            return FITS, nh, num_blocks, num_free, hsize, deferred
+        if has_holds and S[0] > 0:  # a hold never blocks an admission
+            num_free += release_hold(P, H, S, oldest_hold(H), PRESSURE, timed, scratch)
+        elif timed and hsize > 0:
+            deferred = True
+            hsize = heap_pop(hk, hi, hsize)
+            f = hi[hsize]
+            nfull = request_blocks(prompt_tokens, output_tokens, block_size, f)[1]
+            num_free += finish(P, H, S, f, store, off[f], cnt[f], nfull, finish_ns[f], has_holds, timed, scratch)
+        elif prompt_blocks - nh + ev <= num_free:
+            return STALLS, nh, nh + num_free - ev, num_free, hsize, deferred
+        else:
+            return REFUSED, nh, num_blocks, num_free, hsize, deferred
+
+
+# ---------------------------------------------------------------------------------------------------
+# The pool's replay
+# ---------------------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, nogil=True)
+def _pool_kernel(obj, req_start, n_prompt_listed, prompt_tokens, output_tokens, finish_ns, arrival, timed,
+                 block_size, num_usable, num_objects, has_holds, is_parent, release_after, parent_of, fam,
+                 num_families, expiry_ns, max_held_blocks, max_families):  # pragma: no cover (compiled)
     n_req = len(prompt_tokens)
-    n = num_usable + 1
-    ref = np.zeros(n, np.int64)
-    key = np.full(n, NO_KEY, np.int64)
-    prv = np.full(n, -1, np.int64)  # -1: not in the free queue
-    nxt = np.full(n, -1, np.int64)
-    bprev = np.full(n, -1, np.int64)  # the blocks cached under one hash, oldest first
-    bnext = np.full(n, -1, np.int64)
-    head = np.full(num_objects, -1, np.int64)
-    tail = np.full(num_objects, -1, np.int64)
-    # the free queue starts in block-id order
-    prv[0] = num_usable
-    nxt[0] = 1 if num_usable > 0 else 0
-    for blk in range(1, n):
-        prv[blk] = blk - 1
-        nxt[blk] = blk + 1 if blk + 1 < n else 0
+    P = pool_state(num_usable, num_objects)
     num_free = num_usable
     hit_blocks = np.zeros(n_req, np.int64)
     num_evictions = np.zeros(n_req, np.int64)
@@ -123,18 +479,20 @@ def _pool_kernel(obj, req_start, n_prompt_listed, prompt_tokens, output_tokens, 
     stalled = np.zeros(n_req, np.bool_)
     # each request's blocks (hits, then new ones), while it runs
     off = np.zeros(n_req + 1, np.int64)
+    num_full_of = np.zeros(n_req, np.int64)
+    longest = 1
     for i in range(n_req):
-        computed = prompt_tokens[i] + max(output_tokens[i] - 1, 0)
-        nb = -(-computed // block_size)
+        nb, nfull = request_blocks(prompt_tokens, output_tokens, block_size, i)
         off[i + 1] = off[i] + (nb if timed else 0)
-    longest = 0
-    for i in range(n_req):
-        computed = prompt_tokens[i] + max(output_tokens[i] - 1, 0)
-        longest = max(longest, -(-computed // block_size))
-    store = np.zeros(off[n_req] if timed else 0, np.int64)
-    seq = np.zeros(max(longest, 1), np.int64)
+        num_full_of[i] = nfull
+        longest = max(longest, nb)
+    H, S = hold_state(n_req, has_holds, is_parent, release_after, parent_of, fam, num_families, num_full_of,
+                      expiry_ns, max_held_blocks, max_families)
+    store = np.zeros(off[n_req], np.int64)
+    seq = np.zeros(longest, np.int64)
     cnt = np.zeros(n_req, np.int64)
-    scratch = np.zeros(max(longest, 1), np.int64)  # a freed request's blocks
+    scratch = np.zeros(longest, np.int64)  # a freed request's blocks
+    no_evicted = np.zeros(0, np.int64)
     hk = np.zeros(n_req if timed else 1, np.int64)
     hi = np.zeros(n_req if timed else 1, np.int64)
     hsize = 0
@@ -142,131 +500,62 @@ def _pool_kernel(obj, req_start, n_prompt_listed, prompt_tokens, output_tokens, 
     for i in range(n_req):
         if timed:
             while hsize > 0 and hk[0] <= arrival[i]:
-                hsize = _heap_pop(hk, hi, hsize)
+                hsize = heap_pop(hk, hi, hsize)
                 f = hi[hsize]
-                num_free += _free_blocks(store, off[f] + cnt[f] - 1, off[f] - 1, -1, ref, key, prv, nxt, scratch)
-        P = prompt_tokens[i]
-        computed = P + max(output_tokens[i] - 1, 0)
-        num_blocks = -(-computed // block_size)
-        num_full = computed // block_size
-        n_prompt_full = P // block_size
+                num_free += finish(P, H, S, f, store, off[f], cnt[f], num_full_of[f], finish_ns[f], has_holds,
+                                   timed, scratch)
+            S[5] = max(S[5], arrival[i])
+        if has_holds:
+            num_free += boundary(P, H, S, timed, scratch)
+        P_tokens = prompt_tokens[i]
+        num_blocks, num_full = request_blocks(prompt_tokens, output_tokens, block_size, i)
+        n_prompt_full = P_tokens // block_size
         a = req_start[i]
         n_listed = n_prompt_listed[i]  # prompt hashes in the stream (<= n_prompt_full)
         n_out = req_start[i + 1] - a - n_listed
-        max_hit = min(max(P - 1, 0) // block_size, n_prompt_full, n_listed)
-        prompt_blocks = -(-P // block_size)
-        deferred = False
-        is_stalled = False
-        ok = True
-        while True:
-            nh = 0
-            ev = 0
-            for j in range(max_hit):
-                blk = head[obj[a + j]]
-                if blk < 0:
-                    break
-                seq[nh] = blk
-                nh += 1
-                if ref[blk] == 0:
-                    ev += 1
-            need = num_blocks - nh + ev
-            if need <= num_free:
-                break
-            if timed and hsize > 0:
-                deferred = True
-                hsize = _heap_pop(hk, hi, hsize)
-                f = hi[hsize]
-                num_free += _free_blocks(store, off[f] + cnt[f] - 1, off[f] - 1, -1, ref, key, prv, nxt, scratch)
-                continue
-            if prompt_blocks - nh + ev <= num_free:
-                is_stalled = True
-                num_blocks = nh + num_free - ev
-                num_full = num_blocks
-                break
-            ok = False
-            break
-        if not ok:
+        max_hit = min(max(P_tokens - 1, 0) // block_size, n_prompt_full, n_listed)
+        outcome, nh, num_blocks, num_free, hsize, deferred = fit(
+            P, H, S, obj, a, max_hit, -(-P_tokens // block_size), num_blocks, num_free, seq, has_holds, timed, hk,
+            hi, hsize, store, off, cnt, prompt_tokens, output_tokens, finish_ns, block_size, scratch)
+        if outcome == REFUSED:
             continue
+        if outcome == STALLS:
+            num_full = num_blocks
         num_deferred += deferred
-        for j in range(nh):  # touch
-            blk = seq[j]
-            if ref[blk] == 0:
-                nxt[prv[blk]] = nxt[blk]
-                prv[nxt[blk]] = prv[blk]
-                prv[blk] = -1
-                nxt[blk] = -1
-                num_free -= 1
-            ref[blk] += 1
-        ne = 0
-        m = nh
-        for j in range(nh, num_blocks):  # allocate: pop the head, drop its old hash, cache the new one
-            if j < num_full:
-                if j < min(num_full, n_prompt_full) and j < n_listed:
-                    k = obj[a + j]
-                else:
-                    o = j - n_prompt_full
-                    k = obj[a + n_listed + o] if 0 <= o < n_out else PRIVATE_KEY
-            else:
-                k = NO_KEY
-            blk = nxt[0]
-            num_free -= 1
-            nxt[0] = nxt[blk]
-            prv[nxt[blk]] = 0
-            prv[blk] = -1
-            nxt[blk] = -1
-            old = key[blk]
-            if old != NO_KEY:
-                ne += 1
-                if old >= 0:
-                    p, q = bprev[blk], bnext[blk]
-                    if p >= 0:
-                        bnext[p] = q
-                    else:
-                        head[old] = q
-                    if q >= 0:
-                        bprev[q] = p
-                    else:
-                        tail[old] = p
-                    bprev[blk] = -1
-                    bnext[blk] = -1
-            ref[blk] = 1
-            key[blk] = k
-            if k >= 0:
-                t = tail[k]
-                bprev[blk] = t
-                bnext[blk] = -1
-                if t >= 0:
-                    bnext[t] = blk
-                else:
-                    head[k] = blk
-                tail[k] = blk
-            seq[m] = blk
-            m += 1
+        num_free -= touch(P, seq, 0, nh)
+        ne, _ = allocate(P, obj, a, n_listed, n_out, n_prompt_full, num_full, nh, num_blocks, seq, no_evicted)
+        num_free -= num_blocks - nh
         hit_blocks[i] = nh
         num_evictions[i] = ne
         admitted[i] = True
-        if is_stalled:
+        if outcome == STALLS:
             stalled[i] = True
-            num_free += _free_blocks(seq, m - 1, -1, -1, ref, key, prv, nxt, scratch)
-        elif timed:
-            for j in range(m):
+            num_free += free_blocks(P, seq, num_blocks - 1, -1, -1, scratch)
+            continue
+        if timed:
+            for j in range(num_blocks):
                 store[off[i] + j] = seq[j]
-            cnt[i] = m
-            hsize = _heap_push(hk, hi, hsize, max(finish[i], arrival[i]), i)
+            cnt[i] = num_blocks
+        if has_holds:
+            num_free += child_admitted(P, H, S, i, timed, scratch)
+        if timed:
+            hsize = heap_push(hk, hi, hsize, max(finish_ns[i], arrival[i]), i)
         else:
-            num_free += _free_blocks(seq, m - 1, -1, -1, ref, key, prv, nxt, scratch)
+            num_free += finish(P, H, S, i, seq, 0, num_blocks, num_full, 0, has_holds, timed, scratch)
     while hsize > 0:
-        hsize = _heap_pop(hk, hi, hsize)
+        hsize = heap_pop(hk, hi, hsize)
         f = hi[hsize]
-        _free_blocks(store, off[f] + cnt[f] - 1, off[f] - 1, -1, ref, key, prv, nxt, scratch)
-    queue = np.empty(num_usable, np.int64)
-    nq = 0
-    blk = nxt[0]
-    while blk != 0:
-        queue[nq] = blk
-        nq += 1
-        blk = nxt[blk]
-    return hit_blocks, num_evictions, admitted, stalled, queue[:nq], num_deferred
+        finish(P, H, S, f, store, off[f], cnt[f], num_full_of[f], finish_ns[f], has_holds, timed, scratch)
+    if has_holds:
+        close_holds(P, H, S, timed, scratch)
+    m = S[4]
+    records = (H[13][:m], H[14][:m], H[15][:m], H[16][:m], H[17][:m], H[18][:m], H[19][:m], H[20][:m])
+    return hit_blocks, num_evictions, admitted, stalled, free_queue(P), num_deferred, records
+
+
+# ---------------------------------------------------------------------------------------------------
+# Python side
+# ---------------------------------------------------------------------------------------------------
 
 
 def pool_inputs(requests, block_size: int, stream=None):
@@ -283,10 +572,41 @@ def pool_inputs(requests, block_size: int, stream=None):
     return stream, listed, output_tokens, arrival, finish
 
 
-def replay_compiled(requests, block_size: int, num_usable_blocks: int, timed: bool, stream=None):
-    """`PoolReplay(requests, ..., holds=None, timed).run()`'s per-request results, compiled:
-    (hit_blocks, num_evictions, admitted, stalled, free_queue, num_deferred) as numpy arrays and an int."""
+def hold_inputs(holds, n: int):
+    """A `HoldPolicy` as the kernel's arrays over n requests: (is_parent, release_after, parent_of, family
+    ids, family names, expiry, caps), -1 for what the policy leaves out. Indices outside the stream are
+    dropped: no request there can take or count toward a hold."""
+    is_parent = np.zeros(n, np.bool_)
+    release_after = np.zeros(n, np.int64)
+    parent_of = np.full(n, -1, np.int64)
+    fam = np.zeros(n, np.int64)
+    names: dict[str, int] = {}
+    for p, k in holds.release_after.items():
+        if 0 <= p < n:
+            is_parent[p] = True
+            release_after[p] = k
+            fam[p] = names.setdefault(holds.family_of.get(p, str(p)), len(names))
+    for c, p in holds.parent_of.items():
+        if 0 <= c < n and 0 <= p < n:
+            parent_of[c] = p
+    caps = tuple(-1 if v is None else int(v) for v in (holds.expiry_ns, holds.max_held_blocks, holds.max_families))
+    return is_parent, release_after, parent_of, fam, list(names), caps
+
+
+def replay_compiled(requests, block_size: int, num_usable_blocks: int, timed: bool, stream=None, holds=None):
+    """`PoolReplay(requests, ..., holds, timed).run()`'s results, compiled: (hit_blocks, num_evictions,
+    admitted, stalled, free_queue) as numpy arrays, num_deferred, and the hold records as
+    (parent, status, num_blocks, served, reason, held_block_steps, taken_ns, released_ns) arrays, with the
+    family names their parents' ids index (`family_names[family_ids[parent]]`)."""
     stream, listed, output_tokens, arrival, finish = pool_inputs(requests, block_size, stream)
-    return run_interruptible(_pool_kernel, stream.obj, stream.req_start, listed, stream.num_prompt_tokens,
-                             output_tokens, finish, arrival, bool(timed), int(block_size), int(num_usable_blocks),
-                             int(stream.num_objects))
+    n = len(requests)
+    if holds is None:
+        is_parent, release_after, parent_of, fam, names, caps = (np.zeros(0, np.bool_), *(np.zeros(0, np.int64),) * 3,
+                                                                 [], (-1, -1, -1))
+    else:
+        is_parent, release_after, parent_of, fam, names, caps = hold_inputs(holds, n)
+    out = run_interruptible(_pool_kernel, stream.obj, stream.req_start, listed, stream.num_prompt_tokens,
+                            output_tokens, finish, arrival, bool(timed), int(block_size), int(num_usable_blocks),
+                            int(stream.num_objects), holds is not None, is_parent, release_after, parent_of, fam,
+                            max(len(names), 1), *caps)
+    return out, fam, names
