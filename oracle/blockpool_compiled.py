@@ -17,9 +17,11 @@ same order, over arrays instead of Python objects:
 
 The pool's state travels as one tuple of arrays (`pool_state`), the holds' as another (`HoldState`), so
 the steps are small functions compiled inline into their callers: `lookup`, `touch`, `allocate` (with an
-optional buffer that receives the evicted hashes), `free_blocks`, `finish`, `take_hold` / `release_hold`,
-`fit` (admission: what a request needs, releasing holds under pressure and waiting for finishes). The pool
-kernel here and the tier kernel (`kmesh_trace.oracle.tiers.compiled`) are built from them.
+optional buffer that receives the evicted hashes), `free_blocks`, `finish`, `take_hold` / `release_hold`;
+a request's replay is `arrive` (finishes due, expiry, and admission: releasing holds under pressure,
+waiting for finishes, stalling or refusing), `allocate_request`, `end_admission`, and the stream's end
+`drain`. The pool kernel here and the tier kernel (`kmesh_trace.oracle.tiers.compiled`) are built from
+them, the tier kernel observing a request between `arrive` and `allocate_request` and after it.
 
 The Python model stays the reference: tests replay random workloads (timed and sequential, duplicates,
 stalls, deferrals, holds with every cap and expiry) through both and compare every per-request result,
@@ -284,7 +286,8 @@ def request_blocks(prompt_tokens, output_tokens, block_size, i):  # pragma: no c
 #      release_after, parent_of, rec_parent, rec_status, rec_blocks, rec_served, rec_reason, rec_steps,
 #      rec_taken, rec_released)
 # S = [n_active, num_held_refs, num_families_active, num_boundaries, num_records, now,
-#      expiry_ns (-1: none), max_held_blocks (-1: none), max_families (-1: none)]
+#      expiry_ns (-1: none), max_held_blocks (-1: none), max_families (-1: none),
+#      num_free, heap size, num_deferred (the replay's scalars, below)]
 # aprev/anext: the active holds, oldest first, a list over parent indices with sentinel n_req.
 
 
@@ -304,7 +307,7 @@ def hold_state(n_req, has_holds, is_parent, release_after, parent_of, fam, num_f
          parent_of[:m].astype(np.int64), np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int64),
          np.zeros(m, np.int64), np.full(m, -1, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int64),
          np.zeros(m, np.int64))
-    S = np.zeros(9, np.int64)
+    S = np.zeros(12, np.int64)
     S[6], S[7], S[8] = expiry_ns, max_held_blocks, max_families
     return H, S
 
@@ -420,64 +423,20 @@ def close_holds(P, H, S, timed, scratch):  # pragma: no cover (compiled)
 
 
 # ---------------------------------------------------------------------------------------------------
-# A request's finish and admission
+# A request's admission and finish
 # ---------------------------------------------------------------------------------------------------
-
-
-@_jit
-def finish(P, H, S, f, store, a, n, nfull, finish_ns, has_holds, timed, scratch):  # pragma: no cover
-    """`PoolReplay._finish` of request f, whose blocks are store[a:a + n] (nfull of them full): the clock,
-    its hold, then its blocks freed tail first. Returns the change in free blocks."""
-    if timed:
-        S[5] = max(S[5], finish_ns)
-    out = 0
-    if has_holds and H[10][f]:
-        out -= take_hold(P, H, S, f, store, a, nfull, timed)
-    return out + free_blocks(P, store, a + n - 1, a - 1, -1, scratch)
-
-
-@_jit
-def fit(P, H, S, obj, a, max_hit, prompt_blocks, num_blocks, num_free, seq, has_holds, timed, hk, hi, hsize,
-        store, off, cnt, prompt_tokens, output_tokens, finish_ns, block_size, scratch):  # pragma: no cover
-    """`PoolReplay.admit`'s loop: look the prompt up until its blocks fit, releasing the oldest hold under
-    pressure, else waiting for the earliest finish (timed), else stalling or refusing it. Returns
-    (outcome, hits in seq[:nh], blocks, free blocks, heap size, deferred)."""
-    deferred = False
-    while True:
-        nh, ev = lookup(P, obj, a, max_hit, seq)
-        if num_blocks - nh + ev <= num_free:
-            return FITS, nh, num_blocks, num_free, hsize, deferred
-        if has_holds and S[0] > 0:  # a hold never blocks an admission
-            num_free += release_hold(P, H, S, oldest_hold(H), PRESSURE, timed, scratch)
-        elif timed and hsize > 0:
-            deferred = True
-            hsize = heap_pop(hk, hi, hsize)
-            f = hi[hsize]
-            nfull = request_blocks(prompt_tokens, output_tokens, block_size, f)[1]
-            num_free += finish(P, H, S, f, store, off[f], cnt[f], nfull, finish_ns[f], has_holds, timed, scratch)
-        elif prompt_blocks - nh + ev <= num_free:
-            return STALLS, nh, nh + num_free - ev, num_free, hsize, deferred
-        else:
-            return REFUSED, nh, num_blocks, num_free, hsize, deferred
-
-
-# ---------------------------------------------------------------------------------------------------
-# The pool's replay
-# ---------------------------------------------------------------------------------------------------
+# IN = (req_start, listed, prompt_tokens, output_tokens, finish_ns, arrival): the stream, per request
+# R = (seq, store, off, cnt, scratch, hk, hi, num_full_of): the replay's buffers; seq holds the request
+#     being admitted (hits, then new blocks), store[off[i]:off[i] + cnt[i]] a running request's blocks
+#     (timed), hk/hi the running requests' heap; S[9:12] = num_free, heap size, num_deferred
 
 
 @numba.njit(cache=True, nogil=True)
-def _pool_kernel(obj, req_start, n_prompt_listed, prompt_tokens, output_tokens, finish_ns, arrival, timed,
-                 block_size, num_usable, num_objects, has_holds, is_parent, release_after, parent_of, fam,
-                 num_families, expiry_ns, max_held_blocks, max_families):  # pragma: no cover (compiled)
+def replay_state(IN, timed, block_size, has_holds, is_parent, release_after, parent_of, fam, num_families,
+                 expiry_ns, max_held_blocks, max_families):  # pragma: no cover (compiled)
+    """The buffers (R) and the holds' state (H, S) of one replay over the stream IN."""
+    prompt_tokens, output_tokens = IN[2], IN[3]
     n_req = len(prompt_tokens)
-    P = pool_state(num_usable, num_objects)
-    num_free = num_usable
-    hit_blocks = np.zeros(n_req, np.int64)
-    num_evictions = np.zeros(n_req, np.int64)
-    admitted = np.zeros(n_req, np.bool_)
-    stalled = np.zeros(n_req, np.bool_)
-    # each request's blocks (hits, then new ones), while it runs
     off = np.zeros(n_req + 1, np.int64)
     num_full_of = np.zeros(n_req, np.int64)
     longest = 1
@@ -488,69 +447,151 @@ def _pool_kernel(obj, req_start, n_prompt_listed, prompt_tokens, output_tokens, 
         longest = max(longest, nb)
     H, S = hold_state(n_req, has_holds, is_parent, release_after, parent_of, fam, num_families, num_full_of,
                       expiry_ns, max_held_blocks, max_families)
-    store = np.zeros(off[n_req], np.int64)
-    seq = np.zeros(longest, np.int64)
-    cnt = np.zeros(n_req, np.int64)
-    scratch = np.zeros(longest, np.int64)  # a freed request's blocks
+    m = n_req if timed else 1
+    R = (np.zeros(longest, np.int64), np.zeros(off[n_req], np.int64), off, np.zeros(n_req, np.int64),
+         np.zeros(longest, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int64), num_full_of)
+    return R, H, S
+
+
+@_jit
+def finish(P, H, S, R, f, blocks, a, n, finish_ns, has_holds, timed):  # pragma: no cover (compiled)
+    """`PoolReplay._finish` of request f, whose blocks are blocks[a:a + n]: the clock, its hold, then its
+    blocks freed tail first."""
+    if timed:
+        S[5] = max(S[5], finish_ns)
+    if has_holds and H[10][f]:
+        S[9] -= take_hold(P, H, S, f, blocks, a, R[7][f], timed)
+    S[9] += free_blocks(P, blocks, a + n - 1, a - 1, -1, R[4])
+
+
+@_jit
+def finish_earliest(P, H, S, R, IN, has_holds, timed):  # pragma: no cover (compiled)
+    """Finish the running request that finishes first (timed)."""
+    S[10] = heap_pop(R[5], R[6], S[10])
+    f = R[6][S[10]]
+    finish(P, H, S, R, f, R[1], R[2][f], R[3][f], IN[4][f], has_holds, timed)
+
+
+@_jit
+def geometry(IN, i, block_size):  # pragma: no cover (compiled)
+    """Request i's (first hash, listed prompt hashes, output hashes, full prompt blocks, max hit blocks)."""
+    req_start, listed, prompt_tokens = IN[0], IN[1], IN[2]
+    p = prompt_tokens[i]
+    a = req_start[i]
+    n_listed = listed[i]  # prompt hashes in the stream (<= n_prompt_full)
+    n_prompt_full = p // block_size
+    return (a, n_listed, req_start[i + 1] - a - n_listed, n_prompt_full,
+            min(max(p - 1, 0) // block_size, n_prompt_full, n_listed))
+
+
+@_jit
+def arrive(P, H, S, R, IN, obj, i, block_size, has_holds, timed):  # pragma: no cover (compiled)
+    """`PoolReplay._arrive` up to the allocation: finishes due (timed), the boundary, then `admit`'s loop:
+    look the prompt up until its blocks fit, releasing the oldest hold under pressure, else waiting for
+    the earliest finish (timed), else stalling or refusing it. Returns (outcome, hits in R[0][:nh],
+    blocks, full blocks)."""
+    if timed:
+        hk = R[5]
+        while S[10] > 0 and hk[0] <= IN[5][i]:
+            finish_earliest(P, H, S, R, IN, has_holds, timed)
+        S[5] = max(S[5], IN[5][i])
+    if has_holds:
+        S[9] += boundary(P, H, S, timed, R[4])
+    a, n_listed, n_out, n_prompt_full, max_hit = geometry(IN, i, block_size)
+    num_blocks, num_full = request_blocks(IN[2], IN[3], block_size, i)
+    prompt_blocks = -(-IN[2][i] // block_size)
+    deferred = False
+    while True:
+        nh, ev = lookup(P, obj, a, max_hit, R[0])
+        if num_blocks - nh + ev <= S[9]:
+            outcome = FITS
+            break
+        if has_holds and S[0] > 0:  # a hold never blocks an admission
+            S[9] += release_hold(P, H, S, oldest_hold(H), PRESSURE, timed, R[4])
+        elif timed and S[10] > 0:
+            deferred = True
+            finish_earliest(P, H, S, R, IN, has_holds, timed)
+        elif prompt_blocks - nh + ev <= S[9]:
+            outcome = STALLS  # vLLM admits on the prompt alone; its output then outgrows the pool
+            num_blocks = num_full = nh + S[9] - ev
+            break
+        else:
+            return REFUSED, nh, num_blocks, num_full
+    S[11] += deferred
+    return outcome, nh, num_blocks, num_full
+
+
+@_jit
+def allocate_request(P, S, R, IN, obj, i, nh, num_blocks, num_full, block_size, evicted):  # pragma: no cover
+    """Touch request i's hits R[0][:nh] and allocate its new blocks after them; returns (cached blocks
+    evicted, evicted hash ids written to `evicted`)."""
+    a, n_listed, n_out, n_prompt_full, _ = geometry(IN, i, block_size)
+    S[9] -= touch(P, R[0], 0, nh) + num_blocks - nh
+    return allocate(P, obj, a, n_listed, n_out, n_prompt_full, num_full, nh, num_blocks, R[0], evicted)
+
+
+@_jit
+def end_admission(P, H, S, R, IN, i, outcome, num_blocks, has_holds, timed):  # pragma: no cover (compiled)
+    """After the allocation: a stalled request is freed at once; a timed one runs until its finish, a
+    sequential one finishes now (a child's admission counts toward its parent's hold first)."""
+    seq = R[0]
+    if outcome == STALLS:  # it filled every block, all full and cached, then was preempted for good
+        S[9] += free_blocks(P, seq, num_blocks - 1, -1, -1, R[4])
+        return
+    if timed:
+        store, off = R[1], R[2]
+        for j in range(num_blocks):
+            store[off[i] + j] = seq[j]
+        R[3][i] = num_blocks
+    if has_holds:
+        S[9] += child_admitted(P, H, S, i, timed, R[4])
+    if timed:
+        S[10] = heap_push(R[5], R[6], S[10], max(IN[4][i], IN[5][i]), i)
+    else:
+        finish(P, H, S, R, i, seq, 0, num_blocks, 0, has_holds, timed)
+
+
+@_jit
+def drain(P, H, S, R, IN, has_holds, timed):  # pragma: no cover (compiled)
+    """`PoolReplay.close`: finish what is running, then release the holds."""
+    while S[10] > 0:
+        finish_earliest(P, H, S, R, IN, has_holds, timed)
+    if has_holds:
+        close_holds(P, H, S, timed, R[4])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The pool's replay
+# ---------------------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, nogil=True)
+def _pool_kernel(obj, IN, timed, block_size, num_usable, num_objects, has_holds, is_parent, release_after,
+                 parent_of, fam, num_families, expiry_ns, max_held_blocks, max_families):  # pragma: no cover
+    n_req = len(IN[2])
+    P = pool_state(num_usable, num_objects)
+    R, H, S = replay_state(IN, timed, block_size, has_holds, is_parent, release_after, parent_of, fam,
+                           num_families, expiry_ns, max_held_blocks, max_families)
+    S[9] = num_usable
+    hit_blocks = np.zeros(n_req, np.int64)
+    num_evictions = np.zeros(n_req, np.int64)
+    admitted = np.zeros(n_req, np.bool_)
+    stalled = np.zeros(n_req, np.bool_)
     no_evicted = np.zeros(0, np.int64)
-    hk = np.zeros(n_req if timed else 1, np.int64)
-    hi = np.zeros(n_req if timed else 1, np.int64)
-    hsize = 0
-    num_deferred = 0
     for i in range(n_req):
-        if timed:
-            while hsize > 0 and hk[0] <= arrival[i]:
-                hsize = heap_pop(hk, hi, hsize)
-                f = hi[hsize]
-                num_free += finish(P, H, S, f, store, off[f], cnt[f], num_full_of[f], finish_ns[f], has_holds,
-                                   timed, scratch)
-            S[5] = max(S[5], arrival[i])
-        if has_holds:
-            num_free += boundary(P, H, S, timed, scratch)
-        P_tokens = prompt_tokens[i]
-        num_blocks, num_full = request_blocks(prompt_tokens, output_tokens, block_size, i)
-        n_prompt_full = P_tokens // block_size
-        a = req_start[i]
-        n_listed = n_prompt_listed[i]  # prompt hashes in the stream (<= n_prompt_full)
-        n_out = req_start[i + 1] - a - n_listed
-        max_hit = min(max(P_tokens - 1, 0) // block_size, n_prompt_full, n_listed)
-        outcome, nh, num_blocks, num_free, hsize, deferred = fit(
-            P, H, S, obj, a, max_hit, -(-P_tokens // block_size), num_blocks, num_free, seq, has_holds, timed, hk,
-            hi, hsize, store, off, cnt, prompt_tokens, output_tokens, finish_ns, block_size, scratch)
+        outcome, nh, num_blocks, num_full = arrive(P, H, S, R, IN, obj, i, block_size, has_holds, timed)
         if outcome == REFUSED:
             continue
-        if outcome == STALLS:
-            num_full = num_blocks
-        num_deferred += deferred
-        num_free -= touch(P, seq, 0, nh)
-        ne, _ = allocate(P, obj, a, n_listed, n_out, n_prompt_full, num_full, nh, num_blocks, seq, no_evicted)
-        num_free -= num_blocks - nh
+        num_evictions[i] = allocate_request(P, S, R, IN, obj, i, nh, num_blocks, num_full, block_size,
+                                            no_evicted)[0]
         hit_blocks[i] = nh
-        num_evictions[i] = ne
         admitted[i] = True
-        if outcome == STALLS:
-            stalled[i] = True
-            num_free += free_blocks(P, seq, num_blocks - 1, -1, -1, scratch)
-            continue
-        if timed:
-            for j in range(num_blocks):
-                store[off[i] + j] = seq[j]
-            cnt[i] = num_blocks
-        if has_holds:
-            num_free += child_admitted(P, H, S, i, timed, scratch)
-        if timed:
-            hsize = heap_push(hk, hi, hsize, max(finish_ns[i], arrival[i]), i)
-        else:
-            num_free += finish(P, H, S, i, seq, 0, num_blocks, num_full, 0, has_holds, timed, scratch)
-    while hsize > 0:
-        hsize = heap_pop(hk, hi, hsize)
-        f = hi[hsize]
-        finish(P, H, S, f, store, off[f], cnt[f], num_full_of[f], finish_ns[f], has_holds, timed, scratch)
-    if has_holds:
-        close_holds(P, H, S, timed, scratch)
+        stalled[i] = outcome == STALLS
+        end_admission(P, H, S, R, IN, i, outcome, num_blocks, has_holds, timed)
+    drain(P, H, S, R, IN, has_holds, timed)
     m = S[4]
     records = (H[13][:m], H[14][:m], H[15][:m], H[16][:m], H[17][:m], H[18][:m], H[19][:m], H[20][:m])
-    return hit_blocks, num_evictions, admitted, stalled, free_queue(P), num_deferred, records
+    return hit_blocks, num_evictions, admitted, stalled, free_queue(P), S[11], records
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -605,8 +646,8 @@ def replay_compiled(requests, block_size: int, num_usable_blocks: int, timed: bo
                                                                  [], (-1, -1, -1))
     else:
         is_parent, release_after, parent_of, fam, names, caps = hold_inputs(holds, n)
-    out = run_interruptible(_pool_kernel, stream.obj, stream.req_start, listed, stream.num_prompt_tokens,
-                            output_tokens, finish, arrival, bool(timed), int(block_size), int(num_usable_blocks),
+    IN = (stream.req_start, listed, stream.num_prompt_tokens, output_tokens, finish, arrival)
+    out = run_interruptible(_pool_kernel, stream.obj, IN, bool(timed), int(block_size), int(num_usable_blocks),
                             int(stream.num_objects), holds is not None, is_parent, release_after, parent_of, fam,
                             max(len(names), 1), *caps)
     return out, fam, names
