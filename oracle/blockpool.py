@@ -179,16 +179,22 @@ def _compiled_result(requests, block_size, num_usable_blocks, timed, stream, hol
 
     (hits, evictions, admitted, stalled, queue, deferred, records), fam, names = replay_compiled(
         requests, block_size, num_usable_blocks, timed, stream, holds)
+    return compiled_pool_result(requests, block_size, num_usable_blocks, timed, hits, evictions, admitted, stalled,
+                                queue, deferred, [
+        ModelHold(p, names[fam[p]], STATUSES[s], nb, served, None if why < 0 else REASONS[why], steps,
+                  taken if timed and s == TAKEN else None, released if timed and why >= 0 else None)
+        for p, s, nb, served, why, steps, taken, released in zip(*(a.tolist() for a in records))])
+
+
+def compiled_pool_result(requests, block_size, num_usable_blocks, timed, hits, evictions, admitted, stalled, queue,
+                         deferred, holds) -> PoolResult:
+    """A PoolResult from a compiled replay's arrays (this pool's kernel, or the tier model's)."""
     hit_blocks = hits.tolist()
     return PoolResult(
         block_size=block_size, num_usable_blocks=num_usable_blocks, hit_blocks=hit_blocks,
         hit_tokens=[h * block_size for h in hit_blocks], num_evictions=evictions.tolist(), admitted=admitted.tolist(),
         num_prompt_tokens=[r.num_prompt_tokens for r in requests], free_queue=queue.tolist(),
-        num_deferred=int(deferred), holds=[
-            ModelHold(p, names[fam[p]], STATUSES[s], nb, served, None if why < 0 else REASONS[why], steps,
-                      taken if timed and s == TAKEN else None, released if timed and why >= 0 else None)
-            for p, s, nb, served, why, steps, taken, released in zip(*(a.tolist() for a in records))],
-        timed=timed, stalled=stalled.tolist())
+        num_deferred=int(deferred), holds=holds, timed=timed, stalled=stalled.tolist())
 
 
 # ---------------------------------------------------------------------------------------------------

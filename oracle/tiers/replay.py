@@ -21,7 +21,7 @@ from kmesh_trace.oracle.blockpool import PoolReplay, PoolResult
 from kmesh_trace.oracle.stream import RequestBlocks, num_cached_blocks
 from kmesh_trace.oracle.tiers.config import PrefillSeconds, RestoreCost, TierConfig, TierSpec
 from kmesh_trace.oracle.tiers.prep import EarlyPrep
-from kmesh_trace.oracle.tiers.result import TierRead, TierResult
+from kmesh_trace.oracle.tiers.result import TierRead, TierResult, tier_result
 from kmesh_trace.oracle.tiers.store import TierStore
 from kmesh_trace.oracle.tiers.timing import ReadQueue
 
@@ -185,7 +185,8 @@ class TierReplay(PoolReplay):
         """From block j, block by block: the GPU pool (`any` lookup), a block staged by early preparation,
         then each lower tier in order; stops at the first block found nowhere."""
         chain = r.prompt_hashes
-        max_hit = min(r.max_hit_blocks(self.bs), r.num_full_prompt_blocks(self.bs))
+        # a hash list shorter than the prompt ends the walk, as it ends the pool's lookup
+        max_hit = min(r.max_hit_blocks(self.bs), r.num_full_prompt_blocks(self.bs), len(chain))
         hit_gpu = self.hit["gpu"]
         any_gpu = self.config.lookup == "any"
         cached, gpu_ready = self.pool.cached, self.gpu_ready
@@ -353,27 +354,9 @@ class TierReplay(PoolReplay):
     # -- the result -----------------------------------------------------------------------------------
 
     def result(self, pool: PoolResult, prefill: PrefillSeconds | None) -> TierResult:
-        notes = []
-        if self.tiers and not self.with_costs:
-            notes.append("a lower tier has no restore cost: restore waits, singleflight timing and TTFT are not "
-                         "estimated.")
-        if self.tiers and not self.kvbpt:
-            notes.append("no kv bytes per token: bytes read are not estimated.")
-        if self.config.singleflight and not self.timed:
-            notes.append("singleflight needs arrival and finish times; the replay is sequential, so it changes "
-                         "nothing.")
-        stores = np.zeros(len(self.requests), np.int64)
-        order = list(self.store_marks)
-        ends = [self.store_marks[k] for k in order[1:]] + [sum(t.store.num_stores for t in self.tiers)]
-        for k, end in zip(order, ends):
-            stores[k] = end - self.store_marks[k]
-        return TierResult(
-            stores_per_request=stores,
-            config=self.config, block_size=self.bs, kv_bytes_per_token=self.kvbpt, pool=pool,
-            hit_blocks_by_tier=self.hit, restore_wait_s=self.wait, restore_wait_p95_s=self.wait95, reads=self.reads,
-            num_chunk_reads={t.name: t.num_reads for t in self.tiers},
+        return tier_result(
+            self.config, self.bs, self.kvbpt, self.timed, pool, prefill, self.requests, hit=self.hit, wait=self.wait,
+            wait95=self.wait95, reads=self.reads, num_reads={t.name: t.num_reads for t in self.tiers},
             read_bytes={t.name: t.read_bytes for t in self.tiers},
-            distinct_blocks_needed=len(self.needed), num_shared_reads=self.num_shared,
-            num_stores={t.name: t.store.num_stores for t in self.tiers},
-            is_child=np.fromiter((r.parent_index is not None for r in self.requests), bool, len(self.requests)),
-            prefill=prefill if self.with_costs else None, notes=notes)
+            num_stores={t.name: t.store.num_stores for t in self.tiers}, store_marks=self.store_marks,
+            num_needed=len(self.needed), num_shared=self.num_shared)

@@ -10,7 +10,7 @@ import numpy as np
 from kmesh_trace.oracle.blockpool import PoolResult
 from kmesh_trace.oracle.tiers.config import PrefillSeconds, TierConfig
 
-__all__ = ["TierRead", "TierResult"]
+__all__ = ["TierRead", "TierResult", "tier_result"]
 
 
 @dataclass(slots=True)
@@ -135,3 +135,34 @@ class TierResult:
             "gpu_evictions": self.pool.total_evictions,
         }
 
+
+
+def tier_result(config: TierConfig, block_size: int, kv_bytes_per_token: int | None, timed: bool, pool: PoolResult,
+                prefill: PrefillSeconds | None, requests, *, hit: dict[str, np.ndarray], wait: np.ndarray | None,
+                wait95: np.ndarray | None, reads: list[TierRead], num_reads: dict[str, int], read_bytes: dict[str, int],
+                num_stores: dict[str, int], store_marks: dict[int, int], num_needed: int,
+                num_shared: int) -> TierResult:
+    """A replay's TierResult (the Python and the compiled replay's): `wait` None without restore costs;
+    `store_marks` maps each request looked up, in order, to the lower-tier stores made before it."""
+    notes = []
+    if config.tiers and wait is None:
+        notes.append("a lower tier has no restore cost: restore waits, singleflight timing and TTFT are not "
+                     "estimated.")
+    if config.tiers and not kv_bytes_per_token:
+        notes.append("no kv bytes per token: bytes read are not estimated.")
+    if config.singleflight and not timed:
+        notes.append("singleflight needs arrival and finish times; the replay is sequential, so it changes "
+                     "nothing.")
+    stores = np.zeros(len(requests), np.int64)
+    order = list(store_marks)
+    ends = [store_marks[k] for k in order[1:]] + [sum(num_stores.values())]
+    for k, end in zip(order, ends):
+        stores[k] = end - store_marks[k]
+    return TierResult(
+        stores_per_request=stores,
+        config=config, block_size=block_size, kv_bytes_per_token=kv_bytes_per_token, pool=pool,
+        hit_blocks_by_tier=hit, restore_wait_s=wait, restore_wait_p95_s=wait95, reads=reads,
+        num_chunk_reads=num_reads, read_bytes=read_bytes, distinct_blocks_needed=num_needed,
+        num_shared_reads=num_shared, num_stores=num_stores,
+        is_child=np.fromiter((r.parent_index is not None for r in requests), bool, len(requests)),
+        prefill=prefill if wait is not None else None, notes=notes)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
+from kmesh_trace.oracle.blockpool import compiled_pool_result
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size
 from kmesh_trace.oracle.tiers.config import SIMPLE_CPU, PrefillSeconds, RestoreCost, TierConfig
 from kmesh_trace.oracle.tiers.connector import SimpleCPUReplay
 from kmesh_trace.oracle.tiers.replay import TierReplay
-from kmesh_trace.oracle.tiers.result import TierResult
+from kmesh_trace.oracle.tiers.result import TierRead, TierResult, tier_result
 
 __all__ = ["simulate_tiers"]
 
@@ -22,11 +25,48 @@ def simulate_tiers(requests: Sequence[RequestBlocks], config: TierConfig, *, blo
 
     `costs` maps tier names to restore costs (needed for waits, singleflight and TTFT); `preload` puts
     chunk keys (block hashes for one-block chunks) into a tier before the first request, oldest first.
+
+    The replay runs compiled (`kmesh_trace.oracle.tiers.compiled`, tested equal to `TierReplay`, the
+    reference) for every configuration but early preparation and the simple-cpu connector, which run the
+    Python replays (`TierReplay` with `EarlyPrep`, `SimpleCPUReplay`); so do streams whose hashes are not
+    64-bit unsigned integers.
     """
     block_size = check_block_size(block_size)
     config.check()
     if timed is None:
         timed = bool(requests) and all(r.arrival_ns is not None and r.finish_ns is not None for r in requests)
+    requests, costs, preload = list(requests), costs or {}, preload or {}
+    if config.connector is None and not (config.early_prep and config.tiers):
+        done = _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, timed, preload)
+        if done is not None:
+            return done
     replay = SimpleCPUReplay if config.connector == SIMPLE_CPU else TierReplay
-    sim = replay(list(requests), block_size, config, kv_bytes_per_token, costs or {}, timed, preload or {})
+    sim = replay(requests, block_size, config, kv_bytes_per_token, costs, timed, preload)
     return sim.result(sim.run(), prefill)
+
+
+def _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, timed, preload) -> TierResult | None:
+    """The compiled replay's TierResult (`kmesh_trace.oracle.tiers.compiled`), or None when it cannot take
+    the stream (hashes that are not 64-bit unsigned integers)."""
+    from kmesh_trace.oracle.tiers.compiled import replay_tiers_compiled  # numba, imported where used
+
+    out = replay_tiers_compiled(requests, block_size, config, costs, timed, preload,
+                                block_size * kv_bytes_per_token if kv_bytes_per_token else 0)
+    if out is None:
+        return None
+    (hits, evictions, admitted, stalled, queue, deferred), hit, wait0, wait1, reads, num_reads, read_bytes, \
+        num_stores, marks, num_needed, num_shared = out
+    pool = compiled_pool_result(requests, block_size, config.gpu_blocks, timed, hits, evictions, admitted, stalled,
+                                queue, deferred, [])
+    names = [t.name for t in config.tiers]
+    with_costs = all(costs.get(n) is not None for n in names)
+    looked = np.flatnonzero(marks >= 0)
+    return tier_result(
+        config, block_size, kv_bytes_per_token, timed, pool, prefill, requests,
+        hit={"gpu": hit[0], **{n: hit[1 + k] for k, n in enumerate(names)}},
+        wait=wait0 if with_costs else None, wait95=wait1 if with_costs else None,
+        reads=[TierRead(i, names[t], c, b) for i, t, c, b in zip(*(a.tolist() for a in reads))],
+        num_reads=dict(zip(names, num_reads.tolist())), read_bytes=dict(zip(names, read_bytes.tolist())),
+        num_stores=dict(zip(names, num_stores.tolist())),
+        store_marks=dict(zip(looked.tolist(), marks[looked].tolist())) if names else {},
+        num_needed=int(num_needed), num_shared=int(num_shared))

@@ -1,0 +1,443 @@
+"""The tier model compiled: `TierReplay` (`kmesh_trace.oracle.tiers.replay`) as one numba kernel.
+
+The GPU pool is the compiled pool replay's own steps (`kmesh_trace.oracle.blockpool_compiled`: `arrive`,
+`allocate_request` with a buffer for the evicted hashes, `end_admission`, `drain`), so the pool evolves
+exactly as `simulate_pool`'s; between `arrive` and the allocation the kernel runs the lookup below the GPU
+in `TierReplay._looked_up`'s steps (restores in flight, the lower-tier walk, settling, the restore wait, the
+write-through stores), and after it the offloading of what the allocation evicted (`_allocated`). The
+rules are the package docstring's (`kmesh_trace.oracle.tiers`); here is only how they are kept in arrays:
+
+- every hash (prompt, output, preloaded chunk key) has a dense id; a tier's LRU is a doubly linked list
+  over ids (`lprev`/`lnext`, sentinel `num_ids`, least recent first) with a membership flag, as
+  `TierStore`'s OrderedDict;
+- per tier and id: the request that last read the chunk and when its read completes (a request reads a
+  chunk once), and with singleflight the read in flight; per id: a restored block's completion while it
+  is not yet usable (`gpu_ready`, timed) with a heap of completions to expire them;
+- reads are kept as (request, tier, chunks, bytes) rows merged as `TierRead`s are.
+
+It covers every configuration but early preparation and the simple-cpu connector, which keep the Python
+replays (`simulate_tiers` chooses). `TierReplay` stays the reference: tests/test_tiers_compiled.py replays
+random workloads and configurations through both and compares every `TierResult` field.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from kmesh_trace.oracle.blockpool_compiled import (
+    REFUSED,
+    STALLS,
+    allocate_request,
+    arrive,
+    drain,
+    end_admission,
+    free_queue,
+    heap_pop,
+    heap_push,
+    pool_state,
+    replay_state,
+)
+from kmesh_trace.oracle.interruptible import run_interruptible
+
+__all__ = ["replay_tiers_compiled"]
+
+_jit = numba.njit(cache=True, nogil=True, inline="always")
+
+
+@_jit
+def _lru_unlink(lprev, lnext, member, ti, k):  # pragma: no cover (compiled)
+    lnext[ti, lprev[ti, k]] = lnext[ti, k]
+    lprev[ti, lnext[ti, k]] = lprev[ti, k]
+    member[ti, k] = False
+
+
+@_jit
+def _lru_append(lprev, lnext, member, ti, k):  # pragma: no cover (compiled); k becomes the most recent
+    s = lprev.shape[1] - 1
+    last = lprev[ti, s]
+    lprev[ti, k], lnext[ti, k] = last, s
+    lnext[ti, last] = k
+    lprev[ti, s] = k
+    member[ti, k] = True
+
+
+@_jit
+def _lru_refresh(lprev, lnext, member, ti, k):  # pragma: no cover (compiled)
+    _lru_unlink(lprev, lnext, member, ti, k)
+    _lru_append(lprev, lnext, member, ti, k)
+
+
+@_jit
+def _put(lprev, lnext, member, count, cap, num_stores, ti, keys, n, refresh, pass_through,
+         left):  # pragma: no cover (compiled)
+    """`TierStore.put` of keys[:n] into tier ti; the keys that leave go to `left` (which may be `keys`:
+    the q-th key is read before left[q] can be written); returns how many."""
+    c = cap[ti]
+    if c <= 0:
+        if not pass_through:
+            return 0
+        for q in range(n):
+            left[q] = keys[q]
+        return n
+    s = lprev.shape[1] - 1
+    nl = 0
+    stored = 0
+    for q in range(n):
+        k = keys[q]
+        if member[ti, k]:
+            if refresh:
+                _lru_refresh(lprev, lnext, member, ti, k)
+            continue
+        stored += 1
+        _lru_append(lprev, lnext, member, ti, k)
+        if count[ti] < c:
+            count[ti] += 1
+        else:
+            first = lnext[ti, s]
+            _lru_unlink(lprev, lnext, member, ti, first)
+            left[nl] = first
+            nl += 1
+    num_stores[ti] += stored
+    return nl
+
+
+@_jit
+def _offload(lprev, lnext, member, count, cap, num_stores, on_evict, start, keys, n):  # pragma: no cover
+    """`TierReplay._offload` of keys[:n] down the on-evict tiers from position `start`, in place (a put
+    writes what leaves over the keys it has read)."""
+    for o in range(start, len(on_evict)):
+        if n == 0:
+            return
+        n = _put(lprev, lnext, member, count, cap, num_stores, on_evict[o], keys, n, True, True, keys)
+
+
+@_jit
+def _grow(a, n):  # pragma: no cover (compiled); a with room for index n
+    if n < len(a):
+        return a
+    b = np.empty(2 * len(a) + 16, a.dtype)
+    b[:len(a)] = a
+    return b
+
+
+@numba.njit(cache=True, nogil=True)
+def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_usable, num_ids, cap, chunk,
+                 retain, refresh_on_hit, write_through, below, on_evict, chunk_bytes, has_cost, lat_ns, dur0,
+                 dur1, singleflight, any_gpu, with_costs, preload, pstart):  # pragma: no cover (compiled)
+    n_req = len(IN[2])
+    nt = len(cap)
+    P = pool_state(num_usable, num_ids)
+    no = np.zeros(0, np.int64)
+    R, H, S = replay_state(IN, timed, block_size, False, no.astype(np.bool_), no, no, no, 1, -1, -1, -1)
+    S[9] = num_usable
+    seq, scratch = R[0], R[4]
+    longest = len(seq)
+    hit_blocks = np.zeros(n_req, np.int64)
+    num_evictions = np.zeros(n_req, np.int64)
+    admitted = np.zeros(n_req, np.bool_)
+    stalled = np.zeros(n_req, np.bool_)
+    # the lower tiers
+    lprev = np.full((nt, num_ids + 1), num_ids, np.int64)
+    lnext = np.full((nt, num_ids + 1), num_ids, np.int64)
+    member = np.zeros((nt, num_ids), np.bool_)
+    count = np.zeros(nt, np.int64)
+    num_stores = np.zeros(nt, np.int64)
+    num_reads = np.zeros(nt, np.int64)
+    read_bytes = np.zeros(nt, np.int64)
+    busy0 = np.zeros(nt, np.int64)
+    busy1 = np.zeros(nt, np.int64)
+    rn_stamp = np.zeros((nt, num_ids), np.int64)  # request + 1 that last read the chunk, and its completion
+    rn0 = np.zeros((nt, num_ids), np.int64)
+    rn1 = np.zeros((nt, num_ids), np.int64)
+    m_if = num_ids if singleflight else 0
+    if_valid = np.zeros((nt, m_if), np.bool_)
+    if0 = np.zeros((nt, m_if), np.int64)
+    if1 = np.zeros((nt, m_if), np.int64)
+    m_gr = num_ids if timed else 0
+    gr_valid = np.zeros(m_gr, np.bool_)
+    gr0 = np.zeros(m_gr, np.int64)
+    gr1 = np.zeros(m_gr, np.int64)
+    gr_tier = np.zeros(m_gr, np.int64)
+    rhk = np.zeros(16, np.int64)  # the ready heap: (completion, id)
+    rhi = np.zeros(16, np.int64)
+    rh_size = 0
+    needed = np.zeros(num_ids, np.bool_)
+    num_needed = 0
+    num_shared = 0
+    hit = np.zeros((nt + 1, n_req), np.int64)
+    wait0 = np.zeros(n_req, np.float64)
+    wait1 = np.zeros(n_req, np.float64)
+    marks = np.full(n_req, -1, np.int64)
+    rd_req = np.zeros(16, np.int64)  # reads: (request, tier, chunks, bytes)
+    rd_tier = np.zeros(16, np.int64)
+    rd_chunks = np.zeros(16, np.int64)
+    rd_bytes = np.zeros(16, np.int64)
+    n_rd = 0
+    # one request's lookup
+    clk_set = np.zeros(nt, np.bool_)
+    clk0 = np.zeros(nt, np.int64)
+    clk1 = np.zeros(nt, np.int64)
+    counts = np.zeros(nt, np.int64)
+    ro_tier = np.zeros(longest, np.int64)
+    ro_key = np.zeros(longest, np.int64)
+    ld_h = np.zeros(longest, np.int64)
+    ld0 = np.zeros(longest, np.int64)
+    ld1 = np.zeros(longest, np.int64)
+    ld_tier = np.zeros(longest, np.int64)
+    evicted = np.zeros(longest if len(on_evict) else 0, np.int64)
+    keys = np.zeros(longest, np.int64)
+    for ti in range(nt):
+        m = pstart[ti + 1] - pstart[ti]
+        gone = np.zeros(m, np.int64)
+        _put(lprev, lnext, member, count, cap, num_stores, ti, preload[pstart[ti]:], m, True, False, gone)
+        num_stores[ti] = 0
+    for i in range(n_req):
+        outcome, nh, num_blocks, num_full = arrive(P, H, S, R, IN, obj, i, block_size, False, timed)
+        if outcome == REFUSED:
+            continue
+        # -- TierReplay._looked_up
+        t = S[5] if timed else 0
+        if timed:  # _expire_ready
+            while rh_size > 0 and rhk[0] < t:
+                done = rhk[0]
+                rh_size = heap_pop(rhk, rhi, rh_size)
+                h = rhi[rh_size]
+                if gr_valid[h] and gr0[h] == done:
+                    gr_valid[h] = False
+        n_gpu = nh
+        hit[0, i] = nh
+        cs = cstart[i]
+        max_hit = min(max(IN[2][i] - 1, 0) // block_size, IN[2][i] // block_size, cstart[i + 1] - cs)
+        if nt > 0:
+            total = 0
+            for ti in range(nt):
+                total += num_stores[ti]
+            marks[i] = total
+            w0 = t
+            w1 = t
+            for ti in range(nt):
+                clk_set[ti] = False
+                counts[ti] = 0
+            n_ro = 0
+            n_ld = 0
+            stamp = i + 1
+            if timed:  # _restores_in_flight
+                for j in range(n_gpu):
+                    h = chain[cs + j]
+                    if not gr_valid[h]:
+                        continue
+                    if singleflight:
+                        w0 = max(w0, gr0[h])
+                        w1 = max(w1, gr1[h])
+                        hit[0, i] -= 1
+                        hit[1 + gr_tier[h], i] += 1
+                        num_shared += 1
+                        if not needed[h]:
+                            needed[h] = True
+                            num_needed += 1
+                    else:
+                        hit[0, i] = n_gpu = j
+                        break
+            j = n_gpu
+            while j < max_hit:  # _walk_below
+                h = chain[cs + j]
+                if any_gpu and P[6][h] >= 0 and not (timed and gr_valid[h]):
+                    hit[0, i] += 1
+                    j += 1
+                    continue
+                found = -1
+                key = -1
+                for ti in range(nt):  # _find_below
+                    c = chunk[ti]
+                    if c == 1:
+                        key = h
+                    else:
+                        end = (j // c + 1) * c - 1
+                        key = chain[cs + end] if end < cstart[i + 1] - cs else -1
+                    if key >= 0 and member[ti, key]:
+                        found = ti
+                        break
+                if found < 0:
+                    break
+                ti = found
+                if rn_stamp[ti, key] == stamp:  # _load: a chunk this request already reads
+                    d0, d1 = rn0[ti, key], rn1[ti, key]
+                elif singleflight and if_valid[ti, key] and if0[ti, key] >= t:
+                    d0, d1 = if0[ti, key], if1[ti, key]
+                    num_shared += 1
+                else:  # _read
+                    nbytes = chunk_bytes[ti]
+                    num_reads[ti] += 1
+                    read_bytes[ti] += nbytes
+                    if n_rd > 0 and rd_req[n_rd - 1] == i and rd_tier[n_rd - 1] == ti:
+                        rd_chunks[n_rd - 1] += 1
+                        rd_bytes[n_rd - 1] += nbytes
+                    else:
+                        rd_req = _grow(rd_req, n_rd)
+                        rd_tier = _grow(rd_tier, n_rd)
+                        rd_chunks = _grow(rd_chunks, n_rd)
+                        rd_bytes = _grow(rd_bytes, n_rd)
+                        rd_req[n_rd], rd_tier[n_rd], rd_chunks[n_rd], rd_bytes[n_rd] = i, ti, 1, nbytes
+                        n_rd += 1
+                    if has_cost[ti]:  # ReadQueue.complete
+                        if not clk_set[ti]:
+                            clk_set[ti] = True
+                            clk0[ti] = max(t, busy0[ti]) + lat_ns[ti]
+                            clk1[ti] = max(t, busy1[ti]) + lat_ns[ti]
+                        clk0[ti] += dur0[ti]
+                        clk1[ti] += dur1[ti]
+                        d0, d1 = clk0[ti], clk1[ti]
+                        if timed:
+                            busy0[ti], busy1[ti] = d0, d1
+                    else:
+                        d0, d1 = t, t
+                    if singleflight:
+                        if_valid[ti, key] = True
+                        if0[ti, key], if1[ti, key] = d0, d1
+                    if not retain[ti]:
+                        ro_tier[n_ro], ro_key[n_ro] = ti, key
+                        n_ro += 1
+                    elif refresh_on_hit[ti]:
+                        _lru_refresh(lprev, lnext, member, ti, key)
+                rn_stamp[ti, key] = stamp
+                rn0[ti, key], rn1[ti, key] = d0, d1
+                w0 = max(w0, d0)
+                w1 = max(w1, d1)
+                counts[ti] += 1
+                if not needed[h]:
+                    needed[h] = True
+                    num_needed += 1
+                if timed:
+                    ld_h[n_ld], ld0[n_ld], ld1[n_ld], ld_tier[n_ld] = h, d0, d1, ti
+                    n_ld += 1
+                j += 1
+            for ti in range(nt):  # _settle
+                hit[1 + ti, i] += counts[ti]
+            for q in range(n_ro):
+                if member[ro_tier[q], ro_key[q]]:
+                    _lru_unlink(lprev, lnext, member, ro_tier[q], ro_key[q])
+                    count[ro_tier[q]] -= 1
+            for q in range(n_ld):
+                if ld0[q] >= t:
+                    h = ld_h[q]
+                    gr_valid[h] = True
+                    gr0[h], gr1[h], gr_tier[h] = ld0[q], ld1[q], ld_tier[q]
+                    rhk = _grow(rhk, rh_size)
+                    rhi = _grow(rhi, rh_size)
+                    rh_size = heap_push(rhk, rhi, rh_size, ld0[q], h)
+            if with_costs:  # _restore_wait
+                if timed:
+                    wait0[i], wait1[i] = (w0 - t) / 1e9, (w1 - t) / 1e9
+                else:
+                    wait0[i], wait1[i] = w0 / 1e9, w1 / 1e9
+            for ti in range(nt):  # _write_through
+                if not write_through[ti]:
+                    continue
+                c = chunk[ti]
+                hs, he = hstart[i], hstart[i + 1]
+                nk = 0
+                for q in range(hs + c - 1, he, c):
+                    keys[nk] = held[q]
+                    nk += 1
+                nl = _put(lprev, lnext, member, count, cap, num_stores, ti, keys, nk, True, False, keys)
+                if nl > 0 and below[ti] >= 0:
+                    _offload(lprev, lnext, member, count, cap, num_stores, on_evict, below[ti], keys, nl)
+        ne, nk = allocate_request(P, S, R, IN, obj, i, nh, num_blocks, num_full, block_size, evicted)
+        if nk > 0:  # TierReplay._allocated
+            if timed:
+                for q in range(nk):
+                    gr_valid[evicted[q]] = False
+            _offload(lprev, lnext, member, count, cap, num_stores, on_evict, 0, evicted, nk)
+        num_evictions[i] = ne
+        hit_blocks[i] = nh
+        admitted[i] = True
+        stalled[i] = outcome == STALLS
+        end_admission(P, H, S, R, IN, i, outcome, num_blocks, False, timed)
+    drain(P, H, S, R, IN, False, timed)
+    pool = (hit_blocks, num_evictions, admitted, stalled, free_queue(P), S[11])
+    reads = (rd_req[:n_rd], rd_tier[:n_rd], rd_chunks[:n_rd], rd_bytes[:n_rd])
+    return (pool, hit, wait0, wait1, reads, num_reads, read_bytes, num_stores, marks, num_needed, num_shared)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Python side
+# ---------------------------------------------------------------------------------------------------
+
+
+def _flat(lists, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lists of hashes flattened (uint64) with their offsets."""
+    lens = np.fromiter((len(x) for x in lists), np.int64, n)
+    start = np.zeros(n + 1, np.int64)
+    np.cumsum(lens, out=start[1:])
+    return np.fromiter((h for x in lists for h in x), np.uint64, int(start[-1])), start
+
+
+def _segments(values: np.ndarray, start: np.ndarray, take: np.ndarray) -> np.ndarray:
+    """The first take[i] values of each segment values[start[i]:start[i + 1]], concatenated."""
+    n = len(take)
+    pos = np.arange(int(take.sum()), dtype=np.int64) - np.repeat(np.cumsum(take) - take, take)
+    return values[np.repeat(start[:n], take) + pos]
+
+
+def replay_tiers_compiled(requests, block_size: int, config, costs: dict, timed: bool, preload: dict,
+                          block_bytes: int):
+    """`TierReplay(...).run()` and its state, compiled: (pool arrays, hits per tier, waits, reads, per-tier
+    counts, store marks, distinct blocks needed, shared reads); see `_tier_kernel`. None when the stream's
+    hashes are not 64-bit unsigned integers (the Python replay takes them)."""
+    n = len(requests)
+    tiers = config.tiers
+    try:
+        prompt, pstart_r = _flat([r.prompt_hashes for r in requests], n)
+        output, ostart = _flat([r.output_hashes for r in requests], n)
+        pre, pstart = _flat([preload.get(t.name, ()) for t in tiers], len(tiers))
+    except (OverflowError, ValueError, TypeError):
+        return None
+    _, ids = np.unique(np.concatenate([prompt, output, pre]), return_inverse=True)
+    ids = ids.astype(np.int64).ravel()
+    num_ids = int(ids.max()) + 1 if len(ids) else 0
+    cid, oid, pid = ids[:len(prompt)], ids[len(prompt):len(prompt) + len(output)], ids[len(prompt) + len(output):]
+    p_tokens = np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n)
+    o_tokens = np.fromiter((r.num_output_tokens for r in requests), np.int64, n)
+    plen, olen = np.diff(pstart_r), np.diff(ostart)
+    nf = p_tokens // block_size
+    listed = np.minimum(plen, nf)
+    # the pool's stream: listed prompt hashes, then output hashes, per request (AccessStream's layout)
+    req_start = np.zeros(n + 1, np.int64)
+    np.cumsum(listed + olen, out=req_start[1:])
+    obj = np.empty(int(req_start[-1]), np.int64)
+    prompt_at = np.repeat(req_start[:-1], listed) + (np.arange(int(listed.sum())) - np.repeat(np.cumsum(listed) - listed, listed))
+    obj[prompt_at] = _segments(cid, pstart_r, listed)
+    out_mask = np.ones(len(obj), bool)
+    out_mask[prompt_at] = False
+    obj[out_mask] = oid
+    # the held chain (write-through stores): prompt[:min(n, nf)], then output[:n - nf]
+    cached = (p_tokens + np.maximum(o_tokens - 1, 0)) // block_size
+    take_p = np.minimum(np.minimum(cached, nf), plen)
+    take_o = np.minimum(np.maximum(cached - nf, 0), olen)
+    hstart = np.zeros(n + 1, np.int64)
+    np.cumsum(take_p + take_o, out=hstart[1:])
+    held = np.empty(int(hstart[-1]), np.int64)
+    at_p = np.repeat(hstart[:-1], take_p) + (np.arange(int(take_p.sum())) - np.repeat(np.cumsum(take_p) - take_p, take_p))
+    held[at_p] = _segments(cid, pstart_r, take_p)
+    mask = np.ones(len(held), bool)
+    mask[at_p] = False
+    held[mask] = _segments(oid, ostart, take_o)
+    arrival = np.fromiter((r.arrival_ns or 0 for r in requests), np.int64, n)
+    finish = np.fromiter((r.finish_ns or 0 for r in requests), np.int64, n)
+    IN = (req_start, listed, p_tokens, o_tokens, finish, arrival)
+    on_evict = np.array([k for k, t in enumerate(tiers) if t.write == "on-evict"], np.int64)
+    below = np.array([next((o for o, k in enumerate(on_evict) if k > ti), -1) for ti in range(len(tiers))], np.int64)
+    cs = [costs.get(t.name) for t in tiers]
+    nbytes = [t.chunk_blocks * block_bytes for t in tiers]
+    lat = [int(c.latency_s * 1e9) if c else 0 for c in cs]
+    dur0 = [int(b / (c.gbps * 1e9) * 1e9) if c else 0 for c, b in zip(cs, nbytes)]
+    dur1 = [int(b / ((c.gbps_p95 or c.gbps) * 1e9) * 1e9) if c else 0 for c, b in zip(cs, nbytes)]
+    arr = lambda v, dt=np.int64: np.array(v, dt).reshape(len(tiers))  # noqa: E731
+    return run_interruptible(
+        _tier_kernel, obj, IN, cid, pstart_r, held, hstart, bool(timed), int(block_size), int(config.gpu_blocks),
+        num_ids, arr([t.num_chunks for t in tiers]), arr([t.chunk_blocks for t in tiers]),
+        arr([t.retain for t in tiers], np.bool_), arr([t.retain and t.write == "on-evict" for t in tiers], np.bool_),
+        arr([t.write == "write-through" for t in tiers], np.bool_), below, on_evict, arr(nbytes),
+        arr([c is not None for c in cs], np.bool_), arr(lat), arr(dur0), arr(dur1),
+        bool(config.singleflight and timed), config.lookup == "any", all(c is not None for c in cs), pid, pstart)

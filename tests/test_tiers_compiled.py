@@ -1,0 +1,110 @@
+"""The compiled tier replay (`kmesh_trace.oracle.tiers.compiled`) against the Python one (`TierReplay`, the
+reference): random workloads (duplicate hashes, partial and short hash lists, generated blocks, stalls,
+deferrals, families) through random configurations (no, one or two lower tiers, on-evict and write-through,
+retain and read-once, chunks, lookup any and gpu-prefix, restore costs on some, all or no tiers, kv bytes or
+none, singleflight, preloads), timed and sequential; every TierResult field must be equal. (`simulate_tiers`
+runs the compiled replay for these configurations, so tests/test_tiers*.py run it too.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kmesh_trace.oracle.stream import RequestBlocks
+from kmesh_trace.oracle.tiers import RestoreCost, TierConfig, TierSpec, simple_cpu, simulate_tiers
+from kmesh_trace.oracle.tiers import simulate
+from kmesh_trace.oracle.tiers.replay import TierReplay
+
+POOL_FIELDS = ("hit_blocks", "hit_tokens", "num_evictions", "admitted", "stalled", "free_queue", "num_deferred")
+FIELDS = ("num_chunk_reads", "read_bytes", "distinct_blocks_needed", "num_shared_reads", "num_stores", "notes",
+          "block_size", "kv_bytes_per_token", "config")
+
+
+def _workload(rng, timed):
+    bs, vocab = int(rng.integers(1, 5)), int(rng.integers(2, 12))
+    reqs, t = [], 0
+    for i in range(int(rng.integers(1, 16))):
+        p, g = int(rng.integers(0, 24)), int(rng.integers(0, 6))
+        n_hashes = p // bs + (1 if p % bs and rng.random() < 0.5 else 0)  # a partial last hash, sometimes
+        n_hashes = max(0, n_hashes - (1 if rng.random() < 0.1 else 0))  # a list shorter than the prompt
+        prompt = [int(x) for x in rng.integers(0, vocab, n_hashes)]
+        if i and rng.random() < 0.5:  # share a prefix with an earlier request
+            prev = reqs[int(rng.integers(0, i))].prompt_hashes
+            k = min(len(prev), len(prompt))
+            prompt[:k] = prev[:k]
+        output = [int(x) for x in rng.integers(0, vocab, int(rng.integers(0, 3)))] if rng.random() < 0.5 else []
+        t += int(rng.integers(0, 4)) * 1_000_000
+        parent = int(rng.integers(0, i)) if i and rng.random() < 0.3 else None
+        reqs.append(RequestBlocks(i, f"r{i}", p, g, prompt, output, t if timed else None,
+                                  t + int(rng.integers(0, 8)) * 1_000_000 if timed else None, parent_index=parent))
+    return reqs, bs, vocab
+
+
+def _config(rng, vocab):
+    tiers = []
+    for name in ("host", "ssd"):
+        if rng.random() < 0.6:
+            write = "on-evict" if rng.random() < 0.5 else "write-through"
+            chunk = 1 if write == "on-evict" else int(rng.integers(1, 4))
+            tiers.append(TierSpec(name, int(rng.integers(0, 10)) * chunk, chunk, write, bool(rng.random() < 0.7)))
+    config = TierConfig(int(rng.integers(1, 15)), tuple(tiers), singleflight=bool(rng.random() < 0.5),
+                        lookup="any" if rng.random() < 0.5 else "gpu-prefix")
+    costs = {t.name: RestoreCost(float(rng.choice([0.001, 0.004, 0.5])), float(rng.choice([0.0, 1e-3, 3.3e-4])),
+                                 float(rng.choice([0.0005, 0.002])) if rng.random() < 0.5 else None)
+             for t in tiers if rng.random() < 0.8}
+    preload = {t.name: [int(x) for x in rng.integers(0, vocab + 3, int(rng.integers(0, 6)))]
+               for t in tiers if rng.random() < 0.3}
+    kvbpt = int(rng.choice([1000, 250])) if rng.random() < 0.8 else None
+    return config, costs, preload, kvbpt
+
+
+def assert_same(got, want, context):
+    for f in POOL_FIELDS:
+        assert getattr(got.pool, f) == getattr(want.pool, f), (f, context)
+    for f in FIELDS:
+        assert getattr(got, f) == getattr(want, f), (f, context)
+    assert list(got.hit_blocks_by_tier) == list(want.hit_blocks_by_tier), context
+    for k, v in want.hit_blocks_by_tier.items():
+        assert got.hit_blocks_by_tier[k].tolist() == v.tolist(), (k, context)
+    for f in ("restore_wait_s", "restore_wait_p95_s", "stores_per_request", "is_child"):
+        a, b = getattr(got, f), getattr(want, f)
+        assert (a is None) == (b is None) and (a is None or a.tolist() == b.tolist()), (f, context)
+    assert [(r.request_index, r.tier, r.num_chunks, r.num_bytes, r.prepare) for r in got.reads] == \
+        [(r.request_index, r.tier, r.num_chunks, r.num_bytes, r.prepare) for r in want.reads], context
+    assert got.to_dict() == want.to_dict(), context
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_compiled_tiers_equal_the_python_replay(timed, monkeypatch):
+    monkeypatch.setattr(simulate, "TierReplay", None)  # simulate_tiers must not fall back to the Python replay
+    rng = np.random.default_rng(2627 + timed)
+    seen: dict[str, int] = {}
+    for _ in range(2500):
+        reqs, bs, vocab = _workload(rng, timed)
+        config, costs, preload, kvbpt = _config(rng, vocab)
+        sim = TierReplay(reqs, bs, config, kvbpt, costs, timed, preload)
+        want = sim.result(sim.run(), None)
+        got = simulate_tiers(reqs, config, block_size=bs, kv_bytes_per_token=kvbpt, costs=costs, timed=timed,
+                             preload=preload)
+        assert_same(got, want, (bs, config, costs, preload, kvbpt, reqs))
+        for t in config.tiers:
+            seen[t.name] = seen.get(t.name, 0) + int(want.hit_blocks_by_tier[t.name].sum() > 0)
+            seen[t.write] = seen.get(t.write, 0) + int(want.hit_blocks_by_tier[t.name].sum() > 0)
+        for k, v in (("shared", want.num_shared_reads), ("stalled", any(want.pool.stalled)),
+                     ("deferred", want.pool.num_deferred), ("waits", want.restore_wait_s is not None
+                                                            and want.restore_wait_s.sum() > 0)):
+            seen[k] = seen.get(k, 0) + bool(v)
+    wanted = ["host", "ssd", "on-evict", "write-through", "stalled", "waits"] + (["shared", "deferred"] if timed else [])
+    assert min(seen.get(k, 0) for k in wanted) > 10, seen
+
+
+def test_configurations_the_compiled_replay_leaves_to_python_still_run():
+    """Early preparation and the simple-cpu connector keep the Python replays (`simulate_tiers` chooses)."""
+    rng = np.random.default_rng(5)
+    reqs, bs, _ = _workload(rng, False)
+    for config in (simple_cpu(6, 4), TierConfig(6, (TierSpec("ssd", 8),), early_prep=True)):
+        want = TierReplay if config.connector is None else None
+        got = simulate_tiers(reqs, config, block_size=bs)
+        if want is not None:
+            sim = want(reqs, bs, config, None, {}, False, {})
+            assert_same(got, sim.result(sim.run(), None), config)
