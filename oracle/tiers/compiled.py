@@ -8,11 +8,11 @@ write-through stores), and after it the offloading of what the allocation evicte
 rules are the package docstring's (`kmesh_trace.oracle.tiers`); here is only how they are kept in arrays:
 
 - every hash (prompt, output, preloaded chunk key) has a dense id; a tier's LRU is a doubly linked list
-  over ids (`lprev`/`lnext`, sentinel `num_ids`, least recent first) with a membership flag, as
+  over ids (`lprev`/`lnext`, sentinel `num_ids`, least recent first; `lprev` -1 off the list), as
   `TierStore`'s OrderedDict;
-- per tier and id: the request that last read the chunk and when its read completes (a request reads a
-  chunk once), and with singleflight the read in flight; per id: a restored block's completion while it
-  is not yet usable (`gpu_ready`, timed) with a heap of completions to expire them;
+- the chunks one request reads (it reads each once) in a small open-addressing table, cleared after it;
+  per tier and id, with singleflight, the read in flight; per id, a restored block's completion while it
+  is not yet usable (`gpu_ready`, timed), with a heap of completions to expire them;
 - reads are kept as (request, tier, chunks, bytes) rows merged as `TierRead`s are.
 
 It covers every configuration but early preparation and the simple-cpu connector, which keep the Python
@@ -21,6 +21,8 @@ random workloads and configurations through both and compares every `TierResult`
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numba
 import numpy as np
@@ -46,30 +48,54 @@ _jit = numba.njit(cache=True, nogil=True, inline="always")
 
 
 @_jit
-def _lru_unlink(lprev, lnext, member, ti, k):  # pragma: no cover (compiled)
-    lnext[ti, lprev[ti, k]] = lnext[ti, k]
-    lprev[ti, lnext[ti, k]] = lprev[ti, k]
-    member[ti, k] = False
+def _held(lprev, ti, k):  # pragma: no cover (compiled); k is in tier ti's LRU
+    return lprev[ti, k] >= 0
 
 
 @_jit
-def _lru_append(lprev, lnext, member, ti, k):  # pragma: no cover (compiled); k becomes the most recent
+def _lru_unlink(lprev, lnext, ti, k):  # pragma: no cover (compiled)
+    lnext[ti, lprev[ti, k]] = lnext[ti, k]
+    lprev[ti, lnext[ti, k]] = lprev[ti, k]
+    lprev[ti, k] = -1
+
+
+@_jit
+def _lru_append(lprev, lnext, ti, k):  # pragma: no cover (compiled); k becomes the most recent
     s = lprev.shape[1] - 1
     last = lprev[ti, s]
     lprev[ti, k], lnext[ti, k] = last, s
     lnext[ti, last] = k
     lprev[ti, s] = k
-    member[ti, k] = True
 
 
 @_jit
-def _lru_refresh(lprev, lnext, member, ti, k):  # pragma: no cover (compiled)
-    _lru_unlink(lprev, lnext, member, ti, k)
-    _lru_append(lprev, lnext, member, ti, k)
+def _lru_refresh(lprev, lnext, ti, k):  # pragma: no cover (compiled)
+    _lru_unlink(lprev, lnext, ti, k)
+    _lru_append(lprev, lnext, ti, k)
+
+
+@numba.njit(cache=True, nogil=True)
+def _lru_state(nt, num_ids, like):  # pragma: no cover (compiled)
+    """The tiers' empty LRUs: lprev -1 off the list; row num_ids is each list's sentinel."""
+    lprev = np.full((nt, num_ids + 1), -1, like.dtype)
+    lnext = np.full((nt, num_ids + 1), -1, like.dtype)
+    for ti in range(nt):
+        lprev[ti, num_ids] = num_ids
+        lnext[ti, num_ids] = num_ids
+    return lprev, lnext
 
 
 @_jit
-def _put(lprev, lnext, member, count, cap, num_stores, ti, keys, n, refresh, pass_through,
+def _slot(tkey, k):  # pragma: no cover (compiled); k's slot in an open-addressing table (-1: empty)
+    mask = len(tkey) - 1
+    q = (k * 40503) & mask
+    while tkey[q] != k and tkey[q] != -1:
+        q = (q + 1) & mask
+    return q
+
+
+@_jit
+def _put(lprev, lnext, count, cap, num_stores, ti, keys, n, refresh, pass_through,
          left):  # pragma: no cover (compiled)
     """`TierStore.put` of keys[:n] into tier ti; the keys that leave go to `left` (which may be `keys`:
     the q-th key is read before left[q] can be written); returns how many."""
@@ -85,17 +111,17 @@ def _put(lprev, lnext, member, count, cap, num_stores, ti, keys, n, refresh, pas
     stored = 0
     for q in range(n):
         k = keys[q]
-        if member[ti, k]:
+        if _held(lprev, ti, k):
             if refresh:
-                _lru_refresh(lprev, lnext, member, ti, k)
+                _lru_refresh(lprev, lnext, ti, k)
             continue
         stored += 1
-        _lru_append(lprev, lnext, member, ti, k)
+        _lru_append(lprev, lnext, ti, k)
         if count[ti] < c:
             count[ti] += 1
         else:
             first = lnext[ti, s]
-            _lru_unlink(lprev, lnext, member, ti, first)
+            _lru_unlink(lprev, lnext, ti, first)
             left[nl] = first
             nl += 1
     num_stores[ti] += stored
@@ -103,13 +129,13 @@ def _put(lprev, lnext, member, count, cap, num_stores, ti, keys, n, refresh, pas
 
 
 @_jit
-def _offload(lprev, lnext, member, count, cap, num_stores, on_evict, start, keys, n):  # pragma: no cover
+def _offload(lprev, lnext, count, cap, num_stores, on_evict, start, keys, n):  # pragma: no cover
     """`TierReplay._offload` of keys[:n] down the on-evict tiers from position `start`, in place (a put
     writes what leaves over the keys it has read)."""
     for o in range(start, len(on_evict)):
         if n == 0:
             return
-        n = _put(lprev, lnext, member, count, cap, num_stores, on_evict[o], keys, n, True, True, keys)
+        n = _put(lprev, lnext, count, cap, num_stores, on_evict[o], keys, n, True, True, keys)
 
 
 @_jit
@@ -124,7 +150,7 @@ def _grow(a, n):  # pragma: no cover (compiled); a with room for index n
 @numba.njit(cache=True, nogil=True)
 def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_usable, num_ids, cap, chunk,
                  retain, refresh_on_hit, write_through, below, on_evict, chunk_bytes, has_cost, lat_ns, dur0,
-                 dur1, singleflight, any_gpu, with_costs, preload, pstart):  # pragma: no cover (compiled)
+                 dur1, singleflight, any_gpu, with_costs, preload, pstart, like):  # pragma: no cover (compiled)
     n_req = len(IN[2])
     nt = len(cap)
     P = pool_state(num_usable, num_ids)
@@ -138,18 +164,21 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
     admitted = np.zeros(n_req, np.bool_)
     stalled = np.zeros(n_req, np.bool_)
     # the lower tiers
-    lprev = np.full((nt, num_ids + 1), num_ids, np.int64)
-    lnext = np.full((nt, num_ids + 1), num_ids, np.int64)
-    member = np.zeros((nt, num_ids), np.bool_)
+    lprev, lnext = _lru_state(nt, num_ids, like)
     count = np.zeros(nt, np.int64)
     num_stores = np.zeros(nt, np.int64)
     num_reads = np.zeros(nt, np.int64)
     read_bytes = np.zeros(nt, np.int64)
     busy0 = np.zeros(nt, np.int64)
     busy1 = np.zeros(nt, np.int64)
-    rn_stamp = np.zeros((nt, num_ids), np.int64)  # request + 1 that last read the chunk, and its completion
-    rn0 = np.zeros((nt, num_ids), np.int64)
-    rn1 = np.zeros((nt, num_ids), np.int64)
+    # the chunks this request reads, (tier, id) -> completion: a table of twice the longest request's blocks
+    size = 1
+    while size < 2 * longest + 2:
+        size *= 2
+    tkey = np.full(size, -1, np.int64)
+    t0 = np.zeros(size, np.int64)
+    t1 = np.zeros(size, np.int64)
+    used = np.zeros(longest, np.int64)
     m_if = num_ids if singleflight else 0
     if_valid = np.zeros((nt, m_if), np.bool_)
     if0 = np.zeros((nt, m_if), np.int64)
@@ -190,7 +219,7 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
     for ti in range(nt):
         m = pstart[ti + 1] - pstart[ti]
         gone = np.zeros(m, np.int64)
-        _put(lprev, lnext, member, count, cap, num_stores, ti, preload[pstart[ti]:], m, True, False, gone)
+        _put(lprev, lnext, count, cap, num_stores, ti, preload[pstart[ti]:], m, True, False, gone)
         num_stores[ti] = 0
     for i in range(n_req):
         outcome, nh, num_blocks, num_full = arrive(P, H, S, R, IN, obj, i, block_size, False, timed)
@@ -221,7 +250,7 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
                 counts[ti] = 0
             n_ro = 0
             n_ld = 0
-            stamp = i + 1
+            n_used = 0
             if timed:  # _restores_in_flight
                 for j in range(n_gpu):
                     h = chain[cs + j]
@@ -255,14 +284,15 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
                     else:
                         end = (j // c + 1) * c - 1
                         key = chain[cs + end] if end < cstart[i + 1] - cs else -1
-                    if key >= 0 and member[ti, key]:
+                    if key >= 0 and _held(lprev, ti, key):
                         found = ti
                         break
                 if found < 0:
                     break
                 ti = found
-                if rn_stamp[ti, key] == stamp:  # _load: a chunk this request already reads
-                    d0, d1 = rn0[ti, key], rn1[ti, key]
+                q = _slot(tkey, ti * (num_ids + 1) + key)
+                if tkey[q] >= 0:  # _load: a chunk this request already reads
+                    d0, d1 = t0[q], t1[q]
                 elif singleflight and if_valid[ti, key] and if0[ti, key] >= t:
                     d0, d1 = if0[ti, key], if1[ti, key]
                     num_shared += 1
@@ -299,9 +329,12 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
                         ro_tier[n_ro], ro_key[n_ro] = ti, key
                         n_ro += 1
                     elif refresh_on_hit[ti]:
-                        _lru_refresh(lprev, lnext, member, ti, key)
-                rn_stamp[ti, key] = stamp
-                rn0[ti, key], rn1[ti, key] = d0, d1
+                        _lru_refresh(lprev, lnext, ti, key)
+                if tkey[q] < 0:
+                    tkey[q] = ti * (num_ids + 1) + key
+                    t0[q], t1[q] = d0, d1
+                    used[n_used] = q
+                    n_used += 1
                 w0 = max(w0, d0)
                 w1 = max(w1, d1)
                 counts[ti] += 1
@@ -312,11 +345,13 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
                     ld_h[n_ld], ld0[n_ld], ld1[n_ld], ld_tier[n_ld] = h, d0, d1, ti
                     n_ld += 1
                 j += 1
+            for q in range(n_used):
+                tkey[used[q]] = -1
             for ti in range(nt):  # _settle
                 hit[1 + ti, i] += counts[ti]
             for q in range(n_ro):
-                if member[ro_tier[q], ro_key[q]]:
-                    _lru_unlink(lprev, lnext, member, ro_tier[q], ro_key[q])
+                if _held(lprev, ro_tier[q], ro_key[q]):
+                    _lru_unlink(lprev, lnext, ro_tier[q], ro_key[q])
                     count[ro_tier[q]] -= 1
             for q in range(n_ld):
                 if ld0[q] >= t:
@@ -340,15 +375,15 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
                 for q in range(hs + c - 1, he, c):
                     keys[nk] = held[q]
                     nk += 1
-                nl = _put(lprev, lnext, member, count, cap, num_stores, ti, keys, nk, True, False, keys)
+                nl = _put(lprev, lnext, count, cap, num_stores, ti, keys, nk, True, False, keys)
                 if nl > 0 and below[ti] >= 0:
-                    _offload(lprev, lnext, member, count, cap, num_stores, on_evict, below[ti], keys, nl)
+                    _offload(lprev, lnext, count, cap, num_stores, on_evict, below[ti], keys, nl)
         ne, nk = allocate_request(P, S, R, IN, obj, i, nh, num_blocks, num_full, block_size, evicted)
         if nk > 0:  # TierReplay._allocated
             if timed:
                 for q in range(nk):
                     gr_valid[evicted[q]] = False
-            _offload(lprev, lnext, member, count, cap, num_stores, on_evict, 0, evicted, nk)
+            _offload(lprev, lnext, count, cap, num_stores, on_evict, 0, evicted, nk)
         num_evictions[i] = ne
         hit_blocks[i] = nh
         admitted[i] = True
@@ -370,7 +405,7 @@ def _flat(lists, n: int) -> tuple[np.ndarray, np.ndarray]:
     lens = np.fromiter((len(x) for x in lists), np.int64, n)
     start = np.zeros(n + 1, np.int64)
     np.cumsum(lens, out=start[1:])
-    return np.fromiter((h for x in lists for h in x), np.uint64, int(start[-1])), start
+    return np.fromiter(itertools.chain.from_iterable(lists), np.uint64, int(start[-1])), start
 
 
 def _segments(values: np.ndarray, start: np.ndarray, take: np.ndarray) -> np.ndarray:
@@ -440,4 +475,5 @@ def replay_tiers_compiled(requests, block_size: int, config, costs: dict, timed:
         arr([t.retain for t in tiers], np.bool_), arr([t.retain and t.write == "on-evict" for t in tiers], np.bool_),
         arr([t.write == "write-through" for t in tiers], np.bool_), below, on_evict, arr(nbytes),
         arr([c is not None for c in cs], np.bool_), arr(lat), arr(dur0), arr(dur1),
-        bool(config.singleflight and timed), config.lookup == "any", all(c is not None for c in cs), pid, pstart)
+        bool(config.singleflight and timed), config.lookup == "any", all(c is not None for c in cs), pid, pstart,
+        np.zeros(0, np.int32 if num_ids < 2**31 - 1 else np.int64))
