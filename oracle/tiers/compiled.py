@@ -408,11 +408,19 @@ def _flat(lists, n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.fromiter(itertools.chain.from_iterable(lists), np.uint64, int(start[-1])), start
 
 
-def _segments(values: np.ndarray, start: np.ndarray, take: np.ndarray) -> np.ndarray:
-    """The first take[i] values of each segment values[start[i]:start[i + 1]], concatenated."""
-    n = len(take)
-    pos = np.arange(int(take.sum()), dtype=np.int64) - np.repeat(np.cumsum(take) - take, take)
-    return values[np.repeat(start[:n], take) + pos]
+def _gather(values: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """values[starts[k]:starts[k] + lens[k]] for every k, concatenated."""
+    total = int(lens.sum())
+    pos = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+    return values[np.repeat(starts, lens) + pos]
+
+
+def _per_request(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two columns per request, interleaved (request 0's first, request 0's second, ...), and the
+    per-request offsets of their sums."""
+    start = np.zeros(len(first) + 1, np.int64)
+    np.cumsum(first + second, out=start[1:])
+    return np.stack([first, second], axis=1).ravel(), start
 
 
 def replay_tiers_compiled(requests, block_size: int, config, costs: dict, timed: bool, preload: dict,
@@ -429,35 +437,27 @@ def replay_tiers_compiled(requests, block_size: int, config, costs: dict, timed:
     except (OverflowError, ValueError, TypeError):
         return None
     _, ids = np.unique(np.concatenate([prompt, output, pre]), return_inverse=True)
-    ids = ids.astype(np.int64).ravel()
     num_ids = int(ids.max()) + 1 if len(ids) else 0
-    cid, oid, pid = ids[:len(prompt)], ids[len(prompt):len(prompt) + len(output)], ids[len(prompt) + len(output):]
+    ids = ids.ravel().astype(np.int32 if num_ids < 2**31 - 1 else np.int64)
+    np_, no_ = len(prompt), len(output)
+    cid, pid = ids[:np_], ids[np_ + no_:]
     p_tokens = np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n)
     o_tokens = np.fromiter((r.num_output_tokens for r in requests), np.int64, n)
     plen, olen = np.diff(pstart_r), np.diff(ostart)
     nf = p_tokens // block_size
     listed = np.minimum(plen, nf)
+    starts = np.stack([pstart_r[:-1], np_ + ostart[:-1]], axis=1).ravel()
     # the pool's stream: listed prompt hashes, then output hashes, per request (AccessStream's layout)
-    req_start = np.zeros(n + 1, np.int64)
-    np.cumsum(listed + olen, out=req_start[1:])
-    obj = np.empty(int(req_start[-1]), np.int64)
-    prompt_at = np.repeat(req_start[:-1], listed) + (np.arange(int(listed.sum())) - np.repeat(np.cumsum(listed) - listed, listed))
-    obj[prompt_at] = _segments(cid, pstart_r, listed)
-    out_mask = np.ones(len(obj), bool)
-    out_mask[prompt_at] = False
-    obj[out_mask] = oid
+    lens, req_start = _per_request(listed, olen)
+    obj = _gather(ids, starts, lens)
     # the held chain (write-through stores): prompt[:min(n, nf)], then output[:n - nf]
-    cached = (p_tokens + np.maximum(o_tokens - 1, 0)) // block_size
-    take_p = np.minimum(np.minimum(cached, nf), plen)
-    take_o = np.minimum(np.maximum(cached - nf, 0), olen)
-    hstart = np.zeros(n + 1, np.int64)
-    np.cumsum(take_p + take_o, out=hstart[1:])
-    held = np.empty(int(hstart[-1]), np.int64)
-    at_p = np.repeat(hstart[:-1], take_p) + (np.arange(int(take_p.sum())) - np.repeat(np.cumsum(take_p) - take_p, take_p))
-    held[at_p] = _segments(cid, pstart_r, take_p)
-    mask = np.ones(len(held), bool)
-    mask[at_p] = False
-    held[mask] = _segments(oid, ostart, take_o)
+    if any(t.write == "write-through" for t in tiers):
+        cached = (p_tokens + np.maximum(o_tokens - 1, 0)) // block_size
+        lens, hstart = _per_request(np.minimum(np.minimum(cached, nf), plen),
+                                    np.minimum(np.maximum(cached - nf, 0), olen))
+        held = _gather(ids, starts, lens)
+    else:
+        held, hstart = ids[:0], np.zeros(n + 1, np.int64)
     arrival = np.fromiter((r.arrival_ns or 0 for r in requests), np.int64, n)
     finish = np.fromiter((r.finish_ns or 0 for r in requests), np.int64, n)
     IN = (req_start, listed, p_tokens, o_tokens, finish, arrival)
