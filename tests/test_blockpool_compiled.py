@@ -71,7 +71,7 @@ def _policy(rng, reqs, timed):
 def test_compiled_replay_with_holds_equals_the_python_model(timed):
     rng = np.random.default_rng(2626 + timed)
     seen: dict[str, int] = {}
-    for _ in range(2500):
+    for _ in range(1500):
         reqs, bs = _workload(rng)
         cap = int(rng.integers(1, 15))
         policy = _policy(rng, reqs, timed)

@@ -79,7 +79,7 @@ def test_compiled_tiers_equal_the_python_replay(timed, monkeypatch):
     monkeypatch.setattr(simulate, "TierReplay", None)  # simulate_tiers must not fall back to the Python replay
     rng = np.random.default_rng(2627 + timed)
     seen: dict[str, int] = {}
-    for _ in range(2500):
+    for _ in range(1500):
         reqs, bs, vocab = _workload(rng, timed)
         config, costs, preload, kvbpt = _config(rng, vocab)
         sim = TierReplay(reqs, bs, config, kvbpt, costs, timed, preload)

@@ -23,6 +23,7 @@ random workloads and configurations through both and compares every `TierResult`
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -42,7 +43,7 @@ from kmesh_trace.oracle.blockpool_compiled import (
 )
 from kmesh_trace.oracle.interruptible import run_interruptible
 
-__all__ = ["replay_tiers_compiled"]
+__all__ = ["TierStream", "tier_stream", "replay_tiers_compiled"]
 
 _jit = numba.njit(cache=True, nogil=True, inline="always")
 
@@ -400,14 +401,6 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
 # ---------------------------------------------------------------------------------------------------
 
 
-def _flat(lists, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Lists of hashes flattened (uint64) with their offsets."""
-    lens = np.fromiter((len(x) for x in lists), np.int64, n)
-    start = np.zeros(n + 1, np.int64)
-    np.cumsum(lens, out=start[1:])
-    return np.fromiter(itertools.chain.from_iterable(lists), np.uint64, int(start[-1])), start
-
-
 def _gather(values: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """values[starts[k]:starts[k] + lens[k]] for every k, concatenated."""
     total = int(lens.sum())
@@ -423,44 +416,98 @@ def _per_request(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.
     return np.stack([first, second], axis=1).ravel(), start
 
 
-def replay_tiers_compiled(requests, block_size: int, config, costs: dict, timed: bool, preload: dict,
-                          block_bytes: int):
-    """`TierReplay(...).run()` and its state, compiled: (pool arrays, hits per tier, waits, reads, per-tier
-    counts, store marks, distinct blocks needed, shared reads); see `_tier_kernel`. None when the stream's
-    hashes are not 64-bit unsigned integers (the Python replay takes them)."""
+@dataclass
+class TierStream:
+    """A request stream as the tier kernel reads it, built once for every configuration replayed over it:
+    dense ids of its hashes (`hashes`, sorted, gives id -> hash), the pool's layout (`obj`, `IN`: listed
+    prompt hashes then output hashes per request), each request's whole prompt hash list (`chain`,
+    `chain_start`) and, built on first use, the chains its write-through stores put (`held`)."""
+
+    requests: list
+    block_size: int
+    hashes: np.ndarray
+    ids: np.ndarray  # prompt hashes, then output hashes, as ids
+    starts: np.ndarray  # per request: where its prompt and its output hashes start in ids (interleaved)
+    obj: np.ndarray
+    IN: tuple
+    chain_start: np.ndarray
+    plen: np.ndarray
+    olen: np.ndarray
+    _held: tuple | None = None
+
+    @property
+    def chain(self) -> np.ndarray:
+        return self.ids[:int(self.chain_start[-1])]
+
+    @property
+    def num_ids(self) -> int:
+        return len(self.hashes)
+
+    def held(self) -> tuple[np.ndarray, np.ndarray]:
+        """(held chains, offsets): per request prompt[:min(n, nf)], then output[:n - nf], n its cached blocks."""
+        if self._held is None:
+            p_tokens, o_tokens = self.IN[2], self.IN[3]
+            nf = p_tokens // self.block_size
+            cached = (p_tokens + np.maximum(o_tokens - 1, 0)) // self.block_size
+            lens, hstart = _per_request(np.minimum(np.minimum(cached, nf), self.plen),
+                                        np.minimum(np.maximum(cached - nf, 0), self.olen))
+            self._held = _gather(self.ids, self.starts, lens), hstart
+        return self._held
+
+    def preload_ids(self, keys: list[np.ndarray]) -> tuple[np.ndarray, int]:
+        """Each tier's preloaded keys as ids (keys the stream lacks numbered after its own), concatenated,
+        and the number of ids with them."""
+        flat = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+        pos = np.minimum(np.searchsorted(self.hashes, flat), max(self.num_ids - 1, 0))
+        known = (self.hashes[pos] == flat) if self.num_ids else np.zeros(len(flat), bool)
+        extra, inv = np.unique(flat[~known], return_inverse=True)
+        out = np.empty(len(flat), self.ids.dtype)
+        out[known] = pos[known]
+        out[~known] = self.num_ids + inv.ravel()
+        return out, self.num_ids + len(extra)
+
+
+def tier_stream(requests, block_size: int) -> TierStream | None:
+    """The requests' TierStream, or None when their hashes are not 64-bit unsigned integers (the Python
+    replay takes those)."""
+    requests = list(requests)
     n = len(requests)
-    tiers = config.tiers
     try:
-        prompt, pstart_r = _flat([r.prompt_hashes for r in requests], n)
+        prompt, pstart = _flat([r.prompt_hashes for r in requests], n)
         output, ostart = _flat([r.output_hashes for r in requests], n)
-        pre, pstart = _flat([preload.get(t.name, ()) for t in tiers], len(tiers))
     except (OverflowError, ValueError, TypeError):
         return None
-    _, ids = np.unique(np.concatenate([prompt, output, pre]), return_inverse=True)
-    num_ids = int(ids.max()) + 1 if len(ids) else 0
-    ids = ids.ravel().astype(np.int32 if num_ids < 2**31 - 1 else np.int64)
-    np_, no_ = len(prompt), len(output)
-    cid, pid = ids[:np_], ids[np_ + no_:]
+    hashes, ids = np.unique(np.concatenate([prompt, output]), return_inverse=True)
+    ids = ids.ravel().astype(np.int32 if len(hashes) < 2**31 - 2**20 else np.int64)
     p_tokens = np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n)
     o_tokens = np.fromiter((r.num_output_tokens for r in requests), np.int64, n)
-    plen, olen = np.diff(pstart_r), np.diff(ostart)
-    nf = p_tokens // block_size
-    listed = np.minimum(plen, nf)
-    starts = np.stack([pstart_r[:-1], np_ + ostart[:-1]], axis=1).ravel()
-    # the pool's stream: listed prompt hashes, then output hashes, per request (AccessStream's layout)
+    plen, olen = np.diff(pstart), np.diff(ostart)
+    listed = np.minimum(plen, p_tokens // block_size)
+    starts = np.stack([pstart[:-1], len(prompt) + ostart[:-1]], axis=1).ravel()
     lens, req_start = _per_request(listed, olen)
-    obj = _gather(ids, starts, lens)
-    # the held chain (write-through stores): prompt[:min(n, nf)], then output[:n - nf]
-    if any(t.write == "write-through" for t in tiers):
-        cached = (p_tokens + np.maximum(o_tokens - 1, 0)) // block_size
-        lens, hstart = _per_request(np.minimum(np.minimum(cached, nf), plen),
-                                    np.minimum(np.maximum(cached - nf, 0), olen))
-        held = _gather(ids, starts, lens)
-    else:
-        held, hstart = ids[:0], np.zeros(n + 1, np.int64)
     arrival = np.fromiter((r.arrival_ns or 0 for r in requests), np.int64, n)
     finish = np.fromiter((r.finish_ns or 0 for r in requests), np.int64, n)
-    IN = (req_start, listed, p_tokens, o_tokens, finish, arrival)
+    return TierStream(requests, block_size, hashes, ids, starts, _gather(ids, starts, lens),
+                      (req_start, listed, p_tokens, o_tokens, finish, arrival), pstart, plen, olen)
+
+
+def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, preload: dict, block_bytes: int):
+    """`TierReplay(...).run()` and its state, compiled: (pool arrays, hits per tier, waits, reads, per-tier
+    counts, store marks, distinct blocks needed, shared reads); see `_tier_kernel`. None when a preloaded
+    key is not a 64-bit unsigned integer (the Python replay takes it)."""
+    tiers = config.tiers
+    try:
+        keys = [np.fromiter(preload.get(t.name, ()), np.uint64) for t in tiers]
+    except (OverflowError, ValueError, TypeError):
+        return None
+    pid, num_ids = stream.preload_ids(keys)
+    pstart = np.zeros(len(tiers) + 1, np.int64)
+    np.cumsum([len(k) for k in keys], out=pstart[1:])
+    if any(t.write == "write-through" for t in tiers):
+        held, hstart = stream.held()
+    else:
+        held, hstart = stream.ids[:0], np.zeros(len(stream.requests) + 1, np.int64)
+    block_size = stream.block_size
     on_evict = np.array([k for k, t in enumerate(tiers) if t.write == "on-evict"], np.int64)
     below = np.array([next((o for o, k in enumerate(on_evict) if k > ti), -1) for ti in range(len(tiers))], np.int64)
     cs = [costs.get(t.name) for t in tiers]
@@ -470,10 +517,19 @@ def replay_tiers_compiled(requests, block_size: int, config, costs: dict, timed:
     dur1 = [int(b / ((c.gbps_p95 or c.gbps) * 1e9) * 1e9) if c else 0 for c, b in zip(cs, nbytes)]
     arr = lambda v, dt=np.int64: np.array(v, dt).reshape(len(tiers))  # noqa: E731
     return run_interruptible(
-        _tier_kernel, obj, IN, cid, pstart_r, held, hstart, bool(timed), int(block_size), int(config.gpu_blocks),
+        _tier_kernel, stream.obj, stream.IN, stream.chain, stream.chain_start, held, hstart, bool(timed),
+        int(block_size), int(config.gpu_blocks),
         num_ids, arr([t.num_chunks for t in tiers]), arr([t.chunk_blocks for t in tiers]),
         arr([t.retain for t in tiers], np.bool_), arr([t.retain and t.write == "on-evict" for t in tiers], np.bool_),
         arr([t.write == "write-through" for t in tiers], np.bool_), below, on_evict, arr(nbytes),
         arr([c is not None for c in cs], np.bool_), arr(lat), arr(dur0), arr(dur1),
         bool(config.singleflight and timed), config.lookup == "any", all(c is not None for c in cs), pid, pstart,
         np.zeros(0, np.int32 if num_ids < 2**31 - 1 else np.int64))
+
+
+def _flat(lists, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lists of hashes flattened (uint64) with their offsets."""
+    lens = np.fromiter((len(x) for x in lists), np.int64, n)
+    start = np.zeros(n + 1, np.int64)
+    np.cumsum(lens, out=start[1:])
+    return np.fromiter(itertools.chain.from_iterable(lists), np.uint64, int(start[-1])), start

@@ -20,7 +20,7 @@ from kmesh_trace.oracle.stream import RequestBlocks
 from kmesh_trace.oracle.tiers import render
 from kmesh_trace.oracle.tiers.config import SIMPLE_CPU, TIER_NAMES, RestoreCost, TierConfig, TierSpec, simple_cpu
 from kmesh_trace.oracle.tiers.result import TierResult
-from kmesh_trace.oracle.tiers.simulate import simulate_tiers
+from kmesh_trace.oracle.tiers.simulate import simulate_tiers, with_stream
 from kmesh_trace.oracle.tiers.sweep import SweepResult, sweep_configs, sweep_tiers
 
 __all__ = ["TiersOptions", "TiersInput", "TiersReport", "ArmsReport", "run", "run_family_burst"]
@@ -223,6 +223,7 @@ def run(source: TiersInput, options: TiersOptions, executor=None) -> TiersReport
         sw = sweep_tiers(source.requests, sweep_base, hs, ss, within_pct=o.within,
                          simulate=lambda configs: _run_configs(source, configs, kw, executor))
         return TiersReport(head, [], sw, notes)
+    kw = with_stream(kw, source.requests)
     results = [simulate_tiers(source.requests, TierConfig(gpu), **kw)]  # the GPU pool alone, for comparison
     if tiers:
         results.append(simulate_tiers(source.requests, base, **kw))
@@ -239,5 +240,7 @@ def _run_configs(source: TiersInput, configs: list[TierConfig], kw: dict, execut
     executor = executor or InProcess()
     where = source.source if source.location is None else f"engine={source.engine}" if source.engine else "the trace"
     task_source = source.location if executor.remote and source.location is not None else source.requests
+    if not executor.remote:  # the configurations share the compiled replay's stream
+        kw = with_stream(kw, source.requests)
     return executor.map(tiers_point, [Task(f"{where}: {c.label}", (task_source, source.engine, c, kw))
                                       for c in configs])

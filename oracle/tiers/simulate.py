@@ -13,13 +13,13 @@ from kmesh_trace.oracle.tiers.connector import SimpleCPUReplay
 from kmesh_trace.oracle.tiers.replay import TierReplay
 from kmesh_trace.oracle.tiers.result import TierRead, TierResult, tier_result
 
-__all__ = ["simulate_tiers"]
+__all__ = ["simulate_tiers", "with_stream"]
 
 
 def simulate_tiers(requests: Sequence[RequestBlocks], config: TierConfig, *, block_size: int,
                    kv_bytes_per_token: int | None = None, costs: dict[str, RestoreCost] | None = None,
                    prefill: PrefillSeconds | None = None, timed: bool | None = None,
-                   preload: dict[str, Sequence[int]] | None = None) -> TierResult:
+                   preload: dict[str, Sequence[int]] | None = None, stream=None) -> TierResult:
     """Replay `requests` (arrival order) through the GPU pool and `config`'s lower tiers (the rules:
     `kmesh_trace.oracle.tiers`).
 
@@ -29,7 +29,8 @@ def simulate_tiers(requests: Sequence[RequestBlocks], config: TierConfig, *, blo
     The replay runs compiled (`kmesh_trace.oracle.tiers.compiled`, tested equal to `TierReplay`, the
     reference) for every configuration but early preparation and the simple-cpu connector, which run the
     Python replays (`TierReplay` with `EarlyPrep`, `SimpleCPUReplay`); so do streams whose hashes are not
-    64-bit unsigned integers.
+    64-bit unsigned integers. `stream`, the requests' `TierStream` (`kmesh_trace.oracle.tiers.compiled.
+    tier_stream`) when the caller replays several configurations over them, saves building it again.
     """
     block_size = check_block_size(block_size)
     config.check()
@@ -37,7 +38,7 @@ def simulate_tiers(requests: Sequence[RequestBlocks], config: TierConfig, *, blo
         timed = bool(requests) and all(r.arrival_ns is not None and r.finish_ns is not None for r in requests)
     requests, costs, preload = list(requests), costs or {}, preload or {}
     if config.connector is None and not (config.early_prep and config.tiers):
-        done = _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, timed, preload)
+        done = _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, timed, preload, stream)
         if done is not None:
             return done
     replay = SimpleCPUReplay if config.connector == SIMPLE_CPU else TierReplay
@@ -45,13 +46,16 @@ def simulate_tiers(requests: Sequence[RequestBlocks], config: TierConfig, *, blo
     return sim.result(sim.run(), prefill)
 
 
-def _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, timed, preload) -> TierResult | None:
+def _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, timed, preload,
+              stream) -> TierResult | None:
     """The compiled replay's TierResult (`kmesh_trace.oracle.tiers.compiled`), or None when it cannot take
     the stream (hashes that are not 64-bit unsigned integers)."""
-    from kmesh_trace.oracle.tiers.compiled import replay_tiers_compiled  # numba, imported where used
+    from kmesh_trace.oracle.tiers.compiled import replay_tiers_compiled, tier_stream  # numba, imported where used
 
-    out = replay_tiers_compiled(requests, block_size, config, costs, timed, preload,
-                                block_size * kv_bytes_per_token if kv_bytes_per_token else 0)
+    if stream is None or stream.block_size != block_size or len(stream.requests) != len(requests):
+        stream = tier_stream(requests, block_size)
+    out = None if stream is None else replay_tiers_compiled(
+        stream, config, costs, timed, preload, block_size * kv_bytes_per_token if kv_bytes_per_token else 0)
     if out is None:
         return None
     (hits, evictions, admitted, stalled, queue, deferred), hit, wait0, wait1, reads, num_reads, read_bytes, \
@@ -70,3 +74,11 @@ def _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, 
         num_stores=dict(zip(names, num_stores.tolist())),
         store_marks=dict(zip(looked.tolist(), marks[looked].tolist())) if names else {},
         num_needed=int(num_needed), num_shared=int(num_shared))
+
+
+def with_stream(kw: dict, requests) -> dict:
+    """`simulate_tiers`'s keywords with the requests' compiled stream (`TierStream`), built once for the
+    configurations replayed over them in this process."""
+    from kmesh_trace.oracle.tiers.compiled import tier_stream
+
+    return {**kw, "stream": tier_stream(requests, kw["block_size"])}

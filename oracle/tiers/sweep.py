@@ -11,7 +11,7 @@ from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.stream import RequestBlocks
 from kmesh_trace.oracle.tiers.config import TierConfig, TierSpec
 from kmesh_trace.oracle.tiers.result import TierResult
-from kmesh_trace.oracle.tiers.simulate import simulate_tiers
+from kmesh_trace.oracle.tiers.simulate import simulate_tiers, with_stream
 
 __all__ = ["SweepResult", "sweep_configs", "sweep_tiers"]
 
@@ -84,6 +84,8 @@ def sweep_tiers(requests: Sequence[RequestBlocks], base: TierConfig, host_blocks
         flat = simulate(configs)
     else:
         flat = []
+        if "stream" not in kwargs and "block_size" in kwargs:
+            kwargs = with_stream(kwargs, requests)
         for cfg in configs:
             flat.append(simulate_tiers(requests, cfg, **kwargs))
             if progress:
