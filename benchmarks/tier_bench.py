@@ -5,7 +5,8 @@ The stream is `pressure_bench.synthetic` (families and bystanders, 16-token bloc
 alone, as `headroom`'s vllm row, building its access stream from the requests as `headroom` does), and the
 same given the stream already built (the pool's kernel and its result alone); `tiers` = `simulate_tiers`
 with a host and an SSD tier (on-evict, one-block chunks), and with one write-through SSD tier of 256-token
-chunks (compiled: `kmesh_trace.oracle.tiers.compiled`); with --reference also the Python `TierReplay` (the
+chunks (compiled: `kmesh_trace.oracle.tiers.compiled`), from the requests and given its stream (`TierStream`)
+already built, as a sweep's configurations share it; with --reference also the Python `TierReplay` (the
 reference the compiled replay is tested equal to). Reported: block reads per second and tiers / vllm (goal
 <= 1.3 for two on-evict tiers), in CPU seconds of this process (`time.process_time`: the machine these run
 on is shared, and CPU time is far less disturbed by other processes than wall time, also shown). A warm-up
@@ -22,6 +23,7 @@ from time import perf_counter, process_time
 from kmesh_trace.oracle.blockpool import simulate_pool
 from kmesh_trace.oracle.stream import AccessStream
 from kmesh_trace.oracle.tiers import RestoreCost, TierConfig, TierSpec, simulate_tiers
+from kmesh_trace.oracle.tiers.compiled import tier_stream
 from kmesh_trace.oracle.tiers.replay import TierReplay
 from pressure_bench import synthetic  # same folder: the script's directory is on sys.path
 
@@ -71,8 +73,13 @@ def main() -> None:
         t, w, res = best_of(lambda: simulate_tiers(reqs, cfg, block_size=bs, kv_bytes_per_token=131072, costs=costs),
                             a.repeat)
         print(f"  tiers: {name:<27} {t:8.2f} CPU s ({w:6.2f} wall)  {reads / t:10,.0f} block reads/CPU s  "
-              f"tiers/vllm {t / t_pool:5.2f} (wall {w / w_pool:5.2f}; prebuilt stream {t / t_kernel:5.2f})  "
+              f"tiers/vllm {t / t_pool:5.2f} (wall {w / w_pool:5.2f})  "
               f"hits by tier { {k: int(v.sum()) for k, v in res.hit_blocks_by_tier.items()} }")
+        tstream = tier_stream(reqs, bs)
+        tk, wk, _ = best_of(lambda: simulate_tiers(reqs, cfg, block_size=bs, kv_bytes_per_token=131072, costs=costs,
+                                                   stream=tstream), a.repeat)
+        print(f"         its stream prebuilt         {tk:8.2f} CPU s ({wk:6.2f} wall)  tiers/vllm, both streams "
+              f"prebuilt {tk / t_kernel:5.2f} (wall {wk / w_kernel:5.2f})")
         if a.reference:
             def python():
                 sim = TierReplay(reqs, bs, cfg, 131072, costs, False, {})
