@@ -8,8 +8,8 @@ write-through stores), and after it the offloading of what the allocation evicte
 rules are the package docstring's (`kmesh_trace.oracle.tiers`); here is only how they are kept in arrays:
 
 - every hash (prompt, output, preloaded chunk key) has a dense id; a tier's LRU is a doubly linked list
-  over ids (`lprev`/`lnext`, sentinel `num_ids`, least recent first; `lprev` -1 off the list), as
-  `TierStore`'s OrderedDict;
+  over ids (`lnk`: each id's previous and next side by side, sentinel `num_ids`, least recent first;
+  -1 off the list), as `TierStore`'s OrderedDict;
 - the chunks one request reads (it reads each once) in a small open-addressing table, cleared after it;
   per tier and id, with singleflight, the read in flight; per id, a restored block's completion while it
   is not yet usable (`gpu_ready`, timed), with a heap of completions to expire them;
@@ -48,42 +48,47 @@ __all__ = ["TierStream", "tier_stream", "replay_tiers_compiled"]
 _jit = numba.njit(cache=True, nogil=True, inline="always")
 
 
-@_jit
-def _held(lprev, ti, k):  # pragma: no cover (compiled); k is in tier ti's LRU
-    return lprev[ti, k] >= 0
+# A tier's LRU: lnk[ti, k] = (previous, next) of id k (-1, -1 off the list); row num_ids is its sentinel,
+# (the most recent, the least recent). A node's two links share a cache line.
 
 
 @_jit
-def _lru_unlink(lprev, lnext, ti, k):  # pragma: no cover (compiled)
-    lnext[ti, lprev[ti, k]] = lnext[ti, k]
-    lprev[ti, lnext[ti, k]] = lprev[ti, k]
-    lprev[ti, k] = -1
+def _held(lnk, ti, k):  # pragma: no cover (compiled); k is in tier ti's LRU
+    return lnk[ti, k, 0] >= 0
 
 
 @_jit
-def _lru_append(lprev, lnext, ti, k):  # pragma: no cover (compiled); k becomes the most recent
-    s = lprev.shape[1] - 1
-    last = lprev[ti, s]
-    lprev[ti, k], lnext[ti, k] = last, s
-    lnext[ti, last] = k
-    lprev[ti, s] = k
+def _lru_unlink(lnk, ti, k):  # pragma: no cover (compiled)
+    p, q = lnk[ti, k, 0], lnk[ti, k, 1]
+    lnk[ti, p, 1] = q
+    lnk[ti, q, 0] = p
+    lnk[ti, k, 0] = -1
 
 
 @_jit
-def _lru_refresh(lprev, lnext, ti, k):  # pragma: no cover (compiled)
-    _lru_unlink(lprev, lnext, ti, k)
-    _lru_append(lprev, lnext, ti, k)
+def _lru_append(lnk, ti, k):  # pragma: no cover (compiled); k becomes the most recent
+    s = lnk.shape[1] - 1
+    last = lnk[ti, s, 0]
+    lnk[ti, k, 0] = last
+    lnk[ti, k, 1] = s
+    lnk[ti, last, 1] = k
+    lnk[ti, s, 0] = k
+
+
+@_jit
+def _lru_refresh(lnk, ti, k):  # pragma: no cover (compiled)
+    _lru_unlink(lnk, ti, k)
+    _lru_append(lnk, ti, k)
 
 
 @numba.njit(cache=True, nogil=True)
 def _lru_state(nt, num_ids, like):  # pragma: no cover (compiled)
-    """The tiers' empty LRUs: lprev -1 off the list; row num_ids is each list's sentinel."""
-    lprev = np.full((nt, num_ids + 1), -1, like.dtype)
-    lnext = np.full((nt, num_ids + 1), -1, like.dtype)
+    """The tiers' empty LRUs."""
+    lnk = np.full((nt, num_ids + 1, 2), -1, like.dtype)
     for ti in range(nt):
-        lprev[ti, num_ids] = num_ids
-        lnext[ti, num_ids] = num_ids
-    return lprev, lnext
+        lnk[ti, num_ids, 0] = num_ids
+        lnk[ti, num_ids, 1] = num_ids
+    return lnk
 
 
 @_jit
@@ -96,7 +101,7 @@ def _slot(tkey, k):  # pragma: no cover (compiled); k's slot in an open-addressi
 
 
 @_jit
-def _put(lprev, lnext, count, cap, num_stores, ti, keys, n, refresh, pass_through,
+def _put(lnk, count, cap, num_stores, ti, keys, n, refresh, pass_through,
          left):  # pragma: no cover (compiled)
     """`TierStore.put` of keys[:n] into tier ti; the keys that leave go to `left` (which may be `keys`:
     the q-th key is read before left[q] can be written); returns how many."""
@@ -107,22 +112,22 @@ def _put(lprev, lnext, count, cap, num_stores, ti, keys, n, refresh, pass_throug
         for q in range(n):
             left[q] = keys[q]
         return n
-    s = lprev.shape[1] - 1
+    s = lnk.shape[1] - 1
     nl = 0
     stored = 0
     for q in range(n):
         k = keys[q]
-        if _held(lprev, ti, k):
+        if _held(lnk, ti, k):
             if refresh:
-                _lru_refresh(lprev, lnext, ti, k)
+                _lru_refresh(lnk, ti, k)
             continue
         stored += 1
-        _lru_append(lprev, lnext, ti, k)
+        _lru_append(lnk, ti, k)
         if count[ti] < c:
             count[ti] += 1
         else:
-            first = lnext[ti, s]
-            _lru_unlink(lprev, lnext, ti, first)
+            first = lnk[ti, s, 1]
+            _lru_unlink(lnk, ti, first)
             left[nl] = first
             nl += 1
     num_stores[ti] += stored
@@ -130,13 +135,13 @@ def _put(lprev, lnext, count, cap, num_stores, ti, keys, n, refresh, pass_throug
 
 
 @_jit
-def _offload(lprev, lnext, count, cap, num_stores, on_evict, start, keys, n):  # pragma: no cover
+def _offload(lnk, count, cap, num_stores, on_evict, start, keys, n):  # pragma: no cover
     """`TierReplay._offload` of keys[:n] down the on-evict tiers from position `start`, in place (a put
     writes what leaves over the keys it has read)."""
     for o in range(start, len(on_evict)):
         if n == 0:
             return
-        n = _put(lprev, lnext, count, cap, num_stores, on_evict[o], keys, n, True, True, keys)
+        n = _put(lnk, count, cap, num_stores, on_evict[o], keys, n, True, True, keys)
 
 
 @_jit
@@ -165,7 +170,7 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
     admitted = np.zeros(n_req, np.bool_)
     stalled = np.zeros(n_req, np.bool_)
     # the lower tiers
-    lprev, lnext = _lru_state(nt, num_ids, like)
+    lnk = _lru_state(nt, num_ids, like)
     count = np.zeros(nt, np.int64)
     num_stores = np.zeros(nt, np.int64)
     num_reads = np.zeros(nt, np.int64)
@@ -220,7 +225,7 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
     for ti in range(nt):
         m = pstart[ti + 1] - pstart[ti]
         gone = np.zeros(m, np.int64)
-        _put(lprev, lnext, count, cap, num_stores, ti, preload[pstart[ti]:], m, True, False, gone)
+        _put(lnk, count, cap, num_stores, ti, preload[pstart[ti]:], m, True, False, gone)
         num_stores[ti] = 0
     for i in range(n_req):
         outcome, nh, num_blocks, num_full = arrive(P, H, S, R, IN, obj, i, block_size, False, timed)
@@ -285,7 +290,7 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
                     else:
                         end = (j // c + 1) * c - 1
                         key = chain[cs + end] if end < cstart[i + 1] - cs else -1
-                    if key >= 0 and _held(lprev, ti, key):
+                    if key >= 0 and _held(lnk, ti, key):
                         found = ti
                         break
                 if found < 0:
@@ -330,7 +335,7 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
                         ro_tier[n_ro], ro_key[n_ro] = ti, key
                         n_ro += 1
                     elif refresh_on_hit[ti]:
-                        _lru_refresh(lprev, lnext, ti, key)
+                        _lru_refresh(lnk, ti, key)
                 if tkey[q] < 0:
                     tkey[q] = ti * (num_ids + 1) + key
                     t0[q], t1[q] = d0, d1
@@ -351,8 +356,8 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
             for ti in range(nt):  # _settle
                 hit[1 + ti, i] += counts[ti]
             for q in range(n_ro):
-                if _held(lprev, ro_tier[q], ro_key[q]):
-                    _lru_unlink(lprev, lnext, ro_tier[q], ro_key[q])
+                if _held(lnk, ro_tier[q], ro_key[q]):
+                    _lru_unlink(lnk, ro_tier[q], ro_key[q])
                     count[ro_tier[q]] -= 1
             for q in range(n_ld):
                 if ld0[q] >= t:
@@ -376,15 +381,15 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
                 for q in range(hs + c - 1, he, c):
                     keys[nk] = held[q]
                     nk += 1
-                nl = _put(lprev, lnext, count, cap, num_stores, ti, keys, nk, True, False, keys)
+                nl = _put(lnk, count, cap, num_stores, ti, keys, nk, True, False, keys)
                 if nl > 0 and below[ti] >= 0:
-                    _offload(lprev, lnext, count, cap, num_stores, on_evict, below[ti], keys, nl)
+                    _offload(lnk, count, cap, num_stores, on_evict, below[ti], keys, nl)
         ne, nk = allocate_request(P, S, R, IN, obj, i, nh, num_blocks, num_full, block_size, evicted)
         if nk > 0:  # TierReplay._allocated
             if timed:
                 for q in range(nk):
                     gr_valid[evicted[q]] = False
-            _offload(lprev, lnext, count, cap, num_stores, on_evict, 0, evicted, nk)
+            _offload(lnk, count, cap, num_stores, on_evict, 0, evicted, nk)
         num_evictions[i] = ne
         hit_blocks[i] = nh
         admitted[i] = True
