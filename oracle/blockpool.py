@@ -40,6 +40,10 @@ expected child, at expiry (checked at request boundaries), under pressure (a req
 releases the oldest holds first: a hold never blocks an admission) or at close (end of the stream).
 A hold that would exceed `max_held_blocks` (held block references) or `max_families` (families with an
 active hold) is refused and counted. A hold copies nothing.
+
+`simulate_pool` runs these rules compiled (`kmesh_trace.oracle.blockpool_compiled`, holds included);
+`PoolReplay` below is the reference the compiled replay is tested equal to, and the step-by-step replay
+the fleet what-if feeds one request at a time.
 """
 
 from __future__ import annotations
