@@ -2,7 +2,7 @@
 reference): random workloads (duplicate hashes, partial and short hash lists, generated blocks, stalls,
 deferrals, families) through random configurations (no, one or two lower tiers, on-evict and write-through,
 retain and read-once, chunks, lookup any and gpu-prefix, restore costs on some, all or no tiers, kv bytes or
-none, singleflight, preloads), timed and sequential; every TierResult field must be equal. (`simulate_tiers`
+none, singleflight, early preparation with and without a lead, preloads), timed and sequential; every TierResult field must be equal. (`simulate_tiers`
 runs the compiled replay for these configurations, so tests/test_tiers*.py run it too.)"""
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def _config(rng, vocab):
             chunk = 1 if write == "on-evict" else int(rng.integers(1, 4))
             tiers.append(TierSpec(name, int(rng.integers(0, 10)) * chunk, chunk, write, bool(rng.random() < 0.7)))
     config = TierConfig(int(rng.integers(1, 15)), tuple(tiers), singleflight=bool(rng.random() < 0.5),
+                        early_prep=bool(rng.random() < 0.3), prep_lead_s=rng.choice([None, 0.0, 0.002]),
                         lookup="any" if rng.random() < 0.5 else "gpu-prefix")
     costs = {t.name: RestoreCost(float(rng.choice([0.001, 0.004, 0.5])), float(rng.choice([0.0, 1e-3, 3.3e-4])),
                                  float(rng.choice([0.0005, 0.002])) if rng.random() < 0.5 else None)
@@ -90,21 +91,28 @@ def test_compiled_tiers_equal_the_python_replay(timed, monkeypatch):
         for t in config.tiers:
             seen[t.name] = seen.get(t.name, 0) + int(want.hit_blocks_by_tier[t.name].sum() > 0)
             seen[t.write] = seen.get(t.write, 0) + int(want.hit_blocks_by_tier[t.name].sum() > 0)
-        for k, v in (("shared", want.num_shared_reads), ("stalled", any(want.pool.stalled)),
+        for k, v in (("prepared", any(r.prepare for r in want.reads)), ("shared", want.num_shared_reads), ("stalled", any(want.pool.stalled)),
                      ("deferred", want.pool.num_deferred), ("waits", want.restore_wait_s is not None
                                                             and want.restore_wait_s.sum() > 0)):
             seen[k] = seen.get(k, 0) + bool(v)
-    wanted = ["host", "ssd", "on-evict", "write-through", "stalled", "waits"] + (["shared", "deferred"] if timed else [])
+    wanted = ["host", "ssd", "on-evict", "write-through", "stalled", "waits", "prepared"] + (["shared", "deferred"] if timed else [])
     assert min(seen.get(k, 0) for k in wanted) > 10, seen
 
 
-def test_configurations_the_compiled_replay_leaves_to_python_still_run():
-    """Early preparation and the simple-cpu connector keep the Python replays (`simulate_tiers` chooses)."""
+def test_the_connector_keeps_the_python_replay(monkeypatch):
+    """The simple-cpu connector keeps its Python replay (`simulate_tiers` chooses); so do hashes that are not
+    64-bit unsigned integers."""
+    from kmesh_trace.oracle.tiers import compiled
+
+    calls = []
+    monkeypatch.setattr(compiled, "replay_tiers_compiled", lambda *a: calls.append(a))
     rng = np.random.default_rng(5)
     reqs, bs, _ = _workload(rng, False)
-    for config in (simple_cpu(6, 4), TierConfig(6, (TierSpec("ssd", 8),), early_prep=True)):
-        want = TierReplay if config.connector is None else None
-        got = simulate_tiers(reqs, config, block_size=bs)
-        if want is not None:
-            sim = want(reqs, bs, config, None, {}, False, {})
-            assert_same(got, sim.result(sim.run(), None), config)
+    simulate_tiers(reqs, simple_cpu(6, 4), block_size=bs)
+    assert calls == []
+    monkeypatch.undo()
+    odd = [RequestBlocks(0, "a", 8, 1, [-1, -2]), RequestBlocks(1, "b", 8, 1, [-1, -2])]
+    assert compiled.tier_stream(odd, 4) is None
+    config = TierConfig(1, (TierSpec("host", 4),))
+    sim = TierReplay(odd, 4, config, None, {}, False, {})
+    assert_same(simulate_tiers(odd, config, block_size=4), sim.result(sim.run(), None), "negative hashes")

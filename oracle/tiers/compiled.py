@@ -15,8 +15,11 @@ rules are the package docstring's (`kmesh_trace.oracle.tiers`); here is only how
   is not yet usable (`gpu_ready`, timed), with a heap of completions to expire them;
 - reads are kept as (request, tier, chunks, bytes) rows merged as `TierRead`s are.
 
-It covers every configuration but early preparation and the simple-cpu connector, which keep the Python
-replays (`simulate_tiers` chooses). `TierReplay` stays the reference: tests/test_tiers_compiled.py replays
+- early preparation's schedule (`EarlyPrep`'s heap) as arrays sorted in its pop order, the staged blocks
+  per id, and what each parent staged as a segment of one buffer.
+
+It covers every configuration, early preparation included, but the simple-cpu connector, which keeps its
+Python replay (`simulate_tiers` chooses). `TierReplay` stays the reference: tests/test_tiers_compiled.py replays
 random workloads and configurations through both and compares every `TierResult` field.
 """
 
@@ -145,6 +148,67 @@ def _offload(lnk, count, cap, num_stores, on_evict, start, keys, n):  # pragma: 
 
 
 @_jit
+def _find_below(lnk, chunk, chain, cs, ce, j):  # pragma: no cover (compiled)
+    """`TierReplay._find_below` for block j of the hash chain chain[cs:ce]: (tier, chunk key) of the first
+    tier holding the chunk, or (-1, -1)."""
+    for ti in range(len(chunk)):
+        c = chunk[ti]
+        if c == 1:
+            key = chain[cs + j]
+        else:
+            end = (j // c + 1) * c - 1
+            key = chain[cs + end] if end < ce - cs else -1
+        if key >= 0 and _held(lnk, ti, key):
+            return ti, key
+    return -1, -1
+
+
+@_jit
+def _read(ti, key, t, req, prepare, rd, n_rd, C, Q, clk_set, timed, singleflight, if_valid, IF):  # pragma: no cover
+    """`TierReplay._read` (and `ReadQueue.complete`): one chunk read on tier ti issued at t for request
+    `req`. C = (chunk bytes, reads, bytes read) and Q = (busy p50, busy p95, clock p50, clock p95, latency,
+    duration p50, duration p95, has a restore cost) per tier; rd the read rows (request, tier, chunks, bytes, prepare). Returns
+    (completion p50, p95, rd, its rows)."""
+    nbytes = C[0][ti]
+    C[1][ti] += 1
+    C[2][ti] += nbytes
+    if n_rd > 0 and rd[n_rd - 1, 0] == req and rd[n_rd - 1, 1] == ti and rd[n_rd - 1, 4] == prepare:
+        rd[n_rd - 1, 2] += 1
+        rd[n_rd - 1, 3] += nbytes
+    else:
+        if n_rd == len(rd):
+            grown = np.zeros((2 * len(rd) + 16, 5), np.int64)
+            grown[:n_rd] = rd
+            rd = grown
+        rd[n_rd, 0], rd[n_rd, 1], rd[n_rd, 2], rd[n_rd, 3], rd[n_rd, 4] = req, ti, 1, nbytes, prepare
+        n_rd += 1
+    busy0, busy1, clk0, clk1, lat_ns, dur0, dur1, has_cost = Q
+    if has_cost[ti]:
+        if not clk_set[ti]:
+            clk_set[ti] = True
+            clk0[ti] = max(t, busy0[ti]) + lat_ns[ti]
+            clk1[ti] = max(t, busy1[ti]) + lat_ns[ti]
+        clk0[ti] += dur0[ti]
+        clk1[ti] += dur1[ti]
+        d0, d1 = clk0[ti], clk1[ti]
+        if timed:
+            busy0[ti], busy1[ti] = d0, d1
+    else:
+        d0, d1 = t, t
+    if singleflight:
+        if_valid[ti, key] = True
+        IF[0][ti, key], IF[1][ti, key] = d0, d1
+    return d0, d1, rd, n_rd
+
+
+@_jit
+def _discard(lnk, count, ti, key):  # pragma: no cover (compiled); `TierStore.discard`
+    if _held(lnk, ti, key):
+        _lru_unlink(lnk, ti, key)
+        count[ti] -= 1
+
+
+@_jit
 def _grow(a, n):  # pragma: no cover (compiled); a with room for index n
     if n < len(a):
         return a
@@ -156,7 +220,8 @@ def _grow(a, n):  # pragma: no cover (compiled); a with room for index n
 @numba.njit(cache=True, nogil=True)
 def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_usable, num_ids, cap, chunk,
                  retain, refresh_on_hit, write_through, below, on_evict, chunk_bytes, has_cost, lat_ns, dur0,
-                 dur1, singleflight, any_gpu, with_costs, preload, pstart, like):  # pragma: no cover (compiled)
+                 dur1, singleflight, any_gpu, with_costs, preload, pstart, like, early_prep, prep_at, prep_p,
+                 children_left, parent_of):  # pragma: no cover (compiled)
     n_req = len(IN[2])
     nt = len(cap)
     P = pool_state(num_usable, num_ids)
@@ -175,8 +240,7 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
     num_stores = np.zeros(nt, np.int64)
     num_reads = np.zeros(nt, np.int64)
     read_bytes = np.zeros(nt, np.int64)
-    busy0 = np.zeros(nt, np.int64)
-    busy1 = np.zeros(nt, np.int64)
+    C = (chunk_bytes, num_reads, read_bytes)
     # the chunks this request reads, (tier, id) -> completion: a table of twice the longest request's blocks
     size = 1
     while size < 2 * longest + 2:
@@ -204,15 +268,25 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
     wait0 = np.zeros(n_req, np.float64)
     wait1 = np.zeros(n_req, np.float64)
     marks = np.full(n_req, -1, np.int64)
-    rd_req = np.zeros(16, np.int64)  # reads: (request, tier, chunks, bytes)
-    rd_tier = np.zeros(16, np.int64)
-    rd_chunks = np.zeros(16, np.int64)
-    rd_bytes = np.zeros(16, np.int64)
+    rd = np.zeros((16, 5), np.int64)  # reads: (request, tier, chunks, bytes, prepare)
     n_rd = 0
-    # one request's lookup
+    # one request's lookup (or one early preparation's)
     clk_set = np.zeros(nt, np.bool_)
-    clk0 = np.zeros(nt, np.int64)
-    clk1 = np.zeros(nt, np.int64)
+    Q = (np.zeros(nt, np.int64), np.zeros(nt, np.int64), np.zeros(nt, np.int64), np.zeros(nt, np.int64),
+         lat_ns, dur0, dur1, has_cost.astype(np.int64))
+    IF = (if0, if1)
+    # early preparation: the staged blocks (id -> completions, tier) and what each parent staged
+    m_st = num_ids if early_prep else 0
+    st_valid = np.zeros(m_st, np.bool_)
+    st0 = np.zeros(m_st, np.int64)
+    st1 = np.zeros(m_st, np.int64)
+    st_tier = np.zeros(m_st, np.int64)
+    bp = np.zeros(16, np.int64)
+    n_bp = 0
+    bp_start = np.zeros(n_req if early_prep else 0, np.int64)
+    bp_len = np.zeros(n_req if early_prep else 0, np.int64)
+    n_staged = 0
+    next_prep = 0
     counts = np.zeros(nt, np.int64)
     ro_tier = np.zeros(longest, np.int64)
     ro_key = np.zeros(longest, np.int64)
@@ -233,6 +307,49 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
             continue
         # -- TierReplay._looked_up
         t = S[5] if timed else 0
+        while early_prep and next_prep < len(prep_at) and prep_at[next_prep] <= (t if timed else i):  # due
+            p = prep_p[next_prep]
+            at = prep_at[next_prep]
+            next_prep += 1
+            if children_left[p] <= 0:
+                continue
+            tp = at if timed else 0  # _prepare
+            for ti in range(nt):
+                clk_set[ti] = False
+            n_used = 0
+            hs, he = hstart[p], hstart[p + 1]
+            bp_start[p] = n_bp
+            for j in range(he - hs):
+                h = held[hs + j]
+                if P[6][h] >= 0 or st_valid[h]:
+                    continue
+                ti, key = _find_below(lnk, chunk, held, hs, he, j)
+                if ti < 0:
+                    break
+                q = _slot(tkey, ti * (num_ids + 1) + key)
+                if tkey[q] >= 0:
+                    d0, d1 = t0[q], t1[q]
+                else:
+                    d0, d1, rd, n_rd = _read(ti, key, tp, p, 1, rd, n_rd, C, Q, clk_set, timed, singleflight,
+                                             if_valid, IF)
+                    if not retain[ti]:  # Tier.after_load
+                        _discard(lnk, count, ti, key)
+                    elif refresh_on_hit[ti]:
+                        _lru_refresh(lnk, ti, key)
+                    tkey[q] = ti * (num_ids + 1) + key
+                    t0[q], t1[q] = d0, d1
+                    used[n_used] = q
+                    n_used += 1
+                if not st_valid[h]:
+                    n_staged += 1
+                st_valid[h] = True
+                st0[h], st1[h], st_tier[h] = (d0, d1, ti) if timed else (0, 0, ti)
+                bp = _grow(bp, n_bp)
+                bp[n_bp] = h
+                n_bp += 1
+            bp_len[p] = n_bp - bp_start[p]
+            for q in range(n_used):
+                tkey[used[q]] = -1
         if timed:  # _expire_ready
             while rh_size > 0 and rhk[0] < t:
                 done = rhk[0]
@@ -281,56 +398,27 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
                     hit[0, i] += 1
                     j += 1
                     continue
-                found = -1
-                key = -1
-                for ti in range(nt):  # _find_below
-                    c = chunk[ti]
-                    if c == 1:
-                        key = h
-                    else:
-                        end = (j // c + 1) * c - 1
-                        key = chain[cs + end] if end < cstart[i + 1] - cs else -1
-                    if key >= 0 and _held(lnk, ti, key):
-                        found = ti
-                        break
-                if found < 0:
+                if n_staged > 0 and st_valid[h]:  # staged by early preparation
+                    w0 = max(w0, st0[h])
+                    w1 = max(w1, st1[h])
+                    hit[1 + st_tier[h], i] += 1
+                    if not needed[h]:
+                        needed[h] = True
+                        num_needed += 1
+                    j += 1
+                    continue
+                ti, key = _find_below(lnk, chunk, chain, cs, cstart[i + 1], j)
+                if ti < 0:
                     break
-                ti = found
                 q = _slot(tkey, ti * (num_ids + 1) + key)
                 if tkey[q] >= 0:  # _load: a chunk this request already reads
                     d0, d1 = t0[q], t1[q]
                 elif singleflight and if_valid[ti, key] and if0[ti, key] >= t:
                     d0, d1 = if0[ti, key], if1[ti, key]
                     num_shared += 1
-                else:  # _read
-                    nbytes = chunk_bytes[ti]
-                    num_reads[ti] += 1
-                    read_bytes[ti] += nbytes
-                    if n_rd > 0 and rd_req[n_rd - 1] == i and rd_tier[n_rd - 1] == ti:
-                        rd_chunks[n_rd - 1] += 1
-                        rd_bytes[n_rd - 1] += nbytes
-                    else:
-                        rd_req = _grow(rd_req, n_rd)
-                        rd_tier = _grow(rd_tier, n_rd)
-                        rd_chunks = _grow(rd_chunks, n_rd)
-                        rd_bytes = _grow(rd_bytes, n_rd)
-                        rd_req[n_rd], rd_tier[n_rd], rd_chunks[n_rd], rd_bytes[n_rd] = i, ti, 1, nbytes
-                        n_rd += 1
-                    if has_cost[ti]:  # ReadQueue.complete
-                        if not clk_set[ti]:
-                            clk_set[ti] = True
-                            clk0[ti] = max(t, busy0[ti]) + lat_ns[ti]
-                            clk1[ti] = max(t, busy1[ti]) + lat_ns[ti]
-                        clk0[ti] += dur0[ti]
-                        clk1[ti] += dur1[ti]
-                        d0, d1 = clk0[ti], clk1[ti]
-                        if timed:
-                            busy0[ti], busy1[ti] = d0, d1
-                    else:
-                        d0, d1 = t, t
-                    if singleflight:
-                        if_valid[ti, key] = True
-                        if0[ti, key], if1[ti, key] = d0, d1
+                else:
+                    d0, d1, rd, n_rd = _read(ti, key, t, i, 0, rd, n_rd, C, Q, clk_set, timed, singleflight,
+                                             if_valid, IF)
                     if not retain[ti]:
                         ro_tier[n_ro], ro_key[n_ro] = ti, key
                         n_ro += 1
@@ -356,9 +444,7 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
             for ti in range(nt):  # _settle
                 hit[1 + ti, i] += counts[ti]
             for q in range(n_ro):
-                if _held(lnk, ro_tier[q], ro_key[q]):
-                    _lru_unlink(lnk, ro_tier[q], ro_key[q])
-                    count[ro_tier[q]] -= 1
+                _discard(lnk, count, ro_tier[q], ro_key[q])
             for q in range(n_ld):
                 if ld0[q] >= t:
                     h = ld_h[q]
@@ -384,6 +470,15 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
                 nl = _put(lnk, count, cap, num_stores, ti, keys, nk, True, False, keys)
                 if nl > 0 and below[ti] >= 0:
                     _offload(lnk, count, cap, num_stores, on_evict, below[ti], keys, nl)
+            p = parent_of[i]
+            if early_prep and p >= 0:  # EarlyPrep.child_admitted (a child's parent has declared children)
+                children_left[p] -= 1
+                if children_left[p] <= 0:
+                    for q in range(bp_start[p], bp_start[p] + bp_len[p]):
+                        if st_valid[bp[q]]:
+                            st_valid[bp[q]] = False
+                            n_staged -= 1
+                    bp_len[p] = 0
         ne, nk = allocate_request(P, S, R, IN, obj, i, nh, num_blocks, num_full, block_size, evicted)
         if nk > 0:  # TierReplay._allocated
             if timed:
@@ -397,7 +492,7 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
         end_admission(P, H, S, R, IN, i, outcome, num_blocks, False, timed)
     drain(P, H, S, R, IN, False, timed)
     pool = (hit_blocks, num_evictions, admitted, stalled, free_queue(P), S[11])
-    reads = (rd_req[:n_rd], rd_tier[:n_rd], rd_chunks[:n_rd], rd_bytes[:n_rd])
+    reads = (rd[:n_rd, 0], rd[:n_rd, 1], rd[:n_rd, 2], rd[:n_rd, 3], rd[:n_rd, 4])
     return (pool, hit, wait0, wait1, reads, num_reads, read_bytes, num_stores, marks, num_needed, num_shared)
 
 
@@ -508,11 +603,15 @@ def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, 
     pid, num_ids = stream.preload_ids(keys)
     pstart = np.zeros(len(tiers) + 1, np.int64)
     np.cumsum([len(k) for k in keys], out=pstart[1:])
-    if any(t.write == "write-through" for t in tiers):
+    early_prep = bool(config.early_prep and tiers)
+    if early_prep or any(t.write == "write-through" for t in tiers):
         held, hstart = stream.held()
     else:
         held, hstart = stream.ids[:0], np.zeros(len(stream.requests) + 1, np.int64)
     block_size = stream.block_size
+    schedule = _prep_schedule(stream.requests, config, timed) if early_prep else _prep_schedule([], config, timed)
+    if schedule is None:
+        return None
     on_evict = np.array([k for k, t in enumerate(tiers) if t.write == "on-evict"], np.int64)
     below = np.array([next((o for o, k in enumerate(on_evict) if k > ti), -1) for ti in range(len(tiers))], np.int64)
     cs = [costs.get(t.name) for t in tiers]
@@ -529,7 +628,7 @@ def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, 
         arr([t.write == "write-through" for t in tiers], np.bool_), below, on_evict, arr(nbytes),
         arr([c is not None for c in cs], np.bool_), arr(lat), arr(dur0), arr(dur1),
         bool(config.singleflight and timed), config.lookup == "any", all(c is not None for c in cs), pid, pstart,
-        np.zeros(0, np.int32 if num_ids < 2**31 - 1 else np.int64))
+        np.zeros(0, np.int32 if num_ids < 2**31 - 1 else np.int64), early_prep, *schedule)
 
 
 def _flat(lists, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -538,3 +637,29 @@ def _flat(lists, n: int) -> tuple[np.ndarray, np.ndarray]:
     start = np.zeros(n + 1, np.int64)
     np.cumsum(lens, out=start[1:])
     return np.fromiter(itertools.chain.from_iterable(lists), np.uint64, int(start[-1])), start
+
+
+def _prep_schedule(requests, config, timed: bool):
+    """`EarlyPrep`'s schedule as arrays: (when, parent) in the order its heap pops them, each parent's
+    declared children and each request's parent (-1: none); None when a parent is not in the stream."""
+    n = len(requests)
+    parent_of = np.fromiter((-1 if r.parent_index is None else r.parent_index for r in requests), np.int64, n)
+    if n and (parent_of.max() >= n or parent_of.min() < -1):
+        return None
+    children = np.bincount(parent_of[parent_of >= 0], minlength=n).astype(np.int64)
+    first_child: dict[int, int] = {}
+    for c, p in enumerate(parent_of.tolist()):
+        if p >= 0:
+            first_child.setdefault(p, c)
+    lead = None if config.prep_lead_s is None else int(config.prep_lead_s * 1e9)
+    due = []
+    for p, c in first_child.items():
+        if timed:
+            at = requests[p].finish_ns
+            if lead is not None:
+                at = max(at, requests[c].arrival_ns - lead)
+            due.append((at, p))
+        else:
+            due.append((c, p))
+    due.sort()
+    return (np.array([a for a, _ in due], np.int64), np.array([p for _, p in due], np.int64), children, parent_of)

@@ -27,9 +27,8 @@ def simulate_tiers(requests: Sequence[RequestBlocks], config: TierConfig, *, blo
     chunk keys (block hashes for one-block chunks) into a tier before the first request, oldest first.
 
     The replay runs compiled (`kmesh_trace.oracle.tiers.compiled`, tested equal to `TierReplay`, the
-    reference) for every configuration but early preparation and the simple-cpu connector, which run the
-    Python replays (`TierReplay` with `EarlyPrep`, `SimpleCPUReplay`); so do streams whose hashes are not
-    64-bit unsigned integers. `stream`, the requests' `TierStream` (`kmesh_trace.oracle.tiers.compiled.
+    reference) for every configuration, early preparation included, but the simple-cpu connector, which
+    runs the Python `SimpleCPUReplay`; so do streams whose hashes are not 64-bit unsigned integers. `stream`, the requests' `TierStream` (`kmesh_trace.oracle.tiers.compiled.
     tier_stream`) when the caller replays several configurations over them, saves building it again.
     """
     block_size = check_block_size(block_size)
@@ -37,7 +36,7 @@ def simulate_tiers(requests: Sequence[RequestBlocks], config: TierConfig, *, blo
     if timed is None:
         timed = bool(requests) and all(r.arrival_ns is not None and r.finish_ns is not None for r in requests)
     requests, costs, preload = list(requests), costs or {}, preload or {}
-    if config.connector is None and not (config.early_prep and config.tiers):
+    if config.connector is None:
         done = _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, timed, preload, stream)
         if done is not None:
             return done
@@ -69,7 +68,7 @@ def _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, 
         config, block_size, kv_bytes_per_token, timed, pool, prefill, requests,
         hit={"gpu": hit[0], **{n: hit[1 + k] for k, n in enumerate(names)}},
         wait=wait0 if with_costs else None, wait95=wait1 if with_costs else None,
-        reads=[TierRead(i, names[t], c, b) for i, t, c, b in zip(*(a.tolist() for a in reads))],
+        reads=[TierRead(i, names[t], c, b, bool(prep)) for i, t, c, b, prep in zip(*(a.tolist() for a in reads))],
         num_reads=dict(zip(names, num_reads.tolist())), read_bytes=dict(zip(names, read_bytes.tolist())),
         num_stores=dict(zip(names, num_stores.tolist())),
         store_marks=dict(zip(looked.tolist(), marks[looked].tolist())) if names else {},
