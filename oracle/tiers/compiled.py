@@ -13,7 +13,7 @@ rules are the package docstring's (`kmesh_trace.oracle.tiers`); here is only how
 - the chunks one request reads (it reads each once) in a small open-addressing table, cleared after it;
   per tier and id, with singleflight, the read in flight; per id, a restored block's completion while it
   is not yet usable (`gpu_ready`, timed), with a heap of completions to expire them;
-- reads are kept as (request, tier, chunks, bytes) rows merged as `TierRead`s are.
+- reads are kept as (request, tier, chunks, bytes, prepare) rows merged as `TierRead`s are;
 
 - early preparation's schedule (`EarlyPrep`'s heap) as arrays sorted in its pop order, the staged blocks
   per id, and what each parent staged as a segment of one buffer.
