@@ -34,6 +34,16 @@ hits (its *level*), and the hits at capacity c are the accesses of level <= c.
   a last touch), the critical times a min tree over capacities. `tests/belady_stack.py` keeps the
   stack itself as the reference the tests compare against.
 
+  Both trees are kept as small as the stream allows, which is what keeps the time per access flat as
+  the stream grows (their height, and the memory their paths touch, would otherwise grow with the
+  stream and with the objects): the time tree holds a window of slots from the earliest last touch that
+  a counted reuse will still read (the stream's next uses say which); nothing before it is read again,
+  so when the window is full it moves on to there, or doubles when that frees less than half of it.
+  The capacity tree tracks the capacities up to a power of two above the deepest level reached;
+  capacities are created in time order and a capacity not yet tracked has never been critical since its
+  creation, so when a level needs the first untracked one the tree doubles, its new capacities' times
+  recovered from one bit per access (whether it created a capacity at 2t).
+
 Each curve also carries, per capacity, the position sum of its hits so that prefill seconds follow
 from a `PrefillCost` (hits are charged as a cached prefix: a request with h hit blocks computes
 positions [h * block_size, prompt tokens)). Requests before `measure_from` warm the cache but are
