@@ -118,12 +118,20 @@ class HitCurve:
 
 
 @numba.njit(cache=True, nogil=True)
-def _lru_levels(obj, eligible, req_start, num_objects, measure_from):  # pragma: no cover (compiled)
+def _grown(hist, top):  # pragma: no cover (compiled)
+    """`hist` (int64) with room for index `top`: at least twice as long, zeros added."""
+    out = np.zeros(max(2 * len(hist), top + 1), np.int64)
+    out[:len(hist)] = hist
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _lru_levels(obj, eligible, req_start, last, measure_from):  # pragma: no cover (compiled)
+    # last[o]: the object's last touch time, 0 = never (zeros, one per object, in integers that hold n).
     n = len(obj)
     tree = np.zeros(n + 1, np.int32)  # Fenwick tree over touch times 1..n: 1 where an object was last touched
-    last = np.zeros(num_objects, np.int64)  # last touch time, 0 = never
-    count = np.zeros(num_objects + 1, np.int64)
-    possum = np.zeros(num_objects + 1, np.int64)
+    count = np.zeros(1025, np.int64)  # by level, grown as levels deepen (a level never exceeds the objects)
+    possum = np.zeros(1025, np.int64)
     live = 0
     clock = 0
     for r in range(len(req_start) - 1):
@@ -143,6 +151,8 @@ def _lru_levels(obj, eligible, req_start, num_objects, measure_from):  # pragma:
             rank = live - s  # objects touched at or after lt
             if rank > m:
                 m = rank
+                if m >= len(count):
+                    count, possum = _grown(count, m), _grown(possum, m)
             if r >= measure_from:
                 count[m] += 1
                 possum[m] += t - a
@@ -181,12 +191,7 @@ def charge_as_prefix(levels, count, possum):  # pragma: no cover (compiled)
     th = np.sort(levels)
     nh = len(th)
     if th[nh - 1] >= len(count):
-        grown = np.zeros(max(2 * len(count), th[nh - 1] + 1), np.int64)
-        grown[:len(count)] = count
-        count = grown
-        grown = np.zeros(len(count), np.int64)
-        grown[:len(possum)] = possum
-        possum = grown
+        count, possum = _grown(count, th[nh - 1]), _grown(possum, th[nh - 1])
     for k in range(nh):
         count[th[k]] += 1
         possum[th[k]] += k
@@ -440,7 +445,8 @@ def _measured(stream: AccessStream, measure_from: int) -> tuple[int, int]:
 
 def lru_curve(stream: AccessStream, measure_from: int = 0) -> HitCurve:
     """`lru` at every capacity, counting requests from `measure_from` on."""
-    count, possum = run_interruptible(_lru_levels, stream.obj, stream.eligible, stream.req_start, stream.num_objects,
+    last = np.zeros(stream.num_objects, np.int32 if len(stream) < 2**31 else np.int64)
+    count, possum = run_interruptible(_lru_levels, stream.obj, stream.eligible, stream.req_start, last,
                                       int(measure_from))
     count[0] = possum[0] = 0
     return HitCurve("lru", stream.block_size, count, possum, *_measured(stream, measure_from))
