@@ -154,7 +154,7 @@ def progress(transient: bool = True):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=err, transient=transient)
+                    TimeRemainingColumn(), console=err.console, transient=transient)
 
 
 # ---- output options and exit codes ---------------------------------------------------------------
