@@ -8,6 +8,11 @@ import` stays for users who want the Parquet to query (`kmesh-trace sql`) or to 
 The format is recognised from the input itself (`sniff`): a trace directory holds the writer's
 marker file; a JSONL file's first record names its format by its fields; a directory of `.json`
 files is weka, one of `.jsonl` files (one level down) lmcache-agent.
+
+An analysis that reads only the workload (headroom) takes a Mooncake JSONL file without the temporary
+trace: `read_directly` reads it into memory (`PublicInput`, the importer's own reader and checks, every
+bad line counted as the import counts it), and the workload is built from it as from the imported trace
+(`kmesh_trace.oracle.workload.InvocationColumns`) -- the same numbers, without polars, pyarrow or duckdb.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ import json
 import shutil
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from kmesh_trace.errors import InputFormatError
 
@@ -52,9 +58,9 @@ def importer(fmt: str) -> Callable:
 
 def sniff(path: Path) -> str | None:
     """The public format `path` holds, or None for a trace directory; one sentence when it is neither."""
-    from kmesh_trace.writer import ENGINES_DIR, MARKER
-
     if path.is_dir():
+        from kmesh_trace.writer import ENGINES_DIR, MARKER  # pyarrow: only for a directory, never for a JSONL file
+
         if (path / MARKER).is_file() or (path / ENGINES_DIR).is_dir():
             return None
         if any(p.suffix.lower() == ".json" and p.is_file() for p in path.iterdir()):
@@ -105,17 +111,78 @@ def imported(path: Path, fmt: str, *, on_import: Callable[[str], None] | None = 
     out = Path(d) / "trace"
     try:
         report = importer(fmt)(path, out, engine_id=f"import-{fmt}")
-        if report.num_invocations == 0:
-            raise InputFormatError(f"{path} holds no request readable as {fmt} input "
-                                   f"({report.num_malformed_lines:,} malformed); `kmesh-trace import {fmt}` says why.")
+        _check_read(report, path, fmt)
     except BaseException:
         shutil.rmtree(d, ignore_errors=True)
         raise
     if on_import is not None:
-        bad = f", {report.num_malformed_lines:,} malformed lines skipped" if report.num_malformed_lines else ""
-        on_import(f"read {path} as {fmt} input: {report.num_invocations:,} requests{bad} (`kmesh-trace import "
-                  f"{fmt}` keeps the trace for SQL)")
+        on_import(_read_line(report, path, fmt))
     return d, out
+
+
+def _check_read(report, path: Path, fmt: str) -> None:
+    if report.num_invocations == 0:
+        raise InputFormatError(f"{path} holds no request readable as {fmt} input "
+                               f"({report.num_malformed_lines:,} malformed); `kmesh-trace import {fmt}` says why.")
+
+
+def _read_line(report, path: Path, fmt: str) -> str:
+    """What an analysis says on stderr about the public trace it read."""
+    bad = f", {report.num_malformed_lines:,} malformed lines skipped" if report.num_malformed_lines else ""
+    return (f"read {path} as {fmt} input: {report.num_invocations:,} requests{bad} (`kmesh-trace import "
+            f"{fmt}` keeps the trace for SQL)")
+
+
+@dataclass
+class PublicInput:
+    """A public trace read into memory, with the reading side of an imported trace that the workload needs:
+    one engine partition (`engines`, its metadata as the import writes it) and its invocations
+    (`invocations_in_memory`). Complete by construction, with no prefill timings (as an import)."""
+
+    path: Path
+    format: str
+    engines: dict[str, dict[str, Any]]
+    invocations_in_memory: Any  # kmesh_trace.oracle.workload.InvocationColumns
+    location: str | None = field(default=None)  # no trace directory: tasks get the workload itself
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        (meta,) = self.engines.values()
+        return meta
+
+    @property
+    def block_size(self) -> int | None:
+        return self.metadata.get("block_size")
+
+
+#: The formats `read_directly` reads into memory.
+DIRECT_FORMATS = ("mooncake",)
+
+
+def read_directly(path: str | Path, *, on_import: Callable[[str], None] | None = None) -> PublicInput | None:
+    """`path` read into memory when it is a public trace of a DIRECT_FORMATS format, else None (a trace
+    directory, or a format that goes through the import). `on_import(line)` hears what was read, as from
+    `imported`; a file with no readable request is the same error."""
+    path = Path(path)
+    if "://" in str(path) or not path.is_file() or path.suffix.lower() == ".json":
+        return None
+    fmt = sniff(path)
+    if fmt not in DIRECT_FORMATS:
+        return None
+    from kmesh_trace.datasets.importers.mooncake import engine_metadata, read_mooncake
+    from kmesh_trace.oracle.workload import InvocationColumns
+
+    engine_id = f"import-{fmt}"
+    cols, report = read_mooncake(path, engine_id=engine_id)
+    _check_read(report, path, fmt)
+    meta = {**engine_metadata(path), "engine_id": engine_id, "source": f"import:{fmt}", "complete": True,
+            "num_malformed_lines": report.num_malformed_lines, "malformed_lines": report.malformed_lines}
+    seq = range(len(cols))
+    invocations = InvocationColumns([str(i) for i in seq], cols.num_prompt_tokens, cols.num_output_tokens,
+                                    cols.arrival_ns, cols.offsets, cols.hashes)
+    if on_import is not None:
+        on_import(_read_line(report, path, fmt))
+    return PublicInput(path, fmt, {engine_id: meta}, invocations)
 
 
 @contextmanager
