@@ -241,11 +241,11 @@ def emit(output: Output, data: Any, *, rows: list[dict[str, Any]] | None = None,
          render: Callable[[], None] | None = None) -> None:
     """Deliver a command's result as the user asked: `data` (JSON-able) for --json and --out, `rows` (the
     result's table) for --csv, `render()` (rich tables) otherwise."""
-    from kmesh_trace.writer import atomic_output
-
     if output.csv and rows is None:
         raise KmeshTraceError("this result is not one table; use --json.")
     if output.out is not None:
+        from kmesh_trace.writer import atomic_output  # pyarrow: only when a file is written
+
         text = csv_text(rows) if output.csv else json_text(data) + "\n"
         with atomic_output(output.out) as tmp:
             tmp.write_text(text)

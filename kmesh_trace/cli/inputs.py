@@ -9,8 +9,8 @@ The format is recognised from the input itself (`sniff`): a trace directory hold
 marker file; a JSONL file's first record names its format by its fields; a directory of `.json`
 files is weka, one of `.jsonl` files (one level down) lmcache-agent.
 
-An analysis that reads only the workload (headroom) takes a Mooncake JSONL file without the temporary
-trace: `read_directly` reads it into memory (`PublicInput`, the importer's own reader and checks, every
+An analysis that reads only the workload (headroom) takes a Mooncake or Bailian JSONL file without the
+temporary trace: `read_directly` reads it into memory (`PublicInput`, the importer's own reader and checks, every
 bad line counted as the import counts it), and the workload is built from it as from the imported trace
 (`kmesh_trace.oracle.workload.InvocationColumns`) -- the same numbers, without polars, pyarrow or duckdb.
 """
@@ -156,7 +156,7 @@ class PublicInput:
 
 
 #: The formats `read_directly` reads into memory.
-DIRECT_FORMATS = ("mooncake",)
+DIRECT_FORMATS = ("mooncake", "bailian")
 
 
 def read_directly(path: str | Path, *, on_import: Callable[[str], None] | None = None) -> PublicInput | None:
@@ -169,20 +169,45 @@ def read_directly(path: str | Path, *, on_import: Callable[[str], None] | None =
     fmt = sniff(path)
     if fmt not in DIRECT_FORMATS:
         return None
-    from kmesh_trace.datasets.importers.mooncake import engine_metadata, read_mooncake
-    from kmesh_trace.oracle.workload import InvocationColumns
-
     engine_id = f"import-{fmt}"
-    cols, report = read_mooncake(path, engine_id=engine_id)
+    invocations, report, metadata = (_mooncake_in_memory if fmt == "mooncake" else _bailian_in_memory)(path, engine_id)
     _check_read(report, path, fmt)
-    meta = {**engine_metadata(path), "engine_id": engine_id, "source": f"import:{fmt}", "complete": True,
+    meta = {**metadata, "engine_id": engine_id, "source": f"import:{fmt}", "complete": True,
             "num_malformed_lines": report.num_malformed_lines, "malformed_lines": report.malformed_lines}
-    seq = range(len(cols))
-    invocations = InvocationColumns([str(i) for i in seq], cols.num_prompt_tokens, cols.num_output_tokens,
-                                    cols.arrival_ns, cols.offsets, cols.hashes)
     if on_import is not None:
         on_import(_read_line(report, path, fmt))
     return PublicInput(path, fmt, {engine_id: meta}, invocations)
+
+
+def _mooncake_in_memory(path: Path, engine_id: str):
+    from kmesh_trace.datasets.importers.mooncake import engine_metadata, read_mooncake
+    from kmesh_trace.oracle.workload import InvocationColumns
+
+    cols, report = read_mooncake(path, engine_id=engine_id)
+    invocations = InvocationColumns([str(i) for i in range(len(cols))], cols.num_prompt_tokens,
+                                    cols.num_output_tokens, cols.arrival_ns, cols.offsets, cols.hashes)
+    return invocations, report, engine_metadata(path)
+
+
+def _bailian_in_memory(path: Path, engine_id: str):
+    from kmesh_trace.datasets.importers.bailian import FORMAT, bailian_rows, engine_metadata
+    from kmesh_trace.datasets.importers.common import ImportReport
+    from kmesh_trace.oracle.workload import InvocationColumns
+
+    report = ImportReport(FORMAT, str(path), "", engine_id)
+    inv = InvocationColumns([], [], [], [], [0], [], [], [])
+    for row, edge in bailian_rows(path, report):
+        inv.request_id.append(row["request_id"])
+        inv.num_prompt_tokens.append(row["num_prompt_tokens"])
+        inv.num_output_tokens.append(row["num_output_tokens"])
+        inv.arrival_ns.append(row["arrival_ns"])
+        inv.hashes.extend(row["prompt_block_hashes"])
+        inv.hash_offsets.append(len(inv.hashes))
+        inv.family_id.append(row["family_id"])
+        inv.parent_id.append(row["parent_id"])
+        if edge is not None and inv.declared_parents.get(edge["child_request_id"]) is None:
+            inv.declared_parents[edge["child_request_id"]] = edge["parent_request_id"]  # a resolved edge wins
+    return inv, report, engine_metadata(path)
 
 
 @contextmanager
