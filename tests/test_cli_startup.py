@@ -119,7 +119,7 @@ def test_help_and_a_bad_value_import_neither_pydantic_nor_rich():
 
 _VALUES = ["0", "1", "-3", "+4", "007", " 5", "5 ", "12345678901234567890", "1.5", "-0.25", ".5", "1e3", "1_000",
            "nan", "inf", "", "abc", "all", "last-half", "ALL", "Last-Half", "none", "x\x1b[31m", "true", "1,2", "-",
-           "/tmp/x", "~/y", "a b"]
+           "/tmp/x", "~/y", "a b", "-0", "-0.0", "1.", "\u0661\u0662", "0.000000000000001", "999999999999999.5"]
 
 
 def _outcome(runtime, value, param, ctx):

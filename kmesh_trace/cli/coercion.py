@@ -18,7 +18,6 @@ typer's internals are not the ones this module knows (another typer version), no
 
 from __future__ import annotations
 
-import re
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -33,8 +32,20 @@ try:  # typer >= 0.29: the runtime-parameter layer this module plugs into
 except ImportError:  # pragma: no cover - older typer converts with click types, no pydantic
     RuntimeParam = None
 
-_INT = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")  # at most 18 digits: no big-number edge of either parser
-_FLOAT = re.compile(r"-?(?:0|[1-9][0-9]{0,14})(?:\.[0-9]{1,15})?")
+def _digits(text: str, most: int) -> bool:
+    """`text` is 1 to `most` ASCII digits without a leading zero (or is "0")."""
+    return 0 < len(text) <= most and text.isascii() and text.isdigit() and (text == "0" or text[0] != "0")
+
+
+def _canonical_int(text: str) -> bool:
+    """`-12`, `0`, `7`: at most 18 digits, so neither parser meets a big-number edge."""
+    return _digits(text[1:] if text.startswith("-") else text, 18)
+
+
+def _canonical_float(text: str) -> bool:
+    """`0.5`, `-3`, `12.25`: a canonical integer part of at most 15 digits, then at most 15 decimals."""
+    whole, dot, fraction = (text[1:] if text.startswith("-") else text).partition(".")
+    return _digits(whole, 15) and (not dot or (0 < len(fraction) <= 15 and fraction.isascii() and fraction.isdigit()))
 
 
 class _Unsure(Exception):
@@ -59,12 +70,12 @@ def _plain_value(descriptor, value: Any, param, ctx) -> Any:
         raise _Unsure()
     if annotation is str:
         return value
-    if annotation is int and info.clamp is not True and _INT.fullmatch(value):
+    if annotation is int and info.clamp is not True and _canonical_int(value):
         number = int(value)
         if (info.min is None or number >= info.min) and (info.max is None or number <= info.max):
             return number
         raise _Unsure()
-    if annotation is float and info.min is None and info.max is None and _FLOAT.fullmatch(value):
+    if annotation is float and info.min is None and info.max is None and _canonical_float(value):
         return float(value)
     if isinstance(annotation, type) and issubclass(annotation, Enum):
         try:

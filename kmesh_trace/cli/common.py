@@ -40,7 +40,6 @@ from __future__ import annotations
 import errno
 import functools
 import inspect
-import json
 import os
 import sys
 from contextlib import contextmanager
@@ -225,6 +224,7 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
     """Rows (dicts) as CSV with a header line; columns in first-seen order, nested values as JSON."""
     import csv
     import io
+    import json
 
     columns: dict[str, None] = {}
     for r in rows:
