@@ -47,6 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
+from baseline_tree import baseline_command
+
 HERE = Path(__file__).resolve()
 DATASETS = Path(os.environ.get("KMESH_DATASETS") or HERE.parents[2] / "shared" / "datasets")
 BIN = Path(sys.executable).parent
@@ -157,29 +159,8 @@ ARMS = {
 DIRECT = True
 
 
-#: (tree directory, its `kmesh-trace` command) of --baseline, once made.
+#: commit -> its `kmesh-trace` command (`baseline_tree.baseline_command`), for --baseline.
 BASELINE: dict[str, list[str]] = {}
-#: Where each subpackage lives in the repository (pyproject.toml's package-dir).
-PACKAGE_DIRS = ("capture", "audit", "oracle", "native", "datasets")
-
-
-def baseline_command(commit: str, tmp: Path) -> list[str]:
-    """`kmesh-trace` as of `commit`: its tree from `git archive`, laid out as installed (kmesh_trace/oracle, ...),
-    run ahead of this checkout's install (`python -P`, PYTHONPATH)."""
-    root = tmp / f"baseline-{commit}"
-    if not root.exists():
-        root.mkdir()
-        repo = HERE.parents[1]
-        archive = subprocess.run(["git", "-C", str(repo), "archive", commit], capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
-        for d in PACKAGE_DIRS:
-            (root / "kmesh_trace" / d).symlink_to(root / d)
-        for so in (repo / "native").glob("*.so"):
-            (root / "native" / so.name).write_bytes(so.read_bytes())
-    code = "import sys; from kmesh_trace.cli import main; sys.argv[0] = 'kmesh-trace'; main()"
-    return ["env", f"PYTHONPATH={root}", sys.executable, "-P", "-c", code]
-
-
 def run_ours(src: Path, tmp: Path, arm: str = "exact", caps: list[int] | None = None) -> tuple[float, int, dict]:
     arm, _, at = arm.partition("@")
     flags = [f.format(caps=",".join(map(str, caps or []))) for f in ARMS[arm]]

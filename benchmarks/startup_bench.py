@@ -9,7 +9,10 @@ through a pipe: a usage error's `Error:` line, or an analysis' first progress li
 Bytecode: the runs use a private __pycache__ prefix (a temporary directory, warmed by one untimed round),
 as an installed package runs from its .pyc files, even where PYTHONDONTWRITEBYTECODE is set.
 
-    .venv/bin/python benchmarks/startup_bench.py [--rounds 15] [--only help] [--json]
+With `--baseline COMMIT`, every kmesh-trace job also runs as of that commit (benchmarks/baseline_tree.py),
+interleaved in the same rounds: before / after on one load.
+
+    .venv/bin/python benchmarks/startup_bench.py [--rounds 15] [--only help] [--json] [--baseline 96c3b47]
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--only", default="", help="Time only the jobs whose name contains this text (and the baselines).")
     ap.add_argument("--json", action="store_true", help="Also print the results as one JSON line.")
+    ap.add_argument("--baseline", help="Also run every kmesh-trace job as of this commit (before / after).")
     args = ap.parse_args()
     exe = shutil.which("kmesh-trace", path=str(Path(sys.executable).parent)) or "kmesh-trace"
     commands = ["schema", "info", "sql", "import", "capture", "listen", "residency", "headroom", "pressure", "tiers",
@@ -74,6 +78,13 @@ def main() -> int:
         jobs["first line: headroom mooncake.jsonl"] = (until_first_byte, [exe, "headroom", str(MOONCAKE)])
     jobs = {k: v for k, v in jobs.items() if k.startswith("python") or args.only in k}
     with tempfile.TemporaryDirectory(prefix="kmesh-startup-pyc-") as pyc:
+        if args.baseline:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from baseline_tree import baseline_command
+
+            before = baseline_command(args.baseline, Path(pyc) / "trees")
+            jobs.update({f"{k} @{args.baseline}": (how, [*before, *cmd[1:]]) for k, (how, cmd) in jobs.items()
+                         if cmd[0] == exe})
         env = {**os.environ, "PYTHONPYCACHEPREFIX": pyc}
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         for how, cmd in jobs.values():  # one untimed round writes the bytecode
