@@ -60,7 +60,7 @@ class InvocationColumns:
     num_output_tokens: list[int]
     arrival_ns: list[int]
     hash_offsets: list[int]  # row i lists hashes[hash_offsets[i]:hash_offsets[i + 1]]
-    hashes: list[int]
+    hashes: Sequence[int]  # a list, or an array('Q') (8 bytes a hash)
     family_id: list[str | None] | None = None
     parent_id: list[str | None] | None = None
     declared_parents: dict[str, str | None] = field(default_factory=dict)

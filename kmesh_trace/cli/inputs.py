@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import json
+from array import array
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -195,7 +196,7 @@ def _bailian_in_memory(path: Path, engine_id: str):
     from kmesh_trace.oracle.workload import InvocationColumns
 
     report = ImportReport(FORMAT, str(path), "", engine_id)
-    inv = InvocationColumns([], [], [], [], [0], [], [], [])
+    inv = InvocationColumns([], [], [], [], [0], array("Q"), [], [])
     for row, edge in bailian_rows(path, report):
         inv.request_id.append(row["request_id"])
         inv.num_prompt_tokens.append(row["num_prompt_tokens"])
