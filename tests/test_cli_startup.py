@@ -102,15 +102,20 @@ def test_a_command_builds_only_its_own_module():
 
 def test_help_and_a_bad_value_import_neither_pydantic_nor_rich():
     """typer 0.29 converts values through pydantic; kmesh_trace.cli.coercion keeps the common values off it."""
-    for args in (["--help"], ["headroom", "--help"], ["headroom", "--window", "bad"], ["headroom", "--processes", "0"],
-                 ["tiers", "--help"], ["audit", "corpus", "--help"]):
+    from kmesh_trace.cli import COMMANDS
+
+    full = _full_group()
+    paths = [[name] for name, _, _ in COMMANDS]
+    paths += [[n, s] for n, c in full.commands.items() for s in getattr(c, "commands", {})]
+    for args in (["--help"], *([*p, "--help"] for p in paths), ["headroom", "--window", "bad"],
+                 ["headroom", "--processes", "0"], ["tiers", "--write", "bogus"]):
         code = ("import contextlib, io, sys, kmesh_trace.cli as c\n"
                 "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
                 "    try:\n"
                 f"        c._lazy_group().main({args!r}, prog_name='kmesh-trace')\n"
                 "    except SystemExit:\n"
                 "        pass\n"
-                "print(sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'pydantic_core', 'rich', 'msgspec'}))\n")
+                f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY) | {'pydantic', 'pydantic_core', 'rich', 'msgspec'}}))\n")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         assert r.stdout.strip().splitlines()[-1] == "[]", args
 
