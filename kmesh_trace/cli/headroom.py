@@ -95,7 +95,7 @@ def headroom_cmd(
     check_plot_option(plot, [trace, model_config])  # a bad --plot must fail before the replays, not after them
     check_ray_option(ray)
     options.check()
-    with open_input(trace, scenario, engine, allow_incomplete, direct=True) as (t, w):
+    with open_input(trace, scenario, engine, allow_incomplete, direct=ray is None) as (t, w):  # Ray tasks read a trace
         if capacity is not None:
             options = replace(options, capacities=capacities_of_input(capacity, t, w, engine, kv_bytes, model_config))
         w = w or Workload.from_trace(t, engine, requests=options.needs_requests)  # its refusals come first

@@ -88,7 +88,7 @@ def pressure_cmd(
     options = pr.PressureOptions(edges, None if caps is None else tuple(caps), expiry_s, max_held_blocks, max_families,
                                  sweep=sweep_capacity is not None or plot is not None)
     options.check(option)
-    with open_input(trace, scenario, engine, allow_incomplete, direct=True) as (t, w):
+    with open_input(trace, scenario, engine, allow_incomplete, direct=ray is None) as (t, w):  # Ray tasks read a trace
         if t is not None:
             if not isinstance(t, PublicInput):  # a public trace read as it is has requests, never KV events only
                 pr.check_has_requests(t, engine)
