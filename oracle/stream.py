@@ -100,12 +100,10 @@ def token_block_hashes(prompt: Sequence[int], output: Sequence[int] | None, bloc
 
 def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[RequestBlocks]:
     """RequestBlocks from invocation rows (dicts with contract column names), in the order given."""
-    from kmesh_trace.lineage import ParentResolver
-
     block_size = check_block_size(block_size)
     reqs: list[RequestBlocks] = []
     seen: set[str] = set()
-    names = ParentResolver()
+    callers: list[str | None] = []
     parents: list[str | None] = []
     for i, row in enumerate(rows):
         n_prompt = int(row["num_prompt_tokens"])
@@ -118,7 +116,7 @@ def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[
         if prompt_ids is not None:
             prompt_hashes, output_hashes = token_block_hashes(prompt_ids, output_ids, block_size)
         elif listed is not None:
-            prompt_hashes, output_hashes = [int(h) for h in listed], []
+            prompt_hashes, output_hashes = list(map(int, listed)), []
         else:
             raise KmeshTraceError(
                 f"invocation {row.get('request_id')!r} has neither prompt_token_ids nor prompt_block_hashes; "
@@ -138,14 +136,25 @@ def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[
             output_token_ids=None if output_ids is None else list(output_ids),
         ))
         caller = row.get("caller_request_id")
-        names.add(rid, None if caller is None else str(caller))
+        callers.append(None if caller is None else str(caller))
         parents.append(row.get("parent_id"))
+    if any(p is not None for p in parents):  # names are resolved over every request, once all are seen
+        _resolve_parents(reqs, callers, parents)
+    return reqs
+
+
+def _resolve_parents(reqs: list[RequestBlocks], callers: list[str | None], parents: list) -> None:
+    """Each request's `parent_index` from the parent its caller named, by the rule the capture uses."""
+    from kmesh_trace.lineage import ParentResolver
+
+    names = ParentResolver()
+    for r, caller in zip(reqs, callers):
+        names.add(r.request_id, caller)
     index = {r.request_id: r.index for r in reqs}
     for r, parent in zip(reqs, parents):
-        p = names.resolve(parent)  # the caller's name for its parent, by the rule the capture uses
+        p = names.resolve(parent)
         if p is not None and p != r.request_id:
             r.parent_index = index[p]
-    return reqs
 
 
 def set_declared_parents(requests: list[RequestBlocks], parents: dict[str, str | None]) -> None:
