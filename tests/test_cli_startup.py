@@ -182,3 +182,14 @@ def test_plain_conversion_equals_typers_on_every_parameter():
                     (command.name, param.name, value)
                 checked += 1
     assert checked > 1000
+
+
+def test_the_analyses_load_the_compiler_only_when_a_policy_runs():
+    """Checking a headroom run's options names policies without importing their kernels (numba), so an
+    analysis can refuse a bad option, or say what it reads, before the compiler loads."""
+    code = ("from kmesh_trace.oracle import headroom as hr\n"
+            "from kmesh_trace.oracle.policies import POLICIES, get_policy\n"
+            "hr.HeadroomOptions(None, ('lru', 'belady'), False, 'all', None, 1.0).check()\n"
+            "assert list(POLICIES) == ['infinite', 'lru', 'vllm', 'belady', 'belady-prefix']\n")
+    assert "numba" not in _imported_after(code)
+    assert "numba" in _imported_after(code + "get_policy('belady')\n")
