@@ -25,7 +25,12 @@ Hit ratios (not timed): our `belady-prefix` and `lru` against its `optimal` and 
 capacities, last half of the requests, once on the file as given and once on an aligned copy whose
 definitions agree (see `DIFFERENCES`).
 
+With `--baseline COMMIT`, each arm also runs from that commit of this repository (`git archive` into a
+temporary directory, imported ahead of the installed tree, the native library copied from this one), in
+the same rounds: before / after in one run, on one load.
+
     .venv/bin/python benchmarks/oracle_peer_bench.py [--rounds 3] [--agentic-reads 10000000] [--json]
+        [--arms default,same-work] [--baseline 96c3b47]
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from baseline_tree import baseline_command
 
 HERE = Path(__file__).resolve()
 DATASETS = Path(os.environ.get("KMESH_DATASETS") or HERE.parents[2] / "shared" / "datasets")
@@ -152,8 +159,14 @@ ARMS = {
 DIRECT = True
 
 
+#: commit -> its `kmesh-trace` command (`baseline_tree.baseline_command`), for --baseline.
+BASELINE: dict[str, list[str]] = {}
 def run_ours(src: Path, tmp: Path, arm: str = "exact", caps: list[int] | None = None) -> tuple[float, int, dict]:
+    arm, _, at = arm.partition("@")
     flags = [f.format(caps=",".join(map(str, caps or []))) for f in ARMS[arm]]
+    if at:
+        w, m, out = timed([*BASELINE[at], "headroom", str(src), *flags, "--window", "last-half", "--json"])
+        return w, m, json.loads(out)
     if DIRECT:
         w, m, out = timed([str(BIN / "kmesh-trace"), "headroom", str(src), *flags, "--window", "last-half", "--json"])
         return w, m, json.loads(out)
@@ -227,6 +240,7 @@ def bench(name: str, src: Path, rounds: int, n_caps: int, tmp: Path, arms: list[
            "ours_capacities": int(warm["curves"]["lru"]["capacities"][-1]), "peer_s": med(peer, 0),
            "peer_peak_bytes": med(peer, 1), "rounds": rounds, "arms": {}}
     row["peer_bytes_per_read"] = row["peer_peak_bytes"] / reads
+    row["load_average"] = os.getloadavg()
     for arm in arms:
         a = {"ours_s": med(ours[arm], 0), "ours_peak_bytes": med(ours[arm], 1)}
         a["time_ratio"] = a["ours_s"] / row["peer_s"]
@@ -260,6 +274,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--import-first", action="store_true", help="ours as `import` then `headroom` on the trace "
                     "(default: `headroom` on the JSONL file itself)")
+    ap.add_argument("--baseline", help="also run every arm from this commit of the repository (before / after)")
     args = ap.parse_args()
     global DIRECT
     DIRECT = not args.import_first
@@ -273,6 +288,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as d:
         tmp = Path(d)
         arms = [a for a in args.arms.split(",") if a]
+        if args.baseline:
+            BASELINE[args.baseline] = baseline_command(args.baseline, tmp)
+            arms += [f"{a}@{args.baseline}" for a in arms]
         row = bench(args.src.name, args.src, args.rounds, args.num_capacities, tmp, arms)
         report["rows"].append(row)
         report["hit_ratios"] = compare_hits(args.src, row["peer_capacities"], tmp)
@@ -285,11 +303,12 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         return
     for r in report["rows"]:
-        print(f"{r['stream']}: {r['block_reads']:,} block reads, {r['requests']:,} requests; medians of {r['rounds']}")
+        print(f"{r['stream']}: {r['block_reads']:,} block reads, {r['requests']:,} requests; medians of {r['rounds']} "
+              f"(load average at the end {' '.join(f'{x:.2f}' for x in r['load_average'])})")
         print(f"  peer ({len(r['peer_capacities'])} capacities, lru + optimal): {r['peer_s']:.2f} s, "
               f"peak {r['peer_peak_bytes'] / 2**20:,.0f} MiB ({r['peer_bytes_per_read']:.0f} B/read)")
         for arm, a in r["arms"].items():
-            print(f"  ours, {arm} ({' '.join(ARMS[arm]) or 'default policies'}): {a['ours_s']:.2f} s, "
+            print(f"  ours, {arm} ({' '.join(ARMS[arm.partition('@')[0]]) or 'default policies'}): {a['ours_s']:.2f} s, "
                   f"peak {a['ours_peak_bytes'] / 2**20:,.0f} MiB ({a['ours_bytes_per_read']:.0f} B/read); "
                   f"time ours / peer {a['time_ratio']:.3f}, memory {a['memory_ratio']:.3f}")
     for label, rows in report["hit_ratios"].items():

@@ -34,6 +34,16 @@ hits (its *level*), and the hits at capacity c are the accesses of level <= c.
   a last touch), the critical times a min tree over capacities. `tests/belady_stack.py` keeps the
   stack itself as the reference the tests compare against.
 
+  Both trees are kept as small as the stream allows, which is what keeps the time per access flat as
+  the stream grows (their height, and the memory their paths touch, would otherwise grow with the
+  stream and with the objects): the time tree holds a window of slots from the earliest last touch that
+  a counted reuse will still read (the stream's next uses say which); nothing before it is read again,
+  so when the window is full it moves on to there, or doubles when that frees less than half of it.
+  The capacity tree tracks the capacities up to a power of two above the deepest level reached;
+  capacities are created in time order and a capacity not yet tracked has never been critical since its
+  creation, so when a level needs the first untracked one the tree doubles, its new capacities' times
+  recovered from one bit per access (whether it created a capacity at 2t).
+
 Each curve also carries, per capacity, the position sum of its hits so that prefill seconds follow
 from a `PrefillCost` (hits are charged as a cached prefix: a request with h hit blocks computes
 positions [h * block_size, prompt tokens)). Requests before `measure_from` warm the cache but are
@@ -50,7 +60,7 @@ import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.interruptible import run_interruptible
-from kmesh_trace.oracle.stream import AccessStream
+from kmesh_trace.oracle.stream import NEVER, AccessStream
 
 
 @dataclass
@@ -108,12 +118,20 @@ class HitCurve:
 
 
 @numba.njit(cache=True, nogil=True)
-def _lru_levels(obj, eligible, req_start, num_objects, measure_from):  # pragma: no cover (compiled)
+def _grown(hist, top):  # pragma: no cover (compiled)
+    """`hist` (int64) with room for index `top`: at least twice as long, zeros added."""
+    out = np.zeros(max(2 * len(hist), top + 1), np.int64)
+    out[:len(hist)] = hist
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _lru_levels(obj, eligible, req_start, last, measure_from):  # pragma: no cover (compiled)
+    # last[o]: the object's last touch time, 0 = never (zeros, one per object, in integers that hold n).
     n = len(obj)
     tree = np.zeros(n + 1, np.int32)  # Fenwick tree over touch times 1..n: 1 where an object was last touched
-    last = np.zeros(num_objects, np.int64)  # last touch time, 0 = never
-    count = np.zeros(num_objects + 1, np.int64)
-    possum = np.zeros(num_objects + 1, np.int64)
+    count = np.zeros(1025, np.int64)  # by level, grown as levels deepen (a level never exceeds the objects)
+    possum = np.zeros(1025, np.int64)
     live = 0
     clock = 0
     for r in range(len(req_start) - 1):
@@ -133,6 +151,8 @@ def _lru_levels(obj, eligible, req_start, num_objects, measure_from):  # pragma:
             rank = live - s  # objects touched at or after lt
             if rank > m:
                 m = rank
+                if m >= len(count):
+                    count, possum = _grown(count, m), _grown(possum, m)
             if r >= measure_from:
                 count[m] += 1
                 possum[m] += t - a
@@ -171,12 +191,7 @@ def charge_as_prefix(levels, count, possum):  # pragma: no cover (compiled)
     th = np.sort(levels)
     nh = len(th)
     if th[nh - 1] >= len(count):
-        grown = np.zeros(max(2 * len(count), th[nh - 1] + 1), np.int64)
-        grown[:len(count)] = count
-        count = grown
-        grown = np.zeros(len(count), np.int64)
-        grown[:len(possum)] = possum
-        possum = grown
+        count, possum = _grown(count, th[nh - 1]), _grown(possum, th[nh - 1])
     for k in range(nh):
         count[th[k]] += 1
         possum[th[k]] += k
@@ -284,19 +299,94 @@ def _set_critical(tree, csize, c, when):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True, nogil=True)
-def _belady_levels(obj, eligible, req_start, num_objects, measure_from):  # pragma: no cover
-    n = len(obj)
-    nb = 1  # blocks of _BLOCK slots, a power of two
-    while nb * _BLOCK < max(n, 1):
+def _build(sm, ms, slots, nb):  # pragma: no cover (compiled)
+    # Every node of the time tree from its slots, bottom-up.
+    for b in range(nb):
+        s, m, _ = _scan(slots, b * _BLOCK, (b + 1) * _BLOCK, 0)
+        sm[nb + b] = s
+        ms[nb + b] = m
+    for i in range(nb - 1, 0, -1):
+        sr = sm[2 * i + 1]
+        sm[i] = sm[2 * i] + sr
+        ms[i] = min(ms[2 * i] + sr, ms[2 * i + 1])
+
+
+@numba.njit(cache=True, nogil=True)
+def _time_window(sm, ms, slots, nb, base, low, t, next_use, never):  # pragma: no cover (compiled)
+    # The window [base, base + nb * _BLOCK) of slots is full at access t. Its new start is the block of the
+    # earliest last touch that a counted reuse will still read (`low`, found by moving on from the last one:
+    # a live last touch is only ever added at the present); earlier slots are never scanned again. The slots
+    # kept move to the front, into a tree twice as large when they would fill more than half of it.
+    while low < t and not (slots[low - base] & _TOUCH and next_use[low] != never):
+        low += 1
+    start = low - low % _BLOCK
+    keep = t - start
+    if 2 * keep > nb * _BLOCK:
         nb *= 2
+        sm = np.zeros(2 * nb, np.int32)
+        ms = np.full(2 * nb, _INF, np.int32)
+        grown = np.zeros(nb * _BLOCK, np.uint8)
+        grown[:keep] = slots[start - base:t - base]
+        slots = grown
+    else:
+        for j in range(keep):  # forward: the destination is never after the source
+            slots[j] = slots[start - base + j]
+        slots[keep:] = 0
+    _build(sm, ms, slots, nb)
+    return sm, ms, slots, nb, start, low
+
+
+@numba.njit(cache=True, nogil=True)
+def _more_capacities(crit, csize, num_caps, fresh):  # pragma: no cover (compiled)
+    # The capacity tree doubled. Capacities at or above the old size were created without being tracked
+    # (each at its creation time, never critical since: none could be a level yet); their critical times
+    # come back from the accesses that created them (a fresh access creates one at 2u, its dummy one at
+    # 2u + 1, in that order), recorded as one bit per access in `fresh`.
+    old = csize
+    csize *= 2
+    grown = np.full(csize, -1, np.int32)
+    grown[:old] = crit
+    c = 0
+    u = 0
+    while c < min(csize, num_caps):
+        if fresh[u >> 3] >> (u & 7) & 1:
+            if c >= old:
+                grown[c] = 2 * u
+            c += 1
+        if old <= c < csize:
+            grown[c] = 2 * u + 1
+        c += 1
+        u += 1
+    tree = np.full(2 * csize, _INF, np.int32)
+    for c in range(1, min(csize, num_caps)):
+        tree[csize + c] = grown[c]
+    for i in range(csize - 1, 0, -1):
+        tree[i] = min(tree[2 * i], tree[2 * i + 1])
+    return grown, tree, csize
+
+
+#: First sizes of the Belady kernel's two trees (each doubles when it must): blocks of the time window,
+#: and capacities tracked (levels reached + 1; it never exceeds the objects + 2).
+FIRST_BLOCKS = 1 << 10
+FIRST_CAPACITIES = 1 << 12
+
+
+@numba.njit(cache=True, nogil=True)
+def _belady_levels(obj, eligible, next_use, req_start, num_objects, measure_from, never, first_blocks,
+                   first_caps):  # pragma: no cover
+    n = len(obj)
+    nb = first_blocks  # blocks of _BLOCK slots, a power of two: the time window [base, base + nb * _BLOCK)
     sm = np.zeros(2 * nb, np.int32)  # the time tree's nodes: sum, smallest suffix sum after a last touch
     ms = np.full(2 * nb, _INF, np.int32)
     slots = np.zeros(nb * _BLOCK, np.uint8)
-    csize = 1  # capacities 1..num_objects + 1 can be levels (a level never exceeds the objects on the stack)
-    while csize < num_objects + 2:
+    base = 0
+    low = 0
+    csize = 1  # capacities tracked, a power of two (a level never exceeds the objects on the stack + 1)
+    while csize < min(num_objects + 2, first_caps):
         csize *= 2
-    ctree = np.full(2 * csize, _INF, np.int32)  # min tree over capacities of their critical times
+    ctree = np.full(2 * csize, _INF, np.int32)  # min tree over tracked capacities of their critical times
     crit = np.full(csize, -1, np.int32)
+    fresh = np.zeros((n >> 3) + 1, np.uint8)  # one bit per access: it created a capacity at 2t
     last = np.full(num_objects, -1, np.int32)
     nodes = np.empty(64, np.int64)
     after = np.empty(64, np.int64)
@@ -305,24 +395,34 @@ def _belady_levels(obj, eligible, req_start, num_objects, measure_from):  # prag
     for r in range(len(req_start) - 1):
         nh = 0
         for t in range(req_start[r], req_start[r + 1]):
+            if t - base == nb * _BLOCK:
+                sm, ms, slots, nb, base, low = _time_window(sm, ms, slots, nb, base, low, t, next_use, never)
             o = obj[t]
             p = last[o]
             if eligible[t] and p >= 0:  # a counted reuse (next_use[p] == t): its level; then d becomes critical
-                s = _first_balanced(sm, ms, slots, nb, p, nodes, after)
-                i = 1
-                while i < csize:
-                    i = 2 * i if ctree[2 * i] <= s else 2 * i + 1
-                d = i - csize
+                if p < base:
+                    raise ValueError("next_use does not match obj and eligible")
+                s = _first_balanced(sm, ms, slots, nb, p - base, nodes, after) + 2 * base
+                if ctree[1] > s:  # no tracked capacity is critical by s: the smallest untracked one is
+                    d = csize  # (capacities are created in time order, and stay untouched until tracked)
+                    crit, ctree, csize = _more_capacities(crit, csize, num_caps, fresh)
+                else:
+                    i = 1
+                    while i < csize:
+                        i = 2 * i if ctree[2 * i] <= s else 2 * i + 1
+                    d = i - csize
                 thr[nh] = d
                 nh += 1
                 old = crit[d]
-                slots[old >> 1] &= np.uint8(0xFF ^ (_CAP_DUMMY if old & 1 else _CAP_READ))
-                _pull(sm, ms, slots, nb, old >> 1)
+                if old >> 1 >= base:  # an earlier mark lies before the window, where nothing is read again
+                    slots[(old >> 1) - base] &= np.uint8(0xFF ^ (_CAP_DUMMY if old & 1 else _CAP_READ))
+                    _pull(sm, ms, slots, nb, (old >> 1) - base)
                 crit[d] = 2 * t
                 _set_critical(ctree, csize, d, 2 * t)
-                slots[p] &= np.uint8(0xFF ^ _TOUCH)  # the object's last touch moves to t
-                _pull(sm, ms, slots, nb, p)
+                slots[p - base] &= np.uint8(0xFF ^ _TOUCH)  # the object's last touch moves to t
+                _pull(sm, ms, slots, nb, p - base)
             else:  # a fresh object (first access, write, or a read after a write): a new capacity
+                fresh[t >> 3] |= np.uint8(1 << (t & 7))
                 if 0 < num_caps < csize:
                     crit[num_caps] = 2 * t
                     _set_critical(ctree, csize, num_caps, 2 * t)
@@ -331,12 +431,12 @@ def _belady_levels(obj, eligible, req_start, num_objects, measure_from):  # prag
                 crit[num_caps] = 2 * t + 1
                 _set_critical(ctree, csize, num_caps, 2 * t + 1)
             num_caps += 1
-            slots[t] = np.uint8(_DONE | _CAP_READ | _TOUCH | _CAP_DUMMY)
-            _pull(sm, ms, slots, nb, t)
+            slots[t - base] = np.uint8(_DONE | _CAP_READ | _TOUCH | _CAP_DUMMY)
+            _pull(sm, ms, slots, nb, t - base)
             last[o] = t
         if r >= measure_from and nh > 0:
             count, possum = charge_as_prefix(thr[:nh], count, possum)
-    return count, possum
+    return count, possum, nb * _BLOCK, csize  # (the curve; the final sizes of the two trees)
 
 
 def _measured(stream: AccessStream, measure_from: int) -> tuple[int, int]:
@@ -345,18 +445,22 @@ def _measured(stream: AccessStream, measure_from: int) -> tuple[int, int]:
 
 def lru_curve(stream: AccessStream, measure_from: int = 0) -> HitCurve:
     """`lru` at every capacity, counting requests from `measure_from` on."""
-    count, possum = run_interruptible(_lru_levels, stream.obj, stream.eligible, stream.req_start, stream.num_objects,
+    last = np.zeros(stream.num_objects, np.int32 if len(stream) < 2**31 else np.int64)
+    count, possum = run_interruptible(_lru_levels, stream.obj, stream.eligible, stream.req_start, last,
                                       int(measure_from))
     count[0] = possum[0] = 0
     return HitCurve("lru", stream.block_size, count, possum, *_measured(stream, measure_from))
 
 
-def belady_curve(stream: AccessStream, measure_from: int = 0) -> HitCurve:
-    """`belady` at every capacity, counting requests from `measure_from` on."""
+def belady_curve(stream: AccessStream, measure_from: int = 0, *, first_blocks: int = FIRST_BLOCKS,
+                 first_capacities: int = FIRST_CAPACITIES) -> HitCurve:
+    """`belady` at every capacity, counting requests from `measure_from` on (the first sizes of the
+    kernel's trees change its speed only: the tests start them small, so that they grow often)."""
     if len(stream) >= 2**30:  # times 2t + 1 are int32 in the kernel
         raise KmeshTraceError(f"the belady curve handles up to 2^30 block accesses, not {len(stream):,}.")
-    count, possum = run_interruptible(_belady_levels, stream.obj, stream.eligible, stream.req_start, stream.num_objects,
-                                      int(measure_from))
+    count, possum, _, _ = run_interruptible(_belady_levels, stream.obj, stream.eligible, stream.next_use,
+                                            stream.req_start, stream.num_objects, int(measure_from), NEVER,
+                                            int(first_blocks), int(first_capacities))
     return HitCurve("belady", stream.block_size, count, possum, *_measured(stream, measure_from))
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -99,12 +100,10 @@ def token_block_hashes(prompt: Sequence[int], output: Sequence[int] | None, bloc
 
 def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[RequestBlocks]:
     """RequestBlocks from invocation rows (dicts with contract column names), in the order given."""
-    from kmesh_trace.lineage import ParentResolver
-
     block_size = check_block_size(block_size)
     reqs: list[RequestBlocks] = []
     seen: set[str] = set()
-    names = ParentResolver()
+    callers: list[str | None] = []
     parents: list[str | None] = []
     for i, row in enumerate(rows):
         n_prompt = int(row["num_prompt_tokens"])
@@ -117,7 +116,7 @@ def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[
         if prompt_ids is not None:
             prompt_hashes, output_hashes = token_block_hashes(prompt_ids, output_ids, block_size)
         elif listed is not None:
-            prompt_hashes, output_hashes = [int(h) for h in listed], []
+            prompt_hashes, output_hashes = list(map(int, listed)), []
         else:
             raise KmeshTraceError(
                 f"invocation {row.get('request_id')!r} has neither prompt_token_ids nor prompt_block_hashes; "
@@ -137,14 +136,25 @@ def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[
             output_token_ids=None if output_ids is None else list(output_ids),
         ))
         caller = row.get("caller_request_id")
-        names.add(rid, None if caller is None else str(caller))
+        callers.append(None if caller is None else str(caller))
         parents.append(row.get("parent_id"))
+    if any(p is not None for p in parents):  # names are resolved over every request, once all are seen
+        _resolve_parents(reqs, callers, parents)
+    return reqs
+
+
+def _resolve_parents(reqs: list[RequestBlocks], callers: list[str | None], parents: list) -> None:
+    """Each request's `parent_index` from the parent its caller named, by the rule the capture uses."""
+    from kmesh_trace.lineage import ParentResolver
+
+    names = ParentResolver()
+    for r, caller in zip(reqs, callers):
+        names.add(r.request_id, caller)
     index = {r.request_id: r.index for r in reqs}
     for r, parent in zip(reqs, parents):
-        p = names.resolve(parent)  # the caller's name for its parent, by the rule the capture uses
+        p = names.resolve(parent)
         if p is not None and p != r.request_id:
             r.parent_index = index[p]
-    return reqs
 
 
 def set_declared_parents(requests: list[RequestBlocks], parents: dict[str, str | None]) -> None:
@@ -235,6 +245,8 @@ class AccessStream:
 
     @classmethod
     def from_requests(cls, requests: Sequence[RequestBlocks], block_size: int) -> "AccessStream":
+        from kmesh_trace.oracle.stream_index import leading_flags
+
         n_req = len(requests)
         prompt_tokens = np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n_req)
         num_reads = np.fromiter((len(r.prompt_hashes) for r in requests), np.int64, n_req)
@@ -244,22 +256,30 @@ class AccessStream:
         per_req = n_full + n_out
         req_start = np.zeros(n_req + 1, np.int64)
         np.cumsum(per_req, out=req_start[1:])
-        hashes = np.fromiter(
-            (h for r, nf in zip(requests, n_full.tolist()) for h in (*r.prompt_hashes[:nf], *r.output_hashes)),
-            np.uint64, int(req_start[-1]))
+        lists = (x for r, nf in zip(requests, n_full.tolist()) for x in (r.prompt_hashes[:nf], r.output_hashes))
+        hashes = np.fromiter(chain.from_iterable(lists), np.uint64, int(req_start[-1]))
         # Position of each access within its request decides eligibility (the first n_elig).
-        pos = np.arange(len(hashes), dtype=np.int64) - np.repeat(req_start[:-1], per_req)
-        eligible = pos < np.repeat(n_elig, per_req)
-        return cls.from_arrays(block_size, hashes, eligible, req_start, prompt_tokens, num_reads)
+        return cls.from_arrays(block_size, hashes, leading_flags(req_start, n_elig), req_start, prompt_tokens,
+                               num_reads)
 
     @classmethod
     def from_arrays(cls, block_size: int, hashes: np.ndarray, eligible: np.ndarray, req_start: np.ndarray,
                     num_prompt_tokens: np.ndarray, num_reads: np.ndarray) -> "AccessStream":
-        uniq, obj = np.unique(hashes, return_inverse=True)
-        obj = obj.astype(np.int32 if len(uniq) < 2**31 else np.int64)
-        return cls(block_size, obj, eligible.astype(bool, copy=False), next_uses(obj, eligible),
-                   req_start.astype(np.int64), num_prompt_tokens.astype(np.int64), num_reads.astype(np.int64),
-                   len(uniq))
+        """The stream of these accesses: dense object ids numbered as `np.unique` numbers the hashes, and
+        next uses as `next_uses` gives them, from one stable sort (oracle/stream_index.py)."""
+        from kmesh_trace.oracle.stream_index import dense_ids_and_next_uses
+
+        hashes = np.asarray(hashes)
+        eligible = eligible.astype(bool, copy=False)
+        order = np.argsort(hashes, kind="stable")
+        obj = np.empty(len(hashes), np.int32 if len(hashes) < 2**31 else np.int64)  # ids < accesses
+        nxt = np.empty(len(hashes), np.int64)
+        num_objects = dense_ids_and_next_uses(hashes, order, eligible, obj, nxt, NEVER)
+        del order
+        if obj.dtype == np.int64 and num_objects < 2**31:
+            obj = obj.astype(np.int32)
+        return cls(block_size, obj, eligible, nxt, req_start.astype(np.int64), num_prompt_tokens.astype(np.int64),
+                   num_reads.astype(np.int64), int(num_objects))
 
     def tile(self, times: int) -> "AccessStream":
         """The stream repeated `times` times with fresh object ids per copy (a longer, equally shaped

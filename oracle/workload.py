@@ -9,7 +9,9 @@ parents are applied to the requests, the same way for every analysis.
 
 The source is anything with the reading side of a trace (`TraceSource`): `kmesh_trace.trace.Trace`
 (a local directory) and `kmesh_trace.parts.TraceParts` (a pyarrow filesystem, what a Ray task reads).
-A KV-events recording's invocations are rebuilt from its events (`kmesh_trace.oracle.kv_stream`).
+A KV-events recording's invocations are rebuilt from its events (`kmesh_trace.oracle.kv_stream`). A
+public trace read as it is (`kmesh_trace.cli.inputs.PublicInput`) holds its invocations in memory
+(`InvocationColumns`): its workload is built from them the same way, without polars or pyarrow.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 from kmesh_trace import schema
 from kmesh_trace.oracle.stream import AccessStream, RequestBlocks, check_block_size, engine_geometry, requests_from_rows
 
-__all__ = ["TraceSource", "Workload", "location_of"]
+__all__ = ["InvocationColumns", "TraceSource", "Workload", "location_of"]
 
 #: The invocation columns the loader reads (checked against the contract), plus the partition.
 COLUMNS = schema.INVOCATIONS.select(
@@ -43,6 +45,43 @@ class TraceSource(Protocol):
     def block_size(self) -> int | None: ...
 
     def scan(self, name: str): ...
+
+
+@dataclass
+class InvocationColumns:
+    """The invocations of one engine partition held in memory, as an importer would write them (row i is seq
+    i): what `Workload.from_trace` reads from a source that has them (`invocations_in_memory`) instead of its
+    invocations table. Hash-only rows (no token ids, no captured hits, no caller names), as the public
+    formats give them; `declared_parents`: child request id -> parent request id (None: dangling), the
+    declared lineage edges as `kmesh_trace.lineage.declared_parents` reads them back from a trace."""
+
+    request_id: list[str]
+    num_prompt_tokens: list[int]
+    num_output_tokens: list[int]
+    arrival_ns: list[int]
+    hash_offsets: list[int]  # row i lists hashes[hash_offsets[i]:hash_offsets[i + 1]]
+    hashes: Sequence[int]  # a list, or an array('Q') (8 bytes a hash)
+    family_id: list[str | None] | None = None
+    parent_id: list[str | None] | None = None
+    declared_parents: dict[str, str | None] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.request_id)
+
+    def order(self) -> list[int]:
+        """Rows by arrival, then seq: the order `Workload.from_trace` sorts a trace's invocations in."""
+        return sorted(range(len(self)), key=self.arrival_ns.__getitem__)  # stable: ties stay in seq order
+
+    def rows(self, order: Sequence[int], engine: str):
+        """The rows in `order` as the dicts `requests_from_rows` reads (a trace's invocation columns)."""
+        off, hashes, family, parent = self.hash_offsets, self.hashes, self.family_id, self.parent_id
+        for i in order:
+            yield {"request_id": self.request_id[i], "caller_request_id": None, "seq": i,
+                   "family_id": None if family is None else family[i],
+                   "parent_id": None if parent is None else parent[i], "num_expected_children": None,
+                   "num_prompt_tokens": self.num_prompt_tokens[i], "num_output_tokens": self.num_output_tokens[i],
+                   "prompt_token_ids": None, "output_token_ids": None, "prompt_block_hashes": hashes[off[i]:off[i + 1]],
+                   "arrival_ns": self.arrival_ns[i], "finish_ns": None, "num_cached_tokens": None, "engine": engine}
 
 
 @dataclass
@@ -107,6 +146,9 @@ class Workload:
         Ordered by arrival_ns then seq. With `requests=False`, a trace whose invocations list block hashes
         without token ids (imports) is flattened column-wise, without a RequestBlocks per invocation
         (`requests` stays None); one with token ids still builds them (its blocks must be hashed)."""
+        in_memory = getattr(source, "invocations_in_memory", None)
+        if in_memory is not None and not merged:
+            return cls._from_columns(source, in_memory, engine, requests)
         import polars as pl
 
         from kmesh_trace.lineage import declared_parents
@@ -138,6 +180,38 @@ class Workload:
                    num_partitions=n, engine=engine, location=where)
 
 
+    @classmethod
+    def _from_columns(cls, source, columns: InvocationColumns, engine: str | None, requests: bool) -> "Workload":
+        """`from_trace` of a source whose one partition's invocations are in memory: the same workload."""
+        from kmesh_trace.oracle.stream import set_declared_parents
+
+        block_size, usable = engine_geometry(source, engine)
+        order = columns.order()
+        where = location_of(source)
+        if not requests:  # hash-only rows: flattened column-wise, as `_column_stream` flattens a trace's
+            off = np.asarray(columns.hash_offsets, np.int64)
+            flat = np.asarray(columns.hashes, np.uint64)
+            num_reads = np.diff(off)
+            idx = np.asarray(order, np.int64)
+            if not np.array_equal(idx, np.arange(len(idx))):  # rows out of arrival order: gather them
+                num_reads = num_reads[idx]
+                flat = flat[_gather(off[idx], num_reads)]
+            tokens = np.asarray(columns.num_prompt_tokens, np.int64)[idx]
+            return cls(block_size, None, _flat_stream(tokens, num_reads, flat, block_size), usable, None,
+                       num_partitions=len(source.engines), engine=engine, location=where)
+        (engine_id,) = source.engines
+        reqs = requests_from_rows(columns.rows(order, engine_id), block_size)
+        set_declared_parents(reqs, columns.declared_parents)
+        return cls(block_size, reqs, None, usable, edges={}, num_partitions=len(source.engines), engine=engine,
+                   location=where)
+
+
+def _gather(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Positions starts[0]..starts[0]+lengths[0]-1, then those of the next run, ...: runs gathered in order."""
+    firsts = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return firsts + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
 def location_of(source: TraceSource) -> str | None:
     """The trace's directory or URL (`Trace.path`, `TraceParts.location`)."""
     where = getattr(source, "location", None) or getattr(source, "path", None)
@@ -163,6 +237,11 @@ def _column_stream(lf, block_size: int) -> tuple[AccessStream, np.ndarray | None
     num_reads = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
     flat = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
     prompt_tokens = df["num_prompt_tokens"].to_numpy().astype(np.int64)
+    return _flat_stream(prompt_tokens, num_reads, flat, block_size), stock
+
+
+def _flat_stream(prompt_tokens: np.ndarray, num_reads: np.ndarray, flat: np.ndarray, block_size: int) -> AccessStream:
+    """The access stream of hash-only requests: `num_reads[i]` listed hashes each, back to back in `flat`."""
     n_full = np.minimum(num_reads, prompt_tokens // block_size)
     n_elig = np.minimum(num_reads, np.maximum(prompt_tokens - 1, 0) // block_size)
     pos = np.arange(len(flat), dtype=np.int64) - np.repeat(np.cumsum(num_reads) - num_reads, num_reads)
@@ -170,7 +249,7 @@ def _column_stream(lf, block_size: int) -> tuple[AccessStream, np.ndarray | None
     eligible = (pos < np.repeat(n_elig, num_reads))[keep]
     req_start = np.zeros(len(num_reads) + 1, np.int64)
     np.cumsum(n_full, out=req_start[1:])
-    return AccessStream.from_arrays(block_size, flat[keep], eligible, req_start, prompt_tokens, num_reads), stock
+    return AccessStream.from_arrays(block_size, flat[keep], eligible, req_start, prompt_tokens, num_reads)
 
 
 def _lineage_edges(source: TraceSource, engine: str | None, reqs: Sequence[RequestBlocks]) -> dict[str, dict[int, int]]:

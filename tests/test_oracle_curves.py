@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kmesh_trace.oracle.curves import belady_curve, lru_curve
+from kmesh_trace.oracle.curves import HitCurve, belady_curve, lru_curve
 from kmesh_trace.oracle.policies import POLICIES, Workload
 from kmesh_trace.oracle.prefill_cost import PrefillCost
 from kmesh_trace.oracle.stream import requests_from_rows
@@ -50,7 +50,7 @@ def test_curve_equals_the_replay_at_every_capacity(policy, curve):
 
 from belady_stack import stack_belady_curve  # noqa: E402
 
-from kmesh_trace.oracle.stream import AccessStream  # noqa: E402
+from kmesh_trace.oracle.stream import NEVER, AccessStream  # noqa: E402
 
 SHAPES = {  # (distinct objects per access, share of writes, longest request)
     "small-vocabulary": (0.02, 0.1, 6),
@@ -90,10 +90,37 @@ def test_belady_curve_equals_the_priority_stack_on_random_streams(shape):
         s = _random_stream(rng, n, shape)
         start = int(rng.integers(0, s.num_requests))
         for measure_from in (0, start):
-            got, want = belady_curve(s, measure_from), stack_belady_curve(s, measure_from)
-            _same_curve(got, want)
+            want = stack_belady_curve(s, measure_from)
+            _same_curve(belady_curve(s, measure_from), want)
+            # The kernel's trees (time window, tracked capacities) started as small as they go: they move and
+            # grow all the time, which changes nothing.
+            _same_curve(belady_curve(s, measure_from, first_blocks=1, first_capacities=1), want)
         deepest = max(deepest, want.max_level)
     assert deepest > 10  # the streams reach deep levels
+
+
+def test_belady_kernel_window_moves_and_the_capacity_tree_grows():
+    """On a stream whose reuses stay near (a cyclic sweep, fresh ids per pass), the time window moves on
+    instead of growing with the stream; the tracked capacities double up to the deepest level; the curve
+    is the stack's whatever the first sizes."""
+    from kmesh_trace.oracle.curves import _belady_levels
+
+    ring, passes = 600, 40
+    ids = np.concatenate([np.tile(np.arange(ring), 3) + k * ring for k in range(passes)]).astype(np.uint64)
+    n = len(ids)
+    per = np.full(n // 6, 6)
+    s = AccessStream.from_arrays(16, ids, np.ones(n, bool), np.concatenate([[0], np.cumsum(per)]), per * 16 + 1, per)
+    want = stack_belady_curve(s)
+    assert want.max_level >= ring
+    for blocks, caps in ((1, 1), (16, 4), (1 << 10, 1 << 12), (1 << 15, 1 << 20)):
+        count, possum, window, tracked = _belady_levels(s.obj, s.eligible, s.next_use, s.req_start, s.num_objects, 0,
+                                                        NEVER, blocks, caps)
+        got = HitCurve("belady", 16, count, possum, want.num_reads, want.num_prompt_tokens)
+        _same_curve(got, want)
+        assert want.max_level < tracked <= max(2 * want.max_level + 2, caps), (blocks, caps, tracked)
+        # The live reuses span at most two passes (3,600 accesses): a window of 4 x that at most, not the stream.
+        if blocks * 8 < n:
+            assert window <= max(blocks * 8, 4 * 2 * 3 * ring) < n, (blocks, window)
 
 
 @pytest.mark.parametrize("name", ["conversation_trace.jsonl", "synthetic_trace.jsonl"])

@@ -8,8 +8,8 @@ import pytest
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.policies.base import reference_accesses
 from kmesh_trace.oracle.stream import (NEVER, AccessStream, RequestBlocks, chain_block_hashes, engine_geometry,
-                                       num_cached_blocks, num_computed_tokens, pool_capacity, request_blocks,
-                                       requests_from_rows, token_block_hashes)
+                                       next_uses, num_cached_blocks, num_computed_tokens, pool_capacity,
+                                       request_blocks, requests_from_rows, token_block_hashes)
 from kmesh_trace.trace import open_trace
 from kmesh_trace.writer import TraceWriter
 
@@ -68,6 +68,20 @@ def test_stream_matches_plain_reference_and_scan_on_random_requests():
             later = [u for u in range(t + 1, len(flat)) if ids[u] == ids[t]]
             want = later[0] if later and flat[later[0]][1] else NEVER
             assert s.next_use[t] == want
+
+
+def test_stream_ids_and_next_uses_from_one_sort_equal_unique_and_the_vectorised_next_uses():
+    """from_arrays numbers objects and finds next uses from one stable sort (oracle/stream_index.py): the same
+    ids as np.unique's inverse, the same next uses as `next_uses`, on hashes with many repeats and none."""
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        n = int(rng.integers(0, 2000))
+        hashes = rng.integers(0, int(rng.integers(1, 2 * n + 2)), n).astype(np.uint64) * np.uint64(2**40 + 7)
+        eligible = rng.random(n) < 0.7
+        s = AccessStream.from_arrays(16, hashes, eligible, np.array([0, n]), np.array([16 * n]), np.array([n]))
+        uniq, inverse = np.unique(hashes, return_inverse=True)
+        assert s.obj.dtype == np.int32 and np.array_equal(s.obj, inverse) and s.num_objects == len(uniq), trial
+        assert np.array_equal(s.next_use, next_uses(inverse.astype(np.int32), eligible)), trial
 
 
 def test_tile_keeps_copies_independent():

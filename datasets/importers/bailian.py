@@ -6,13 +6,14 @@ at different positions of different prompts name equal block contents, not equal
 The importer re-chains them into prefix hashes (h_i = H(h_{i-1}, id_i)) so that two blocks share
 a hash only when their whole prefixes are equal, which is what a prefix cache can reuse.
 `parent_chat_id` becomes a declared lineage edge; a family is the root of the parent chain.
+`bailian_rows` is the one reader: the import writes its rows, an analysis may read them in memory.
 """
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from kmesh_trace.datasets.importers.common import (
     ROWS_PER_PART,
@@ -23,7 +24,6 @@ from kmesh_trace.datasets.importers.common import (
     require_int,
     require_time_ns,
 )
-from kmesh_trace.writer import TraceWriter
 from kmesh_trace import schema
 
 BLOCK_SIZE = 16
@@ -41,18 +41,42 @@ def chain_hashes(block_ids: list[int]) -> list[int]:
     return out
 
 
+def engine_metadata(src: Path) -> dict:
+    """The engine metadata of an import of `src` (the writer adds its own bookkeeping)."""
+    return {"block_size": BLOCK_SIZE, "engine": "bailian trace",
+            "capture_config": {"format": FORMAT, "source_file": src.name}}
+
+
 def import_bailian(src: str | Path, out: str | Path, *, engine_id: str = "import-bailian",
                    on_bytes: Callable[[int], None] | None = None) -> ImportReport:
+    from kmesh_trace.writer import TraceWriter
+
     src = Path(src)
     report = ImportReport(FORMAT, str(src), str(out), engine_id)
-    writer = TraceWriter(out, engine_id, {"block_size": BLOCK_SIZE, "engine": "bailian trace",
-                                          "capture_config": {"format": FORMAT, "source_file": src.name}},
-                         source=f"import:{FORMAT}")
+    writer = TraceWriter(out, engine_id, engine_metadata(src), source=f"import:{FORMAT}")
     rows: list[dict] = []
+    edges: list[dict] = []
+    for row, edge in bailian_rows(src, report, on_bytes):
+        rows.append(row)
+        if edge is not None:
+            edges.append(edge)
+        if len(rows) >= ROWS_PER_PART:
+            writer.write("invocations", rows)
+            rows.clear()
+    if rows:
+        writer.write("invocations", rows)
+    if edges:
+        writer.write("lineage", edges)
+    writer.update_metadata(num_malformed_lines=report.num_malformed_lines, malformed_lines=report.malformed_lines)
+    writer.close()
+    return report
+
+
+def bailian_rows(src: Path, report: ImportReport, on_bytes=None) -> Iterator[tuple[dict, dict | None]]:
+    """Each valid line's invocation row and its declared lineage edge (None for a root), in file order, every
+    bad line counted in `report` (with the invocations, block hashes and lineage edges read)."""
     family_of: dict[str, str] = {}  # chat id -> root chat id, for parents already seen
     seen: set[str] = set()
-    edges: list[dict] = []
-    seq = 0
     for lineno, rec in iter_records(src, report, on_bytes):
         try:
             chat_id = require_int(rec, "chat_id")
@@ -73,23 +97,14 @@ def import_bailian(src: str | Path, out: str | Path, *, engine_id: str = "import
         pid = None if parent == _ROOT else str(parent)
         family = cid if pid is None else family_of.get(pid, pid)
         family_of[cid] = family
-        rows.append({"request_id": cid, "seq": seq, "family_id": family, "parent_id": pid,
-                     "num_prompt_tokens": n_in, "num_output_tokens": n_out,
-                     "prompt_block_hashes": chain_hashes(ids), "arrival_ns": arrival_ns})
+        row = {"request_id": cid, "seq": report.num_invocations, "family_id": family, "parent_id": pid,
+               "num_prompt_tokens": n_in, "num_output_tokens": n_out,
+               "prompt_block_hashes": chain_hashes(ids), "arrival_ns": arrival_ns}
+        edge = None
         if pid is not None:
-            edges.append({"child_request_id": cid, "parent_request_id": pid if pid in seen else None,
-                          "declared_parent_id": pid, "family_id": family, "edge_kind": schema.EdgeKind.declared.value})
-        seq += 1
+            edge = {"child_request_id": cid, "parent_request_id": pid if pid in seen else None,
+                    "declared_parent_id": pid, "family_id": family, "edge_kind": schema.EdgeKind.declared.value}
+            report.num_lineage_edges += 1
+        report.num_invocations += 1
         report.num_block_hashes += len(ids)
-        if len(rows) >= ROWS_PER_PART:
-            writer.write("invocations", rows)
-            rows.clear()
-    if rows:
-        writer.write("invocations", rows)
-    if edges:
-        writer.write("lineage", edges)
-    report.num_invocations = seq
-    report.num_lineage_edges = len(edges)
-    writer.update_metadata(num_malformed_lines=report.num_malformed_lines, malformed_lines=report.malformed_lines)
-    writer.close()
-    return report
+        yield row, edge

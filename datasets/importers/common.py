@@ -123,6 +123,11 @@ def require_time_ns(rec: dict, key: str, ns_per_unit: int) -> int:
     return ns
 
 
+def hashes_are_u64(hashes: list) -> bool:
+    """Every value is a 64-bit unsigned integer (what `require_hash_list` asks of each), checked at once."""
+    return not hashes or (set(map(type, hashes)) == {int} and min(hashes) >= 0 and max(hashes) < 1 << 64)
+
+
 def require_hash_list(rec: dict, key: str) -> list[int]:
     v = rec.get(key)
     if not isinstance(v, list):

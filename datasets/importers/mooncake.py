@@ -4,26 +4,36 @@ Each line: `timestamp` (ms since the trace start), `input_length` and `output_le
 `hash_ids` (chained prefix hashes of 512-token blocks; the last block may be partial, so
 len(hash_ids) == ceil(input_length / 512)). One invocation per line, in file order; the hashes
 are kept as given (they are already prefix hashes). Output blocks are not listed in the format.
+
+Two readers share one definition of a valid line (`_record_values`) and of a bad one: `import_mooncake`
+writes a trace (Arrow's JSON reader first, the plain line-by-line path when any line is off), and
+`read_mooncake` returns the same rows in memory without pyarrow (msgspec first, then the same plain path),
+for analyses that read the file as it is (`kmesh_trace.cli.inputs`).
 """
 
 from __future__ import annotations
 
+import functools
+from array import array
 from pathlib import Path
-from typing import Callable
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Annotated, Callable, Iterator
 
 from kmesh_trace.jsonl_lines import BOM
 from kmesh_trace.datasets.importers.common import (
+    MAX_INT64,
+    MAX_NS,
     ROWS_PER_PART,
     ImportReport,
     RecordError,
+    hashes_are_u64,
     iter_records,
     require_hash_list,
     require_int,
     require_time_ns,
 )
-from kmesh_trace.writer import TraceWriter
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 BLOCK_SIZE = 512
 FORMAT = "mooncake"
@@ -45,6 +55,20 @@ class _Columns:
 
     def __len__(self) -> int:
         return len(self.lineno)
+
+    def add(self, lineno: int, arrival_ns: int, n_in: int, n_out: int, hashes: list[int]) -> None:
+        self.lineno.append(lineno)
+        self.num_prompt_tokens.append(n_in)
+        self.num_output_tokens.append(n_out)
+        self.arrival_ns.append(arrival_ns)
+        self.hashes.extend(hashes)
+        self.offsets.append(len(self.hashes))
+
+    def extend(self, other: "_Columns") -> None:
+        base = len(self.hashes)
+        for name in ("lineno", "num_prompt_tokens", "num_output_tokens", "arrival_ns", "hashes"):
+            getattr(self, name).extend(getattr(other, name))
+        self.offsets.extend(base + o for o in other.offsets[1:])
 
     def row_hashes(self, i: int) -> list[int]:
         return self.hashes[self.offsets[i]:self.offsets[i + 1]]
@@ -72,6 +96,8 @@ class _Columns:
         self.hashes, self.offsets = hashes, offsets
 
     def table(self, first_seq: int) -> dict:
+        import pyarrow as pa
+
         hashes = pa.ListArray.from_arrays(pa.array(self.offsets, pa.int32()), pa.array(self.hashes, pa.uint64()))
         seq = list(range(first_seq, first_seq + len(self)))
         return {
@@ -84,8 +110,14 @@ class _Columns:
         }
 
 
-_FAST_SCHEMA = pa.schema([("timestamp", pa.float64()), ("input_length", pa.int64()),
-                          ("output_length", pa.int64()), ("hash_ids", pa.list_(pa.uint64()))])
+def _fast_schema() -> "pa.Schema":
+    import pyarrow as pa
+
+    return pa.schema([("timestamp", pa.float64()), ("input_length", pa.int64()),
+                      ("output_length", pa.int64()), ("hash_ids", pa.list_(pa.uint64()))])
+
+
+_FAST_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 _EXACT_NS = 1 << 53
 #: Files up to this size go through the fast path (read whole into memory).
 FAST_PATH_MAX_BYTES = 1 << 30
@@ -96,17 +128,18 @@ def _fast_table(data: bytes) -> pa.Table | None:
 
     None sends the file down the plain line-by-line path, which names every bad line: the fast path
     only ever handles files in which every non-blank line is a valid record."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
     try:
         t = pj.read_json(pa.BufferReader(data), parse_options=pj.ParseOptions(
-            explicit_schema=_FAST_SCHEMA, unexpected_field_behavior="ignore"))
+            explicit_schema=_fast_schema(), unexpected_field_behavior="ignore"))
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None
-    if any(t.column(c).null_count for c in _FAST_SCHEMA.names):
+    if any(t.column(c).null_count for c in _FAST_FIELDS):
         return None
-    ts, n_in, n_out, hashes = (t.column(c) for c in _FAST_SCHEMA.names)
+    ts, n_in, n_out, hashes = (t.column(c) for c in _FAST_FIELDS)
     need = pc.divide(pc.add(n_in, BLOCK_SIZE - 1), BLOCK_SIZE)
     # Below 2**53 ns the float product is exact for every integer timestamp, as the plain path's integer
     # arithmetic is; beyond it (over 104 days) the plain path decides.
@@ -159,14 +192,20 @@ def _line_counts(data: bytes) -> tuple[int, int] | None:
     return len(lines), num_blank
 
 
+def engine_metadata(src: Path) -> dict:
+    """The engine metadata of an import of `src` (the writer adds its own bookkeeping)."""
+    return {"block_size": BLOCK_SIZE, "engine": "mooncake trace",
+            "capture_config": {"format": FORMAT, "source_file": src.name}}
+
+
 def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "import-mooncake",
                     on_bytes: Callable[[int], None] | None = None, fast: bool = True) -> ImportReport:
     """Import one Mooncake JSONL file; `fast=False` forces the plain line-by-line reference path."""
+    from kmesh_trace.writer import TraceWriter
+
     src = Path(src)
     report = ImportReport(FORMAT, str(src), str(out), engine_id)
-    writer = TraceWriter(out, engine_id, {"block_size": BLOCK_SIZE, "engine": "mooncake trace",
-                                          "capture_config": {"format": FORMAT, "source_file": src.name}},
-                         source=f"import:{FORMAT}")
+    writer = TraceWriter(out, engine_id, engine_metadata(src), source=f"import:{FORMAT}")
     if fast and src.is_file() and src.stat().st_size <= FAST_PATH_MAX_BYTES:
         data = src.read_bytes()
         counts = _line_counts(data)
@@ -184,47 +223,122 @@ def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "impor
             writer.update_metadata(num_malformed_lines=0, malformed_lines=[])
             writer.close()
             return report
+    for cols in _plain_batches(src, report, on_bytes):
+        writer.write("invocations", cols.table(report.num_invocations))
+        report.num_invocations += len(cols)
+        report.num_block_hashes += len(cols.hashes)
+    writer.update_metadata(num_malformed_lines=report.num_malformed_lines, malformed_lines=report.malformed_lines)
+    writer.close()
+    return report
+
+
+def read_mooncake(src: str | Path, *, engine_id: str = "import-mooncake", fast: bool = True) -> tuple[_Columns, ImportReport]:
+    """The rows `import_mooncake` would write (in file order: row i is seq i) and its report, read into memory
+    without pyarrow: msgspec decodes the lines when every one is plainly valid, else the plain path decides.
+    The hashes come as one array('Q') (8 bytes each, not a Python int each)."""
+    src = Path(src)
+    report = ImportReport(FORMAT, str(src), "", engine_id)
+    if fast and src.is_file() and src.stat().st_size <= FAST_PATH_MAX_BYTES:
+        data = src.read_bytes()
+        counts = _line_counts(data)
+        cols = _decoded_columns(data, counts[0] - counts[1]) if counts is not None else None
+        if cols is not None:
+            report.num_lines, report.num_blank_lines = counts
+            report.num_invocations, report.num_block_hashes = len(cols), len(cols.hashes)
+            return cols, report
+    cols = _Columns()
+    cols.hashes = array("Q")  # checked: every hash is a 64-bit unsigned integer
+    for batch in _plain_batches(src, report, None):
+        cols.extend(batch)
+        report.num_invocations += len(batch)
+        report.num_block_hashes += len(batch.hashes)
+    return cols, report
+
+
+def _record_values(rec: dict) -> tuple[int, int, int, list]:
+    """(arrival_ns, input tokens, output tokens, hash_ids) of a valid record; RecordError says what is wrong."""
+    arrival_ns = require_time_ns(rec, "timestamp", 1_000_000)
+    n_in = require_int(rec, "input_length", minimum=1)
+    n_out = require_int(rec, "output_length")
+    hashes = rec.get("hash_ids")
+    if type(hashes) is not list:
+        raise RecordError("field hash_ids missing or not a list")
+    if len(hashes) != -(-n_in // BLOCK_SIZE):
+        raise RecordError(f"hash_ids has {len(hashes)} entries but input_length {n_in} needs {-(-n_in // BLOCK_SIZE)}")
+    return arrival_ns, n_in, n_out, hashes
+
+
+def _plain_batches(src: Path, report: ImportReport, on_bytes) -> Iterator[_Columns]:
+    """The plain line-by-line path: the valid rows in batches of ROWS_PER_PART, every bad line reported (a
+    line whose hashes are not all 64-bit unsigned integers after its batch's other faults: a batch's hashes
+    are checked at once, then value by value only when that fails)."""
     cols = _Columns()
 
-    def flush() -> None:
-        # Fast path: Arrow checks every hash of the batch at once; only a failing batch is re-checked
-        # value by value to name its bad lines.
-        try:
-            table = cols.table(report.num_invocations)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+    def checked() -> _Columns:
+        if not hashes_are_u64(cols.hashes):
             bad = cols.bad_rows()
             for i in bad:
                 report.malformed(f"{src.name}:{cols.lineno[i]}", "field hash_ids holds a value that is not a 64-bit unsigned integer")
             cols.drop(bad)
-            table = cols.table(report.num_invocations)
-        writer.write("invocations", table)
-        report.num_invocations += len(cols)
-        report.num_block_hashes += len(cols.hashes)
-        cols.clear()
+        return cols
 
     for lineno, rec in iter_records(src, report, on_bytes):
         try:
-            arrival_ns = require_time_ns(rec, "timestamp", 1_000_000)
-            n_in = require_int(rec, "input_length", minimum=1)
-            n_out = require_int(rec, "output_length")
-            hashes = rec.get("hash_ids")
-            if type(hashes) is not list:
-                raise RecordError("field hash_ids missing or not a list")
-            if len(hashes) != -(-n_in // BLOCK_SIZE):
-                raise RecordError(f"hash_ids has {len(hashes)} entries but input_length {n_in} needs {-(-n_in // BLOCK_SIZE)}")
+            values = _record_values(rec)
         except RecordError as e:
             report.malformed(f"{src.name}:{lineno}", str(e))
             continue
-        cols.lineno.append(lineno)
-        cols.num_prompt_tokens.append(n_in)
-        cols.num_output_tokens.append(n_out)
-        cols.arrival_ns.append(arrival_ns)
-        cols.hashes.extend(hashes)
-        cols.offsets.append(len(cols.hashes))
+        cols.add(lineno, *values)
         if len(cols) >= ROWS_PER_PART:
-            flush()
+            yield checked()
+            cols = _Columns()
     if len(cols):
-        flush()
-    writer.update_metadata(num_malformed_lines=report.num_malformed_lines, malformed_lines=report.malformed_lines)
-    writer.close()
-    return report
+        yield checked()
+
+
+def _decoded_columns(data: bytes, num_records: int) -> _Columns | None:
+    """Every record of `data` decoded by msgspec; None when any line is not plainly valid (the plain path then
+    decides, and names the bad lines).
+
+    Only lines that `_line_counts` found to be one `{...}` each come here, and only a file with exactly one
+    `{` and one `[` per record (no nesting beyond the hash list, no braces in strings) is decoded: msgspec and
+    Python's json then read every line to the same values (both keep a repeated key's last value). msgspec
+    checks the types and ranges that `_record_values` asks for (`_record_type`); the arrival time and the
+    hash count are checked here as `_record_values` checks them (tests/test_import_mooncake_paths.py compares
+    the two readers)."""
+    import msgspec
+
+    if data.count(b"{") != num_records or data.count(b"[") != num_records:
+        return None
+    decode = msgspec.json.Decoder(_record_type()).decode
+    cols = _Columns()
+    cols.hashes = array("Q")  # 8 bytes a hash; one of 2**64 or more cannot be stored (OverflowError)
+    lines = data.split(b"\n")
+    if lines and lines[0].startswith(BOM):
+        lines[0] = lines[0][len(BOM):]
+    try:
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip(_JSON_WS):
+                continue
+            r = decode(line)
+            arrival_ns = round(r.timestamp * 1_000_000)  # as require_time_ns: an infinite product raises here
+            if abs(arrival_ns) > MAX_NS or len(r.hash_ids) != -(-r.input_length // BLOCK_SIZE):
+                return None
+            cols.add(lineno, arrival_ns, r.input_length, r.output_length, r.hash_ids)
+    except (msgspec.DecodeError, OverflowError, ValueError):
+        return None
+    return cols
+
+
+@functools.lru_cache(maxsize=None)
+def _record_type() -> type:
+    """The fields `_record_values` reads, as msgspec decodes them (made on first use: msgspec loads only for
+    the in-memory reader). Strict types: a float count or a bool is no int here, so such a file goes the
+    plain way, which accepts 16.0 as 16 and refuses true. The bounds are `_record_values`'."""
+    import msgspec
+
+    return msgspec.defstruct("Record", [
+        ("timestamp", int | float),  # no bool; a number beyond a float's range is refused
+        ("input_length", Annotated[int, msgspec.Meta(ge=1, le=MAX_INT64)]),
+        ("output_length", Annotated[int, msgspec.Meta(ge=0, le=MAX_INT64)]),
+        ("hash_ids", list[Annotated[int, msgspec.Meta(ge=0)]])])  # below 2**64: the array('Q') they go to

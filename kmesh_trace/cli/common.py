@@ -40,7 +40,6 @@ from __future__ import annotations
 import errno
 import functools
 import inspect
-import json
 import os
 import sys
 from contextlib import contextmanager
@@ -154,7 +153,7 @@ def progress(transient: bool = True):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=err, transient=transient)
+                    TimeRemainingColumn(), console=err.console, transient=transient)
 
 
 # ---- output options and exit codes ---------------------------------------------------------------
@@ -225,6 +224,7 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
     """Rows (dicts) as CSV with a header line; columns in first-seen order, nested values as JSON."""
     import csv
     import io
+    import json
 
     columns: dict[str, None] = {}
     for r in rows:
@@ -241,11 +241,11 @@ def emit(output: Output, data: Any, *, rows: list[dict[str, Any]] | None = None,
          render: Callable[[], None] | None = None) -> None:
     """Deliver a command's result as the user asked: `data` (JSON-able) for --json and --out, `rows` (the
     result's table) for --csv, `render()` (rich tables) otherwise."""
-    from kmesh_trace.writer import atomic_output
-
     if output.csv and rows is None:
         raise KmeshTraceError("this result is not one table; use --json.")
     if output.out is not None:
+        from kmesh_trace.writer import atomic_output  # pyarrow: only when a file is written
+
         text = csv_text(rows) if output.csv else json_text(data) + "\n"
         with atomic_output(output.out) as tmp:
             tmp.write_text(text)
@@ -324,14 +324,23 @@ def build_scenario(scenario):
 
 
 @contextmanager
-def open_input(trace, scenario, engine: str | None, allow_incomplete: bool):
+def open_input(trace, scenario, engine: str | None, allow_incomplete: bool, *, direct: bool = False):
     """(the opened trace, None) for a TRACE argument, checked as every analysis checks it (requests, a
     complete capture), or (None, its Workload) for a --scenario; the trace stays open inside the block.
     TRACE may be a public trace read as it is (a Mooncake or Bailian JSONL file, a weka or lmcache-agent
-    directory: `kmesh_trace.cli.inputs`)."""
+    directory: `kmesh_trace.cli.inputs`). With `direct`, for a command that reads only the workload, the
+    engine metadata and the notes below, a format that `read_directly` reads comes as its `PublicInput`
+    (in memory, complete, with requests) instead of an imported trace."""
     if scenario is not None:
         yield None, build_scenario(scenario)
         return
+    if direct:
+        from kmesh_trace.cli.inputs import read_directly
+
+        public = read_directly(trace, on_import=err.print)
+        if public is not None:
+            yield public, None
+            return
     from kmesh_trace.audit.capture import check_complete
     from kmesh_trace.cli.inputs import open_as_trace
     from kmesh_trace.trace import check_has_requests
@@ -357,6 +366,8 @@ def progress_of(executor, label: str, *, always: bool = False):
 
 def approximate_tokens_note(trace) -> str | None:
     """Say on stderr (and return) that a trace's token ids are an importer's approximation, when they are."""
+    if not any(m.get("token_ids_approximate") for m in trace.engines.values()):
+        return None  # as approximate_tokens says, without loading kmesh_trace.trace (polars, pyarrow, duckdb)
     from kmesh_trace.trace import approximate_tokens
 
     note = approximate_tokens(trace)

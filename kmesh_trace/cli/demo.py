@@ -7,8 +7,6 @@ from enum import Enum
 from pathlib import Path
 
 import typer
-from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import err, handles_errors, out, print_json
@@ -45,12 +43,13 @@ def demo_cmd(
     from kmesh_trace.datasets.workloads.agent import agent_workload
     from kmesh_trace.apps.demo import Progress as Callbacks
     from kmesh_trace.apps.demo import run_demo
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     warnings.filterwarnings("ignore")
     size = size.value
     total = len(agent_workload(size=size).requests)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=False) as bar:
+                  TimeElapsedColumn(), console=err.console, transient=False) as bar:
         tasks: dict[str, int] = {}
 
         def stage(name: str) -> None:
@@ -80,6 +79,8 @@ def _table(title: str, columns: list[str], rows: list[list], justify_from: int =
 
 
 def render(report: dict) -> None:
+    from rich.panel import Panel
+
     w = report["workload"]
     out.print(Panel(
         f"{w['num_requests']} requests: {w['num_families']} families ({w['num_children']} children) and "

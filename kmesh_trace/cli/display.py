@@ -21,14 +21,13 @@ Use: `from kmesh_trace.cli.display import Table, out, err` (also re-exported by
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich import box as rich_box
-from rich.console import Console, ConsoleOptions, Group, RenderResult
-from rich.cells import cell_len
-from rich.measure import Measurement
-from rich.table import Table as RichTable
-from rich.text import Text
+if TYPE_CHECKING:  # rich is imported when something is printed, not when a command module loads
+    from rich.console import Console, ConsoleOptions, Group, RenderResult
+    from rich.measure import Measurement
+    from rich.table import Table as RichTable
+    from rich.text import Text
 
 __all__ = ["SafeConsole", "Table", "err", "out", "visible", "visible_line"]
 
@@ -56,27 +55,83 @@ def visible_line(value: Any) -> str:
     return str(value).translate(_VISIBLE_KEEP_NEWLINE)
 
 
-class SafeConsole(Console):
-    """A rich Console that never interprets text: no markup, no emoji codes, no highlighting, and every
-    string (printed, a table cell, a title, a progress description) made `visible_line` first."""
-
-    def __init__(self, **kwargs):
-        super().__init__(markup=False, emoji=False, highlight=False, **kwargs)
-
-    def render_str(self, text: str, **kwargs) -> Text:  # every str this console renders comes here
-        kwargs.update(markup=False, emoji=False, highlight=False)
-        return super().render_str(visible_line(text), **kwargs)
+_SAFE_CONSOLE = None
 
 
-out = SafeConsole(soft_wrap=True)  # data
-err = SafeConsole(stderr=True)  # progress, decoration, errors
+def _safe_console_class():
+    """`SafeConsole`, defined on first use: rich (~60 ms to import) loads when a command prints, not when
+    `kmesh-trace --help` or a command module is imported."""
+    global _SAFE_CONSOLE
+    if _SAFE_CONSOLE is None:
+        from rich.console import Console
+
+        class SafeConsole(Console):
+            """A rich Console that never interprets text: no markup, no emoji codes, no highlighting, and every
+            string (printed, a table cell, a title, a progress description) made `visible_line` first."""
+
+            def __init__(self, **kwargs):
+                super().__init__(markup=False, emoji=False, highlight=False, **kwargs)
+
+            def render_str(self, text: str, **kwargs) -> Text:  # every str this console renders comes here
+                kwargs.update(markup=False, emoji=False, highlight=False)
+                return super().render_str(visible_line(text), **kwargs)
+
+        SafeConsole.__module__ = __name__
+        _SAFE_CONSOLE = SafeConsole
+    return _SAFE_CONSOLE
+
+
+def __getattr__(name: str):
+    if name == "SafeConsole":
+        return _safe_console_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _OnFirstUse:
+    """A SafeConsole made when first used: every attribute (`print`, `file`, `width`, ...) is the console's.
+    `console` is the console itself, for rich objects that take one (`Progress(console=err.console)`)."""
+
+    __slots__ = ("_options", "_made")
+
+    def __init__(self, **options):
+        object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_made", None)
+
+    @property
+    def console(self):
+        made = object.__getattribute__(self, "_made")
+        if made is None:
+            made = _safe_console_class()(**object.__getattribute__(self, "_options"))
+            object.__setattr__(self, "_made", made)
+        return made
+
+    @property
+    def __dict__(self):  # the console's: what is set here (a test's monkeypatch) is set, and restored, there
+        return self.console.__dict__
+
+    def __getattr__(self, name):
+        return getattr(self.console, name)
+
+    def __setattr__(self, name, value):
+        setattr(self.console, name, value)
+
+    def __delattr__(self, name):
+        delattr(self.console, name)
+
+
+out = _OnFirstUse(soft_wrap=True)  # data
+err = _OnFirstUse(stderr=True)  # progress, decoration, errors
 
 
 def _longest_word(text: str) -> int:
+    from rich.cells import cell_len
+
     return max((cell_len(w) for w in text.split()), default=0)
 
 
 def _cell(value: Any) -> Text:
+    from rich.text import Text
+
     return value if isinstance(value, Text) else Text(visible(value))
 
 
@@ -113,6 +168,11 @@ class Table:
         Each column gets at least its longest word (a right-justified value, a number: the whole value);
         the room left is shared in proportion to what each column would need to print unwrapped. Widths
         are fixed here because rich's own reduction cuts inside words."""
+        from rich import box as rich_box
+        from rich.cells import cell_len
+        from rich.table import Table as RichTable
+        from rich.text import Text
+
         t = RichTable(show_header=self.show_header, box=self.box or rich_box.HEAVY_HEAD, pad_edge=self.box is None)
         texts = [[_cell(r[i]).plain for r in self.rows] for i in range(len(self.columns))]
         least, most = [], []
@@ -139,6 +199,10 @@ class Table:
 
     def _records(self, width: int) -> Group:
         """One record per row: a rule naming it, then `field  value` lines (values wrap, never cut)."""
+        from rich.console import Group
+        from rich.table import Table as RichTable
+        from rich.text import Text
+
         parts: list[Any] = []
         key_width = max((len(c.header) for c in self.columns), default=0)
         for i, r in enumerate(self.rows, 1):
@@ -157,6 +221,8 @@ class Table:
         return Group(*parts)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        from rich.text import Text
+
         if self.title is not None:
             yield Text(visible(self.title), style="italic")
         full = [c.header for c in self.columns]
@@ -178,11 +244,15 @@ class Table:
             yield Text(visible(self.caption), style="dim")
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        from rich.measure import Measurement
+
         return Measurement(1, options.max_width)
 
 
 def say(*parts: Any, console: Console | None = None, style: str | None = None) -> None:
     """Print one line made of `parts` (joined by nothing), every part shown as text."""
+    from rich.text import Text
+
     (console or out).print(Text("".join(visible_line(p) for p in parts), style=style or ""))
 
 

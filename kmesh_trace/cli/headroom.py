@@ -95,7 +95,7 @@ def headroom_cmd(
     check_plot_option(plot, [trace, model_config])  # a bad --plot must fail before the replays, not after them
     check_ray_option(ray)
     options.check()
-    with open_input(trace, scenario, engine, allow_incomplete) as (t, w):
+    with open_input(trace, scenario, engine, allow_incomplete, direct=ray is None) as (t, w):  # Ray tasks read a trace
         if capacity is not None:
             options = replace(options, capacities=capacities_of_input(capacity, t, w, engine, kv_bytes, model_config))
         w = w or Workload.from_trace(t, engine, requests=options.needs_requests)  # its refusals come first
@@ -115,9 +115,9 @@ def headroom_cmd(
 
 def _emit(res, plot, output, render_human) -> None:
     """Write the plot, print the notes (the approximate-token note was said already), emit the result."""
-    from kmesh_trace.apps.plots import plot_headroom, plot_headroom_curve
-
     if plot is not None:
+        from kmesh_trace.apps.plots import plot_headroom, plot_headroom_curve
+
         (plot_headroom_curve if hasattr(res, "curves") else plot_headroom)(res, plot)
         err.print(f"wrote {plot}")
     for note in res.notes:
@@ -146,8 +146,11 @@ def render(d: dict) -> None:
 def _fitted(trace, engine):
     """The prefill cost fitted to a capture's measured prefills (`oracle.headroom.fitted_prefill`), said on
     stderr: the fit's quality, and why there are no seconds when it is not usable."""
-    from kmesh_trace.oracle.headroom import fitted_prefill
+    from kmesh_trace.cli.inputs import PublicInput
+    from kmesh_trace.oracle.headroom import FittedPrefill, fitted_prefill
 
+    if isinstance(trace, PublicInput):  # read as it is: no prefill timings, as its import would have none
+        return FittedPrefill(None, None, "an import has no prefill timings; give --prefill-tokens-per-s for seconds")
     fitted = fitted_prefill(trace, engine)
     fit, why = fitted.fit, fitted.why
     if fit is not None:

@@ -8,17 +8,24 @@ import` stays for users who want the Parquet to query (`kmesh-trace sql`) or to 
 The format is recognised from the input itself (`sniff`): a trace directory holds the writer's
 marker file; a JSONL file's first record names its format by its fields; a directory of `.json`
 files is weka, one of `.jsonl` files (one level down) lmcache-agent.
+
+An analysis that reads only the workload (headroom) takes a Mooncake or Bailian JSONL file without the
+temporary trace: `read_directly` reads it into memory (`PublicInput`, the importer's own reader and checks, every
+bad line counted as the import counts it), and the workload is built from it as from the imported trace
+(`kmesh_trace.oracle.workload.InvocationColumns`) -- the same numbers, without polars, pyarrow or duckdb.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+from array import array
 import shutil
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from kmesh_trace.errors import InputFormatError
 
@@ -52,9 +59,9 @@ def importer(fmt: str) -> Callable:
 
 def sniff(path: Path) -> str | None:
     """The public format `path` holds, or None for a trace directory; one sentence when it is neither."""
-    from kmesh_trace.writer import ENGINES_DIR, MARKER
-
     if path.is_dir():
+        from kmesh_trace.writer import ENGINES_DIR, MARKER  # pyarrow: only for a directory, never for a JSONL file
+
         if (path / MARKER).is_file() or (path / ENGINES_DIR).is_dir():
             return None
         if any(p.suffix.lower() == ".json" and p.is_file() for p in path.iterdir()):
@@ -105,17 +112,103 @@ def imported(path: Path, fmt: str, *, on_import: Callable[[str], None] | None = 
     out = Path(d) / "trace"
     try:
         report = importer(fmt)(path, out, engine_id=f"import-{fmt}")
-        if report.num_invocations == 0:
-            raise InputFormatError(f"{path} holds no request readable as {fmt} input "
-                                   f"({report.num_malformed_lines:,} malformed); `kmesh-trace import {fmt}` says why.")
+        _check_read(report, path, fmt)
     except BaseException:
         shutil.rmtree(d, ignore_errors=True)
         raise
     if on_import is not None:
-        bad = f", {report.num_malformed_lines:,} malformed lines skipped" if report.num_malformed_lines else ""
-        on_import(f"read {path} as {fmt} input: {report.num_invocations:,} requests{bad} (`kmesh-trace import "
-                  f"{fmt}` keeps the trace for SQL)")
+        on_import(_read_line(report, path, fmt))
     return d, out
+
+
+def _check_read(report, path: Path, fmt: str) -> None:
+    if report.num_invocations == 0:
+        raise InputFormatError(f"{path} holds no request readable as {fmt} input "
+                               f"({report.num_malformed_lines:,} malformed); `kmesh-trace import {fmt}` says why.")
+
+
+def _read_line(report, path: Path, fmt: str) -> str:
+    """What an analysis says on stderr about the public trace it read."""
+    bad = f", {report.num_malformed_lines:,} malformed lines skipped" if report.num_malformed_lines else ""
+    return (f"read {path} as {fmt} input: {report.num_invocations:,} requests{bad} (`kmesh-trace import "
+            f"{fmt}` keeps the trace for SQL)")
+
+
+@dataclass
+class PublicInput:
+    """A public trace read into memory, with the reading side of an imported trace that the workload needs:
+    one engine partition (`engines`, its metadata as the import writes it) and its invocations
+    (`invocations_in_memory`). Complete by construction, with no prefill timings (as an import)."""
+
+    path: Path
+    format: str
+    engines: dict[str, dict[str, Any]]
+    invocations_in_memory: Any  # kmesh_trace.oracle.workload.InvocationColumns
+    location: str | None = field(default=None)  # no trace directory: tasks get the workload itself
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        (meta,) = self.engines.values()
+        return meta
+
+    @property
+    def block_size(self) -> int | None:
+        return self.metadata.get("block_size")
+
+
+#: The formats `read_directly` reads into memory.
+DIRECT_FORMATS = ("mooncake", "bailian")
+
+
+def read_directly(path: str | Path, *, on_import: Callable[[str], None] | None = None) -> PublicInput | None:
+    """`path` read into memory when it is a public trace of a DIRECT_FORMATS format, else None (a trace
+    directory, or a format that goes through the import). `on_import(line)` hears what was read, as from
+    `imported`; a file with no readable request is the same error."""
+    path = Path(path)
+    if "://" in str(path) or not path.is_file() or path.suffix.lower() == ".json":
+        return None
+    fmt = sniff(path)
+    if fmt not in DIRECT_FORMATS:
+        return None
+    engine_id = f"import-{fmt}"
+    invocations, report, metadata = (_mooncake_in_memory if fmt == "mooncake" else _bailian_in_memory)(path, engine_id)
+    _check_read(report, path, fmt)
+    meta = {**metadata, "engine_id": engine_id, "source": f"import:{fmt}", "complete": True,
+            "num_malformed_lines": report.num_malformed_lines, "malformed_lines": report.malformed_lines}
+    if on_import is not None:
+        on_import(_read_line(report, path, fmt))
+    return PublicInput(path, fmt, {engine_id: meta}, invocations)
+
+
+def _mooncake_in_memory(path: Path, engine_id: str):
+    from kmesh_trace.datasets.importers.mooncake import engine_metadata, read_mooncake
+    from kmesh_trace.oracle.workload import InvocationColumns
+
+    cols, report = read_mooncake(path, engine_id=engine_id)
+    invocations = InvocationColumns([str(i) for i in range(len(cols))], cols.num_prompt_tokens,
+                                    cols.num_output_tokens, cols.arrival_ns, cols.offsets, cols.hashes)
+    return invocations, report, engine_metadata(path)
+
+
+def _bailian_in_memory(path: Path, engine_id: str):
+    from kmesh_trace.datasets.importers.bailian import FORMAT, bailian_rows, engine_metadata
+    from kmesh_trace.datasets.importers.common import ImportReport
+    from kmesh_trace.oracle.workload import InvocationColumns
+
+    report = ImportReport(FORMAT, str(path), "", engine_id)
+    inv = InvocationColumns([], [], [], [], [0], array("Q"), [], [])
+    for row, edge in bailian_rows(path, report):
+        inv.request_id.append(row["request_id"])
+        inv.num_prompt_tokens.append(row["num_prompt_tokens"])
+        inv.num_output_tokens.append(row["num_output_tokens"])
+        inv.arrival_ns.append(row["arrival_ns"])
+        inv.hashes.extend(row["prompt_block_hashes"])
+        inv.hash_offsets.append(len(inv.hashes))
+        inv.family_id.append(row["family_id"])
+        inv.parent_id.append(row["parent_id"])
+        if edge is not None and inv.declared_parents.get(edge["child_request_id"]) is None:
+            inv.declared_parents[edge["child_request_id"]] = edge["parent_request_id"]  # a resolved edge wins
+    return inv, report, engine_metadata(path)
 
 
 @contextmanager

@@ -107,7 +107,7 @@ def listen_cmd(
         if live:
             from rich.live import Live
 
-            with Live(live_table(listener, None), console=err, auto_refresh=False) as view:
+            with Live(live_table(listener, None), console=err.console, auto_refresh=False) as view:
                 listener.run(on_tick=lambda: view.update(live_table(listener, True), refresh=True), tick_s=live_s,
                              duration_s=duration_s)
         else:

@@ -69,6 +69,7 @@ def pressure_cmd(
 
     One capacity gives the detailed report; several (--capacity-blocks 64,96,128) a sweep table."""
     from kmesh_trace.oracle import pressure as pr
+    from kmesh_trace.cli.inputs import PublicInput
     from kmesh_trace.oracle.workload import Workload
     from kmesh_trace.apps.plots import plot_pressure_sweep
 
@@ -87,9 +88,10 @@ def pressure_cmd(
     options = pr.PressureOptions(edges, None if caps is None else tuple(caps), expiry_s, max_held_blocks, max_families,
                                  sweep=sweep_capacity is not None or plot is not None)
     options.check(option)
-    with open_input(trace, scenario, engine, allow_incomplete) as (t, w):
+    with open_input(trace, scenario, engine, allow_incomplete, direct=ray is None) as (t, w):  # Ray tasks read a trace
         if t is not None:
-            pr.check_has_requests(t, engine)
+            if not isinstance(t, PublicInput):  # a public trace read as it is has requests, never KV events only
+                pr.check_has_requests(t, engine)
             w = Workload.from_trace(t, engine)
         if capacity is not None:  # in bytes: converted with the engine's KV geometry, known now
             options = replace(options, capacities=capacities_of_input(capacity, t, w, engine, kv_bytes, model_config))

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import typer
-from rich import box
 from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import EXIT_BLOCKING, check_out_dir, check_out_not_in_input, err, fail, handles_errors, out, print_json, progress
@@ -102,6 +101,8 @@ def _ms(v) -> str:
 
 
 def _render(summary: dict) -> None:
+    from rich import box
+
     t = Table(title="replay: accepted measured restores, warm-ups excluded (times in ms; t1 I/O done, "
                   "t2 GPU consumer done)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for h in ("route", "n", "t1 p50", "t1 p95", "t2 p50", "t2 p95", "GB/s", "MiB", "rej", "drained"):

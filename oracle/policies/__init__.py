@@ -8,15 +8,43 @@ analysis and the CLI read.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, Mapping
+
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.policies.base import Policy, PolicyResult, Workload
-from kmesh_trace.oracle.policies.belady import Belady
-from kmesh_trace.oracle.policies.belady_prefix import BeladyPrefix
-from kmesh_trace.oracle.policies.infinite import Infinite
-from kmesh_trace.oracle.policies.lru import LRU
-from kmesh_trace.oracle.policies.vllm import VLLM
 
-POLICIES: dict[str, Policy] = {p.name: p for p in (Infinite(), LRU(), VLLM(), Belady(), BeladyPrefix())}
+#: name -> (module under kmesh_trace.oracle.policies, class), in the order analyses list them.
+_CLASSES = {"infinite": ("infinite", "Infinite"), "lru": ("lru", "LRU"), "vllm": ("vllm", "VLLM"),
+            "belady": ("belady", "Belady"), "belady-prefix": ("belady_prefix", "BeladyPrefix")}
+
+
+class _Registry(Mapping):
+    """The policies by name. A policy's module, and the compiled kernels it defines (numba), is imported
+    when the policy is first looked up, so that naming or checking policies costs no compiler."""
+
+    def __init__(self):
+        self._made: dict[str, Policy] = {}
+
+    def __getitem__(self, name: str) -> Policy:
+        policy = self._made.get(name)
+        if policy is None:
+            module, cls = _CLASSES[name]
+            policy = getattr(importlib.import_module(f"{__name__}.{module}"), cls)()
+            self._made[name] = policy
+        return policy
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_CLASSES)
+
+    def __len__(self) -> int:
+        return len(_CLASSES)
+
+    def __contains__(self, name: object) -> bool:
+        return name in _CLASSES
+
+
+POLICIES: Mapping[str, Policy] = _Registry()
 
 __all__ = ["POLICIES", "Policy", "PolicyResult", "Workload", "get_policy"]
 

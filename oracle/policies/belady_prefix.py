@@ -37,17 +37,12 @@ from kmesh_trace.oracle.stream import NEVER, AccessStream, RequestBlocks
 
 
 @numba.njit(cache=True, nogil=True)
-def _belady_prefix_kernel(obj, eligible, next_use, req_start, num_objects, capacity, never):  # pragma: no cover
+def _belady_prefix_kernel(obj, eligible, next_use, req_start, capacity, never, resident, nkey, parent_of, children,
+                          where, key, who):  # pragma: no cover
+    # Per object (arrays from `_kernel_arrays`): resident, effective next use of a resident block, parent,
+    # resident children, and its slot in the max-heap (key, who) of resident leaves by effective next use (-1: none).
     n = len(obj)
     cap = max(capacity, 0)
-    resident = np.zeros(num_objects, np.bool_)
-    nkey = np.zeros(num_objects, np.int64)  # effective next use of a resident block
-    parent_of = np.full(num_objects, -1, np.int64)
-    children = np.zeros(num_objects, np.int64)  # resident children
-    # Max-heap of resident leaves by effective next use; where[o] = heap slot or -1.
-    key = np.empty(max(cap, 1), np.int64)
-    who = np.empty(max(cap, 1), np.int64)
-    where = np.full(num_objects, -1, np.int64)
     heap = 0
     size = 0
     evictions = 0
@@ -105,10 +100,21 @@ def _belady_prefix_kernel(obj, eligible, next_use, req_start, num_objects, capac
     return hits, evictions
 
 
+def _kernel_arrays(stream: AccessStream, capacity: int) -> tuple[np.ndarray, ...]:
+    """The kernel's state, in the narrowest integers its values fit: keys are positions or n + t (< 2n), ids
+    and heap slots stay below the objects; the heap holds at most min(capacity, objects) leaves."""
+    m = stream.num_objects
+    ids = np.int32 if m < 2**31 else np.int64
+    keys = np.int32 if 2 * len(stream) < 2**31 else np.int64
+    slots = max(min(int(capacity), m), 1)
+    return (np.zeros(m, np.bool_), np.zeros(m, keys), np.full(m, -1, ids), np.zeros(m, ids), np.full(m, -1, ids),
+            np.empty(slots, keys), np.empty(slots, ids))
+
+
 def belady_prefix_hits(stream: AccessStream, capacity: int) -> tuple[np.ndarray, int]:
     """Per-request hit blocks and the number of evictions."""
-    hits, evictions = run_interruptible(_belady_prefix_kernel, stream.obj, stream.eligible, stream.next_use, stream.req_start,
-                                            stream.num_objects, int(capacity), NEVER)
+    hits, evictions = run_interruptible(_belady_prefix_kernel, stream.obj, stream.eligible, stream.next_use,
+                                        stream.req_start, int(capacity), NEVER, *_kernel_arrays(stream, capacity))
     return hits, int(evictions)
 
 

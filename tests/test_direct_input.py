@@ -1,0 +1,167 @@
+"""A public JSONL read straight into the workload (issue 26, item 3 and the peer figures; kmesh_trace.cli.inputs
+`read_directly`): the same workload as the imported trace gives, the same bad lines counted, and no polars,
+pyarrow or duckdb loaded for it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bailian_data import generate_bailian
+from kmesh_trace.cli.inputs import importer, read_directly
+from kmesh_trace.oracle.workload import Workload
+from kmesh_trace.trace import open_trace
+
+_BAD_MOONCAKE = [
+    '{"timestamp": 1, "input_length": 0, "output_length": 1, "hash_ids": []}', "not json", "", "   ",
+    '{"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [1, -2]}',
+    '{"timestamp": 1, "input_length": 600.0, "output_length": 1, "hash_ids": [1, 2]}',
+    '{"timestamp": NaN, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}', "[1, 2]",
+    '{"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [1, 18446744073709551616]}',
+    '{"timestamp": 1, "input_length": 600, "output_length": true, "hash_ids": [1, 2]}',
+    '{"timestamp": 1e400, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}',
+    '{"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [1, 2], "extra": {"nested": [1]}}',
+    '{"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}{"timestamp": 2}',
+]
+
+
+def _mooncake(path, n=400, *, seed=0, bad=(), unordered=False, bom=False):
+    rng = random.Random(seed)
+    lines, t = [], 0.0
+    for i in range(n):
+        n_in = rng.randint(1, 4000)
+        t += rng.choice([0, 1, 250.5]) if not unordered or i % 5 else -rng.randint(0, 3000)
+        hashes = [rng.randrange(40) if j < 2 else rng.randrange(1 << 64) for j in range(-(-n_in // 512))]
+        lines.append(json.dumps({"timestamp": t, "input_length": n_in, "output_length": rng.randint(0, 300),
+                                 "hash_ids": hashes}))
+    for b in bad:
+        lines.insert(rng.randrange(len(lines) + 1), b)
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + ("\n".join(lines) + "\n").encode())
+    return path
+
+
+def _bailian(path, *, seed=0, malformed_every=0, shuffled=False):
+    generate_bailian(path, num_sessions=60, max_turns=5, seed=seed, malformed_every=malformed_every)
+    if shuffled:  # children before their parents, a dangling parent, a repeated chat id
+        lines = path.read_text().splitlines()
+        random.Random(seed).shuffle(lines)
+        lines.append(json.dumps({"chat_id": 99999, "parent_chat_id": 88888, "timestamp": 1.5, "input_length": 20,
+                                 "output_length": 3, "type": "text", "turn": 2, "hash_ids": [1, 2]}))
+        lines.append(lines[3])
+        path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _cases(tmp_path):
+    yield "mooncake", _mooncake(tmp_path / "clean.jsonl")
+    yield "mooncake", _mooncake(tmp_path / "bom-unordered.jsonl", seed=1, unordered=True, bom=True)
+    yield "mooncake", _mooncake(tmp_path / "bad.jsonl", seed=2, bad=_BAD_MOONCAKE)
+    yield "bailian", _bailian(tmp_path / "bailian.jsonl")
+    yield "bailian", _bailian(tmp_path / "bailian-bad.jsonl", seed=1, malformed_every=7)
+    yield "bailian", _bailian(tmp_path / "bailian-shuffled.jsonl", seed=2, shuffled=True)
+
+
+def _requests(w: Workload) -> list[dict]:
+    return [dataclasses.asdict(r) for r in w.requests]
+
+
+def _stream(w: Workload) -> dict:
+    s = w.stream
+    return {f.name: (getattr(s, f.name).tolist() if isinstance(getattr(s, f.name), np.ndarray) else getattr(s, f.name))
+            for f in dataclasses.fields(s)}
+
+
+def test_the_workload_read_directly_is_the_imported_traces(tmp_path):
+    for fmt, src in _cases(tmp_path):
+        report = importer(fmt)(src, tmp_path / f"{src.stem}-trace", engine_id=f"import-{fmt}")
+        heard = []
+        public = read_directly(src, on_import=heard.append)
+        assert public is not None and public.format == fmt, src
+        with open_trace(tmp_path / f"{src.stem}-trace") as t:
+            assert public.engines.keys() == t.engines.keys()
+            for key in ("block_size", "source", "complete", "num_malformed_lines", "malformed_lines", "engine",
+                        "capture_config"):
+                assert public.metadata[key] == t.metadata[key], (src, key)
+            for requests in (True, False):
+                want, got = Workload.from_trace(t, requests=requests), Workload.from_trace(public, requests=requests)
+                assert (got.requests is None) == (want.requests is None), src
+                if want.requests is not None:
+                    assert _requests(got) == _requests(want), src
+                assert _stream(got) == _stream(want), src
+                assert (got.block_size, got.num_usable_blocks, got.edges, got.num_partitions, got.stock_tokens) == \
+                       (want.block_size, want.num_usable_blocks, want.edges, want.num_partitions, want.stock_tokens)
+        assert report.num_invocations == len(public.invocations_in_memory) > 0
+        assert heard[0].startswith(f"read {src} as {fmt} input: {report.num_invocations:,} requests")
+        assert (f"{report.num_malformed_lines:,} malformed lines skipped" in heard[0]) == bool(report.num_malformed_lines)
+
+
+def test_both_mooncake_readers_agree_and_the_fast_one_is_taken_on_clean_files(tmp_path):
+    from kmesh_trace.datasets.importers import mooncake
+
+    for _, src in _cases(tmp_path):
+        if src.name.startswith("bailian"):
+            continue
+        fast, plain = mooncake.read_mooncake(src), mooncake.read_mooncake(src, fast=False)
+        assert fast[0].__dict__ == plain[0].__dict__ and fast[1] == plain[1], src
+    data = (tmp_path / "clean.jsonl").read_bytes()
+    num_lines, num_blank = mooncake._line_counts(data)
+    assert mooncake._decoded_columns(data, num_lines - num_blank) is not None  # msgspec read it
+    data = (tmp_path / "bad.jsonl").read_bytes()
+    assert mooncake._line_counts(data) is None or mooncake._decoded_columns(data, 1) is None
+
+
+def test_a_float_hash_is_a_bad_line_for_the_import_and_the_direct_reader(tmp_path):
+    """pa.array used to truncate a float hash (2.5 -> 2) in the import's plain path; both readers now refuse it
+    as require_hash_list does."""
+    src = _mooncake(tmp_path / "float.jsonl", n=50,
+                    bad=['{"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [1, 2.5]}'])
+    report = importer("mooncake")(src, tmp_path / "t", engine_id="import-mooncake")
+    public = read_directly(src)
+    assert report.num_malformed_lines == public.metadata["num_malformed_lines"] == 1
+    assert "not a 64-bit unsigned integer" in report.malformed_lines[0]
+    assert report.num_invocations == len(public.invocations_in_memory) == 50
+
+
+def test_headroom_and_pressure_on_the_file_print_what_they_print_on_the_imported_trace(tmp_path, cli):
+    for fmt, src in [*list(_cases(tmp_path))[::2], ("bailian", tmp_path / "bailian-shuffled.jsonl")]:
+        cli(["import", fmt, src, "--out", tmp_path / f"{src.stem}-trace"])
+        for args in (["headroom", "--window", "last-half", "--json"], ["headroom", "--capacity-blocks", "8,64,256", "--json"],
+                     ["headroom", "--policies", "lru,belady", "--window", "last-half"],
+                     ["pressure", "--capacity-blocks", "64", "--edges", "declared", "--json"],
+                     ["pressure", "--capacity-blocks", "8,64", "--json"]):
+            direct, imported = cli([args[0], src, *args[1:]]), cli([args[0], tmp_path / f"{src.stem}-trace", *args[1:]])
+            assert direct.exit_code == imported.exit_code, (direct.stderr, imported.stderr)
+            assert direct.stdout == imported.stdout, (src, args)
+            if imported.exit_code:  # the same refusal
+                assert direct.stderr.endswith(imported.stderr), (direct.stderr, imported.stderr)
+            assert f"read{src}as{fmt}input" in "".join(direct.stderr.split())  # rich wraps the line
+
+
+def test_headroom_on_a_jsonl_file_loads_neither_polars_nor_pyarrow_nor_duckdb(tmp_path):
+    src = _mooncake(tmp_path / "clean.jsonl", n=100)
+    code = ("import sys, contextlib, io, kmesh_trace.cli as c\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "    try:\n"
+            f"        c._lazy_group().main(['headroom', {str(src)!r}, '--policies', 'lru,belady', '--json'],"
+            " prog_name='kmesh-trace')\n"
+            "    except SystemExit as e:\n"
+            "        assert e.code == 0, e.code\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'polars', 'pyarrow', 'duckdb', 'pydantic'}))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("name", ["conversation_trace.jsonl", "synthetic_trace.jsonl"])
+def test_the_mooncake_samples_read_directly_as_imported(tmp_path, shared_datasets, name):
+    src = shared_datasets / "mooncake" / name
+    importer("mooncake")(src, tmp_path / "t", engine_id="import-mooncake")
+    public = read_directly(src)
+    with open_trace(tmp_path / "t") as t:
+        assert _stream(Workload.from_trace(public, requests=False)) == _stream(Workload.from_trace(t, requests=False))
+        assert _requests(Workload.from_trace(public)) == _requests(Workload.from_trace(t))
