@@ -501,11 +501,35 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
 # ---------------------------------------------------------------------------------------------------
 
 
+@numba.njit(cache=True, nogil=True)
+def _gather_into(values, starts, lens, out):  # pragma: no cover (compiled)
+    o = 0
+    for k in range(len(starts)):
+        a = starts[k]
+        for q in range(lens[k]):
+            out[o] = values[a + q]
+            o += 1
+
+
 def _gather(values: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """values[starts[k]:starts[k] + lens[k]] for every k, concatenated."""
-    total = int(lens.sum())
-    pos = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-    return values[np.repeat(starts, lens) + pos]
+    out = np.empty(int(lens.sum()), values.dtype)
+    _gather_into(values, starts, lens, out)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _rank(hashes, order, ids):  # pragma: no cover (compiled)
+    """ids[t] = the rank of hashes[t] among the distinct hashes (`order` sorts them); returns those, sorted."""
+    distinct = np.empty(len(hashes), np.uint64)
+    r = -1
+    for k in range(len(hashes)):
+        t = order[k]
+        if k == 0 or hashes[t] != hashes[order[k - 1]]:
+            r += 1
+            distinct[r] = hashes[t]
+        ids[t] = r
+    return distinct[:r + 1]
 
 
 def _per_request(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -577,8 +601,9 @@ def tier_stream(requests, block_size: int) -> TierStream | None:
         output, ostart = _flat([r.output_hashes for r in requests], n)
     except (OverflowError, ValueError, TypeError):
         return None
-    hashes, ids = np.unique(np.concatenate([prompt, output]), return_inverse=True)
-    ids = ids.ravel().astype(np.int32 if len(hashes) < 2**31 - 2**20 else np.int64)
+    every = np.concatenate([prompt, output])
+    ids = np.empty(len(every), np.int32 if len(every) < 2**31 - 2**20 else np.int64)  # ids < hashes
+    hashes = _rank(every, np.argsort(every), ids)  # np.unique's numbering, in one pass after the sort
     p_tokens = np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n)
     o_tokens = np.fromiter((r.num_output_tokens for r in requests), np.int64, n)
     plen, olen = np.diff(pstart), np.diff(ostart)
