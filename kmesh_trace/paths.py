@@ -16,9 +16,12 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
-from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.errors import KmeshTraceError, TraceNotFoundError
 
-__all__ = ["check_free_space", "check_out_dir", "check_out_file", "check_out_not_in_input", "free_space", "inside",
+#: The file that makes a directory a kmesh-trace trace (its schema version inside).
+TRACE_MARKER = "kmesh_trace.json"
+
+__all__ = ["TRACE_MARKER", "check_free_space", "check_trace_directory", "check_out_dir", "check_out_file", "check_out_not_in_input", "free_space", "inside",
            "nearest_existing"]
 
 
@@ -90,3 +93,13 @@ def check_free_space(path: Path, num_bytes: int, what: str) -> None:
     if num_bytes + FREE_SPACE_MARGIN > free:
         raise KmeshTraceError(f"{what} needs {num_bytes / 2**30:,.2f} GiB but {nearest_existing(Path(path))} has "
                               f"{free / 2**30:,.2f} GiB free; free some space or write elsewhere.")
+
+
+def check_trace_directory(path: str | os.PathLike) -> None:
+    """Refuse, in one sentence, a path that is not a trace directory (no directory, or no trace marker):
+    the first checks of opening a trace, cheap enough to make before the columnar libraries load."""
+    if not Path(path).is_dir():
+        raise TraceNotFoundError(f"{path} is not a directory; give the path of a kmesh-trace trace directory.")
+    if not (Path(path) / TRACE_MARKER).is_file():
+        raise TraceNotFoundError(f"{path} is not a kmesh-trace trace (no {TRACE_MARKER}); create one with "
+                                 "`kmesh-trace import` or `kmesh-trace capture`.")

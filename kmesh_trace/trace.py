@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from kmesh_trace import schema
 from kmesh_trace.errors import CorruptTraceError, KmeshTraceError, QueryRefusedError, TraceNotFoundError
 from kmesh_trace.parts import EngineMetadata
-from kmesh_trace.paths import inside
+from kmesh_trace.paths import check_trace_directory, inside
 from kmesh_trace.writer import ENGINES_DIR, LOSS_SUFFIX, MARKER
 
 # The one statement type `Trace.sql(..., read_only=True)` accepts; everything else (COPY, ATTACH,
@@ -84,11 +84,8 @@ class Trace(EngineMetadata):
         self._scratch: str | None = None
         self.path = Path(path).resolve()
         self.memory_limit = memory_limit or default_memory_limit()
-        if not self.path.is_dir():
-            raise TraceNotFoundError(f"{path} is not a directory; give the path of a kmesh-trace trace directory.")
+        check_trace_directory(path)
         marker = self.path / MARKER
-        if not marker.is_file():
-            raise TraceNotFoundError(f"{path} is not a kmesh-trace trace (no {MARKER}); create one with `kmesh-trace import` or `kmesh-trace capture`.")
         schema.check_version(_read_json_object(marker).get("schema_version"), str(marker))
         #: Contract violations found on open; with strict=True (the default) the first one is raised.
         self.problems: list[PartProblem] = []

@@ -31,8 +31,9 @@ import pyarrow.parquet as pq
 
 from kmesh_trace import schema
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.paths import TRACE_MARKER
 
-MARKER = "kmesh_trace.json"
+MARKER = TRACE_MARKER
 ENGINES_DIR = "engines"
 #: Suffix of each partition's loss record, beside its metadata file.
 LOSS_SUFFIX = ".loss"

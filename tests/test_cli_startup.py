@@ -193,3 +193,16 @@ def test_the_analyses_load_the_compiler_only_when_a_policy_runs():
             "assert list(POLICIES) == ['infinite', 'lru', 'vllm', 'belady', 'belady-prefix']\n")
     assert "numba" not in _imported_after(code)
     assert "numba" in _imported_after(code + "get_policy('belady')\n")
+
+
+def test_a_path_that_is_no_trace_is_refused_before_the_columnar_libraries_load(tmp_path):
+    code = ("import contextlib, io, kmesh_trace.cli as c, typer.main\n"
+            "cmd = typer.main.get_command(c.app)\n"
+            f"for args in (['info', {str(tmp_path / 'missing')!r}], ['info', {str(tmp_path)!r}]):\n"
+            "    with contextlib.redirect_stderr(io.StringIO()) as e:\n"
+            "        try:\n"
+            "            cmd.main(args, standalone_mode=False)\n"
+            "        except SystemExit as x:\n"
+            "            assert x.code == 1, x.code\n"
+            "    assert 'Error:' in e.getvalue(), e.getvalue()\n")
+    assert _imported_after(code) & {"polars", "pyarrow", "duckdb"} == set()

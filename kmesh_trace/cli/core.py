@@ -14,6 +14,7 @@ from kmesh_trace.cli.display import Table
 from kmesh_trace import schema
 from kmesh_trace.cli.common import Output, emit, err, handles_errors, out, output_options, print_json
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.paths import check_trace_directory
 from kmesh_trace.values import MAX_SECONDS, bounded_int, finite_float
 
 
@@ -55,6 +56,7 @@ def schema_cmd(
 
 
 def _trace_info(path: Path) -> dict:
+    check_trace_directory(path)  # before the columnar libraries load
     from kmesh_trace.trace import open_trace, trace_info
 
     with open_trace(path) as t:

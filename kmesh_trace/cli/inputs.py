@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from kmesh_trace.errors import InputFormatError
+from kmesh_trace.paths import check_trace_directory
 
 #: The fields that name a JSONL record's format, checked in this order.
 _RECORD_FIELDS = (("bailian", {"chat_id", "parent_chat_id", "hash_ids"}),
@@ -218,10 +219,12 @@ def open_as_trace(path: str | Path, *, on_import: Callable[[str], None] | None =
     one, removed when the block ends (`until_exit`: when the process ends, so that tasks started after
     the block, on Ray, can still read it). `on_import(line)` hears what was imported; `open_options`
     go to `open_trace`."""
-    from kmesh_trace.trace import open_trace
-
     path = Path(path)
     fmt = sniff(path)
+    if fmt is None:
+        check_trace_directory(path)  # before the columnar libraries load
+    from kmesh_trace.trace import open_trace
+
     if fmt is None:
         with open_trace(path, **open_options) as t:
             yield t
