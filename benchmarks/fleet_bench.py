@@ -80,7 +80,7 @@ def main() -> None:
     import ray
 
     from kmesh_trace.datasets.importers.mooncake import import_mooncake
-    from kmesh_trace.distributed import LOCAL_SYSTEM_CONFIG
+    from kmesh_trace.distributed import local_cluster_options
     from kmesh_trace.oracle.executor import InProcess, OnRay
     from kmesh_trace.oracle.fleet import plan, simulate_run, sweep as fleet_sweep
     from kmesh_trace.oracle.workload import Workload
@@ -107,8 +107,8 @@ def main() -> None:
         idle: dict[bool, list[float]] = {False: [], True: []}
         num_runs = len(plan(args.engines, args.capacities, routings))
         t = time.perf_counter()
-        ray.init(num_cpus=args.workers, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-                 _system_config=LOCAL_SYSTEM_CONFIG)  # workers at nice 0, like the one-process arm
+        # every server on 127.0.0.1, no dashboard, workers at nice 0 (like the one-process arm)
+        ray.init(num_cpus=args.workers, logging_level=logging.WARNING, log_to_driver=False, **local_cluster_options())
         start_s = time.perf_counter() - t
         address = ray.get_runtime_context().gcs_address
         cold_s, reference = sweep(address)
