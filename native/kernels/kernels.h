@@ -1,0 +1,22 @@
+/* Shared by the analysis kernels (the C files of native/kernels/), built by setup.py into one shared object,
+ * kmesh_trace/native/_kmesh_kernels*.so, and called through ctypes (kmesh_trace.native.kernels).
+ *
+ * Conventions: every entry point is `KS_EXPORT`, named ks_<module>_<what>, takes plain pointers and
+ * lengths (numpy arrays the Python side has checked for dtype and contiguity) and touches no Python
+ * object, so ctypes releases the GIL around the call. Allocation failures return KS_ENOMEM (negative);
+ * a kernel never prints and never exits.
+ */
+#ifndef KMESH_KERNELS_H
+#define KMESH_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KS_EXPORT __attribute__((visibility("default")))
+#define KS_ENOMEM (-12)
+
+#define KS_LIKELY(x) __builtin_expect(!!(x), 1)
+#define KS_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+#endif
