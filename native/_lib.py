@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import importlib.machinery
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError, MissingDependencyError
+from kmesh_trace.native.built import find_built
 from kmesh_trace.native.codes import NativeCode, errno_code, failure
-
-_HERE = Path(__file__).resolve().parent
 
 # One chunk in (struct kr_chunk) and one sample out (struct kr_sample), as numpy records so a whole
 # restore crosses the boundary as two arrays and results become Parquet columns without a Python loop.
@@ -55,15 +52,7 @@ class LayoutMismatchError(NativeError):
 
 
 def _find_library() -> Path | None:
-    override = os.environ.get("KMESH_NATIVE_LIB")
-    if override:
-        return Path(override)
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        p = _HERE / f"_kmesh_replay{suffix}"
-        if p.exists():
-            return p
-    found = sorted(_HERE.glob("_kmesh_replay*.so"))
-    return found[0] if found else None
+    return find_built("_kmesh_replay", "KMESH_NATIVE_LIB")
 
 
 _lib: ctypes.CDLL | None = None

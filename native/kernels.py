@@ -14,15 +14,12 @@ Every kernel keeps a plain reference (Python, in the tree or in tests/) that the
 from __future__ import annotations
 
 import ctypes
-import importlib.machinery
-import os
 from pathlib import Path
 
 import numpy as np
 
 from kmesh_trace.errors import MissingDependencyError
-
-_HERE = Path(__file__).resolve().parent
+from kmesh_trace.native.built import find_built
 
 #: ctypes types for `declare` signatures: `P` is any array (through `ptr`), the rest scalars.
 P, I32, I64, U64, F64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_double
@@ -32,15 +29,7 @@ ENOMEM = -12
 
 
 def _find_library() -> Path | None:
-    override = os.environ.get("KMESH_KERNELS_LIB")
-    if override:
-        return Path(override)
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        p = _HERE / f"_kmesh_kernels{suffix}"
-        if p.exists():
-            return p
-    found = sorted(_HERE.glob("_kmesh_kernels*.so"))
-    return found[0] if found else None
+    return find_built("_kmesh_kernels", "KMESH_KERNELS_LIB")
 
 
 _lib: ctypes.CDLL | None = None
