@@ -17,7 +17,6 @@ Wiring another analysis is one call: replace `[f(*a) for a in points]` with
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -139,6 +138,8 @@ def connect(address: str = "auto"):
         raise MissingDependencyError(f"--ray needs Ray, which is not installed; install it with: {INSTALL_HINT}") from None
     if ray.is_initialized():
         return ray
+    import logging  # here, not at the top: every analysis command's --help imports this module
+
     quiet = dict(logging_level=logging.WARNING, log_to_driver=False)  # stdout stays the command's data
     seconds = connect_timeout_s()
     target = address if address != "auto" else os.environ.get("RAY_ADDRESS") or "this machine"
