@@ -33,6 +33,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from kmesh_trace.native.kernels import I32, I64, P, check, declare, ptr
 from kmesh_trace.oracle.interruptible import run_interruptible
 
 NO_KEY = -1
@@ -46,6 +47,9 @@ CHILDREN, EXPIRY, PRESSURE, CLOSE = range(4)
 
 # fit's outcomes
 FITS, STALLS, REFUSED = 0, 1, 2
+
+#: The hold records' rows (KP_NUM_RECORD_ROWS in native/kernels/pool_steps.h).
+NUM_RECORD_ROWS = 8
 
 _jit = numba.njit(cache=True, nogil=True, inline="always")
 
@@ -565,35 +569,6 @@ def drain(P, H, S, R, IN, has_holds, timed):  # pragma: no cover (compiled)
 # ---------------------------------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, nogil=True)
-def _pool_kernel(obj, IN, timed, block_size, num_usable, num_objects, has_holds, is_parent, release_after,
-                 parent_of, fam, num_families, expiry_ns, max_held_blocks, max_families):  # pragma: no cover
-    n_req = len(IN[2])
-    P = pool_state(num_usable, num_objects)
-    R, H, S = replay_state(IN, timed, block_size, has_holds, is_parent, release_after, parent_of, fam,
-                           num_families, expiry_ns, max_held_blocks, max_families)
-    S[9] = num_usable
-    hit_blocks = np.zeros(n_req, np.int64)
-    num_evictions = np.zeros(n_req, np.int64)
-    admitted = np.zeros(n_req, np.bool_)
-    stalled = np.zeros(n_req, np.bool_)
-    no_evicted = np.zeros(0, np.int64)
-    for i in range(n_req):
-        outcome, nh, num_blocks, num_full = arrive(P, H, S, R, IN, obj, i, block_size, has_holds, timed)
-        if outcome == REFUSED:
-            continue
-        num_evictions[i] = allocate_request(P, S, R, IN, obj, i, nh, num_blocks, num_full, block_size,
-                                            no_evicted)[0]
-        hit_blocks[i] = nh
-        admitted[i] = True
-        stalled[i] = outcome == STALLS
-        end_admission(P, H, S, R, IN, i, outcome, num_blocks, has_holds, timed)
-    drain(P, H, S, R, IN, has_holds, timed)
-    m = S[4]
-    records = (H[13][:m], H[14][:m], H[15][:m], H[16][:m], H[17][:m], H[18][:m], H[19][:m], H[20][:m])
-    return hit_blocks, num_evictions, admitted, stalled, free_queue(P), S[11], records
-
-
 # ---------------------------------------------------------------------------------------------------
 # Python side
 # ---------------------------------------------------------------------------------------------------
@@ -647,7 +622,51 @@ def replay_compiled(requests, block_size: int, num_usable_blocks: int, timed: bo
     else:
         is_parent, release_after, parent_of, fam, names, caps = hold_inputs(holds, n)
     IN = (stream.req_start, listed, stream.num_prompt_tokens, output_tokens, finish, arrival)
-    out = run_interruptible(_pool_kernel, stream.obj, IN, bool(timed), int(block_size), int(num_usable_blocks),
+    out = run_interruptible(_replay, stream.obj, IN, bool(timed), int(block_size), int(num_usable_blocks),
                             int(stream.num_objects), holds is not None, is_parent, release_after, parent_of, fam,
-                            max(len(names), 1), *caps)
+                            max(len(names), 1), caps)
     return out, fam, names
+
+
+_pool_replay = declare("ks_pool_replay", [P, P, P, P, P, P, P, P, I64, I32, I64, I64, I64, I32, P, P, P, P, I64, I64,
+                                          I64, I64, P, P, P, P, P, P, P], I64)
+
+
+def obj_pointers(obj: np.ndarray) -> tuple:
+    """A stream's dense ids (int32 or int64, contiguous: the caller keeps them) as the kernels take them:
+    (int32 pointer, int64 pointer), one of them NULL."""
+    if obj.dtype == np.int32:
+        return ptr(obj, np.int32), None
+    return None, ptr(obj, np.int64)
+
+
+def stream_pointers(IN: tuple) -> list:
+    """The per-request arrays of a stream (req_start, listed, prompt_tokens, output_tokens, finish_ns,
+    arrival) as pointers to int64 arrays."""
+    return [ptr(a, np.int64) for a in IN]
+
+
+def _replay(obj, IN, timed, block_size, num_usable, num_objects, has_holds, is_parent, release_after, parent_of,
+            fam, num_families, caps):
+    """The C replay (native/kernels/pool.c); the results as `replay_compiled` documents them."""
+    n_req = len(IN[2])
+    IN = tuple(np.ascontiguousarray(a, np.int64) for a in IN)
+    obj = obj if obj.dtype == np.int32 else np.ascontiguousarray(obj, np.int64)
+    hit_blocks = np.zeros(n_req, np.int64)
+    num_evictions = np.zeros(n_req, np.int64)
+    admitted = np.zeros(n_req, np.bool_)
+    stalled = np.zeros(n_req, np.bool_)
+    queue = np.zeros(num_usable, np.int64)
+    records = np.zeros((NUM_RECORD_ROWS, n_req if has_holds else 0), np.int64)
+    out = np.zeros(3, np.int64)
+    hold_ptrs = [None] * 4
+    if has_holds:  # the arrays stay referenced (is_parent, ...) until the call returns
+        is_parent = np.ascontiguousarray(is_parent, np.bool_)
+        release_after, parent_of, fam = (np.ascontiguousarray(a, np.int64) for a in (release_after, parent_of, fam))
+        hold_ptrs = [ptr(is_parent, np.bool_)] + [ptr(a, np.int64) for a in (release_after, parent_of, fam)]
+    check(_pool_replay(*obj_pointers(obj), *stream_pointers(IN), n_req, timed, block_size, num_usable, num_objects,
+                       has_holds, *hold_ptrs, num_families, *caps, ptr(hit_blocks, np.int64), ptr(num_evictions, np.int64),
+                       ptr(admitted, np.bool_), ptr(stalled, np.bool_), ptr(queue, np.int64), ptr(records, np.int64),
+                       ptr(out, np.int64)), "the block-pool replay")
+    m = int(out[2])
+    return hit_blocks, num_evictions, admitted, stalled, queue[:int(out[0])], int(out[1]), tuple(records[:, :m])
