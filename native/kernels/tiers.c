@@ -4,9 +4,8 @@
  * flight, the lower-tier walk, settling, the restore wait, the write-through stores), and after it the
  * offloading of what the allocation evicted (`_allocated`).
  *
- * - every hash (prompt, output, preloaded chunk key) has a dense id; a tier's LRU is a doubly linked list
- *   over ids (each id's previous and next side by side, sentinel num_ids, least recent first; -1 off the
- *   list), as `TierStore`'s OrderedDict;
+ * - every hash (prompt, output, preloaded chunk key) has a dense id; a tier's LRU is a queue of ids with
+ *   lazy deletion (kt_tiers below), in `TierStore`'s OrderedDict order;
  * - the chunks one request reads (it reads each once) in a small open-addressing table, cleared after it;
  *   per tier and id, with singleflight, the read in flight; per id, a restored block's completion while it
  *   is not yet usable (gr_*, timed), with a heap of completions to expire them;
@@ -31,11 +30,16 @@ typedef struct {
     const uint8_t *retain, *refresh_on_hit, *write_through, *has_cost;
 } kt_config;
 
-/* The lower tiers' state */
+/* The lower tiers' state. A tier's LRU is a queue of ids, least recent first, with lazy deletion: stamp[k]
+ * is 1 + the position of k's live entry in the queue (0: not in the tier), so an entry whose position
+ * differs from its id's stamp is stale (the id was refreshed or dropped since) and is skipped when the
+ * least recent is taken; a full queue is compacted in order (and doubled when mostly live). Exactly
+ * `TierStore`'s OrderedDict order, with one random access per move instead of a list's three. */
 typedef struct {
     kt_config c;
-    bool timed, singleflight;
-    int64_t *lnk; /* nt x (num_ids + 1) x 2 */
+    bool timed, singleflight, failed;
+    int64_t *stamp; /* nt x num_ids */
+    int64_t **queue, *qhead, *qtail, *qcap;
     int64_t *count, *num_stores, *num_reads, *read_bytes;
     int64_t *rd, rd_cap, n_rd; /* read rows (request, tier, chunks, bytes, prepare) */
     uint8_t *clk_set;
@@ -44,34 +48,58 @@ typedef struct {
     int64_t *if0, *if1;
 } kt_tiers;
 
-static inline int64_t *kt_node(const kt_tiers *T, int64_t ti, int64_t k)
-{
-    return T->lnk + 2 * (ti * (T->c.num_ids + 1) + k);
-}
+static inline int64_t *kt_stamp(const kt_tiers *T, int64_t ti, int64_t k) { return T->stamp + ti * T->c.num_ids + k; }
 
-static inline bool kt_held(const kt_tiers *T, int64_t ti, int64_t k) { return kt_node(T, ti, k)[0] >= 0; }
+static inline bool kt_held(const kt_tiers *T, int64_t ti, int64_t k) { return *kt_stamp(T, ti, k) != 0; }
 
-static inline void kt_lru_unlink(kt_tiers *T, int64_t ti, int64_t k)
+static inline void kt_lru_unlink(kt_tiers *T, int64_t ti, int64_t k) { *kt_stamp(T, ti, k) = 0; }
+
+/* Tier ti's queue with room for one more entry: compacted in order, doubled when mostly live. */
+static bool kt_queue_room(kt_tiers *T, int64_t ti)
 {
-    int64_t *n = kt_node(T, ti, k), p = n[0], q = n[1];
-    kt_node(T, ti, p)[1] = q;
-    kt_node(T, ti, q)[0] = p;
-    n[0] = -1;
+    int64_t *q = T->queue[ti], w = 0;
+    for (int64_t pos = T->qhead[ti]; pos < T->qtail[ti]; pos++) {
+        int64_t k = q[pos], *st = kt_stamp(T, ti, k);
+        if (*st == pos + 1) {
+            q[w] = k;
+            *st = ++w;
+        }
+    }
+    T->qhead[ti] = 0;
+    T->qtail[ti] = w;
+    if (2 * w >= T->qcap[ti] && !kp_grow(&T->queue[ti], &T->qcap[ti], T->qcap[ti], 1)) {
+        T->failed = true;
+        return false;
+    }
+    return true;
 }
 
 static inline void kt_lru_append(kt_tiers *T, int64_t ti, int64_t k) /* k becomes the most recent */
 {
-    int64_t *s = kt_node(T, ti, T->c.num_ids), last = s[0], *n = kt_node(T, ti, k);
-    n[0] = last;
-    n[1] = T->c.num_ids;
-    kt_node(T, ti, last)[1] = k;
-    s[0] = k;
+    if (KS_UNLIKELY(T->qtail[ti] == T->qcap[ti]) && !kt_queue_room(T, ti))
+        return;
+    int64_t pos = T->qtail[ti]++;
+    T->queue[ti][pos] = k;
+    *kt_stamp(T, ti, k) = pos + 1;
 }
 
 static inline void kt_lru_refresh(kt_tiers *T, int64_t ti, int64_t k)
 {
     kt_lru_unlink(T, ti, k);
     kt_lru_append(T, ti, k);
+}
+
+/* The least recent id of tier ti (it holds one), taken out. */
+static inline int64_t kt_lru_pop(kt_tiers *T, int64_t ti)
+{
+    const int64_t *q = T->queue[ti];
+    int64_t pos = T->qhead[ti];
+    while (*kt_stamp(T, ti, q[pos]) != pos + 1)
+        pos++;
+    int64_t k = q[pos];
+    *kt_stamp(T, ti, k) = 0;
+    T->qhead[ti] = pos + 1;
+    return k;
 }
 
 /* k's slot in an open-addressing table of `mask + 1` slots (-1: empty) */
@@ -109,9 +137,7 @@ static inline int64_t kt_put(kt_tiers *T, int64_t ti, const int64_t *keys, int64
         if (T->count[ti] < c) {
             T->count[ti]++;
         } else {
-            int64_t first = kt_node(T, ti, T->c.num_ids)[1];
-            kt_lru_unlink(T, ti, first);
-            left[nl++] = first;
+            left[nl++] = kt_lru_pop(T, ti);
         }
     }
     T->num_stores[ti] += stored;
@@ -256,7 +282,11 @@ KS_EXPORT int64_t ks_tiers_replay(
     if (!kp_engine_init(&e, num_usable, num_ids, 1, NULL))
         goto done;
     int64_t longest = e.longest, ids1 = num_ids + 1;
-    T.lnk = kp_new(A, nt * ids1 * 2, -1);
+    T.stamp = kp_new(A, nt * num_ids, 0);
+    T.queue = (int64_t **)kp_new(A, nt, 0);
+    T.qhead = kp_new(A, nt, 0);
+    T.qtail = kp_new(A, nt, 0);
+    T.qcap = kp_new(A, nt, 0);
     T.count = kp_new(A, nt, 0);
     T.num_stores = num_stores;
     T.num_reads = num_reads;
@@ -303,11 +333,8 @@ KS_EXPORT int64_t ks_tiers_replay(
         goto done;
     if (early_prep)
         memcpy(children_left, children_of, (size_t)n_req * sizeof(int64_t));
-    for (int64_t ti = 0; ti < nt; ti++) {
-        kt_node(&T, ti, num_ids)[0] = num_ids;
-        kt_node(&T, ti, num_ids)[1] = num_ids;
+    for (int64_t ti = 0; ti < nt; ti++)
         num_stores[ti] = num_reads[ti] = read_bytes[ti] = 0;
-    }
     for (int64_t i = 0; i < n_req; i++) {
         hit_blocks[i] = num_evictions[i] = 0;
         admitted[i] = stalled[i] = 0;
@@ -324,6 +351,8 @@ KS_EXPORT int64_t ks_tiers_replay(
 #define SET(a, k) ((a)[k] = 1)
 #define CLR(a, k) ((a)[k] = 0)
     for (int64_t i = 0; i < n_req; i++) {
+        if (KS_UNLIKELY(T.failed))
+            goto done;
         kp_admission ad = kp_arrive(&e, i);
         if (ad.outcome == KP_REFUSED)
             continue;
@@ -540,6 +569,8 @@ KS_EXPORT int64_t ks_tiers_replay(
 #undef BIT
 #undef SET
 #undef CLR
+    if (T.failed)
+        goto done;
     kp_drain(&e);
     out[0] = kp_free_queue(&e, free_queue);
     out[1] = e.num_deferred;
@@ -550,6 +581,8 @@ KS_EXPORT int64_t ks_tiers_replay(
     T.rd = NULL;
     rc = 0;
 done:
+    for (int64_t ti = 0; T.queue && ti < nt; ti++)
+        free(T.queue[ti]);
     free(T.rd);
     free(rhk);
     free(rhi);

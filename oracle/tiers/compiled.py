@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -170,15 +171,15 @@ def tier_stream(requests, block_size: int) -> TierStream | None:
     requests = list(requests)
     n = len(requests)
     try:
-        prompt, pstart = _flat([r.prompt_hashes for r in requests], n)
-        output, ostart = _flat([r.output_hashes for r in requests], n)
+        prompt, pstart = _flat(list(map(attrgetter("prompt_hashes"), requests)), n)
+        output, ostart = _flat(list(map(attrgetter("output_hashes"), requests)), n)
     except (OverflowError, ValueError, TypeError):
         return None
     every = np.concatenate([prompt, output])
     ids = np.empty(len(every), np.int32 if len(every) < 2**31 - 2**20 else np.int64)  # ids < hashes
     hashes = _rank(every, np.argsort(every), ids)  # np.unique's numbering, in one pass after the sort
-    p_tokens = np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n)
-    o_tokens = np.fromiter((r.num_output_tokens for r in requests), np.int64, n)
+    p_tokens = np.fromiter(map(attrgetter("num_prompt_tokens"), requests), np.int64, n)
+    o_tokens = np.fromiter(map(attrgetter("num_output_tokens"), requests), np.int64, n)
     plen, olen = np.diff(pstart), np.diff(ostart)
     listed = np.minimum(plen, p_tokens // block_size)
     starts = np.stack([pstart[:-1], len(prompt) + ostart[:-1]], axis=1).ravel()
@@ -231,7 +232,7 @@ def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, 
 
 def _flat(lists, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Lists of hashes flattened (uint64) with their offsets."""
-    lens = np.fromiter((len(x) for x in lists), np.int64, n)
+    lens = np.fromiter(map(len, lists), np.int64, n)
     start = np.zeros(n + 1, np.int64)
     np.cumsum(lens, out=start[1:])
     return np.fromiter(itertools.chain.from_iterable(lists), np.uint64, int(start[-1])), start
