@@ -89,6 +89,9 @@ static inline void kt_lru_refresh(kt_tiers *T, int64_t ti, int64_t k)
     kt_lru_append(T, ti, k);
 }
 
+/* How far ahead in a tier's queue a pop prefetches. */
+#define KT_AHEAD 4
+
 /* The least recent id of tier ti (it holds one), taken out. */
 static inline int64_t kt_lru_pop(kt_tiers *T, int64_t ti)
 {
@@ -96,6 +99,8 @@ static inline int64_t kt_lru_pop(kt_tiers *T, int64_t ti)
     int64_t pos = T->qhead[ti];
     while (*kt_stamp(T, ti, q[pos]) != pos + 1)
         pos++;
+    if (pos + KT_AHEAD < T->qtail[ti]) /* the next pops' stamps, while this one's is used */
+        __builtin_prefetch(kt_stamp(T, ti, q[pos + KT_AHEAD]));
     int64_t k = q[pos];
     *kt_stamp(T, ti, k) = 0;
     T->qhead[ti] = pos + 1;
@@ -125,6 +130,8 @@ static inline int64_t kt_put(kt_tiers *T, int64_t ti, const int64_t *keys, int64
         return n;
     }
     int64_t nl = 0, stored = 0;
+    for (int64_t q = 0; q < n; q++) /* every key's stamp on its way: the misses overlap */
+        __builtin_prefetch(kt_stamp(T, ti, keys[q]));
     for (int64_t q = 0; q < n; q++) {
         int64_t k = keys[q];
         if (kt_held(T, ti, k)) {

@@ -177,7 +177,9 @@ def tier_stream(requests, block_size: int) -> TierStream | None:
         return None
     every = np.concatenate([prompt, output])
     ids = np.empty(len(every), np.int32 if len(every) < 2**31 - 2**20 else np.int64)  # ids < hashes
-    hashes = _rank(every, np.argsort(every), ids)  # np.unique's numbering, in one pass after the sort
+    # np.unique's numbering, in one pass after the sort; a stable sort (radix or merge runs, as AccessStream's)
+    # is several times faster than the default on hash lists with runs, and ranks the same
+    hashes = _rank(every, np.argsort(every, kind="stable"), ids)
     p_tokens = np.fromiter(map(attrgetter("num_prompt_tokens"), requests), np.int64, n)
     o_tokens = np.fromiter(map(attrgetter("num_output_tokens"), requests), np.int64, n)
     plen, olen = np.diff(pstart), np.diff(ostart)
