@@ -33,6 +33,7 @@ TAKEN = STATUSES.index("taken")
 #: The hold records' rows (KP_NUM_RECORD_ROWS in native/kernels/pool_steps.h).
 NUM_RECORD_ROWS = 8
 
+
 def pool_inputs(requests, block_size: int, stream=None):
     """The kernel's per-request arrays for `requests` (their AccessStream `stream` when built already)."""
     from kmesh_trace.oracle.stream import AccessStream

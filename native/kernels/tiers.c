@@ -546,8 +546,8 @@ KS_EXPORT int64_t ks_tiers_replay(
                 if (nl > 0 && below[ti] >= 0)
                     kt_offload(&T, below[ti], keys, nl);
             }
-            int64_t p = parent_of[i];
-            if (early_prep && p >= 0) { /* EarlyPrep.child_admitted (a child's parent has declared children) */
+            int64_t p = early_prep ? parent_of[i] : -1; /* parent_of: per request with early preparation */
+            if (p >= 0) { /* EarlyPrep.child_admitted (a child's parent has declared children) */
                 if (--children_left[p] <= 0) {
                     for (int64_t q = bp_start[p]; q < bp_start[p] + bp_len[p]; q++) {
                         if (BIT(st_valid, bp[q])) {
