@@ -10,7 +10,7 @@ already built, as a sweep's configurations share it; with --reference also the P
 reference the compiled replay is tested equal to). Reported: block reads per second and tiers / vllm (goal
 <= 1.3 for two on-evict tiers), in CPU seconds of this process (`time.process_time`: the machine these run
 on is shared, and CPU time is far less disturbed by other processes than wall time, also shown). A warm-up
-on the first requests loads the compiled kernels from numba's cache first.
+on the first requests loads the compiled kernels first.
 
     .venv/bin/python benchmarks/tier_bench.py [--min-reads 10000000] [--repeat 1] [--reference]
 """

@@ -116,3 +116,50 @@ def test_the_connector_keeps_the_python_replay(monkeypatch):
     config = TierConfig(1, (TierSpec("host", 4),))
     sim = TierReplay(odd, 4, config, None, {}, False, {})
     assert_same(simulate_tiers(odd, config, block_size=4), sim.result(sim.run(), None), "negative hashes")
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_long_streams_through_large_tiers_equal_the_python_replay(timed):
+    """Hundreds of requests through tiers of up to a few hundred blocks: each tier's LRU queue (native/kernels/
+    tiers.c: lazy deletion, compaction and doubling) goes through many compactions, growths and refreshes."""
+    rng = np.random.default_rng(260 + timed)
+    for _ in range(6):
+        bs, vocab, reqs, t = 2, int(rng.integers(50, 400)), [], 0
+        for i in range(400):
+            prompt = [int(x) for x in rng.integers(0, vocab, int(rng.integers(0, 24)))]
+            if i and rng.random() < 0.6:
+                prev = reqs[int(rng.integers(0, i))].prompt_hashes
+                k = min(len(prev), len(prompt))
+                prompt[:k] = prev[:k]
+            t += int(rng.integers(0, 3)) * 1_000_000
+            reqs.append(RequestBlocks(i, f"r{i}", 2 * len(prompt) + 1, int(rng.integers(0, 4)), prompt, [],
+                                      t if timed else None, t + 2_000_000 if timed else None))
+        write = rng.choice(["on-evict", "write-through"])
+        config = TierConfig(int(rng.integers(8, 40)), (TierSpec("host", int(rng.integers(16, 300))),
+                                                      TierSpec("ssd", int(rng.integers(16, 600)), 1, write,
+                                                               bool(rng.random() < 0.7))),
+                            singleflight=bool(rng.random() < 0.5))
+        costs = {"host": RestoreCost(0.004, 1e-3), "ssd": RestoreCost(0.5, 3.3e-4)}
+        want = TierReplay(reqs, bs, config, 1000, costs, timed, {})
+        want = want.result(want.run(), None)
+        got = simulate_tiers(reqs, config, block_size=bs, kv_bytes_per_token=1000, costs=costs, timed=timed)
+        assert_same(got, want, (config, timed))
+        assert want.hit_blocks_by_tier["host"].sum() > 0
+
+
+def test_the_compiled_replays_load_no_compiler():
+    """The pool and tier replays are C called through ctypes: running them imports no JIT (numba)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from kmesh_trace.oracle.blockpool import HoldPolicy, simulate_pool\n"
+            "from kmesh_trace.oracle.stream import RequestBlocks\n"
+            "from kmesh_trace.oracle.tiers import TierConfig, TierSpec, simulate_tiers\n"
+            "reqs = [RequestBlocks(i, f'r{i}', 40, 3, [1, 2, 3], [], i, i + 5) for i in range(4)]\n"
+            "held = simulate_pool(reqs, block_size=16, num_usable_blocks=4, holds=HoldPolicy({0: 2}, {1: 0, 2: 0}, {}))\n"
+            "tiers = simulate_tiers(reqs, TierConfig(4, (TierSpec('host', 8),)), block_size=16)\n"
+            "assert held.total_hit_blocks > 0 and tiers.hit_blocks_by_tier['gpu'].sum() > 0\n"
+            "print('numba' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False"

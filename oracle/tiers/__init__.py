@@ -49,7 +49,7 @@ that model's row of `headroom` exactly. The lower tiers observe the replay:
 The modules, one job each: `config` (specs, costs, configurations and their checks), `store` (the one
 LRU store), `timing` (when reads complete), `prep` (early preparation's schedule and staging),
 `replay` (the pool replay's hooks: lookup steps, offloading, write-through stores: the reference),
-`compiled` (the same replay as one numba kernel, what `simulate_tiers` runs but for the connector), `connector` (the simple-cpu connector as a replay strategy), `simulate` (`simulate_tiers`), `result`, `sweep`,
+`compiled` (the same replay in C, native/kernels/tiers.c, what `simulate_tiers` runs but for the connector), `connector` (the simple-cpu connector as a replay strategy), `simulate` (`simulate_tiers`), `result`, `sweep`,
 `family_burst` (the scenario's arms), `run` (`run(input, options)`: what `kmesh-trace tiers` calls) and
 `render` (its human output, from the JSON).
 """

@@ -1,499 +1,84 @@
-"""The tier model compiled: `TierReplay` (`kmesh_trace.oracle.tiers.replay`) as one numba kernel.
+"""The tier model compiled: `TierReplay` (`kmesh_trace.oracle.tiers.replay`) in C (native/kernels/tiers.c).
 
-The GPU pool is the compiled pool replay's own steps (`kmesh_trace.oracle.blockpool_compiled`: `arrive`,
-`allocate_request` with a buffer for the evicted hashes, `end_admission`, `drain`), so the pool evolves
-exactly as `simulate_pool`'s; between `arrive` and the allocation the kernel runs the lookup below the GPU
-in `TierReplay._looked_up`'s steps (restores in flight, the lower-tier walk, settling, the restore wait, the
-write-through stores), and after it the offloading of what the allocation evicted (`_allocated`). The
-rules are the package docstring's (`kmesh_trace.oracle.tiers`); here is only how they are kept in arrays:
-
-- every hash (prompt, output, preloaded chunk key) has a dense id; a tier's LRU is a doubly linked list
-  over ids (`lnk`: each id's previous and next side by side, sentinel `num_ids`, least recent first;
-  -1 off the list), as `TierStore`'s OrderedDict;
-- the chunks one request reads (it reads each once) in a small open-addressing table, cleared after it;
-  per tier and id, with singleflight, the read in flight; per id, a restored block's completion while it
-  is not yet usable (`gpu_ready`, timed), with a heap of completions to expire them;
-- reads are kept as (request, tier, chunks, bytes, prepare) rows merged as `TierRead`s are;
-
-- early preparation's schedule (`EarlyPrep`'s heap) as arrays sorted in its pop order, the staged blocks
-  per id, and what each parent staged as a segment of one buffer.
+The GPU pool is the pool replay's own steps (native/kernels/pool_steps.h, as `kmesh_trace.oracle.
+blockpool_compiled` runs them: `kp_arrive`, `kp_allocate_request` with a buffer for the evicted hashes,
+`kp_end_admission`, `kp_drain`), so the pool evolves exactly as `simulate_pool`'s; between the arrival and
+the allocation the kernel runs the lookup below the GPU in `TierReplay._looked_up`'s steps (restores in
+flight, the lower-tier walk, settling, the restore wait, the write-through stores), and after it the
+offloading of what the allocation evicted (`_allocated`). The rules are the package docstring's
+(`kmesh_trace.oracle.tiers`); how they are kept in arrays is tiers.c's header: every hash (prompt, output,
+preloaded chunk key) has a dense id, a tier's LRU is a doubly linked list over ids (`TierStore`'s
+OrderedDict), the chunks one request reads a small open-addressing table, reads rows merged as
+`TierRead`s are, early preparation's schedule arrays sorted in `EarlyPrep`'s pop order.
 
 It covers every configuration, early preparation included, but the simple-cpu connector, which keeps its
-Python replay (`simulate_tiers` chooses). `TierReplay` stays the reference: tests/test_tiers_compiled.py replays
-random workloads and configurations through both and compares every `TierResult` field.
+Python replay (`simulate_tiers` chooses). This module builds the stream's arrays (`TierStream`) and calls
+the kernel through ctypes. `TierReplay` stays the reference: tests/test_tiers_compiled.py replays random
+workloads and configurations through both and compares every `TierResult` field.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 from dataclasses import dataclass
+from operator import attrgetter
 
-import numba
 import numpy as np
 
-from kmesh_trace.oracle.blockpool_compiled import (
-    REFUSED,
-    STALLS,
-    allocate_request,
-    arrive,
-    drain,
-    end_admission,
-    free_queue,
-    heap_pop,
-    heap_push,
-    pool_state,
-    replay_state,
-)
+from kmesh_trace.native.kernels import I32, I64, P, check, declare, ptr
+from kmesh_trace.oracle.blockpool_compiled import obj_pointers, stream_pointers
 from kmesh_trace.oracle.interruptible import run_interruptible
 
 __all__ = ["TierStream", "tier_stream", "replay_tiers_compiled"]
 
-_jit = numba.njit(cache=True, nogil=True, inline="always")
+_replay = declare("ks_tiers_replay", [*[P] * 8, I64, *[P] * 6, I32, I64, I64, I64, I64, *[P] * 7, I64, *[P] * 5,
+                                      I32, I32, I32, P, P, I32, P, P, I64, *[P] * 16], I64)
+_free_reads = declare("ks_tiers_free", [P])
+_gather_into = declare("ks_tiers_gather", [P, I64, P, P, I64, P])
+_rank_into = declare("ks_tiers_rank", [P, P, I64, P, P, P], I64)
 
 
-# A tier's LRU: lnk[ti, k] = (previous, next) of id k (-1, -1 off the list); row num_ids is its sentinel,
-# (the most recent, the least recent). A node's two links share a cache line.
-
-
-@_jit
-def _held(lnk, ti, k):  # pragma: no cover (compiled); k is in tier ti's LRU
-    return lnk[ti, k, 0] >= 0
-
-
-@_jit
-def _lru_unlink(lnk, ti, k):  # pragma: no cover (compiled)
-    p, q = lnk[ti, k, 0], lnk[ti, k, 1]
-    lnk[ti, p, 1] = q
-    lnk[ti, q, 0] = p
-    lnk[ti, k, 0] = -1
-
-
-@_jit
-def _lru_append(lnk, ti, k):  # pragma: no cover (compiled); k becomes the most recent
-    s = lnk.shape[1] - 1
-    last = lnk[ti, s, 0]
-    lnk[ti, k, 0] = last
-    lnk[ti, k, 1] = s
-    lnk[ti, last, 1] = k
-    lnk[ti, s, 0] = k
-
-
-@_jit
-def _lru_refresh(lnk, ti, k):  # pragma: no cover (compiled)
-    _lru_unlink(lnk, ti, k)
-    _lru_append(lnk, ti, k)
-
-
-@numba.njit(cache=True, nogil=True)
-def _lru_state(nt, num_ids, like):  # pragma: no cover (compiled)
-    """The tiers' empty LRUs."""
-    lnk = np.full((nt, num_ids + 1, 2), -1, like.dtype)
-    for ti in range(nt):
-        lnk[ti, num_ids, 0] = num_ids
-        lnk[ti, num_ids, 1] = num_ids
-    return lnk
-
-
-@_jit
-def _slot(tkey, k):  # pragma: no cover (compiled); k's slot in an open-addressing table (-1: empty)
-    mask = len(tkey) - 1
-    q = (k * 40503) & mask
-    while tkey[q] != k and tkey[q] != -1:
-        q = (q + 1) & mask
-    return q
-
-
-@_jit
-def _put(lnk, count, cap, num_stores, ti, keys, n, refresh, pass_through,
-         left):  # pragma: no cover (compiled)
-    """`TierStore.put` of keys[:n] into tier ti; the keys that leave go to `left` (which may be `keys`:
-    the q-th key is read before left[q] can be written); returns how many."""
-    c = cap[ti]
-    if c <= 0:
-        if not pass_through:
-            return 0
-        for q in range(n):
-            left[q] = keys[q]
-        return n
-    s = lnk.shape[1] - 1
-    nl = 0
-    stored = 0
-    for q in range(n):
-        k = keys[q]
-        if _held(lnk, ti, k):
-            if refresh:
-                _lru_refresh(lnk, ti, k)
-            continue
-        stored += 1
-        _lru_append(lnk, ti, k)
-        if count[ti] < c:
-            count[ti] += 1
-        else:
-            first = lnk[ti, s, 1]
-            _lru_unlink(lnk, ti, first)
-            left[nl] = first
-            nl += 1
-    num_stores[ti] += stored
-    return nl
-
-
-@_jit
-def _offload(lnk, count, cap, num_stores, on_evict, start, keys, n):  # pragma: no cover
-    """`TierReplay._offload` of keys[:n] down the on-evict tiers from position `start`, in place (a put
-    writes what leaves over the keys it has read)."""
-    for o in range(start, len(on_evict)):
-        if n == 0:
-            return
-        n = _put(lnk, count, cap, num_stores, on_evict[o], keys, n, True, True, keys)
-
-
-@_jit
-def _find_below(lnk, chunk, chain, cs, ce, j):  # pragma: no cover (compiled)
-    """`TierReplay._find_below` for block j of the hash chain chain[cs:ce]: (tier, chunk key) of the first
-    tier holding the chunk, or (-1, -1)."""
-    for ti in range(len(chunk)):
-        c = chunk[ti]
-        if c == 1:
-            key = chain[cs + j]
-        else:
-            end = (j // c + 1) * c - 1
-            key = chain[cs + end] if end < ce - cs else -1
-        if key >= 0 and _held(lnk, ti, key):
-            return ti, key
-    return -1, -1
-
-
-@_jit
-def _read(ti, key, t, req, prepare, rd, n_rd, C, Q, clk_set, timed, singleflight, if_valid, IF):  # pragma: no cover
-    """`TierReplay._read` (and `ReadQueue.complete`): one chunk read on tier ti issued at t for request
-    `req`. C = (chunk bytes, reads, bytes read) and Q = (busy p50, busy p95, clock p50, clock p95, latency,
-    duration p50, duration p95, has a restore cost) per tier; rd the read rows (request, tier, chunks, bytes, prepare). Returns
-    (completion p50, p95, rd, its rows)."""
-    nbytes = C[0][ti]
-    C[1][ti] += 1
-    C[2][ti] += nbytes
-    if n_rd > 0 and rd[n_rd - 1, 0] == req and rd[n_rd - 1, 1] == ti and rd[n_rd - 1, 4] == prepare:
-        rd[n_rd - 1, 2] += 1
-        rd[n_rd - 1, 3] += nbytes
-    else:
-        if n_rd == len(rd):
-            grown = np.zeros((2 * len(rd) + 16, 5), np.int64)
-            grown[:n_rd] = rd
-            rd = grown
-        rd[n_rd, 0], rd[n_rd, 1], rd[n_rd, 2], rd[n_rd, 3], rd[n_rd, 4] = req, ti, 1, nbytes, prepare
-        n_rd += 1
-    busy0, busy1, clk0, clk1, lat_ns, dur0, dur1, has_cost = Q
-    if has_cost[ti]:
-        if not clk_set[ti]:
-            clk_set[ti] = True
-            clk0[ti] = max(t, busy0[ti]) + lat_ns[ti]
-            clk1[ti] = max(t, busy1[ti]) + lat_ns[ti]
-        clk0[ti] += dur0[ti]
-        clk1[ti] += dur1[ti]
-        d0, d1 = clk0[ti], clk1[ti]
-        if timed:
-            busy0[ti], busy1[ti] = d0, d1
-    else:
-        d0, d1 = t, t
-    if singleflight:
-        if_valid[ti, key] = True
-        IF[0][ti, key], IF[1][ti, key] = d0, d1
-    return d0, d1, rd, n_rd
-
-
-@_jit
-def _discard(lnk, count, ti, key):  # pragma: no cover (compiled); `TierStore.discard`
-    if _held(lnk, ti, key):
-        _lru_unlink(lnk, ti, key)
-        count[ti] -= 1
-
-
-@_jit
-def _grow(a, n):  # pragma: no cover (compiled); a with room for index n
-    if n < len(a):
-        return a
-    b = np.empty(2 * len(a) + 16, a.dtype)
-    b[:len(a)] = a
-    return b
-
-
-@numba.njit(cache=True, nogil=True)
-def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_usable, num_ids, cap, chunk,
-                 retain, refresh_on_hit, write_through, below, on_evict, chunk_bytes, has_cost, lat_ns, dur0,
-                 dur1, singleflight, any_gpu, with_costs, preload, pstart, like, early_prep, prep_at, prep_p,
-                 children_left, parent_of):  # pragma: no cover (compiled)
-    n_req = len(IN[2])
-    nt = len(cap)
-    P = pool_state(num_usable, num_ids)
-    no = np.zeros(0, np.int64)
-    R, H, S = replay_state(IN, timed, block_size, False, no.astype(np.bool_), no, no, no, 1, -1, -1, -1)
-    S[9] = num_usable
-    seq, scratch = R[0], R[4]
-    longest = len(seq)
-    hit_blocks = np.zeros(n_req, np.int64)
-    num_evictions = np.zeros(n_req, np.int64)
-    admitted = np.zeros(n_req, np.bool_)
-    stalled = np.zeros(n_req, np.bool_)
-    # the lower tiers
-    lnk = _lru_state(nt, num_ids, like)
-    count = np.zeros(nt, np.int64)
-    num_stores = np.zeros(nt, np.int64)
-    num_reads = np.zeros(nt, np.int64)
-    read_bytes = np.zeros(nt, np.int64)
-    C = (chunk_bytes, num_reads, read_bytes)
-    # the chunks this request reads, (tier, id) -> completion: a table of twice the longest request's blocks
-    size = 1
-    while size < 2 * longest + 2:
-        size *= 2
-    tkey = np.full(size, -1, np.int64)
-    t0 = np.zeros(size, np.int64)
-    t1 = np.zeros(size, np.int64)
-    used = np.zeros(longest, np.int64)
-    m_if = num_ids if singleflight else 0
-    if_valid = np.zeros((nt, m_if), np.bool_)
-    if0 = np.zeros((nt, m_if), np.int64)
-    if1 = np.zeros((nt, m_if), np.int64)
-    m_gr = num_ids if timed else 0
-    gr_valid = np.zeros(m_gr, np.bool_)
-    gr0 = np.zeros(m_gr, np.int64)
-    gr1 = np.zeros(m_gr, np.int64)
-    gr_tier = np.zeros(m_gr, np.int64)
-    rhk = np.zeros(16, np.int64)  # the ready heap: (completion, id)
-    rhi = np.zeros(16, np.int64)
-    rh_size = 0
-    needed = np.zeros(num_ids, np.bool_)
-    num_needed = 0
-    num_shared = 0
+def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_usable, num_ids, cap, chunk, retain,
+                 refresh_on_hit, write_through, below, on_evict, chunk_bytes, has_cost, lat_ns, dur0, dur1,
+                 singleflight, any_gpu, with_costs, preload, pstart, early_prep, prep_at, prep_p, children_left,
+                 parent_of):
+    """The C replay (native/kernels/tiers.c): (pool arrays, hits per tier, waits, reads, per-tier counts,
+    store marks, distinct blocks needed, shared reads)."""
+    n_req, nt = len(IN[2]), len(cap)
+    IN = tuple(np.ascontiguousarray(a, np.int64) for a in IN)
+    i64 = [np.ascontiguousarray(a, np.int64) for a in (cstart, hstart, cap, chunk, below, on_evict, chunk_bytes, lat_ns,
+                                                          dur0, dur1, preload, pstart, prep_at, prep_p, children_left,
+                                                          parent_of)]
+    cstart, hstart, cap, chunk, below, on_evict, chunk_bytes, lat_ns, dur0, dur1, preload, pstart, prep_at, prep_p, \
+        children_left, parent_of = i64
+    flags = [np.ascontiguousarray(a, np.bool_) for a in (retain, refresh_on_hit, write_through, has_cost)]
+    hit_blocks, num_evictions, hit_marks = np.zeros(n_req, np.int64), np.zeros(n_req, np.int64), np.zeros(n_req, np.int64)
+    admitted, stalled = np.zeros(n_req, np.bool_), np.zeros(n_req, np.bool_)
+    queue = np.zeros(num_usable, np.int64)
     hit = np.zeros((nt + 1, n_req), np.int64)
-    wait0 = np.zeros(n_req, np.float64)
-    wait1 = np.zeros(n_req, np.float64)
-    marks = np.full(n_req, -1, np.int64)
-    rd = np.zeros((16, 5), np.int64)  # reads: (request, tier, chunks, bytes, prepare)
-    n_rd = 0
-    # one request's lookup (or one early preparation's)
-    clk_set = np.zeros(nt, np.bool_)
-    Q = (np.zeros(nt, np.int64), np.zeros(nt, np.int64), np.zeros(nt, np.int64), np.zeros(nt, np.int64),
-         lat_ns, dur0, dur1, has_cost.astype(np.int64))
-    IF = (if0, if1)
-    # early preparation: the staged blocks (id -> completions, tier) and what each parent staged
-    m_st = num_ids if early_prep else 0
-    st_valid = np.zeros(m_st, np.bool_)
-    st0 = np.zeros(m_st, np.int64)
-    st1 = np.zeros(m_st, np.int64)
-    st_tier = np.zeros(m_st, np.int64)
-    bp = np.zeros(16, np.int64)
-    n_bp = 0
-    bp_start = np.zeros(n_req if early_prep else 0, np.int64)
-    bp_len = np.zeros(n_req if early_prep else 0, np.int64)
-    n_staged = 0
-    next_prep = 0
-    counts = np.zeros(nt, np.int64)
-    ro_tier = np.zeros(longest, np.int64)
-    ro_key = np.zeros(longest, np.int64)
-    ld_h = np.zeros(longest, np.int64)
-    ld0 = np.zeros(longest, np.int64)
-    ld1 = np.zeros(longest, np.int64)
-    ld_tier = np.zeros(longest, np.int64)
-    evicted = np.zeros(longest if len(on_evict) else 0, np.int64)
-    keys = np.zeros(longest, np.int64)
-    for ti in range(nt):
-        m = pstart[ti + 1] - pstart[ti]
-        gone = np.zeros(m, np.int64)
-        _put(lnk, count, cap, num_stores, ti, preload[pstart[ti]:], m, True, False, gone)
-        num_stores[ti] = 0
-    for i in range(n_req):
-        outcome, nh, num_blocks, num_full = arrive(P, H, S, R, IN, obj, i, block_size, False, timed)
-        if outcome == REFUSED:
-            continue
-        # -- TierReplay._looked_up
-        t = S[5] if timed else 0
-        while early_prep and next_prep < len(prep_at) and prep_at[next_prep] <= (t if timed else i):  # due
-            p = prep_p[next_prep]
-            at = prep_at[next_prep]
-            next_prep += 1
-            if children_left[p] <= 0:
-                continue
-            tp = at if timed else 0  # _prepare
-            for ti in range(nt):
-                clk_set[ti] = False
-            n_used = 0
-            hs, he = hstart[p], hstart[p + 1]
-            bp_start[p] = n_bp
-            for j in range(he - hs):
-                h = held[hs + j]
-                if P[6][h] >= 0 or st_valid[h]:
-                    continue
-                ti, key = _find_below(lnk, chunk, held, hs, he, j)
-                if ti < 0:
-                    break
-                q = _slot(tkey, ti * (num_ids + 1) + key)
-                if tkey[q] >= 0:
-                    d0, d1 = t0[q], t1[q]
-                else:
-                    d0, d1, rd, n_rd = _read(ti, key, tp, p, 1, rd, n_rd, C, Q, clk_set, timed, singleflight,
-                                             if_valid, IF)
-                    if not retain[ti]:  # Tier.after_load
-                        _discard(lnk, count, ti, key)
-                    elif refresh_on_hit[ti]:
-                        _lru_refresh(lnk, ti, key)
-                    tkey[q] = ti * (num_ids + 1) + key
-                    t0[q], t1[q] = d0, d1
-                    used[n_used] = q
-                    n_used += 1
-                if not st_valid[h]:
-                    n_staged += 1
-                st_valid[h] = True
-                st0[h], st1[h], st_tier[h] = (d0, d1, ti) if timed else (0, 0, ti)
-                bp = _grow(bp, n_bp)
-                bp[n_bp] = h
-                n_bp += 1
-            bp_len[p] = n_bp - bp_start[p]
-            for q in range(n_used):
-                tkey[used[q]] = -1
-        if timed:  # _expire_ready
-            while rh_size > 0 and rhk[0] < t:
-                done = rhk[0]
-                rh_size = heap_pop(rhk, rhi, rh_size)
-                h = rhi[rh_size]
-                if gr_valid[h] and gr0[h] == done:
-                    gr_valid[h] = False
-        n_gpu = nh
-        hit[0, i] = nh
-        cs = cstart[i]
-        max_hit = min(max(IN[2][i] - 1, 0) // block_size, IN[2][i] // block_size, cstart[i + 1] - cs)
-        if nt > 0:
-            total = 0
-            for ti in range(nt):
-                total += num_stores[ti]
-            marks[i] = total
-            w0 = t
-            w1 = t
-            for ti in range(nt):
-                clk_set[ti] = False
-                counts[ti] = 0
-            n_ro = 0
-            n_ld = 0
-            n_used = 0
-            if timed:  # _restores_in_flight
-                for j in range(n_gpu):
-                    h = chain[cs + j]
-                    if not gr_valid[h]:
-                        continue
-                    if singleflight:
-                        w0 = max(w0, gr0[h])
-                        w1 = max(w1, gr1[h])
-                        hit[0, i] -= 1
-                        hit[1 + gr_tier[h], i] += 1
-                        num_shared += 1
-                        if not needed[h]:
-                            needed[h] = True
-                            num_needed += 1
-                    else:
-                        hit[0, i] = n_gpu = j
-                        break
-            j = n_gpu
-            while j < max_hit:  # _walk_below
-                h = chain[cs + j]
-                if any_gpu and P[6][h] >= 0 and not (timed and gr_valid[h]):
-                    hit[0, i] += 1
-                    j += 1
-                    continue
-                if n_staged > 0 and st_valid[h]:  # staged by early preparation
-                    w0 = max(w0, st0[h])
-                    w1 = max(w1, st1[h])
-                    hit[1 + st_tier[h], i] += 1
-                    if not needed[h]:
-                        needed[h] = True
-                        num_needed += 1
-                    j += 1
-                    continue
-                ti, key = _find_below(lnk, chunk, chain, cs, cstart[i + 1], j)
-                if ti < 0:
-                    break
-                q = _slot(tkey, ti * (num_ids + 1) + key)
-                if tkey[q] >= 0:  # _load: a chunk this request already reads
-                    d0, d1 = t0[q], t1[q]
-                elif singleflight and if_valid[ti, key] and if0[ti, key] >= t:
-                    d0, d1 = if0[ti, key], if1[ti, key]
-                    num_shared += 1
-                else:
-                    d0, d1, rd, n_rd = _read(ti, key, t, i, 0, rd, n_rd, C, Q, clk_set, timed, singleflight,
-                                             if_valid, IF)
-                    if not retain[ti]:
-                        ro_tier[n_ro], ro_key[n_ro] = ti, key
-                        n_ro += 1
-                    elif refresh_on_hit[ti]:
-                        _lru_refresh(lnk, ti, key)
-                if tkey[q] < 0:
-                    tkey[q] = ti * (num_ids + 1) + key
-                    t0[q], t1[q] = d0, d1
-                    used[n_used] = q
-                    n_used += 1
-                w0 = max(w0, d0)
-                w1 = max(w1, d1)
-                counts[ti] += 1
-                if not needed[h]:
-                    needed[h] = True
-                    num_needed += 1
-                if timed:
-                    ld_h[n_ld], ld0[n_ld], ld1[n_ld], ld_tier[n_ld] = h, d0, d1, ti
-                    n_ld += 1
-                j += 1
-            for q in range(n_used):
-                tkey[used[q]] = -1
-            for ti in range(nt):  # _settle
-                hit[1 + ti, i] += counts[ti]
-            for q in range(n_ro):
-                _discard(lnk, count, ro_tier[q], ro_key[q])
-            for q in range(n_ld):
-                if ld0[q] >= t:
-                    h = ld_h[q]
-                    gr_valid[h] = True
-                    gr0[h], gr1[h], gr_tier[h] = ld0[q], ld1[q], ld_tier[q]
-                    rhk = _grow(rhk, rh_size)
-                    rhi = _grow(rhi, rh_size)
-                    rh_size = heap_push(rhk, rhi, rh_size, ld0[q], h)
-            if with_costs:  # _restore_wait
-                if timed:
-                    wait0[i], wait1[i] = (w0 - t) / 1e9, (w1 - t) / 1e9
-                else:
-                    wait0[i], wait1[i] = w0 / 1e9, w1 / 1e9
-            for ti in range(nt):  # _write_through
-                if not write_through[ti]:
-                    continue
-                c = chunk[ti]
-                hs, he = hstart[i], hstart[i + 1]
-                nk = 0
-                for q in range(hs + c - 1, he, c):
-                    keys[nk] = held[q]
-                    nk += 1
-                nl = _put(lnk, count, cap, num_stores, ti, keys, nk, True, False, keys)
-                if nl > 0 and below[ti] >= 0:
-                    _offload(lnk, count, cap, num_stores, on_evict, below[ti], keys, nl)
-            p = parent_of[i]
-            if early_prep and p >= 0:  # EarlyPrep.child_admitted (a child's parent has declared children)
-                children_left[p] -= 1
-                if children_left[p] <= 0:
-                    for q in range(bp_start[p], bp_start[p] + bp_len[p]):
-                        if st_valid[bp[q]]:
-                            st_valid[bp[q]] = False
-                            n_staged -= 1
-                    bp_len[p] = 0
-        ne, nk = allocate_request(P, S, R, IN, obj, i, nh, num_blocks, num_full, block_size, evicted)
-        if nk > 0:  # TierReplay._allocated
-            if timed:
-                for q in range(nk):
-                    gr_valid[evicted[q]] = False
-            _offload(lnk, count, cap, num_stores, on_evict, 0, evicted, nk)
-        num_evictions[i] = ne
-        hit_blocks[i] = nh
-        admitted[i] = True
-        stalled[i] = outcome == STALLS
-        end_admission(P, H, S, R, IN, i, outcome, num_blocks, False, timed)
-    drain(P, H, S, R, IN, False, timed)
-    pool = (hit_blocks, num_evictions, admitted, stalled, free_queue(P), S[11])
-    reads = (rd[:n_rd, 0], rd[:n_rd, 1], rd[:n_rd, 2], rd[:n_rd, 3], rd[:n_rd, 4])
-    return (pool, hit, wait0, wait1, reads, num_reads, read_bytes, num_stores, marks, num_needed, num_shared)
+    wait0, wait1 = np.zeros(n_req, np.float64), np.zeros(n_req, np.float64)
+    num_reads, read_bytes, num_stores = (np.zeros(nt, np.int64) for _ in range(3))
+    rows = ctypes.c_void_p()
+    out = np.zeros(5, np.int64)
+    p64 = lambda a: ptr(a, np.int64)  # noqa: E731
+    check(_replay(*obj_pointers(obj), *stream_pointers(IN), n_req, *obj_pointers(chain), p64(cstart),
+                  *obj_pointers(held), p64(hstart), timed, block_size, num_usable, num_ids, nt, p64(cap), p64(chunk),
+                  *(ptr(f, np.bool_) for f in flags[:3]), p64(below), p64(on_evict), len(on_evict), p64(chunk_bytes),
+                  ptr(flags[3], np.bool_), p64(lat_ns), p64(dur0), p64(dur1), singleflight, any_gpu, with_costs,
+                  p64(preload), p64(pstart), early_prep, p64(prep_at), p64(prep_p), len(prep_at), p64(children_left),
+                  p64(parent_of), p64(hit_blocks), p64(num_evictions), ptr(admitted, np.bool_), ptr(stalled, np.bool_),
+                  p64(queue), p64(hit), ptr(wait0, np.float64), ptr(wait1, np.float64), p64(hit_marks),
+                  p64(num_reads), p64(read_bytes), p64(num_stores), ctypes.addressof(rows), p64(out)),
+          "the tier replay")
+    n_rd = int(out[2])
+    rd = np.zeros((n_rd, 5), np.int64)
+    if rows.value:
+        ctypes.memmove(rd.ctypes.data, rows.value, rd.nbytes)
+        _free_reads(rows.value)
+    pool = (hit_blocks, num_evictions, admitted, stalled, queue[:int(out[0])], int(out[1]))
+    reads = tuple(rd[:, k] for k in range(5))
+    return pool, hit, wait0, wait1, reads, num_reads, read_bytes, num_stores, hit_marks, int(out[3]), int(out[4])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -501,35 +86,24 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
 # ---------------------------------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, nogil=True)
-def _gather_into(values, starts, lens, out):  # pragma: no cover (compiled)
-    o = 0
-    for k in range(len(starts)):
-        a = starts[k]
-        for q in range(lens[k]):
-            out[o] = values[a + q]
-            o += 1
-
-
 def _gather(values: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """values[starts[k]:starts[k] + lens[k]] for every k, concatenated."""
+    values = np.ascontiguousarray(values)
+    starts, lens = np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(lens, np.int64)
     out = np.empty(int(lens.sum()), values.dtype)
-    _gather_into(values, starts, lens, out)
+    _gather_into(values.ctypes.data, values.dtype.itemsize, ptr(starts, np.int64), ptr(lens, np.int64), len(starts),
+                 out.ctypes.data)
     return out
 
 
-@numba.njit(cache=True, nogil=True)
-def _rank(hashes, order, ids):  # pragma: no cover (compiled)
+def _rank(hashes, order, ids):
     """ids[t] = the rank of hashes[t] among the distinct hashes (`order` sorts them); returns those, sorted."""
+    order = np.ascontiguousarray(order, np.int64)
     distinct = np.empty(len(hashes), np.uint64)
-    r = -1
-    for k in range(len(hashes)):
-        t = order[k]
-        if k == 0 or hashes[t] != hashes[order[k - 1]]:
-            r += 1
-            distinct[r] = hashes[t]
-        ids[t] = r
-    return distinct[:r + 1]
+    o32 = ptr(ids, np.int32) if ids.dtype == np.int32 else None
+    n = _rank_into(ptr(hashes, np.uint64), ptr(order, np.int64), len(hashes), o32,
+                   None if o32 is not None else ptr(ids, np.int64), ptr(distinct, np.uint64))
+    return distinct[:n]
 
 
 def _per_request(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -597,15 +171,17 @@ def tier_stream(requests, block_size: int) -> TierStream | None:
     requests = list(requests)
     n = len(requests)
     try:
-        prompt, pstart = _flat([r.prompt_hashes for r in requests], n)
-        output, ostart = _flat([r.output_hashes for r in requests], n)
+        prompt, pstart = _flat(list(map(attrgetter("prompt_hashes"), requests)), n)
+        output, ostart = _flat(list(map(attrgetter("output_hashes"), requests)), n)
     except (OverflowError, ValueError, TypeError):
         return None
     every = np.concatenate([prompt, output])
     ids = np.empty(len(every), np.int32 if len(every) < 2**31 - 2**20 else np.int64)  # ids < hashes
-    hashes = _rank(every, np.argsort(every), ids)  # np.unique's numbering, in one pass after the sort
-    p_tokens = np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n)
-    o_tokens = np.fromiter((r.num_output_tokens for r in requests), np.int64, n)
+    # np.unique's numbering, in one pass after the sort; a stable sort (radix or merge runs, as AccessStream's)
+    # is several times faster than the default on hash lists with runs, and ranks the same
+    hashes = _rank(every, np.argsort(every, kind="stable"), ids)
+    p_tokens = np.fromiter(map(attrgetter("num_prompt_tokens"), requests), np.int64, n)
+    o_tokens = np.fromiter(map(attrgetter("num_output_tokens"), requests), np.int64, n)
     plen, olen = np.diff(pstart), np.diff(ostart)
     listed = np.minimum(plen, p_tokens // block_size)
     starts = np.stack([pstart[:-1], len(prompt) + ostart[:-1]], axis=1).ravel()
@@ -653,12 +229,12 @@ def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, 
         arr([t.write == "write-through" for t in tiers], np.bool_), below, on_evict, arr(nbytes),
         arr([c is not None for c in cs], np.bool_), arr(lat), arr(dur0), arr(dur1),
         bool(config.singleflight and timed), config.lookup == "any", all(c is not None for c in cs), pid, pstart,
-        np.zeros(0, np.int32 if num_ids < 2**31 - 1 else np.int64), early_prep, *schedule)
+        early_prep, *schedule)
 
 
 def _flat(lists, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Lists of hashes flattened (uint64) with their offsets."""
-    lens = np.fromiter((len(x) for x in lists), np.int64, n)
+    lens = np.fromiter(map(len, lists), np.int64, n)
     start = np.zeros(n + 1, np.int64)
     np.cumsum(lens, out=start[1:])
     return np.fromiter(itertools.chain.from_iterable(lists), np.uint64, int(start[-1])), start

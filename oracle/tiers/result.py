@@ -154,10 +154,10 @@ def tier_result(config: TierConfig, block_size: int, kv_bytes_per_token: int | N
         notes.append("singleflight needs arrival and finish times; the replay is sequential, so it changes "
                      "nothing.")
     stores = np.zeros(len(requests), np.int64)
-    order = list(store_marks)
-    ends = [store_marks[k] for k in order[1:]] + [sum(num_stores.values())]
-    for k, end in zip(order, ends):
-        stores[k] = end - store_marks[k]
+    if store_marks:  # each request's stores: up to the next request's mark (the last: up to the total)
+        looked = np.fromiter(store_marks.keys(), np.int64, len(store_marks))
+        marks = np.fromiter(store_marks.values(), np.int64, len(store_marks))
+        stores[looked] = np.diff(marks, append=sum(num_stores.values()))
     return TierResult(
         stores_per_request=stores,
         config=config, block_size=block_size, kv_bytes_per_token=kv_bytes_per_token, pool=pool,

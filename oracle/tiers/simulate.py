@@ -49,7 +49,7 @@ def _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, 
               stream) -> TierResult | None:
     """The compiled replay's TierResult (`kmesh_trace.oracle.tiers.compiled`), or None when it cannot take
     the stream (hashes that are not 64-bit unsigned integers)."""
-    from kmesh_trace.oracle.tiers.compiled import replay_tiers_compiled, tier_stream  # numba, imported where used
+    from kmesh_trace.oracle.tiers.compiled import replay_tiers_compiled, tier_stream
 
     if stream is None or stream.block_size != block_size or len(stream.requests) != len(requests):
         stream = tier_stream(requests, block_size)

@@ -1,0 +1,631 @@
+/* The tier model's replay (oracle/tiers/compiled.py, `TierReplay` of oracle/tiers/replay.py): the GPU pool
+ * is pool_steps.h's steps, so it evolves exactly as the pool kernel's; between `kp_arrive` and the
+ * allocation this kernel runs the lookup below the GPU in `TierReplay._looked_up`'s steps (restores in
+ * flight, the lower-tier walk, settling, the restore wait, the write-through stores), and after it the
+ * offloading of what the allocation evicted (`_allocated`).
+ *
+ * - every hash (prompt, output, preloaded chunk key) has a dense id; a tier's LRU is a queue of ids with
+ *   lazy deletion (kt_tiers below), in `TierStore`'s OrderedDict order;
+ * - the chunks one request reads (it reads each once) in a small open-addressing table, cleared after it;
+ *   per tier and id, with singleflight, the read in flight; per id, a restored block's completion while it
+ *   is not yet usable (gr_*, timed), with a heap of completions to expire them;
+ * - reads are kept as (request, tier, chunks, bytes, prepare) rows merged as `TierRead`s are;
+ * - early preparation's schedule (`EarlyPrep`'s heap) as arrays sorted in its pop order, the staged
+ *   blocks per id, and what each parent staged as a segment of one buffer.
+ */
+#include "pool_steps.h"
+
+/* ids the stream keeps as int32 or int64 (one pointer NULL) */
+typedef struct {
+    const int32_t *p32;
+    const int64_t *p64;
+} kt_ids;
+
+static inline int64_t kt_id(kt_ids v, int64_t t) { return v.p32 ? v.p32[t] : v.p64[t]; }
+
+/* The configuration, per tier (nt of them) */
+typedef struct {
+    int64_t nt, num_ids, n_on_evict;
+    const int64_t *cap, *chunk, *below, *on_evict, *chunk_bytes, *lat_ns, *dur0, *dur1;
+    const uint8_t *retain, *refresh_on_hit, *write_through, *has_cost;
+} kt_config;
+
+/* The lower tiers' state. A tier's LRU is a queue of ids, least recent first, with lazy deletion: stamp[k]
+ * is 1 + the position of k's live entry in the queue (0: not in the tier), so an entry whose position
+ * differs from its id's stamp is stale (the id was refreshed or dropped since) and is skipped when the
+ * least recent is taken; a full queue is compacted in order (and doubled when mostly live). Exactly
+ * `TierStore`'s OrderedDict order, with one random access per move instead of a list's three. */
+typedef struct {
+    kt_config c;
+    bool timed, singleflight, failed;
+    int64_t *stamp; /* nt x num_ids */
+    int64_t **queue, *qhead, *qtail, *qcap;
+    int64_t *count, *num_stores, *num_reads, *read_bytes;
+    int64_t *rd, rd_cap, n_rd; /* read rows (request, tier, chunks, bytes, prepare) */
+    uint8_t *clk_set;
+    int64_t *busy0, *busy1, *clk0, *clk1;
+    uint8_t *if_valid; /* nt x num_ids, singleflight: the read in flight */
+    int64_t *if0, *if1;
+} kt_tiers;
+
+static inline int64_t *kt_stamp(const kt_tiers *T, int64_t ti, int64_t k) { return T->stamp + ti * T->c.num_ids + k; }
+
+static inline bool kt_held(const kt_tiers *T, int64_t ti, int64_t k) { return *kt_stamp(T, ti, k) != 0; }
+
+static inline void kt_lru_unlink(kt_tiers *T, int64_t ti, int64_t k) { *kt_stamp(T, ti, k) = 0; }
+
+/* Tier ti's queue with room for one more entry: compacted in order, doubled when mostly live. */
+static bool kt_queue_room(kt_tiers *T, int64_t ti)
+{
+    int64_t *q = T->queue[ti], w = 0;
+    for (int64_t pos = T->qhead[ti]; pos < T->qtail[ti]; pos++) {
+        int64_t k = q[pos], *st = kt_stamp(T, ti, k);
+        if (*st == pos + 1) {
+            q[w] = k;
+            *st = ++w;
+        }
+    }
+    T->qhead[ti] = 0;
+    T->qtail[ti] = w;
+    if (2 * w >= T->qcap[ti] && !kp_grow(&T->queue[ti], &T->qcap[ti], T->qcap[ti], 1)) {
+        T->failed = true;
+        return false;
+    }
+    return true;
+}
+
+static inline void kt_lru_append(kt_tiers *T, int64_t ti, int64_t k) /* k becomes the most recent */
+{
+    if (KS_UNLIKELY(T->qtail[ti] == T->qcap[ti]) && !kt_queue_room(T, ti))
+        return;
+    int64_t pos = T->qtail[ti]++;
+    T->queue[ti][pos] = k;
+    *kt_stamp(T, ti, k) = pos + 1;
+}
+
+static inline void kt_lru_refresh(kt_tiers *T, int64_t ti, int64_t k)
+{
+    kt_lru_unlink(T, ti, k);
+    kt_lru_append(T, ti, k);
+}
+
+/* How far ahead in a tier's queue a pop prefetches. */
+#define KT_AHEAD 4
+
+/* The least recent id of tier ti (it holds one), taken out. */
+static inline int64_t kt_lru_pop(kt_tiers *T, int64_t ti)
+{
+    const int64_t *q = T->queue[ti];
+    int64_t pos = T->qhead[ti];
+    while (*kt_stamp(T, ti, q[pos]) != pos + 1)
+        pos++;
+    if (pos + KT_AHEAD < T->qtail[ti]) /* the next pops' stamps, while this one's is used */
+        __builtin_prefetch(kt_stamp(T, ti, q[pos + KT_AHEAD]));
+    int64_t k = q[pos];
+    *kt_stamp(T, ti, k) = 0;
+    T->qhead[ti] = pos + 1;
+    return k;
+}
+
+/* k's slot in an open-addressing table of `mask + 1` slots (-1: empty) */
+static inline int64_t kt_slot(const int64_t *tkey, int64_t mask, int64_t k)
+{
+    int64_t q = (k * 40503) & mask;
+    while (tkey[q] != k && tkey[q] != -1)
+        q = (q + 1) & mask;
+    return q;
+}
+
+/* `TierStore.put` of keys[:n] into tier ti; the keys that leave go to `left` (which may be `keys`: the
+ * q-th key is read before left[q] can be written); returns how many. */
+static inline int64_t kt_put(kt_tiers *T, int64_t ti, const int64_t *keys, int64_t n, bool refresh, bool pass_through,
+                             int64_t *left)
+{
+    int64_t c = T->c.cap[ti];
+    if (c <= 0) {
+        if (!pass_through)
+            return 0;
+        for (int64_t q = 0; q < n; q++)
+            left[q] = keys[q];
+        return n;
+    }
+    int64_t nl = 0, stored = 0;
+    for (int64_t q = 0; q < n; q++) /* every key's stamp on its way: the misses overlap */
+        __builtin_prefetch(kt_stamp(T, ti, keys[q]));
+    for (int64_t q = 0; q < n; q++) {
+        int64_t k = keys[q];
+        if (kt_held(T, ti, k)) {
+            if (refresh)
+                kt_lru_refresh(T, ti, k);
+            continue;
+        }
+        stored++;
+        kt_lru_append(T, ti, k);
+        if (T->count[ti] < c) {
+            T->count[ti]++;
+        } else {
+            left[nl++] = kt_lru_pop(T, ti);
+        }
+    }
+    T->num_stores[ti] += stored;
+    return nl;
+}
+
+/* `TierReplay._offload` of keys[:n] down the on-evict tiers from position `start`, in place. */
+static inline void kt_offload(kt_tiers *T, int64_t start, int64_t *keys, int64_t n)
+{
+    for (int64_t o = start; o < T->c.n_on_evict; o++) {
+        if (n == 0)
+            return;
+        n = kt_put(T, T->c.on_evict[o], keys, n, true, true, keys);
+    }
+}
+
+/* `TierReplay._find_below` for block j of the hash chain chain[cs:ce]: the first tier holding the chunk
+ * (its key in *key), or -1. */
+static inline int64_t kt_find_below(const kt_tiers *T, kt_ids chain, int64_t cs, int64_t ce, int64_t j, int64_t *key)
+{
+    for (int64_t ti = 0; ti < T->c.nt; ti++) {
+        int64_t c = T->c.chunk[ti], k;
+        if (c == 1) {
+            k = kt_id(chain, cs + j);
+        } else {
+            int64_t end = (j / c + 1) * c - 1;
+            k = end < ce - cs ? kt_id(chain, cs + end) : -1;
+        }
+        if (k >= 0 && kt_held(T, ti, k)) {
+            *key = k;
+            return ti;
+        }
+    }
+    *key = -1;
+    return -1;
+}
+
+/* `TierReplay._read` (and `ReadQueue.complete`): one chunk read on tier ti issued at t for request `req`;
+ * its completions (p50, p95) in d0, d1. false: out of memory. */
+static inline bool kt_read(kt_tiers *T, int64_t ti, int64_t key, int64_t t, int64_t req, int64_t prepare, int64_t *d0,
+                           int64_t *d1)
+{
+    int64_t nbytes = T->c.chunk_bytes[ti];
+    T->num_reads[ti]++;
+    T->read_bytes[ti] += nbytes;
+    int64_t *last = T->n_rd > 0 ? T->rd + 5 * (T->n_rd - 1) : NULL;
+    if (last && last[0] == req && last[1] == ti && last[4] == prepare) {
+        last[2]++;
+        last[3] += nbytes;
+    } else {
+        if (!kp_grow(&T->rd, &T->rd_cap, T->n_rd, 5))
+            return false;
+        int64_t *row = T->rd + 5 * T->n_rd++;
+        row[0] = req;
+        row[1] = ti;
+        row[2] = 1;
+        row[3] = nbytes;
+        row[4] = prepare;
+    }
+    if (T->c.has_cost[ti]) {
+        if (!T->clk_set[ti]) {
+            T->clk_set[ti] = 1;
+            T->clk0[ti] = kp_max(t, T->busy0[ti]) + T->c.lat_ns[ti];
+            T->clk1[ti] = kp_max(t, T->busy1[ti]) + T->c.lat_ns[ti];
+        }
+        T->clk0[ti] += T->c.dur0[ti];
+        T->clk1[ti] += T->c.dur1[ti];
+        *d0 = T->clk0[ti];
+        *d1 = T->clk1[ti];
+        if (T->timed) {
+            T->busy0[ti] = *d0;
+            T->busy1[ti] = *d1;
+        }
+    } else {
+        *d0 = *d1 = t;
+    }
+    if (T->singleflight) {
+        int64_t x = ti * T->c.num_ids + key;
+        T->if_valid[x] = 1;
+        T->if0[x] = *d0;
+        T->if1[x] = *d1;
+    }
+    return true;
+}
+
+static inline void kt_discard(kt_tiers *T, int64_t ti, int64_t key) /* `TierStore.discard` */
+{
+    if (kt_held(T, ti, key)) {
+        kt_lru_unlink(T, ti, key);
+        T->count[ti]--;
+    }
+}
+
+static inline void kt_mark_needed(uint8_t *needed, int64_t h, int64_t *num_needed)
+{
+    if (!needed[h]) {
+        needed[h] = 1;
+        (*num_needed)++;
+    }
+}
+
+/* The stream (the pool's obj, per-request arrays; each request's prompt chain chain[cstart[i]:cstart[i+1]]
+ * and held chain held[hstart[i]:hstart[i+1]]), the configuration, the preloaded ids per tier
+ * (preload[pstart[ti]:pstart[ti+1]]), early preparation's schedule (prep_at, prep_p: n_prep entries;
+ * children_left, parent_of per request). Outputs: per request hit_blocks, num_evictions, admitted,
+ * stalled, hit (nt + 1 x n_req), wait0, wait1, marks; free_queue (num_usable); per tier num_reads,
+ * read_bytes, num_stores; *reads (malloc'd rows of 5, free with ks_tiers_free); out[0..4] = free queue
+ * length, deferrals, read rows, distinct blocks needed, shared reads. Returns 0 or KS_ENOMEM. */
+KS_EXPORT int64_t ks_tiers_replay(
+    const int32_t *obj32, const int64_t *obj64, const int64_t *req_start, const int64_t *listed,
+    const int64_t *prompt_tokens, const int64_t *output_tokens, const int64_t *finish_ns, const int64_t *arrival,
+    int64_t n_req, const int32_t *chain32, const int64_t *chain64, const int64_t *cstart, const int32_t *held32,
+    const int64_t *held64, const int64_t *hstart, int32_t timed, int64_t block_size, int64_t num_usable, int64_t num_ids,
+    int64_t nt, const int64_t *cap, const int64_t *chunk, const uint8_t *retain, const uint8_t *refresh_on_hit,
+    const uint8_t *write_through, const int64_t *below, const int64_t *on_evict, int64_t n_on_evict,
+    const int64_t *chunk_bytes, const uint8_t *has_cost, const int64_t *lat_ns, const int64_t *dur0,
+    const int64_t *dur1, int32_t singleflight, int32_t any_gpu, int32_t with_costs, const int64_t *preload,
+    const int64_t *pstart, int32_t early_prep, const int64_t *prep_at, const int64_t *prep_p, int64_t n_prep,
+    const int64_t *children_of, const int64_t *parent_of, int64_t *hit_blocks, int64_t *num_evictions,
+    uint8_t *admitted, uint8_t *stalled, int64_t *free_queue, int64_t *hit, double *wait0, double *wait1,
+    int64_t *marks, int64_t *num_reads, int64_t *read_bytes, int64_t *num_stores, int64_t **reads, int64_t *out)
+{
+    kp_engine e = {
+        .obj32 = obj32, .obj64 = obj64, .req_start = req_start, .listed = listed, .prompt_tokens = prompt_tokens,
+        .output_tokens = output_tokens, .finish_ns = finish_ns, .arrival = arrival, .n_req = n_req,
+        .block_size = block_size, .timed = timed != 0, .has_holds = false, .expiry_ns = -1, .max_held = -1,
+        .max_fam = -1,
+    };
+    kt_ids chain = {chain32, chain64}, held = {held32, held64};
+    kt_tiers T = {
+        .c = {.nt = nt, .num_ids = num_ids, .n_on_evict = n_on_evict, .cap = cap, .chunk = chunk, .below = below,
+              .on_evict = on_evict, .chunk_bytes = chunk_bytes, .lat_ns = lat_ns, .dur0 = dur0, .dur1 = dur1,
+              .retain = retain, .refresh_on_hit = refresh_on_hit, .write_through = write_through,
+              .has_cost = has_cost},
+        .timed = timed != 0, .singleflight = singleflight != 0,
+    };
+    int64_t *rhk = NULL, *rhi = NULL, rh_cap = 0, rh_cap2 = 0, rh_size = 0; /* the ready heap: (completion, id) */
+    int64_t *bp = NULL, bp_cap = 0, n_bp = 0;
+    int64_t rc = KS_ENOMEM;
+    *reads = NULL;
+    kp_arena *A = &e.arena;
+    if (!kp_engine_init(&e, num_usable, num_ids, 1, NULL))
+        goto done;
+    int64_t longest = e.longest, ids1 = num_ids + 1;
+    T.stamp = kp_new(A, nt * num_ids, 0);
+    T.queue = (int64_t **)kp_new(A, nt, 0);
+    T.qhead = kp_new(A, nt, 0);
+    T.qtail = kp_new(A, nt, 0);
+    T.qcap = kp_new(A, nt, 0);
+    T.count = kp_new(A, nt, 0);
+    T.num_stores = num_stores;
+    T.num_reads = num_reads;
+    T.read_bytes = read_bytes;
+    T.busy0 = kp_new(A, nt, 0);
+    T.busy1 = kp_new(A, nt, 0);
+    T.clk0 = kp_new(A, nt, 0);
+    T.clk1 = kp_new(A, nt, 0);
+    T.clk_set = (uint8_t *)kp_new(A, nt, 0);
+    /* the chunks this request reads, (tier, id) -> completion: a table of twice the longest request's blocks */
+    int64_t size = 1;
+    while (size < 2 * longest + 2)
+        size *= 2;
+    int64_t mask = size - 1;
+    int64_t *tkey = kp_new(A, size, -1), *t0 = kp_new(A, size, 0), *t1 = kp_new(A, size, 0);
+    int64_t *used = kp_new(A, longest, 0);
+    int64_t m_if = T.singleflight ? num_ids : 0;
+    T.if_valid = (uint8_t *)kp_new(A, (nt * m_if + 7) / 8, 0);
+    T.if0 = kp_new(A, nt * m_if, 0);
+    T.if1 = kp_new(A, nt * m_if, 0);
+    int64_t m_gr = e.timed ? num_ids : 0;
+    uint8_t *gr_valid = (uint8_t *)kp_new(A, (m_gr + 7) / 8, 0);
+    int64_t *gr0 = kp_new(A, m_gr, 0), *gr1 = kp_new(A, m_gr, 0), *gr_tier = kp_new(A, m_gr, 0);
+    uint8_t *needed = (uint8_t *)kp_new(A, (num_ids + 7) / 8, 0);
+    int64_t num_needed = 0, num_shared = 0;
+    /* early preparation: the staged blocks (id -> completions, tier) and what each parent staged */
+    int64_t m_st = early_prep ? num_ids : 0, m_bp = early_prep ? n_req : 0;
+    uint8_t *st_valid = (uint8_t *)kp_new(A, (m_st + 7) / 8, 0);
+    int64_t *st0 = kp_new(A, m_st, 0), *st1 = kp_new(A, m_st, 0), *st_tier = kp_new(A, m_st, 0);
+    int64_t *bp_start = kp_new(A, m_bp, 0), *bp_len = kp_new(A, m_bp, 0);
+    int64_t *children_left = kp_new(A, m_bp, 0);
+    int64_t n_staged = 0, next_prep = 0;
+    int64_t *counts = kp_new(A, nt, 0);
+    int64_t *ro_tier = kp_new(A, longest, 0), *ro_key = kp_new(A, longest, 0);
+    int64_t *ld_h = kp_new(A, longest, 0), *ld0 = kp_new(A, longest, 0), *ld1 = kp_new(A, longest, 0);
+    int64_t *ld_tier = kp_new(A, longest, 0);
+    int64_t *evicted = n_on_evict ? kp_new(A, longest, 0) : NULL;
+    int64_t *keys = kp_new(A, longest, 0);
+    int64_t longest_preload = 0;
+    for (int64_t ti = 0; ti < nt; ti++)
+        longest_preload = kp_max(longest_preload, pstart[ti + 1] - pstart[ti]);
+    int64_t *gone = kp_new(A, longest_preload, 0);
+    if (A->failed)
+        goto done;
+    if (early_prep)
+        memcpy(children_left, children_of, (size_t)n_req * sizeof(int64_t));
+    for (int64_t ti = 0; ti < nt; ti++)
+        num_stores[ti] = num_reads[ti] = read_bytes[ti] = 0;
+    for (int64_t i = 0; i < n_req; i++) {
+        hit_blocks[i] = num_evictions[i] = 0;
+        admitted[i] = stalled[i] = 0;
+        wait0[i] = wait1[i] = 0.0;
+        marks[i] = -1;
+    }
+    for (int64_t k = 0; k < (nt + 1) * n_req; k++)
+        hit[k] = 0;
+    for (int64_t ti = 0; ti < nt; ti++) {
+        kt_put(&T, ti, preload + pstart[ti], pstart[ti + 1] - pstart[ti], true, false, gone);
+        num_stores[ti] = 0;
+    }
+#define BIT(a, k) ((a)[k])
+#define SET(a, k) ((a)[k] = 1)
+#define CLR(a, k) ((a)[k] = 0)
+    for (int64_t i = 0; i < n_req; i++) {
+        if (KS_UNLIKELY(T.failed))
+            goto done;
+        kp_admission ad = kp_arrive(&e, i);
+        if (ad.outcome == KP_REFUSED)
+            continue;
+        /* -- TierReplay._looked_up */
+        int64_t t = e.timed ? e.now : 0;
+        while (early_prep && next_prep < n_prep && prep_at[next_prep] <= (e.timed ? t : i)) { /* due */
+            int64_t p = prep_p[next_prep], at = prep_at[next_prep];
+            next_prep++;
+            if (children_left[p] <= 0)
+                continue;
+            int64_t tp = e.timed ? at : 0; /* _prepare */
+            memset(T.clk_set, 0, (size_t)nt);
+            int64_t n_used = 0, hs = hstart[p], he = hstart[p + 1];
+            bp_start[p] = n_bp;
+            for (int64_t j = 0; j < he - hs; j++) {
+                int64_t h = kt_id(held, hs + j), key, d0, d1;
+                if (e.head[h] >= 0 || BIT(st_valid, h))
+                    continue;
+                int64_t ti = kt_find_below(&T, held, hs, he, j, &key);
+                if (ti < 0)
+                    break;
+                int64_t q = kt_slot(tkey, mask, ti * ids1 + key);
+                if (tkey[q] >= 0) {
+                    d0 = t0[q];
+                    d1 = t1[q];
+                } else {
+                    if (!kt_read(&T, ti, key, tp, p, 1, &d0, &d1))
+                        goto done;
+                    if (!retain[ti]) /* Tier.after_load */
+                        kt_discard(&T, ti, key);
+                    else if (refresh_on_hit[ti])
+                        kt_lru_refresh(&T, ti, key);
+                    tkey[q] = ti * ids1 + key;
+                    t0[q] = d0;
+                    t1[q] = d1;
+                    used[n_used++] = q;
+                }
+                if (!BIT(st_valid, h))
+                    n_staged++;
+                SET(st_valid, h);
+                st0[h] = e.timed ? d0 : 0;
+                st1[h] = e.timed ? d1 : 0;
+                st_tier[h] = ti;
+                if (!kp_grow(&bp, &bp_cap, n_bp, 1))
+                    goto done;
+                bp[n_bp++] = h;
+            }
+            bp_len[p] = n_bp - bp_start[p];
+            for (int64_t q = 0; q < n_used; q++)
+                tkey[used[q]] = -1;
+        }
+        if (e.timed) { /* _expire_ready */
+            while (rh_size > 0 && rhk[0] < t) {
+                int64_t finished = rhk[0];
+                rh_size = kp_heap_pop(rhk, rhi, rh_size);
+                int64_t h = rhi[rh_size];
+                if (BIT(gr_valid, h) && gr0[h] == finished)
+                    CLR(gr_valid, h);
+            }
+        }
+        int64_t n_gpu = ad.nh;
+        int64_t *hit0 = hit;
+        hit0[i] = ad.nh;
+        int64_t cs = cstart[i], ce = cstart[i + 1];
+        int64_t max_hit = kp_min(kp_min(kp_max(prompt_tokens[i] - 1, 0) / block_size, prompt_tokens[i] / block_size),
+                                 ce - cs);
+        if (nt > 0) {
+            int64_t total = 0;
+            for (int64_t ti = 0; ti < nt; ti++)
+                total += num_stores[ti];
+            marks[i] = total;
+            int64_t w0 = t, w1 = t;
+            memset(T.clk_set, 0, (size_t)nt);
+            memset(counts, 0, (size_t)nt * sizeof(int64_t));
+            int64_t n_ro = 0, n_ld = 0, n_used = 0;
+            if (e.timed) { /* _restores_in_flight */
+                for (int64_t j = 0; j < n_gpu; j++) {
+                    int64_t h = kt_id(chain, cs + j);
+                    if (!BIT(gr_valid, h))
+                        continue;
+                    if (T.singleflight) {
+                        w0 = kp_max(w0, gr0[h]);
+                        w1 = kp_max(w1, gr1[h]);
+                        hit0[i]--;
+                        hit[(1 + gr_tier[h]) * n_req + i]++;
+                        num_shared++;
+                        kt_mark_needed(needed, h, &num_needed);
+                    } else {
+                        hit0[i] = n_gpu = j;
+                        break;
+                    }
+                }
+            }
+            int64_t j = n_gpu;
+            while (j < max_hit) { /* _walk_below */
+                int64_t h = kt_id(chain, cs + j), key, d0, d1;
+                if (any_gpu && e.head[h] >= 0 && !(e.timed && BIT(gr_valid, h))) {
+                    hit0[i]++;
+                    j++;
+                    continue;
+                }
+                if (n_staged > 0 && BIT(st_valid, h)) { /* staged by early preparation */
+                    w0 = kp_max(w0, st0[h]);
+                    w1 = kp_max(w1, st1[h]);
+                    hit[(1 + st_tier[h]) * n_req + i]++;
+                    kt_mark_needed(needed, h, &num_needed);
+                    j++;
+                    continue;
+                }
+                int64_t ti = kt_find_below(&T, chain, cs, ce, j, &key);
+                if (ti < 0)
+                    break;
+                int64_t q = kt_slot(tkey, mask, ti * ids1 + key);
+                int64_t x = ti * num_ids + key;
+                if (tkey[q] >= 0) { /* _load: a chunk this request already reads */
+                    d0 = t0[q];
+                    d1 = t1[q];
+                } else if (T.singleflight && BIT(T.if_valid, x) && T.if0[x] >= t) {
+                    d0 = T.if0[x];
+                    d1 = T.if1[x];
+                    num_shared++;
+                } else {
+                    if (!kt_read(&T, ti, key, t, i, 0, &d0, &d1))
+                        goto done;
+                    if (!retain[ti]) {
+                        ro_tier[n_ro] = ti;
+                        ro_key[n_ro++] = key;
+                    } else if (refresh_on_hit[ti]) {
+                        kt_lru_refresh(&T, ti, key);
+                    }
+                }
+                if (tkey[q] < 0) {
+                    tkey[q] = ti * ids1 + key;
+                    t0[q] = d0;
+                    t1[q] = d1;
+                    used[n_used++] = q;
+                }
+                w0 = kp_max(w0, d0);
+                w1 = kp_max(w1, d1);
+                counts[ti]++;
+                kt_mark_needed(needed, h, &num_needed);
+                if (e.timed) {
+                    ld_h[n_ld] = h;
+                    ld0[n_ld] = d0;
+                    ld1[n_ld] = d1;
+                    ld_tier[n_ld++] = ti;
+                }
+                j++;
+            }
+            for (int64_t q = 0; q < n_used; q++)
+                tkey[used[q]] = -1;
+            for (int64_t ti = 0; ti < nt; ti++) /* _settle */
+                hit[(1 + ti) * n_req + i] += counts[ti];
+            for (int64_t q = 0; q < n_ro; q++)
+                kt_discard(&T, ro_tier[q], ro_key[q]);
+            for (int64_t q = 0; q < n_ld; q++) {
+                if (ld0[q] >= t) {
+                    int64_t h = ld_h[q];
+                    SET(gr_valid, h);
+                    gr0[h] = ld0[q];
+                    gr1[h] = ld1[q];
+                    gr_tier[h] = ld_tier[q];
+                    if (!kp_grow(&rhk, &rh_cap, rh_size, 1) || !kp_grow(&rhi, &rh_cap2, rh_size, 1))
+                        goto done;
+                    rh_size = kp_heap_push(rhk, rhi, rh_size, ld0[q], h);
+                }
+            }
+            if (with_costs) { /* _restore_wait */
+                if (e.timed) {
+                    wait0[i] = (double)(w0 - t) / 1e9;
+                    wait1[i] = (double)(w1 - t) / 1e9;
+                } else {
+                    wait0[i] = (double)w0 / 1e9;
+                    wait1[i] = (double)w1 / 1e9;
+                }
+            }
+            for (int64_t ti = 0; ti < nt; ti++) { /* _write_through */
+                if (!write_through[ti])
+                    continue;
+                int64_t c = chunk[ti], hs = hstart[i], he = hstart[i + 1], nk = 0;
+                for (int64_t q = hs + c - 1; q < he; q += c)
+                    keys[nk++] = kt_id(held, q);
+                int64_t nl = kt_put(&T, ti, keys, nk, true, false, keys);
+                if (nl > 0 && below[ti] >= 0)
+                    kt_offload(&T, below[ti], keys, nl);
+            }
+            int64_t p = early_prep ? parent_of[i] : -1; /* parent_of: per request with early preparation */
+            if (p >= 0) { /* EarlyPrep.child_admitted (a child's parent has declared children) */
+                if (--children_left[p] <= 0) {
+                    for (int64_t q = bp_start[p]; q < bp_start[p] + bp_len[p]; q++) {
+                        if (BIT(st_valid, bp[q])) {
+                            CLR(st_valid, bp[q]);
+                            n_staged--;
+                        }
+                    }
+                    bp_len[p] = 0;
+                }
+            }
+        }
+        int64_t nk;
+        int64_t ne = kp_allocate_request(&e, i, &ad, evicted, &nk);
+        if (nk > 0) { /* TierReplay._allocated */
+            if (e.timed)
+                for (int64_t q = 0; q < nk; q++)
+                    CLR(gr_valid, evicted[q]);
+            kt_offload(&T, 0, evicted, nk);
+        }
+        num_evictions[i] = ne;
+        hit_blocks[i] = ad.nh;
+        admitted[i] = 1;
+        stalled[i] = ad.outcome == KP_STALLS;
+        kp_end_admission(&e, i, &ad);
+    }
+#undef BIT
+#undef SET
+#undef CLR
+    if (T.failed)
+        goto done;
+    kp_drain(&e);
+    out[0] = kp_free_queue(&e, free_queue);
+    out[1] = e.num_deferred;
+    out[2] = T.n_rd;
+    out[3] = num_needed;
+    out[4] = num_shared;
+    *reads = T.rd;
+    T.rd = NULL;
+    rc = 0;
+done:
+    for (int64_t ti = 0; T.queue && ti < nt; ti++)
+        free(T.queue[ti]);
+    free(T.rd);
+    free(rhk);
+    free(rhi);
+    free(bp);
+    kp_engine_free(&e);
+    return rc;
+}
+
+/* The read rows ks_tiers_replay handed over. */
+KS_EXPORT void ks_tiers_free(int64_t *reads) { free(reads); }
+
+/* out = values[starts[k]:starts[k] + lens[k]] for k < n, concatenated; `width`-byte values. */
+KS_EXPORT void ks_tiers_gather(const uint8_t *values, int64_t width, const int64_t *starts, const int64_t *lens,
+                               int64_t n, uint8_t *out)
+{
+    int64_t o = 0;
+    for (int64_t k = 0; k < n; k++) {
+        memcpy(out + o * width, values + starts[k] * width, (size_t)(lens[k] * width));
+        o += lens[k];
+    }
+}
+
+/* ids[t] (ids32 or ids64) = the rank of hashes[t] among the distinct hashes (`order` sorts them); the
+ * distinct hashes, sorted, into `distinct`; returns their number. */
+KS_EXPORT int64_t ks_tiers_rank(const uint64_t *hashes, const int64_t *order, int64_t n, int32_t *ids32,
+                                int64_t *ids64, uint64_t *distinct)
+{
+    int64_t r = -1;
+    for (int64_t k = 0; k < n; k++) {
+        int64_t t = order[k];
+        if (k == 0 || hashes[t] != hashes[order[k - 1]])
+            distinct[++r] = hashes[t];
+        if (ids32)
+            ids32[t] = (int32_t)r;
+        else
+            ids64[t] = r;
+    }
+    return r + 1;
+}
