@@ -22,7 +22,7 @@ import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.options import option
-from kmesh_trace.schema import EDGE_KINDS
+from kmesh_trace.schema import EDGE_KINDS, EdgeKind
 
 EDGE_ORDER = EDGE_KINDS  # the default edge kind: the first of these the trace has
 QUANTILES = (0.5, 0.9, 0.99)
@@ -140,8 +140,7 @@ def lineage_report(trace, *, edge_kind: str | None = None, engine: str | None = 
 
     if engine is not None and engine not in trace.engines:
         raise KmeshTraceError(f"the trace has no engine {engine!r}; its engines are {', '.join(trace.engines)}.")
-    lin = trace.scan("lineage")
-    inv = trace.scan("invocations")
+    lin, inv = _tables(trace)
     if engine is not None:
         lin, inv = lin.filter(pl.col("engine") == engine), inv.filter(pl.col("engine") == engine)
     kinds = dict(lin.group_by("edge_kind").len().collect().iter_rows())
@@ -166,6 +165,35 @@ def lineage_report(trace, *, edge_kind: str | None = None, engine: str | None = 
         raise KmeshTraceError(f"the trace's engines use different block sizes {sorted(block_sizes)}; pick one with --engine.")
     block_size = block_sizes.pop() if block_sizes else None
     return _report(inv_df, edges, edge_kind, kinds, block_size, notes)
+
+
+def _tables(trace):
+    """(lineage, invocations) of a trace as lazy frames: its tables, or for a public trace read into memory
+    (`kmesh_trace.cli.inputs.PublicInput`) the same columns, typed as the contract types them, built there."""
+    import polars as pl
+
+    inv = getattr(trace, "invocations_in_memory", None)
+    if inv is None:
+        return trace.scan("lineage"), trace.scan("invocations")
+    import pyarrow as pa
+
+    (engine,) = trace.engines
+    n = len(inv)
+    hashes = pa.ListArray.from_arrays(pa.array(inv.hash_offsets, pa.int64()), pa.array(inv.hashes, pa.uint64()))
+    columns = {"engine": pa.array([engine] * n, pa.string()), "request_id": pa.array(inv.request_id, pa.string()),
+               "family_id": pa.array(inv.family_id or [None] * n, pa.string()),
+               "arrival_ns": pa.array(inv.arrival_ns, pa.int64()),
+               "finish_ns": pa.array(inv.finish_ns or [None] * n, pa.int64()),
+               "num_prompt_tokens": pa.array(inv.num_prompt_tokens, pa.int64()),
+               "prompt_block_hashes": hashes.cast(pa.list_(pa.uint64())),
+               "prompt_token_ids": pa.nulls(n, pa.list_(pa.int32())), "output_token_ids": pa.nulls(n, pa.list_(pa.int32())),
+               "agent_id": pa.array(trace.agent_id or [None] * n, pa.string())}
+    edges = trace.edges
+    lineage = {"engine": pa.array([engine] * len(edges), pa.string()),
+               "child_request_id": pa.array([c for c, _ in edges], pa.string()),
+               "parent_request_id": pa.array([p for _, p in edges], pa.string()),
+               "edge_kind": pa.array([EdgeKind.declared.value] * len(edges), pa.string())}
+    return pl.from_arrow(pa.table(lineage)).lazy(), pl.from_arrow(pa.table(columns)).lazy()
 
 
 def _refuse_cycles(parent: np.ndarray, keys: list, edge_kind: str | None) -> None:
