@@ -267,8 +267,8 @@ def test_tiers_fleet_and_lineage_on_the_input_print_what_they_print_on_its_impor
 
 @pytest.mark.parametrize("command", [["tiers", "--capacity-blocks", "64", "--host", "256", "--json"],
                                      ["fleet", "--capacity-blocks", "64", "--engines", "2", "--json"],
-                                     ["headroom", "--policies", "lru,belady", "--json"]])
-def test_tiers_fleet_and_headroom_read_a_file_or_weka_directory_without_the_columnar_libraries(tmp_path, command):
+                                     ["headroom", "--policies", "lru,belady", "--json"], ["lineage", "--json"]])
+def test_tiers_fleet_lineage_and_headroom_read_a_file_or_weka_directory_without_the_columnar_libraries(tmp_path, command):
     for src in (_mooncake(tmp_path / "clean.jsonl", n=100), _weka_dir(tmp_path / "weka", seed=5)):
         argv = [command[0], str(src), *command[1:]]
         code = ("import sys, contextlib, io, kmesh_trace.cli as c\n"

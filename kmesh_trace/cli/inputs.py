@@ -13,8 +13,8 @@ An analysis run in this process (headroom, pressure, tiers, fleet, lineage; not 
 trace directory) takes a Mooncake or Bailian JSONL file or a weka directory without the temporary trace:
 `read_directly` reads it into memory (`PublicInput`, the importer's own reader and checks, every bad line
 counted as the import counts it), and the workload is built from it as from the imported trace
-(`kmesh_trace.oracle.workload.InvocationColumns`) -- the same numbers, without polars, pyarrow or duckdb
-(lineage builds its tables in memory with polars). LMCache agent traces carry token ids and content edges
+(`kmesh_trace.oracle.workload.InvocationColumns`; lineage: `kmesh_trace.oracle.lineage_report`) -- the same
+numbers, without polars, pyarrow or duckdb. LMCache agent traces carry token ids and content edges
 the import derives with the corpus audit; they still go through the import.
 """
 
