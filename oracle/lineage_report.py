@@ -22,7 +22,7 @@ import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.options import option
-from kmesh_trace.schema import EDGE_KINDS
+from kmesh_trace.schema import EDGE_KINDS, EdgeKind
 
 EDGE_ORDER = EDGE_KINDS  # the default edge kind: the first of these the trace has
 QUANTILES = (0.5, 0.9, 0.99)
@@ -134,17 +134,69 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def lineage_report(trace, *, edge_kind: str | None = None, engine: str | None = None) -> LineageReport:
-    """The lineage shape of an opened trace (`kmesh_trace.trace.open_trace`); see the module docstring."""
-    import polars as pl
+@dataclass
+class _Rows:
+    """The invocation columns the report reads, one entry per request (a null time is NaN), and how to
+    count the full blocks each child shares with its parent (`shared(child_idx, par_idx, block_size)`)."""
 
+    engine: list
+    request_id: list
+    family_id: list
+    arrival_ns: np.ndarray  # float64
+    finish_ns: np.ndarray  # float64
+    num_prompt_tokens: np.ndarray  # int64
+    agent_id: list
+    shared: Any
+
+    @classmethod
+    def of_frame(cls, inv) -> "_Rows":
+        """From a polars frame of a trace's invocations."""
+        n = inv.height
+        agents = inv.get_column("agent_id").to_list() if "agent_id" in inv.columns else [None] * n
+        return cls(inv.get_column("engine").to_list(), inv.get_column("request_id").to_list(),
+                   inv.get_column("family_id").to_list(),
+                   inv.get_column("arrival_ns").to_numpy().astype(np.float64) if n else np.zeros(0),
+                   inv.get_column("finish_ns").to_numpy().astype(np.float64) if n else np.zeros(0),
+                   inv.get_column("num_prompt_tokens").to_numpy() if n else np.zeros(0, np.int64), agents,
+                   lambda child_idx, par_idx, block_size: _shared_blocks(inv, child_idx, par_idx, block_size))
+
+    @classmethod
+    def in_memory(cls, public) -> "_Rows":
+        """From a public trace read into memory (`kmesh_trace.cli.inputs.PublicInput`): hash-only rows."""
+        inv, (engine,) = public.invocations_in_memory, public.engines
+        n = len(inv)
+
+        def times(values) -> np.ndarray:
+            return np.array([np.nan if v is None else v for v in values], np.float64) if values else np.full(n, np.nan)
+
+        off = np.asarray(inv.hash_offsets, np.int64)
+        hv = np.asarray(inv.hashes, np.uint64)
+        n_prompt = np.asarray(inv.num_prompt_tokens, np.int64)
+
+        def shared(child_idx, par_idx, block_size):
+            if not block_size or len(child_idx) == 0:
+                return np.zeros(len(child_idx), np.int64) if block_size else None
+            return _shared_hash_blocks(off[:-1], off[1:], hv, n_prompt // block_size, child_idx, par_idx)
+
+        return cls([engine] * n, list(inv.request_id), list(inv.family_id or [None] * n), times(inv.arrival_ns),
+                   times(inv.finish_ns), n_prompt, list(public.agent_id or [None] * n), shared)
+
+
+def lineage_report(trace, *, edge_kind: str | None = None, engine: str | None = None) -> LineageReport:
+    """The lineage shape of an opened trace (`kmesh_trace.trace.open_trace`), or of a public trace read into
+    memory (`kmesh_trace.cli.inputs.PublicInput`, without polars); see the module docstring."""
     if engine is not None and engine not in trace.engines:
         raise KmeshTraceError(f"the trace has no engine {engine!r}; its engines are {', '.join(trace.engines)}.")
-    lin = trace.scan("lineage")
-    inv = trace.scan("invocations")
-    if engine is not None:
-        lin, inv = lin.filter(pl.col("engine") == engine), inv.filter(pl.col("engine") == engine)
-    kinds = dict(lin.group_by("edge_kind").len().collect().iter_rows())
+    in_memory = getattr(trace, "invocations_in_memory", None) is not None
+    if in_memory:  # one engine partition, its declared edges only
+        kinds = {EdgeKind.declared.value: len(trace.edges)} if trace.edges else {}
+    else:
+        import polars as pl
+
+        lin, inv = trace.scan("lineage"), trace.scan("invocations")
+        if engine is not None:
+            lin, inv = lin.filter(pl.col("engine") == engine), inv.filter(pl.col("engine") == engine)
+        kinds = dict(lin.group_by("edge_kind").len().collect().iter_rows())
     if edge_kind is None:
         edge_kind = next((k for k in EDGE_ORDER if kinds.get(k)), next(iter(sorted(kinds)), None))
     elif edge_kind not in kinds:
@@ -155,17 +207,22 @@ def lineage_report(trace, *, edge_kind: str | None = None, engine: str | None = 
         notes.append("the trace has no lineage edges (its lineage table is empty)")
     if len(kinds) > 1:
         notes.append(f"the trace has edges of kinds {', '.join(sorted(kinds))}; this report reads {edge_kind} (--edges)")
-    cols = ["engine", "request_id", "family_id", "arrival_ns", "finish_ns", "num_prompt_tokens",
-            "prompt_block_hashes", "prompt_token_ids", "output_token_ids"]
-    have = inv.collect_schema().names()
-    inv_df = inv.select(cols + [c for c in ("agent_id",) if c in have]).collect()  # traces older than agent_id lack it
-    edges = lin.filter(pl.col("edge_kind") == edge_kind).select(
-        "engine", "child_request_id", "parent_request_id").collect() if edge_kind else None
+    if in_memory:
+        (eng,) = trace.engines
+        rows = _Rows.in_memory(trace)
+        edges = [(eng, child, parent) for child, parent in trace.edges] if edge_kind else None
+    else:
+        cols = ["engine", "request_id", "family_id", "arrival_ns", "finish_ns", "num_prompt_tokens",
+                "prompt_block_hashes", "prompt_token_ids", "output_token_ids"]
+        have = inv.collect_schema().names()
+        rows = _Rows.of_frame(inv.select(cols + [c for c in ("agent_id",) if c in have]).collect())  # older traces lack agent_id
+        edges = list(lin.filter(pl.col("edge_kind") == edge_kind).select(
+            "engine", "child_request_id", "parent_request_id").collect().iter_rows()) if edge_kind else None
     block_sizes = {m.get("block_size") for e, m in trace.engines.items() if engine is None or e == engine} - {None}
     if len(block_sizes) > 1:
         raise KmeshTraceError(f"the trace's engines use different block sizes {sorted(block_sizes)}; pick one with --engine.")
     block_size = block_sizes.pop() if block_sizes else None
-    return _report(inv_df, edges, edge_kind, kinds, block_size, notes)
+    return _report(rows, edges, edge_kind, kinds, block_size, notes)
 
 
 def _refuse_cycles(parent: np.ndarray, keys: list, edge_kind: str | None) -> None:
@@ -179,14 +236,14 @@ def _refuse_cycles(parent: np.ndarray, keys: list, edge_kind: str | None) -> Non
                               "cannot be its own ancestor; run `kmesh-trace audit capture` to list them.")
 
 
-def _report(inv, edges, edge_kind, kinds, block_size, notes) -> LineageReport:
-    n = inv.height
-    keys = list(zip(inv.get_column("engine").to_list(), inv.get_column("request_id").to_list()))
+def _report(inv: _Rows, edges: list[tuple] | None, edge_kind, kinds, block_size, notes) -> LineageReport:
+    n = len(inv.request_id)
+    keys = list(zip(inv.engine, inv.request_id))
     index = {k: i for i, k in enumerate(keys)}
     parent = np.full(n, -1, np.int64)
     dangling = self_parents = 0
     if edges is not None:
-        for eng, child, par in edges.iter_rows():
+        for eng, child, par in edges:
             c, p = index.get((eng, child)), index.get((eng, par)) if par is not None else None
             if c is not None and c == p:
                 self_parents += 1  # no request is its own parent: counted and said, not a family
@@ -217,24 +274,23 @@ def _report(inv, edges, edge_kind, kinds, block_size, notes) -> LineageReport:
         for k in reversed(chain):
             base += 1
             depth[k], root[k] = base, r
-    fam_col = inv.get_column("family_id").to_list()
-    engines = inv.get_column("engine").to_list()
+    fam_col = inv.family_id
+    engines = inv.engine
     family = [fam_col[i] if fam_col[i] is not None else (f"root:{keys[root[i]][1]}" if has_edge[i] or children[i] else None)
               for i in range(n)]
     # Gaps and shared blocks per edge.
-    arrival = inv.get_column("arrival_ns").to_numpy().astype(np.float64) if n else np.zeros(0)
-    finish = inv.get_column("finish_ns").to_numpy().astype(np.float64) if n else np.zeros(0)
+    arrival, finish = inv.arrival_ns, inv.finish_ns
     child_idx = np.flatnonzero(has_edge)
     par_idx = parent[child_idx]
     gaps = (arrival[child_idx] - finish[par_idx]) / 1e9
     gap_known = ~np.isnan(gaps)
-    shared = _shared_blocks(inv, child_idx, par_idx, block_size)
-    n_prompt = inv.get_column("num_prompt_tokens").to_numpy() if n else np.zeros(0, np.int64)
+    shared = inv.shared(child_idx, par_idx, block_size)
+    n_prompt = inv.num_prompt_tokens
     child_full = n_prompt[child_idx] // block_size if block_size else np.zeros(len(child_idx))
     with np.errstate(divide="ignore", invalid="ignore"):
         fraction = np.where(child_full > 0, shared / np.maximum(child_full, 1), np.nan) if shared is not None else None
     # Per family.
-    agents = inv.get_column("agent_id").to_list() if "agent_id" in inv.columns else [None] * n
+    agents = inv.agent_id
     members: dict[tuple, list[int]] = {}
     for i in range(n):
         if family[i] is not None:
@@ -294,7 +350,13 @@ def _shared_blocks(inv, child_idx: np.ndarray, par_idx: np.ndarray, block_size: 
     if hashes is None:
         return None
     hs, he, hv = hashes
-    full = arrow.column("num_prompt_tokens").to_numpy() // block_size
+    return _shared_hash_blocks(hs, he, hv, arrow.column("num_prompt_tokens").to_numpy() // block_size, child_idx, par_idx)
+
+
+def _shared_hash_blocks(hs, he, hv, full, child_idx: np.ndarray, par_idx: np.ndarray) -> np.ndarray:
+    """The common prefix of each child's and its parent's full prompt blocks' hashes (row i's hashes are
+    hv[hs[i]:he[i]], its full blocks `full[i]`)."""
+    out = np.zeros(len(child_idx), np.int64)
     for k, (c, p) in enumerate(zip(child_idx.tolist(), par_idx.tolist())):
         child = hv[hs[c]:hs[c] + min(full[c], he[c] - hs[c])]
         par = hv[hs[p]:hs[p] + min(full[p], he[p] - hs[p])]

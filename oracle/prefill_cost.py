@@ -194,11 +194,14 @@ def usable_fit(trace, engine: str | None = None) -> "tuple[PrefillCost | None, F
     """The prefill cost fitted to an opened capture, when the fit is usable: (cost, report, None);
     else (None, the report or None, why there are no seconds). Imports have no timings: their why
     says to give a throughput."""
+    no_timings = "an import has no prefill timings; give --prefill-tokens-per-s for seconds"
+    if getattr(trace, "invocations_in_memory", None) is not None:  # a public trace read as it is: as its import
+        return None, None, no_timings
     try:
         cost, report = PrefillCost.fit(trace, engine)
     except KmeshTraceError as e:
         if str(trace.metadata.get("source", "")).startswith("import"):
-            return None, None, "an import has no prefill timings; give --prefill-tokens-per-s for seconds"
+            return None, None, no_timings
         return None, None, f"no prefill seconds: {e}"
     why = report.why_unusable
     return (None if why else cost), report, why

@@ -64,6 +64,7 @@ class InvocationColumns:
     family_id: list[str | None] | None = None
     parent_id: list[str | None] | None = None
     declared_parents: dict[str, str | None] = field(default_factory=dict)
+    finish_ns: list[int | None] | None = None  # None: no row has a finish time (Mooncake, Bailian)
 
     def __len__(self) -> int:
         return len(self.request_id)
@@ -74,14 +75,15 @@ class InvocationColumns:
 
     def rows(self, order: Sequence[int], engine: str):
         """The rows in `order` as the dicts `requests_from_rows` reads (a trace's invocation columns)."""
-        off, hashes, family, parent = self.hash_offsets, self.hashes, self.family_id, self.parent_id
+        off, hashes, family, parent, finish = self.hash_offsets, self.hashes, self.family_id, self.parent_id, self.finish_ns
         for i in order:
             yield {"request_id": self.request_id[i], "caller_request_id": None, "seq": i,
                    "family_id": None if family is None else family[i],
                    "parent_id": None if parent is None else parent[i], "num_expected_children": None,
                    "num_prompt_tokens": self.num_prompt_tokens[i], "num_output_tokens": self.num_output_tokens[i],
                    "prompt_token_ids": None, "output_token_ids": None, "prompt_block_hashes": hashes[off[i]:off[i + 1]],
-                   "arrival_ns": self.arrival_ns[i], "finish_ns": None, "num_cached_tokens": None, "engine": engine}
+                   "arrival_ns": self.arrival_ns[i], "finish_ns": None if finish is None else finish[i],
+                   "num_cached_tokens": None, "engine": engine}
 
 
 @dataclass
@@ -147,8 +149,8 @@ class Workload:
         without token ids (imports) is flattened column-wise, without a RequestBlocks per invocation
         (`requests` stays None); one with token ids still builds them (its blocks must be hashed)."""
         in_memory = getattr(source, "invocations_in_memory", None)
-        if in_memory is not None and not merged:
-            return cls._from_columns(source, in_memory, engine, requests)
+        if in_memory is not None and (not merged or len(source.engines) == 1):  # one partition: merged is it
+            return cls._from_columns(source, in_memory, None if merged else engine, requests)
         import polars as pl
 
         from kmesh_trace.lineage import declared_parents

@@ -23,8 +23,10 @@ How the import reads it (docs/IMPORT.md says why):
   a skipped request's thread continues from the previous good request.
 
 Speed: the ids are most of a file. The fast path cuts each `"hash_ids":[...]` list of digits and
-commas out of the text and parses them all with one numpy call, so `json.loads` reads only the small
-rest and no Python int is made per id; Parquet parts are written on a background thread. Any doubt
+commas out of the text and parses them all in one compiled pass (native/kernels/parse_ids.c; the plain
+Python `_parse_ids_plain` is its reference in the tests), so `json.loads` reads only the small rest and
+no Python int is made per id; Parquet parts are written on a background thread. `read_weka` gives the
+same rows in memory, without pyarrow, for an analysis that reads a weka directory as it is. Any doubt
 (a list the cut did not take, a placeholder out of place, a leading zero, an id out of range) sends
 the file down the plain path: `json.loads` of the whole text and a check of every id, which is the
 reference the tests compare the fast path with (`fast=False`).
@@ -35,22 +37,27 @@ from __future__ import annotations
 import heapq
 import re
 import secrets
+from array import array
+from bisect import bisect_left, bisect_right
 from concurrent.futures import Future, ThreadPoolExecutor
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
-import numba
 import numpy as np
-import pyarrow as pa
 
 from kmesh_trace.datasets.importers.common import ImportReport, RecordError, require_hash_list, require_int, require_number
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
 from kmesh_trace import schema
+from kmesh_trace.native.kernels import I64, I32, P, declare, ptr
 from kmesh_trace.values import MAX_SECONDS
-from kmesh_trace.writer import TraceWriter
+
+if TYPE_CHECKING:  # pyarrow and the writer load for an import only, not for a direct read
+    import pyarrow as pa
+
+    from kmesh_trace.writer import TraceWriter
 
 FORMAT = "weka"
 DEFAULT_ARRIVAL = "users:8"
@@ -236,44 +243,54 @@ def split_ids(data: bytes) -> tuple[bytes, list[int], np.ndarray, int]:
     return b"".join(parts), counts, values, base
 
 
-#: What `_parse_ids` reports besides the ids: all read, an empty item, a leading zero, beyond int64.
-_IDS_OK, _IDS_EMPTY, _IDS_ZERO, _IDS_RANGE = 0, 1, 2, 3
+#: What `_parse_ids` reports besides the ids: all read, an empty item, a leading zero, beyond int64, a byte
+#: that is neither a digit nor a comma (native/kernels/parse_ids.c has the same codes).
+_IDS_OK, _IDS_EMPTY, _IDS_ZERO, _IDS_RANGE, _IDS_CHAR = 0, 1, 2, 3, 4
+_IDS_WHY = ("", "an empty item", "a leading zero", "a value beyond int64", "a byte that is neither a digit nor a comma")
+_parse_ids_c = declare("ks_weka_parse_ids", [P, I64, P, P], I32)
 
 
-@numba.njit(cache=True, nogil=True)
-def _parse_ids(buf, out):  # pragma: no cover - compiled; parse_id_lists is its interface
-    n, v, digits = 0, np.uint64(0), 0
-    limit = np.uint64((1 << 63) - 1)
-    for i in range(len(buf) + 1):
-        c = buf[i] if i < len(buf) else 0x2C
+def _parse_ids(text: bytes) -> tuple[int, np.ndarray]:
+    """(status, the ids read before it) of comma-separated decimal ids, in one compiled pass."""
+    buf = np.frombuffer(text, np.uint8)
+    out = np.empty(text.count(b",") + 1, np.int64)
+    num_read = np.zeros(1, np.int64)
+    status = _parse_ids_c(ptr(buf, np.uint8) if len(buf) else None, len(buf), ptr(out, np.int64), ptr(num_read, np.int64))
+    return status, out[:int(num_read[0])]
+
+
+def _parse_ids_plain(text: bytes) -> tuple[int, list[int]]:
+    """`_parse_ids` in plain Python, byte by byte: the reference the tests compare the kernel with."""
+    limit = (1 << 63) - 1
+    values: list[int] = []
+    v = digits = 0
+    for c in [*text, 0x2C]:
         if c == 0x2C:
             if digits == 0:
-                return _IDS_EMPTY, n
-            out[n] = np.int64(v)
-            n += 1
-            v, digits = np.uint64(0), 0
+                return _IDS_EMPTY, values
+            values.append(v)
+            v = digits = 0
             continue
-        d = np.uint64(c - 0x30)
+        if not 0x30 <= c <= 0x39:
+            return _IDS_CHAR, values
         if digits == 1 and v == 0:
-            return _IDS_ZERO, n
-        if v > (limit - d) // np.uint64(10):
-            return _IDS_RANGE, n
-        v = v * np.uint64(10) + d
+            return _IDS_ZERO, values
+        v = v * 10 + (c - 0x30)
+        if v > limit:
+            return _IDS_RANGE, values
         digits += 1
-    return _IDS_OK, n
+    return _IDS_OK, values
 
 
 def parse_id_lists(text: bytes) -> np.ndarray:
     """Comma-separated decimal integers (ASCII digits and commas only) as int64, in one compiled pass
-    (no Python int per id). Raises _NotFast on an empty item, a leading zero or a value of 2^63 or
-    more, which the plain path judges one by one."""
+    (no Python int per id). Raises _NotFast on an empty item, a leading zero, a value of 2^63 or
+    more or any other byte, which the plain path judges one by one."""
     if not text:
         return np.zeros(0, np.int64)
-    buf = np.frombuffer(text, np.uint8)
-    out = np.empty(text.count(b",") + 1, np.int64)
-    status, n = _parse_ids(buf, out)
+    status, out = _parse_ids(text)
     if status != _IDS_OK:
-        raise _NotFast(("", "an empty item", "a leading zero", "a value beyond int64")[status])
+        raise _NotFast(_IDS_WHY[status])
     return out
 
 
@@ -453,37 +470,43 @@ def _namespace(values: np.ndarray, scope: str, ordinal: int) -> np.ndarray:
 
 
 def _lineage(reqs: list[_Req], threads: list[_Thread]) -> list[int | None]:
-    """Parent position (in `reqs`, sorted by time) of each request, by the declared rules."""
+    """Parent position (in `reqs`, sorted by time) of each request, by the declared rules. Linear in the
+    requests and sub-agents but for one binary search per sub-agent (`_latest_at_or_before`)."""
     parents: list[int | None] = []
     last: dict[int, int] = {}  # thread -> its latest request so far
-    by_thread: dict[int, list[tuple[float, int]]] = {}
+    by_thread: dict[int, tuple[list[float], list[int]]] = {}  # thread -> its requests' times and positions
     for i, r in enumerate(reqs):
-        by_thread.setdefault(r.thread, []).append((r.t, i))
+        times, positions = by_thread.setdefault(r.thread, ([], []))
+        times.append(r.t)
+        positions.append(i)
     for i, r in enumerate(reqs):
         p = last.get(r.thread)
         if p is None and r.thread != 0:
             th = threads[r.thread]
-            p = _latest_at_or_before(by_thread.get(th.parent, []), th.start, i)
+            p = _latest_at_or_before(by_thread.get(th.parent, ([], [])), th.start, i)
         parents.append(p)
         last[r.thread] = i
     return parents
 
 
-def _latest_at_or_before(items: list[tuple[float, int]], t: float, before: int) -> int | None:
-    """The latest (time, position) of `items` with time <= t and position < `before`."""
-    best = None
-    for ti, i in items:
-        if ti <= t and i < before:
-            best = i
-        elif ti > t:
-            break
-    return best
+def _latest_at_or_before(thread: tuple[list[float], list[int]], t: float, before: int) -> int | None:
+    """The latest position of a thread's requests (`thread`: their times and positions, both ascending, as
+    `reqs` is sorted by time then position) with time <= t and position < `before`."""
+    times, positions = thread
+    k = min(bisect_right(times, t), bisect_left(positions, before))
+    return positions[k - 1] if k else None
 
 
-#: The invocation columns an import fills, typed as the contract types them (the writer adds the rest).
-_FILE_SCHEMA = pa.schema([schema.INVOCATIONS.column(c).field() for c in (
-    "request_id", "seq", "family_id", "parent_id", "num_prompt_tokens", "num_output_tokens", "prompt_block_hashes",
-    "arrival_ns", "first_token_ns", "finish_ns", "status", "agent_id", "agent_type")])
+#: The invocation columns an import fills (the writer adds the rest).
+_FILE_COLUMNS = ("request_id", "seq", "family_id", "parent_id", "num_prompt_tokens", "num_output_tokens",
+                 "prompt_block_hashes", "arrival_ns", "first_token_ns", "finish_ns", "status", "agent_id", "agent_type")
+
+
+def _file_schema() -> "pa.Schema":
+    """`_FILE_COLUMNS` typed as the contract types them."""
+    import pyarrow as pa
+
+    return pa.schema([schema.INVOCATIONS.column(c).field() for c in _FILE_COLUMNS])
 
 
 class _Batch:
@@ -516,6 +539,8 @@ class _Batch:
             self._pending = self._pool.submit(self._write, inv, edges)
 
     def _write(self, inv: list[pa.Table], edges: list[dict]) -> None:
+        import pyarrow as pa
+
         if inv:
             self.writer.write("invocations", pa.concat_tables(inv))
         if edges:
@@ -533,8 +558,37 @@ class _Batch:
         self._pool.shutdown()
 
 
-def _file_table(fid: str, reader: _FileReader, values: np.ndarray, first_seq: int, start_s: float,
-                block_size: int) -> tuple[pa.Table, list[dict]]:
+@dataclass
+class FileRows:
+    """One conversation's invocation rows as the import writes them (`_FILE_COLUMNS`, in time order), with the
+    block hashes as offsets into one uint64 array; `read_weka` keeps them in memory, the import writes them."""
+
+    columns: dict[str, list]  # every column of _FILE_COLUMNS but prompt_block_hashes
+    offsets: np.ndarray  # int64, one more than the rows: row i lists hashes[offsets[i]:offsets[i + 1]]
+    hashes: np.ndarray  # uint64
+
+    def __len__(self) -> int:
+        return len(self.columns["request_id"])
+
+    def edges(self) -> list[dict]:
+        """The declared lineage edges of the rows (the import's `lineage` rows)."""
+        c = self.columns
+        return [{"child_request_id": child, "parent_request_id": parent, "declared_parent_id": parent,
+                 "family_id": fid, "edge_kind": schema.EdgeKind.declared.value}
+                for child, parent, fid in zip(c["request_id"], c["parent_id"], c["family_id"]) if parent is not None]
+
+    def table(self) -> "pa.Table":
+        import pyarrow as pa
+
+        hashes = pa.ListArray.from_arrays(pa.array(self.offsets.astype(np.int32), pa.int32()),
+                                          pa.array(self.hashes, pa.uint64()))
+        c = self.columns
+        return pa.Table.from_pydict({**{k: c[k] for k in _FILE_COLUMNS[:6]}, "prompt_block_hashes": hashes,
+                                     **{k: c[k] for k in _FILE_COLUMNS[7:]}}, schema=_file_schema())
+
+
+def file_rows(fid: str, reader: _FileReader, values: np.ndarray, first_seq: int, start_s: float) -> FileRows:
+    """The rows of one read conversation (`read_conversation`) started at `start_s` on the trace's clock."""
     reqs = reader.reqs
     order = sorted(range(len(reqs)), key=lambda i: (reqs[i].t, i))
     reqs_sorted = [reqs[i] for i in order]
@@ -546,7 +600,8 @@ def _file_table(fid: str, reader: _FileReader, values: np.ndarray, first_seq: in
         values = values[np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])]
     elif len(reqs):
         values = values[:offsets[-1]]
-    hashes = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(values, pa.uint64()))
+    else:
+        values = values[:0]
     threads = reader.threads
     counters: dict[int, int] = {}
     ids = []
@@ -561,25 +616,28 @@ def _file_table(fid: str, reader: _FileReader, values: np.ndarray, first_seq: in
         arrival.append(a)
         first_token.append(None if r.ttft is None else a + round(r.ttft * 1e9))
         finish.append(None if r.api_time is None else a + round(r.api_time * 1e9))
-    parent_ids = [None if p is None else ids[p] for p in parents]
-    table = pa.Table.from_pydict({
+    columns = {
         "request_id": ids,
-        "seq": pa.array(range(first_seq, first_seq + len(reqs)), pa.int64()),
+        "seq": list(range(first_seq, first_seq + len(reqs))),
         "family_id": [fid] * len(reqs),
-        "parent_id": parent_ids,
+        "parent_id": [None if p is None else ids[p] for p in parents],
         "num_prompt_tokens": [r.n_in for r in reqs_sorted],
         "num_output_tokens": [r.n_out for r in reqs_sorted],
-        "prompt_block_hashes": hashes,
         "arrival_ns": arrival,
         "first_token_ns": first_token,
         "finish_ns": finish,
         "status": ["length_capped" if r.stop == "max_tokens" else "finished" for r in reqs_sorted],
         "agent_id": [threads[r.thread].agent_id for r in reqs_sorted],
         "agent_type": [threads[r.thread].agent_type for r in reqs_sorted],
-    }, schema=_FILE_SCHEMA)
-    edges = [{"child_request_id": ids[i], "parent_request_id": parent_ids[i], "declared_parent_id": parent_ids[i],
-              "family_id": fid, "edge_kind": schema.EdgeKind.declared.value} for i in range(len(ids)) if parent_ids[i] is not None]
-    return table, edges
+    }
+    return FileRows(columns, offsets, values.view(np.uint64))
+
+
+def _file_table(fid: str, reader: _FileReader, values: np.ndarray, first_seq: int, start_s: float,
+                block_size: int) -> "tuple[pa.Table, list[dict]]":
+    """The invocations table and lineage rows the import writes for one conversation."""
+    rows = file_rows(fid, reader, values, first_seq, start_s)
+    return rows.table(), rows.edges()
 
 
 def conversation_files(src: Path) -> list[Path]:
@@ -591,22 +649,19 @@ def conversation_files(src: Path) -> list[Path]:
     return sorted(p for p in src.iterdir() if p.suffix.lower() == ".json" and p.is_file())
 
 
-def import_weka(src: str | Path, out: str | Path, *, engine_id: str = "import-weka", arrival: str | Arrival = DEFAULT_ARRIVAL,
-                on_bytes: Callable[[int], None] | None = None, fast: bool = True) -> WekaReport:
-    """Import a directory of kv-cache-tester conversation files (or one file); see the module docstring.
-    `fast=False` reads every file the plain way (the reference the fast path is tested against)."""
-    src = Path(src)
-    arrival = arrival if isinstance(arrival, Arrival) else Arrival.parse(arrival)
+def _checked_files(src: Path) -> list[Path]:
+    """`conversation_files(src)`, refused when there are none or more than one import numbers."""
     files = conversation_files(src)
     if not files:
         raise InputFormatError(f"{src} holds no .json conversation files.")
     if len(files) > MAX_FILES:
         raise InputFormatError(f"{src} holds {len(files):,} files; one import takes at most {MAX_FILES:,}.")
-    report = WekaReport(FORMAT, str(src), str(out), engine_id, arrival=str(arrival))
-    config = {"format": FORMAT, "source": str(src), "arrival": str(arrival)}
-    writer = TraceWriter(out, engine_id, {"engine": "kv-cache-tester trace", "capture_config": config,
-                                          "arrival": str(arrival)}, source=f"import:{FORMAT}")
-    batch = _Batch(writer)
+    return files
+
+
+def _conversations(files: list[Path], arrival: Arrival, report: WekaReport, on_bytes, fast: bool) -> Iterator[FileRows]:
+    """The rows of every readable conversation of `files` in order, placed on the time axis by `arrival`;
+    `report` counts every file, request, id, edge and bad entry as the import reports them."""
     clock = _Clock(arrival)
     families: set[str] = set()
     for ordinal, path in enumerate(files):
@@ -625,8 +680,8 @@ def import_weka(src: str | Path, out: str | Path, *, engine_id: str = "import-we
             report.bad_file(path.name, got)
             continue
         top, reader, values = got
-        fid, block_size = top["id"], top["block_size"]
-        report.block_size = block_size
+        fid = top["id"]
+        report.block_size = top["block_size"]
         families.add(fid)
         for where, why in reader.bad:
             report.entry(f"{path.name}: {where}", why)
@@ -636,18 +691,72 @@ def import_weka(src: str | Path, out: str | Path, *, engine_id: str = "import-we
             raise InputFormatError(f"--arrival {arrival} starts {path.name} at {start_s:.3g} s, so its requests fall "
                                    f"beyond the trace's clock (at most {MAX_SECONDS:,.0f} s); choose a smaller stagger "
                                    "or more users.")
-        table, edges = _file_table(fid, reader, values, report.num_invocations, start_s, block_size)
+        rows = file_rows(fid, reader, values, report.num_invocations, start_s)
         report.num_families += 1
-        report.num_invocations += table.num_rows
-        num_ids = sum(r.end - r.start for r in reader.reqs)
-        report.num_block_hashes += num_ids
-        report.num_lineage_edges += len(edges)
-        batch.add(table, edges, num_ids)
+        report.num_invocations += len(rows)
+        report.num_block_hashes += len(rows.hashes)
+        report.num_lineage_edges += sum(p is not None for p in rows.columns["parent_id"])
+        yield rows
+
+
+def engine_metadata(src: Path, arrival: Arrival) -> dict:
+    """The engine metadata of an import of `src` (the writer adds its own bookkeeping; the block size and
+    the counts come once the files are read: `final_metadata`)."""
+    config = {"format": FORMAT, "source": str(src), "arrival": str(arrival)}
+    return {"engine": "kv-cache-tester trace", "capture_config": config, "arrival": str(arrival)}
+
+
+def final_metadata(report: WekaReport) -> dict:
+    """What the import adds to the engine metadata once every file is read."""
+    return {"block_size": report.block_size, "num_malformed_lines": report.num_malformed_lines,
+            "malformed_lines": report.malformed_lines, "import_counts": _counts(report)}
+
+
+def import_weka(src: str | Path, out: str | Path, *, engine_id: str = "import-weka", arrival: str | Arrival = DEFAULT_ARRIVAL,
+                on_bytes: Callable[[int], None] | None = None, fast: bool = True) -> WekaReport:
+    """Import a directory of kv-cache-tester conversation files (or one file); see the module docstring.
+    `fast=False` reads every file the plain way (the reference the fast path is tested against)."""
+    from kmesh_trace.writer import TraceWriter
+
+    src = Path(src)
+    arrival = arrival if isinstance(arrival, Arrival) else Arrival.parse(arrival)
+    files = _checked_files(src)
+    report = WekaReport(FORMAT, str(src), str(out), engine_id, arrival=str(arrival))
+    writer = TraceWriter(out, engine_id, engine_metadata(src, arrival), source=f"import:{FORMAT}")
+    batch = _Batch(writer)
+    for rows in _conversations(files, arrival, report, on_bytes, fast):
+        batch.add(rows.table(), rows.edges(), len(rows.hashes))
     batch.close()
-    writer.update_metadata(block_size=report.block_size, num_malformed_lines=report.num_malformed_lines,
-                           malformed_lines=report.malformed_lines, import_counts=_counts(report))
+    writer.update_metadata(**final_metadata(report))
     writer.close()
     return report
+
+
+@dataclass
+class WekaRows:
+    """Every conversation's rows of a weka input, in import order (`seq`), held in memory."""
+
+    columns: dict[str, list]
+    offsets: list[int]
+    hashes: array  # array('Q')
+
+
+def read_weka(src: str | Path, *, engine_id: str = "import-weka", arrival: str | Arrival = DEFAULT_ARRIVAL,
+              fast: bool = True) -> tuple[WekaRows, WekaReport, dict]:
+    """The rows `import_weka` would write (row i is seq i), its report and engine metadata, read into memory
+    without pyarrow (what an analysis reads when it is given a weka directory as it is)."""
+    src = Path(src)
+    arrival = arrival if isinstance(arrival, Arrival) else Arrival.parse(arrival)
+    report = WekaReport(FORMAT, str(src), "", engine_id, arrival=str(arrival))
+    columns: dict[str, list] = {k: [] for k in _FILE_COLUMNS if k != "prompt_block_hashes"}
+    offsets, hashes = [0], array("Q")
+    for rows in _conversations(_checked_files(src), arrival, report, None, fast):
+        for k, v in rows.columns.items():
+            columns[k].extend(v)
+        base = offsets[-1]
+        offsets.extend((rows.offsets[1:] + base).tolist())
+        hashes.frombytes(rows.hashes.tobytes())
+    return WekaRows(columns, offsets, hashes), report, {**engine_metadata(src, arrival), **final_metadata(report)}
 
 
 def _check_file(conv: Any, block_size: int | None, families: set[str]) -> str | None:

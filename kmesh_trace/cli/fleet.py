@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
 @handles_errors
 @output_options(csv=True)
 def fleet_cmd(
-    trace: str = typer.Argument(..., help="Trace directory, pyarrow filesystem URL (s3://bucket/trace) or a Mooncake/Bailian JSONL file or weka/lmcache-agent directory, imported on the way in; "
+    trace: str = typer.Argument(..., help="Trace directory, pyarrow filesystem URL (s3://bucket/trace) or a Mooncake/Bailian JSONL file or weka directory, read as it is, or an lmcache-agent directory, imported on the way in; "
                                            "every engine partition's requests are routed."),
     engines: Optional[str] = typer.Option(
         None, "--engines", help="Fleet sizes, comma-separated (default: the trace's engine partitions)."),
@@ -61,7 +61,6 @@ def fleet_cmd(
 ) -> None:
     """Hit ratio, prefill tokens and load imbalance of each routing policy, and its gap to a global pool."""
     from kmesh_trace.oracle import fleet
-    from kmesh_trace.parts import open_parts
     from kmesh_trace.apps.plots import plot_fleet
 
     routings = tuple(r.strip() for r in routing.split(",") if r.strip())
@@ -70,14 +69,11 @@ def fleet_cmd(
     one_capacity_flag(capacity_blocks, capacity)
     check_plot_option(plot, [trace, model_config])
     check_ray_option(ray)
-    from kmesh_trace.cli.inputs import trace_location
+    from kmesh_trace.cli.inputs import read_directly
 
-    parts = open_parts(trace_location(trace, on_import=err.print))  # metadata only: the tasks read the parts
-    if not parts.engines:
-        raise KmeshTraceError(f"{trace} has no engine partitions; there are no requests to route.")
-    if not parts.parts("invocations") and not parts.parts("block_events"):  # a KV-events recording has only events
-        raise KmeshTraceError(f"{trace} has no requests (its invocations table is empty and it holds no block events); "
-                              "there are no requests to route.")
+    parts = read_directly(trace, on_import=err.print) if ray is None else None  # in memory (never empty), not for Ray's tasks
+    if parts is None:
+        parts = _trace_parts(trace)
     ns = parse_ints(engines, "--engines") if engines is not None else None
     caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
     if capacity is not None:  # per engine, in bytes: converted with the trace's KV geometry
@@ -95,6 +91,21 @@ def fleet_cmd(
         plot_fleet(result, plot)
         err.print(f"wrote {plot}")
     emit(output, result.to_dict(), rows=result.rows(), render=lambda: _render(result.to_dict()))
+
+
+def _trace_parts(trace: str):
+    """The trace's parts (metadata only: the tasks read them), a public trace imported first; refused when
+    there is nothing to route."""
+    from kmesh_trace.cli.inputs import trace_location
+    from kmesh_trace.parts import open_parts
+
+    parts = open_parts(trace_location(trace, on_import=err.print))
+    if not parts.engines:
+        raise KmeshTraceError(f"{trace} has no engine partitions; there are no requests to route.")
+    if not parts.parts("invocations") and not parts.parts("block_events"):  # a KV-events recording has only events
+        raise KmeshTraceError(f"{trace} has no requests (its invocations table is empty and it holds no block events); "
+                              "there are no requests to route.")
+    return parts
 
 
 def _render(d: dict) -> None:

@@ -9,10 +9,13 @@ The format is recognised from the input itself (`sniff`): a trace directory hold
 marker file; a JSONL file's first record names its format by its fields; a directory of `.json`
 files is weka, one of `.jsonl` files (one level down) lmcache-agent.
 
-An analysis that reads only the workload (headroom) takes a Mooncake or Bailian JSONL file without the
-temporary trace: `read_directly` reads it into memory (`PublicInput`, the importer's own reader and checks, every
-bad line counted as the import counts it), and the workload is built from it as from the imported trace
-(`kmesh_trace.oracle.workload.InvocationColumns`) -- the same numbers, without polars, pyarrow or duckdb.
+An analysis run in this process (headroom, pressure, tiers, fleet, lineage; not on Ray, whose tasks read a
+trace directory) takes a Mooncake or Bailian JSONL file or a weka directory without the temporary trace:
+`read_directly` reads it into memory (`PublicInput`, the importer's own reader and checks, every bad line
+counted as the import counts it), and the workload is built from it as from the imported trace
+(`kmesh_trace.oracle.workload.InvocationColumns`; lineage: `kmesh_trace.oracle.lineage_report`) -- the same
+numbers, without polars, pyarrow or duckdb. LMCache agent traces carry token ids and content edges
+the import derives with the corpus audit; they still go through the import.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from kmesh_trace.errors import InputFormatError
-from kmesh_trace.paths import check_trace_directory
+from kmesh_trace.paths import TRACE_MARKER, check_trace_directory
 
 #: The fields that name a JSONL record's format, checked in this order.
 _RECORD_FIELDS = (("bailian", {"chat_id", "parent_chat_id", "hash_ids"}),
@@ -61,9 +64,7 @@ def importer(fmt: str) -> Callable:
 def sniff(path: Path) -> str | None:
     """The public format `path` holds, or None for a trace directory; one sentence when it is neither."""
     if path.is_dir():
-        from kmesh_trace.writer import ENGINES_DIR, MARKER  # pyarrow: only for a directory, never for a JSONL file
-
-        if (path / MARKER).is_file() or (path / ENGINES_DIR).is_dir():
+        if (path / TRACE_MARKER).is_file() or (path / "engines").is_dir():  # kmesh_trace.writer's MARKER, ENGINES_DIR
             return None
         if any(p.suffix.lower() == ".json" and p.is_file() for p in path.iterdir()):
             return "weka"
@@ -137,14 +138,18 @@ def _read_line(report, path: Path, fmt: str) -> str:
 
 @dataclass
 class PublicInput:
-    """A public trace read into memory, with the reading side of an imported trace that the workload needs:
-    one engine partition (`engines`, its metadata as the import writes it) and its invocations
-    (`invocations_in_memory`). Complete by construction, with no prefill timings (as an import)."""
+    """A public trace read into memory, with the reading side of an imported trace that the analyses need:
+    one engine partition (`engines`, its metadata as the import writes it), its invocations
+    (`invocations_in_memory`) and its declared lineage edges (`edges`: (child, parent or None when it names
+    no request read), as the import's lineage rows). Complete by construction, with no prefill timings (as
+    an import)."""
 
     path: Path
     format: str
     engines: dict[str, dict[str, Any]]
     invocations_in_memory: Any  # kmesh_trace.oracle.workload.InvocationColumns
+    edges: list[tuple[str, str | None]] = field(default_factory=list)
+    agent_id: list[str | None] | None = None  # per row, for lineage (weka's sub-agents)
     location: str | None = field(default=None)  # no trace directory: tasks get the workload itself
 
     @property
@@ -156,29 +161,36 @@ class PublicInput:
     def block_size(self) -> int | None:
         return self.metadata.get("block_size")
 
+    def row_counts(self) -> dict[str, int]:
+        """Rows per table, as `Trace.row_counts` counts an imported trace's."""
+        return {"invocations": len(self.invocations_in_memory), "lineage": len(self.edges)}
+
 
 #: The formats `read_directly` reads into memory.
-DIRECT_FORMATS = ("mooncake", "bailian")
+DIRECT_FORMATS = ("mooncake", "bailian", "weka")
 
 
 def read_directly(path: str | Path, *, on_import: Callable[[str], None] | None = None) -> PublicInput | None:
     """`path` read into memory when it is a public trace of a DIRECT_FORMATS format, else None (a trace
     directory, or a format that goes through the import). `on_import(line)` hears what was read, as from
-    `imported`; a file with no readable request is the same error."""
+    `imported`; an input with no readable request is the same error."""
     path = Path(path)
-    if "://" in str(path) or not path.is_file() or path.suffix.lower() == ".json":
+    if "://" in str(path) or not path.exists():
         return None
     fmt = sniff(path)
     if fmt not in DIRECT_FORMATS:
         return None
     engine_id = f"import-{fmt}"
-    invocations, report, metadata = (_mooncake_in_memory if fmt == "mooncake" else _bailian_in_memory)(path, engine_id)
+    reader = {"mooncake": _mooncake_in_memory, "bailian": _bailian_in_memory, "weka": _weka_in_memory}[fmt]
+    public, report = reader(path, engine_id)
     _check_read(report, path, fmt)
-    meta = {**metadata, "engine_id": engine_id, "source": f"import:{fmt}", "complete": True,
-            "num_malformed_lines": report.num_malformed_lines, "malformed_lines": report.malformed_lines}
+    meta = public.metadata
+    meta.update(engine_id=engine_id, source=f"import:{fmt}", complete=True)
+    meta.setdefault("num_malformed_lines", report.num_malformed_lines)
+    meta.setdefault("malformed_lines", report.malformed_lines)
     if on_import is not None:
         on_import(_read_line(report, path, fmt))
-    return PublicInput(path, fmt, {engine_id: meta}, invocations)
+    return public
 
 
 def _mooncake_in_memory(path: Path, engine_id: str):
@@ -188,7 +200,7 @@ def _mooncake_in_memory(path: Path, engine_id: str):
     cols, report = read_mooncake(path, engine_id=engine_id)
     invocations = InvocationColumns([str(i) for i in range(len(cols))], cols.num_prompt_tokens,
                                     cols.num_output_tokens, cols.arrival_ns, cols.offsets, cols.hashes)
-    return invocations, report, engine_metadata(path)
+    return PublicInput(path, "mooncake", {engine_id: engine_metadata(path)}, invocations), report
 
 
 def _bailian_in_memory(path: Path, engine_id: str):
@@ -198,6 +210,7 @@ def _bailian_in_memory(path: Path, engine_id: str):
 
     report = ImportReport(FORMAT, str(path), "", engine_id)
     inv = InvocationColumns([], [], [], [], [0], array("Q"), [], [])
+    edges = []
     for row, edge in bailian_rows(path, report):
         inv.request_id.append(row["request_id"])
         inv.num_prompt_tokens.append(row["num_prompt_tokens"])
@@ -207,9 +220,25 @@ def _bailian_in_memory(path: Path, engine_id: str):
         inv.hash_offsets.append(len(inv.hashes))
         inv.family_id.append(row["family_id"])
         inv.parent_id.append(row["parent_id"])
-        if edge is not None and inv.declared_parents.get(edge["child_request_id"]) is None:
-            inv.declared_parents[edge["child_request_id"]] = edge["parent_request_id"]  # a resolved edge wins
-    return inv, report, engine_metadata(path)
+        if edge is not None:
+            edges.append((edge["child_request_id"], edge["parent_request_id"]))
+            if inv.declared_parents.get(edge["child_request_id"]) is None:
+                inv.declared_parents[edge["child_request_id"]] = edge["parent_request_id"]  # a resolved edge wins
+    return PublicInput(path, FORMAT, {engine_id: engine_metadata(path)}, inv, edges), report
+
+
+def _weka_in_memory(path: Path, engine_id: str):
+    """A weka directory (or one conversation file), with the import's default arrival model."""
+    from kmesh_trace.datasets.importers.weka import FORMAT, read_weka
+    from kmesh_trace.oracle.workload import InvocationColumns
+
+    rows, report, meta = read_weka(path, engine_id=engine_id)
+    c = rows.columns
+    inv = InvocationColumns(c["request_id"], c["num_prompt_tokens"], c["num_output_tokens"], c["arrival_ns"],
+                            rows.offsets, rows.hashes, c["family_id"], c["parent_id"], finish_ns=c["finish_ns"])
+    edges = [(child, parent) for child, parent in zip(c["request_id"], c["parent_id"]) if parent is not None]
+    inv.declared_parents = dict(edges)
+    return PublicInput(path, FORMAT, {engine_id: meta}, inv, edges, c["agent_id"]), report
 
 
 @contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -26,7 +27,7 @@ def _fmt(v: float | None, digits: int = 2) -> str:
 @handles_errors
 @output_options(csv=True)
 def lineage_cmd(
-    trace: Path = typer.Argument(..., help="Trace directory, or a Mooncake/Bailian JSONL file or weka/lmcache-agent directory, imported on the way in."),
+    trace: Path = typer.Argument(..., help="Trace directory, or a Mooncake/Bailian JSONL file or weka directory, read as it is, or an lmcache-agent directory, imported on the way in."),
     edges: Optional[str] = typer.Option(None, "--edges", help="Edge kind to read from the lineage table: declared, "
                                         "exact_prefix or content (default: the first of these the trace has)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Only this engine partition."),
@@ -36,12 +37,8 @@ def lineage_cmd(
     """The shape of a trace's lineage: families, children per parent, depth, reuse gaps, shared-prefix blocks."""
     from kmesh_trace.oracle import lineage_report as lr
     from kmesh_trace.apps.plots import plot_lineage
-    from kmesh_trace.cli.inputs import open_as_trace
-    from kmesh_trace.trace import check_has_requests
-
     check_plot_option(plot, [trace])
-    with open_as_trace(trace, on_import=err.print) as t:
-        check_has_requests(t)
+    with _input(trace) as t:
         rep = lr.run(t, lr.LineageOptions(edges), engine)
         note = approximate_tokens_note(t)
     if note:
@@ -54,6 +51,23 @@ def lineage_cmd(
         if n != note:
             err.print(f"note: {n}", markup=False, highlight=False)
     emit(output, d, rows=d["families"], render=lambda: _render(d))
+
+
+@contextmanager
+def _input(trace: Path):
+    """The opened trace with requests, or a public trace read into memory as its import would read
+    (`kmesh_trace.cli.inputs.read_directly`); other public traces are imported on the way in."""
+    from kmesh_trace.cli.inputs import open_as_trace, read_directly
+
+    public = read_directly(trace, on_import=err.print)
+    if public is not None:
+        yield public
+        return
+    from kmesh_trace.trace import check_has_requests
+
+    with open_as_trace(trace, on_import=err.print) as t:
+        check_has_requests(t)
+        yield t
 
 
 def _render(d: dict) -> None:

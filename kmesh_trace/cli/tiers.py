@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
 @handles_errors
 @output_options()
 def tiers_cmd(
-    trace: Optional[Path] = typer.Argument(None, help="Trace directory, or a Mooncake/Bailian JSONL file or weka/lmcache-agent directory, imported on the way in (or use --scenario)."),
+    trace: Optional[Path] = typer.Argument(None, help="Trace directory, or a Mooncake/Bailian JSONL file or weka directory, read as it is, or an lmcache-agent directory, imported on the way in (or use --scenario)."),
     scenario: ScenarioOption = None,
     capacity_blocks: Optional[int] = typer.Option(None, "--capacity-blocks", parser=bounded_int(1, MAX_BLOCKS), help="GPU pool usable blocks (default: the trace's)."),
     gpu_blocks: Optional[int] = typer.Option(None, "--gpu-blocks", parser=bounded_int(1, MAX_BLOCKS), hidden=True, help="Deprecated: the old name of --capacity-blocks."),
@@ -95,7 +95,7 @@ def tiers_cmd(
         from kmesh_trace.oracle.executor import InProcess, OnRay
 
         executor = InProcess() if ray is None else OnRay(ray)
-        with _input(trace, scenario, engine) as source, _sweep_progress(executor):
+        with _input(trace, scenario, engine, direct=ray is None) as source, _sweep_progress(executor):
             report = tm.run(source, options, executor)
         for note in report.notes:
             err.print(f"note: {note}")
@@ -126,14 +126,24 @@ def _check_outputs(trace, scenario, options, ray, plot, journal) -> None:
 
 
 @contextmanager
-def _input(trace: Optional[Path], scenario, engine: Optional[str]):
-    """The run's input: a trace's engine partition (kept open: the prefill fit reads it), or a built-in workload."""
+def _input(trace: Optional[Path], scenario, engine: Optional[str], *, direct: bool):
+    """The run's input: a trace's engine partition (kept open: the prefill fit reads it), a public trace read
+    as it is (`direct`: not for Ray tasks, which read a trace directory), or a built-in workload."""
     from kmesh_trace.oracle.tiers import TiersInput
 
     if scenario is not None:  # any built-in workload but family-burst: a stream with no capture metadata
         yield TiersInput.from_workload(build_scenario(scenario), scenario.value)
         return
-    from kmesh_trace.cli.inputs import open_as_trace
+    from kmesh_trace.cli.inputs import open_as_trace, read_directly
+
+    public = read_directly(trace, on_import=err.print) if direct else None
+    if public is not None:  # in memory (never empty), as its import would read: the same requests, no prefill timings
+        from kmesh_trace.oracle.workload import Workload
+
+        w = Workload.from_trace(public, engine)
+        yield TiersInput(list(w.requests), w.block_size, w.num_usable_blocks, str(trace), public.metadata, public,
+                         None, engine)
+        return
 
     with open_as_trace(trace, on_import=err.print, until_exit=True) as t:  # a public trace: imported first
         yield TiersInput.from_trace(t, str(trace), engine)
