@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
 @handles_errors
 @output_options(csv=True)
 def headroom_cmd(
-    trace: Optional[Path] = typer.Argument(None, help="Trace directory, or a Mooncake/Bailian JSONL file or weka/lmcache-agent directory, imported on the way in (or use --scenario)."),
+    trace: Optional[Path] = typer.Argument(None, help="Trace directory, or a Mooncake/Bailian JSONL file or weka directory, read as it is, or an lmcache-agent directory, imported on the way in (or use --scenario)."),
     capacity_blocks: CapacityOption = None,
     capacity: CapacityBytesOption = None,
     kv_bytes: KvBytesOption = None,

@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
 @handles_errors
 @output_options(csv=True)
 def pressure_cmd(
-    trace: Optional[Path] = typer.Argument(None, help="Trace directory, or a Mooncake/Bailian JSONL file or weka/lmcache-agent directory, imported on the way in (or use --scenario)."),
+    trace: Optional[Path] = typer.Argument(None, help="Trace directory, or a Mooncake/Bailian JSONL file or weka directory, read as it is, or an lmcache-agent directory, imported on the way in (or use --scenario)."),
     scenario: ScenarioOption = None,
     edges: PressureEdges = typer.Option(PressureEdges.declared, "--edges", help="Families from declared lineage, inferred exact-prefix edges, or an import's content edges (guessed from text)."),
     expiry_s: Optional[float] = typer.Option(None, "--expiry-s", parser=finite_float(0, MAX_SECONDS), help="Release a hold this many seconds after it was taken (needs trace times)."),
