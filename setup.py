@@ -25,7 +25,7 @@ setup(
         Extension(
             "kmesh_trace.native._kmesh_kernels",
             sources=KERNELS,
-            depends=["native/kernels/kernels.h"],
+            depends=sorted(str(p) for p in Path("native/kernels").glob("*.h")),
             extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                 "-fvisibility=hidden"],
         ),
