@@ -149,3 +149,37 @@ def test_belady_curve_equals_the_priority_stack_on_mooncake(shared_datasets, tmp
     got = belady_curve(again, s.num_requests)
     _same_curve(got, stack_belady_curve(again, s.num_requests))
     assert got.max_level > s.num_objects // 2
+
+
+# ---- the lru curve's window of touch times (native/kernels/lru_curve_body.h) ------------------------------
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_lru_curve_window_moves_and_changes_nothing(shape):
+    """Started at one slot, the lru kernel's window moves on and doubles all the time; the curve stays the
+    per-capacity replays' (on streams this short the default window never moves)."""
+    from kmesh_trace.oracle.curves import _lru_levels
+    from kmesh_trace.oracle.policies.lru import lru_hits
+
+    rng = np.random.default_rng(7 + sum(map(ord, shape)))
+    for seed in range(150):
+        n = int(rng.integers(1, 400 if seed % 10 else 3000))
+        s = _random_stream(rng, n, shape)
+        start = int(rng.integers(0, s.num_requests))
+        for measure_from in (0, start):
+            want = lru_curve(s, measure_from)
+            for first in (1, 2, 5, 64):
+                _same_curve(lru_curve(s, measure_from, first_window=first), want)
+        caps = sorted({1, 2, 3, 7, want.max_level, want.max_level + 1} - {0})
+        got = lru_curve(s, start, first_window=1).hit_blocks(caps)
+        assert got.tolist() == [int(lru_hits(s, c)[0][start:].sum()) for c in caps]
+    # On a cyclic sweep with fresh ids per pass the reuses stay near: the window stays near their span.
+    ring, passes = 600, 40
+    ids = np.concatenate([np.tile(np.arange(ring), 3) + k * ring for k in range(passes)]).astype(np.uint64)
+    per = np.full(len(ids) // 6, 6)
+    s = AccessStream.from_arrays(16, ids, np.ones(len(ids), bool), np.concatenate([[0], np.cumsum(per)]), per * 16 + 1,
+                                 per)
+    count, possum, window = _lru_levels(s, 0, 1)
+    _same_curve(HitCurve("lru", 16, count, possum, int(s.num_reads.sum()), int(s.num_prompt_tokens.sum())),
+                lru_curve(s, 0, first_window=1 << 20))
+    assert window <= 4 * 3 * ring < len(s), window
