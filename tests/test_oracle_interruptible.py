@@ -68,3 +68,20 @@ def test_run_interruptible_returns_and_raises_as_a_plain_call():
         assert str(e) == "x"
     else:
         raise AssertionError("the kernel's exception was lost")
+
+
+def test_run_all_interruptible_gives_results_in_order_and_raises_the_first_error():
+    import threading
+
+    import pytest
+
+    from kmesh_trace.oracle.interruptible import run_all_interruptible
+
+    seen: list[int] = []
+    calls = [lambda i=i: (i * i, threading.current_thread().name) for i in range(6)]
+    got = run_all_interruptible(calls, 2, seen.append)
+    assert [g[0] for g in got] == [i * i for i in range(6)] and seen == list(range(6))
+    assert {g[1] for g in got} == {"kmesh-kernel"}
+    with pytest.raises(ZeroDivisionError):
+        run_all_interruptible([lambda: 1, lambda: 1 // 0, lambda: 2])
+    assert run_all_interruptible([lambda: 7], 4) == [7]

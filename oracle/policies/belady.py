@@ -70,4 +70,5 @@ def belady_reference(requests: Sequence[RequestBlocks], block_size: int, capacit
 class Belady(StreamPolicy):
     name = "belady"
     summary = "optimal eviction knowing the future; keeps any full block, ignores pins (the headroom bound)"
+    releases_gil = True
     kernel = staticmethod(belady_hits)

@@ -92,4 +92,5 @@ def belady_prefix_reference(requests: Sequence[RequestBlocks], block_size: int, 
 class BeladyPrefix(StreamPolicy):
     name = "belady-prefix"
     summary = "Belady's future knowledge within a prefix cache: evicts only leaves, farthest next use first (reachable)"
+    releases_gil = True
     kernel = staticmethod(belady_prefix_hits)

@@ -54,4 +54,5 @@ def lru_reference(requests: Sequence[RequestBlocks], block_size: int, capacity: 
 class LRU(StreamPolicy):
     name = "lru"
     summary = "block-level LRU; a request's hits stop at its first miss (prefix lookup)"
+    releases_gil = True
     kernel = staticmethod(lru_hits)
