@@ -7,7 +7,11 @@ hits (its *level*), and the hits at capacity c are the accesses of level <= c.
 - `lru`: the recency stack. A request's reads are looked up before its blocks are touched, so a
   read's level is its object's stack distance when the request starts (counted with a Fenwick tree
   over touch times), and the request's j-th leading read hits at capacity c when the largest level
-  among reads 0..j is <= c (the prefix lookup stops at the first miss).
+  among reads 0..j is <= c (the prefix lookup stops at the first miss). The tree holds a window of
+  touch times, windowed as the Belady time tree below: a level is counted from a last touch on, and a
+  last touch is read again only when its object's next access after its request is a counted read, so
+  when the window is full it moves on to the earliest such live touch (or doubles when that frees less
+  than half of it).
 - `belady`: a priority stack with holes. Level i holds at most one object; the cache of capacity c
   is the objects on levels 1..c. An access removes its object from its level (a hole), then, if the
   object has a counted next use, carries it down from level 1: at each level the object with the
@@ -43,6 +47,9 @@ hits (its *level*), and the hits at capacity c are the accesses of level <= c.
   capacities are created in time order and a capacity not yet tracked has never been critical since its
   creation, so when a level needs the first untracked one the tree doubles, its new capacities' times
   recovered from one bit per access (whether it created a capacity at 2t).
+
+Both kernels are C (native/kernels/curves.c and lru_curve_body.h, through kmesh_trace.native.kernels);
+they release the GIL, so the two curves of one analysis run side by side.
 
 Each curve also carries, per capacity, the position sum of its hits so that prefill seconds follow
 from a `PrefillCost` (hits are charged as a cached prefix: a request with h hit blocks computes

@@ -17,9 +17,10 @@ KS_EXPORT int64_t KS_NAME(ks_curves_lru_levels)(const ID_T *obj, const uint8_t *
     hist_t h;
     int rc = hist_init(&h);
     int64_t w = first_window > 0 ? first_window : 1;
-    ID_T *last = calloc((size_t)(num_objects > 0 ? num_objects : 1), sizeof(ID_T)); /* 0: never touched */
-    int32_t *tree = calloc((size_t)(w + 1), sizeof(int32_t)); /* Fenwick over window positions 1..w */
-    uint8_t *state = calloc((size_t)w, 1);
+    /* restrict: the byte stores into `state` would otherwise make every other array's pointer reload */
+    ID_T *restrict last = calloc((size_t)(num_objects > 0 ? num_objects : 1), sizeof(ID_T)); /* 0: never */
+    int32_t *restrict tree = calloc((size_t)(w + 1), sizeof(int32_t)); /* Fenwick over window positions 1..w */
+    uint8_t *restrict state = calloc((size_t)w, 1);
     if (!last || !tree || !state)
         rc = KS_ENOMEM;
     int64_t base = 1, low = 1, clock = 0, wlive = 0; /* wlive: live last touches in the window */
@@ -45,8 +46,9 @@ KS_EXPORT int64_t KS_NAME(ks_curves_lru_levels)(const ID_T *obj, const uint8_t *
                     break;
             }
             if (r >= measure_from) {
-                h.count[m]++;
-                h.possum[m] += t - a;
+                int64_t *restrict count_m = h.count + m, *restrict possum_m = h.possum + m;
+                ++*count_m;
+                *possum_m += t - a;
             }
         }
         int64_t before = clock; /* touches of this request come after it */
