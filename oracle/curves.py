@@ -68,7 +68,7 @@ import numpy as np
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.native.kernels import I64, P, check, declare, ptr
 from kmesh_trace.oracle.interruptible import run_interruptible
-from kmesh_trace.oracle.kernel_ids import declare_widths, kernel_ids
+from kmesh_trace.oracle.kernel_ids import declare_widths, kernel_arrays
 from kmesh_trace.oracle.stream import NEVER, AccessStream
 
 
@@ -157,11 +157,11 @@ def _histograms(call) -> tuple[np.ndarray, np.ndarray]:
 
 def _lru_levels(stream: AccessStream, measure_from: int, first_window: int = FIRST_LRU_WINDOW):
     """(count, position sum, the final window of touch times) of the lru curve (native/kernels/curves.c)."""
-    obj, width, _ = kernel_ids(stream)
+    width, obj, eligible, next_use, req_start = kernel_arrays(stream)
     window = ctypes.c_int64()
     count, possum = _histograms(lambda c, p: _lru[width](
-        ptr(obj, obj.dtype), ptr(stream.eligible, np.bool_), ptr(stream.next_use, np.int64),
-        ptr(stream.req_start, np.int64), stream.num_requests, stream.num_objects, int(measure_from), NEVER,
+        ptr(obj, obj.dtype), ptr(eligible, np.bool_), ptr(next_use, np.int64), ptr(req_start, np.int64),
+        stream.num_requests, stream.num_objects, int(measure_from), NEVER,
         int(first_window), c, p, ctypes.byref(window)))
     return count, possum, window.value
 

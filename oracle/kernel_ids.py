@@ -20,12 +20,16 @@ def declare_widths(name: str, argtypes: list, restype=None) -> dict[str, object]
     return {w: declare(f"{name}_{w}", argtypes, restype) for w in ("i32", "i64")}
 
 
-def kernel_ids(stream: AccessStream) -> tuple[np.ndarray, str, type]:
-    """(the object ids as the kernel reads them, its width, their dtype)."""
+def kernel_arrays(stream: AccessStream) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(the kernel's width, and the ids, eligible flags, next uses and request offsets it reads): each
+    C-contiguous in the dtype the kernel reads, the stream's own arrays when they already are."""
     obj = stream.obj
     if obj.dtype == np.int32 and 2 * len(obj) < 2**31:
-        return np.ascontiguousarray(obj), "i32", np.int32
-    return np.ascontiguousarray(obj, np.int64), "i64", np.int64
+        width, obj = "i32", np.ascontiguousarray(obj)
+    else:
+        width, obj = "i64", np.ascontiguousarray(obj, np.int64)
+    return (width, obj, np.ascontiguousarray(stream.eligible, np.bool_),
+            np.ascontiguousarray(stream.next_use, np.int64), np.ascontiguousarray(stream.req_start, np.int64))
 
 
 def replay_at(kernels: dict, stream: AccessStream, capacity: int, what: str, *, next_uses: bool = True
@@ -33,12 +37,12 @@ def replay_at(kernels: dict, stream: AccessStream, capacity: int, what: str, *, 
     """A per-capacity policy kernel of native/kernels/policies_body.h on `stream` (declared by
     `declare_widths`): (per-request hit blocks, evictions). The kernel reads the ids, the eligible flags,
     the next uses when `next_uses`, and the request offsets."""
-    obj, width, _ = kernel_ids(stream)
+    width, obj, eligible, next_use, req_start = kernel_arrays(stream)
     hits = np.zeros(stream.num_requests, np.int64)
-    head = [ptr(obj, obj.dtype), ptr(stream.eligible, np.bool_)]
+    head = [ptr(obj, obj.dtype), ptr(eligible, np.bool_)]
     if next_uses:
-        head.append(ptr(stream.next_use, np.int64))
+        head.append(ptr(next_use, np.int64))
     tail = [NEVER] if next_uses else []
-    evictions = run_interruptible(kernels[width], *head, ptr(stream.req_start, np.int64), stream.num_requests,
+    evictions = run_interruptible(kernels[width], *head, ptr(req_start, np.int64), stream.num_requests,
                                   stream.num_objects, int(capacity), *tail, ptr(hits, np.int64))
     return hits, check(evictions, what)

@@ -183,3 +183,24 @@ def test_lru_curve_window_moves_and_changes_nothing(shape):
     _same_curve(HitCurve("lru", 16, count, possum, int(s.num_reads.sum()), int(s.num_prompt_tokens.sum())),
                 lru_curve(s, 0, first_window=1 << 20))
     assert window <= 4 * 3 * ring < len(s), window
+
+
+def test_the_64_bit_kernels_equal_the_32_bit_ones():
+    """The C kernels are built per id width (native/kernels/by_width.h): a stream whose ids are int64 (the
+    64-bit build, taken from 2^30 accesses on) gives what its int32 twin gives."""
+    import dataclasses
+
+    from kmesh_trace.oracle.policies.belady import belady_hits
+    from kmesh_trace.oracle.policies.belady_prefix import belady_prefix_hits
+    from kmesh_trace.oracle.policies.lru import lru_hits
+
+    rng = np.random.default_rng(64)
+    for shape in sorted(SHAPES):
+        s = _random_stream(rng, 2000, shape)
+        wide = dataclasses.replace(s, obj=s.obj.astype(np.int64))
+        _same_curve(lru_curve(wide, 3, first_window=4), lru_curve(s, 3))
+        for c in (1, 5, 40, s.num_objects):
+            for replay in (lru_hits, belady_hits, belady_prefix_hits):
+                h32, e32 = replay(s, c)
+                h64, e64 = replay(wide, c)
+                assert np.array_equal(h32, h64) and e32 == e64, (shape, c, replay.__name__)
