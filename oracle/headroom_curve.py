@@ -292,10 +292,16 @@ def simulate_grid(name: str, workload: Workload, capacities: Sequence[int], proc
     """Per-request hit blocks of `name` at each capacity (rows), on `executor` (default: worker processes
     forked when more than one core is free and the platform forks, sharing the workload; else one after
     another). A policy whose kernel releases the GIL (`releases_gil`) runs on as many threads instead of
-    forked processes: the same parallelism, without the fork or its copied pages."""
+    forked processes: the same parallelism, without the fork or its copied pages. Before forking, the
+    first capacity is replayed here, so that the workers inherit what it loaded instead of each loading it."""
     workload.stream  # built once, before any fork
     executor = executor or ForkPool(processes)
-    if isinstance(executor, ForkPool) and getattr(POLICIES[name], "releases_gil", False):
-        executor = executor.threads()
-    rows = executor.map(_replay_point, [Task(f"{name} at {int(c)} blocks", (name, workload, int(c))) for c in capacities])
+    tasks = [Task(f"{name} at {int(c)} blocks", (name, workload, int(c))) for c in capacities]
+    first: list = []
+    if isinstance(executor, ForkPool):
+        if getattr(POLICIES[name], "releases_gil", False):
+            executor = executor.threads()
+        elif len(tasks) > 1:  # the first point here: what it loads (a compiled kernel, its compiler) is inherited
+            first, tasks = [_replay_point(*tasks[0].args)], tasks[1:]
+    rows = first + executor.map(_replay_point, tasks)
     return np.vstack(rows) if rows else np.zeros((0, workload.stream.num_requests), np.int64)
