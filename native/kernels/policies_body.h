@@ -4,23 +4,25 @@
  * functions. Each fills hits[r] (the request's hit blocks) and returns the evictions, or KS_ENOMEM. */
 
 /* ---- a max-heap of objects by key; where[o] = o's slot or -1 ----------------------------------------- */
+/* (Arrays are `restrict` throughout: each is its own allocation, and without it every byte store into
+ * `resident` would make the compiler reload the others.) */
 
 /* Slot i takes the entry of slot j. */
-static inline void KS_NAME(heap_move)(ID_T *key, ID_T *who, ID_T *where, int64_t i, int64_t j)
+static inline void KS_NAME(heap_move)(ID_T *restrict key, ID_T *restrict who, ID_T *restrict where, int64_t i, int64_t j)
 {
     key[i] = key[j];
     who[i] = who[j];
     where[who[i]] = (ID_T)i;
 }
 
-static inline void KS_NAME(heap_set)(ID_T *key, ID_T *who, ID_T *where, int64_t i, ID_T k, ID_T o)
+static inline void KS_NAME(heap_set)(ID_T *restrict key, ID_T *restrict who, ID_T *restrict where, int64_t i, ID_T k, ID_T o)
 {
     key[i] = k;
     who[i] = o;
     where[o] = (ID_T)i;
 }
 
-static inline void KS_NAME(sift_up)(ID_T *key, ID_T *who, ID_T *where, int64_t i)
+static inline void KS_NAME(sift_up)(ID_T *restrict key, ID_T *restrict who, ID_T *restrict where, int64_t i)
 {
     ID_T k = key[i], o = who[i];
     while (i > 0) {
@@ -33,7 +35,7 @@ static inline void KS_NAME(sift_up)(ID_T *key, ID_T *who, ID_T *where, int64_t i
     KS_NAME(heap_set)(key, who, where, i, k, o);
 }
 
-static inline void KS_NAME(sift_down)(ID_T *key, ID_T *who, ID_T *where, int64_t i, int64_t size)
+static inline void KS_NAME(sift_down)(ID_T *restrict key, ID_T *restrict who, ID_T *restrict where, int64_t i, int64_t size)
 {
     ID_T k = key[i], o = who[i];
     for (int64_t c = 2 * i + 1; c < size; c = 2 * i + 1) {
@@ -47,7 +49,7 @@ static inline void KS_NAME(sift_down)(ID_T *key, ID_T *who, ID_T *where, int64_t
     KS_NAME(heap_set)(key, who, where, i, k, o);
 }
 
-static inline int64_t KS_NAME(heap_remove)(ID_T *key, ID_T *who, ID_T *where, ID_T o, int64_t size)
+static inline int64_t KS_NAME(heap_remove)(ID_T *restrict key, ID_T *restrict who, ID_T *restrict where, ID_T o, int64_t size)
 {
     int64_t i = where[o];
     where[o] = -1;
@@ -61,7 +63,7 @@ static inline int64_t KS_NAME(heap_remove)(ID_T *key, ID_T *who, ID_T *where, ID
     return size;
 }
 
-static inline int64_t KS_NAME(heap_push)(ID_T *key, ID_T *who, ID_T *where, ID_T o, ID_T k, int64_t size)
+static inline int64_t KS_NAME(heap_push)(ID_T *restrict key, ID_T *restrict who, ID_T *restrict where, ID_T o, ID_T k, int64_t size)
 {
     KS_NAME(heap_set)(key, who, where, size, k, o);
     KS_NAME(sift_up)(key, who, where, size);
@@ -85,9 +87,9 @@ KS_EXPORT int64_t KS_NAME(ks_policies_lru)(const ID_T *obj, const uint8_t *eligi
                                            int64_t *hits)
 {
     ID_T s = (ID_T)num_objects;
-    ID_T *prev = malloc((size_t)(num_objects + 1) * sizeof(ID_T));
-    ID_T *nxt = malloc((size_t)(num_objects + 1) * sizeof(ID_T));
-    uint8_t *resident = calloc((size_t)(num_objects > 0 ? num_objects : 1), 1);
+    ID_T *restrict prev = malloc((size_t)(num_objects + 1) * sizeof(ID_T));
+    ID_T *restrict nxt = malloc((size_t)(num_objects + 1) * sizeof(ID_T));
+    uint8_t *restrict resident = calloc((size_t)(num_objects > 0 ? num_objects : 1), 1);
     int64_t size = 0, evictions = 0;
     if (!prev || !nxt || !resident) {
         evictions = KS_ENOMEM;
@@ -137,9 +139,9 @@ KS_EXPORT int64_t KS_NAME(ks_policies_belady)(const ID_T *obj, const uint8_t *el
                                               int64_t capacity, int64_t never, int64_t *hits)
 {
     int64_t cap = capacity > 0 ? capacity : 0, slots = cap < num_objects ? cap : num_objects;
-    ID_T *key = malloc((size_t)(slots > 0 ? slots : 1) * sizeof(ID_T));
-    ID_T *who = malloc((size_t)(slots > 0 ? slots : 1) * sizeof(ID_T));
-    ID_T *where = malloc((size_t)(num_objects > 0 ? num_objects : 1) * sizeof(ID_T));
+    ID_T *restrict key = malloc((size_t)(slots > 0 ? slots : 1) * sizeof(ID_T));
+    ID_T *restrict who = malloc((size_t)(slots > 0 ? slots : 1) * sizeof(ID_T));
+    ID_T *restrict where = malloc((size_t)(num_objects > 0 ? num_objects : 1) * sizeof(ID_T));
     int64_t size = 0, evictions = 0;
     if (!key || !who || !where) {
         evictions = KS_ENOMEM;
@@ -191,13 +193,13 @@ KS_EXPORT int64_t KS_NAME(ks_policies_belady_prefix)(const ID_T *obj, const uint
 {
     int64_t n = req_start[num_requests], m = num_objects > 0 ? num_objects : 1;
     int64_t cap = capacity > 0 ? capacity : 0, slots = cap < m ? cap : m;
-    uint8_t *resident = calloc((size_t)m, 1);
-    ID_T *nkey = calloc((size_t)m, sizeof(ID_T));       /* effective next use of a resident block */
-    ID_T *parent_of = malloc((size_t)m * sizeof(ID_T)); /* its parent when admitted (-1: a root) */
-    ID_T *children = calloc((size_t)m, sizeof(ID_T));   /* its resident children */
-    ID_T *where = malloc((size_t)m * sizeof(ID_T));     /* its slot in the heap of leaves, -1: none */
-    ID_T *key = malloc((size_t)(slots > 0 ? slots : 1) * sizeof(ID_T));
-    ID_T *who = malloc((size_t)(slots > 0 ? slots : 1) * sizeof(ID_T));
+    uint8_t *restrict resident = calloc((size_t)m, 1);
+    ID_T *restrict nkey = calloc((size_t)m, sizeof(ID_T));       /* effective next use of a resident block */
+    ID_T *restrict parent_of = malloc((size_t)m * sizeof(ID_T)); /* its parent when admitted (-1: a root) */
+    ID_T *restrict children = calloc((size_t)m, sizeof(ID_T));   /* its resident children */
+    ID_T *restrict where = malloc((size_t)m * sizeof(ID_T));     /* its slot in the heap of leaves, -1: none */
+    ID_T *restrict key = malloc((size_t)(slots > 0 ? slots : 1) * sizeof(ID_T));
+    ID_T *restrict who = malloc((size_t)(slots > 0 ? slots : 1) * sizeof(ID_T));
     int64_t heap = 0, size = 0, evictions = 0;
     if (!resident || !nkey || !parent_of || !children || !where || !key || !who) {
         evictions = KS_ENOMEM;
