@@ -82,7 +82,6 @@ class ForkPool(Executor):
         finally:
             _SHARED = None
 
-
     def threads(self) -> "Threads":
         """The same workers as threads (for tasks whose work releases the GIL), with this one's progress."""
         pool = Threads(self.processes)

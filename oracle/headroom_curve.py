@@ -1,8 +1,8 @@
 """Headroom along the whole capacity axis: hit-ratio curves, the capacities that reach a share of the
 infinite cache's hits, the bracket [belady-prefix, belady], and prefill seconds.
 
-- `lru` and `belady` come exact at every capacity from one pass each (`curves`).
-- `lru` and `belady` run side by side, on two threads (their C kernels release the GIL).
+- `lru` and `belady` come exact at every capacity from one pass each (`curves`), side by side on two
+  threads (their C kernels release the GIL).
 - `vllm` (the stock model: running requests pin blocks, not a stack algorithm) and `belady-prefix`
   are replayed at a grid of capacities (powers of two up to the working set, plus the stock
   capacity), in parallel where the machine has cores to spare: on threads for a kernel that releases
