@@ -14,8 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ("capture", "audit", "oracle", "native", "datasets")
 
 
-def baseline_command(commit: str, tmp: Path) -> list[str]:
-    """The command line that runs `kmesh-trace` as of `commit` (its tree made under `tmp` once)."""
+def baseline_python(commit: str, tmp: Path) -> list[str]:
+    """The command line of a Python that imports `kmesh_trace` as of `commit` (its tree made under `tmp` once)."""
     root = tmp / f"baseline-{commit}"
     if not root.exists():
         root.mkdir(parents=True)
@@ -25,5 +25,10 @@ def baseline_command(commit: str, tmp: Path) -> list[str]:
             (root / "kmesh_trace" / d).symlink_to(root / d)
         for so in (REPO / "native").glob("*.so"):
             (root / "native" / so.name).write_bytes(so.read_bytes())
+    return ["env", f"PYTHONPATH={root}", sys.executable, "-P"]
+
+
+def baseline_command(commit: str, tmp: Path) -> list[str]:
+    """The command line that runs `kmesh-trace` as of `commit` (its tree made under `tmp` once)."""
     code = "import sys; from kmesh_trace.cli import main; sys.argv[0] = 'kmesh-trace'; main()"
-    return ["env", f"PYTHONPATH={root}", sys.executable, "-P", "-c", code]
+    return baseline_python(commit, tmp) + ["-c", code]

@@ -18,11 +18,13 @@ blocks; the grid runs 19 of these), `lru-curve`. It ends with the table as Markd
 1.6 M reads) take a few minutes; the series of benchmarks/README.md went to --max-reads 102400000.
 `--runs R` times each row below `--runs-below` reads R times and keeps the fastest (small rows take
 milliseconds, where the load shows most). `--from-logs LOG...` prints the table (and --plot draws CPU
-seconds) from the lines of earlier runs.
+seconds) from the lines of earlier runs. `--baseline COMMIT` also runs every kernel as of that commit
+(rows `KERNEL@COMMIT`, `benchmarks/baseline_tree.py`), interleaved with this tree's: before / after kernel
+time on the same streams, in one run, on one load.
 
     KMESH_DATASETS=../shared/datasets .venv/bin/python benchmarks/curve_scaling_bench.py \\
         [--kernels belady-curve,lru-curve] [--max-reads 1600000] [--repeat-max-reads 1600000] \\
-        [--json OUT.json] [--plot OUT.png]
+        [--json OUT.json] [--plot OUT.png] [--baseline COMMIT]
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def child(src: Path, mode: str, n_reads: int, kernel: str, runs: int = 1) -> dic
             "load": os.getloadavg()[0]}
 
 
-_LINE = re.compile(r"(\w+)\s+([\w-]+)\s+([\d,]+) reads\s+([\d.]+) s, CPU\s+([\d.]+) s \((?:x([\d.]+)|\s+)\)"
+_LINE = re.compile(r"(\w+)\s+([\w@-]+)\s+([\d,]+) reads\s+([\d.]+) s, CPU\s+([\d.]+) s \((?:x([\d.]+)|\s+)\)"
                    r"\s+[\d.]+ CPU ns/read; stream\s+([\d.]+) \+ kernel\s+([\d.]+) B/read; load ([\d.]+)")
 
 
@@ -192,12 +194,23 @@ def main() -> None:
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--from-logs", nargs="+", type=Path, metavar="LOG",
                     help="no runs: the table and --plot from the printed lines of earlier runs")
+    ap.add_argument("--baseline", metavar="COMMIT", help="also run each kernel as of this commit (before / after)")
     ap.add_argument("--child", nargs=4, metavar=("MODE", "READS", "KERNEL", "RUNS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.src, args.child[0], int(args.child[1]), args.child[2], int(args.child[3]))))
         return
     kernels = args.kernels.split(",")
+    python = {k: [sys.executable] for k in kernels}
+    if args.baseline and not args.from_logs:
+        import tempfile
+
+        sys.path.insert(0, str(HERE.parent))
+        from baseline_tree import baseline_python
+
+        before = baseline_python(args.baseline, Path(tempfile.mkdtemp(prefix="curve-bench-")))
+        kernels = [k for kernel in kernels for k in (kernel, f"{kernel}@{args.baseline}")]
+        python.update({f"{k}@{args.baseline}": before for k in python})
     if args.from_logs:
         rows = [r for path in args.from_logs for r in _rows_of_log(path)]
         kernels = list(dict.fromkeys(r["kernel"] for r in rows))
@@ -211,10 +224,12 @@ def main() -> None:
         while n <= top:
             for kernel in kernels:
                 runs = args.runs if n < args.runs_below else 1
-                cmd = [sys.executable, str(HERE), "--src", str(args.src), "--child", mode, str(n), kernel, str(runs)]
-                subprocess.run(cmd[:-5] + ["--child", mode, str(args.min_reads), kernel, "1"], check=True,
+                cmd = [*python[kernel], str(HERE), "--src", str(args.src), "--child", mode, str(n),
+                       kernel.split("@")[0], str(runs)]
+                subprocess.run(cmd[:-5] + ["--child", mode, str(args.min_reads), kernel.split("@")[0], "1"], check=True,
                                capture_output=True)  # numba's cache, outside the timing
                 row = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+                row["kernel"] = kernel
                 row["bytes_per_read"] = (row["stream_bytes"] + row["kernel_peak_bytes"]) / row["block_reads"]
                 prev = [r for r in rows if r["mode"] == mode and r["kernel"] == kernel]
                 row["x_previous"] = row["cpu_seconds"] / prev[-1]["cpu_seconds"] if prev else None

@@ -6,6 +6,9 @@ errors, and the function's positional arguments) and returns the results in task
 - `ForkPool(processes)`: worker processes forked from this one, each inheriting the tasks (nothing is
   pickled on the way in, so a large workload is shared, not copied), one after another when one
   process would do or the platform cannot fork;
+- `Threads(workers)`: worker threads of this process, for tasks that spend their time in compiled
+  kernels outside the GIL (the C kernels of native/kernels/): as parallel as the forked workers, with no
+  fork and no copied pages. `ForkPool.threads()` is the same number of workers as threads;
 - `OnRay(address)`: Ray tasks (`kmesh_trace.distributed.run_tasks`). It is `remote`: its tasks read their
   input from the trace's location themselves (`kmesh_trace.oracle.tasks`), not from this process.
 
@@ -19,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 from kmesh_trace.distributed import Task
 
-__all__ = ["Executor", "ForkPool", "InProcess", "OnRay", "Task", "executor_for"]
+__all__ = ["Executor", "ForkPool", "InProcess", "OnRay", "Task", "Threads", "executor_for"]
 
 
 class Executor:
@@ -78,6 +81,27 @@ class ForkPool(Executor):
                 return results
         finally:
             _SHARED = None
+
+    def threads(self) -> "Threads":
+        """The same workers as threads (for tasks whose work releases the GIL), with this one's progress."""
+        pool = Threads(self.processes)
+        pool.on_start, pool.on_done = self.on_start, self.on_done
+        return pool
+
+
+class Threads(Executor):
+    """Worker threads (default: the cores), for tasks whose kernels release the GIL; Ctrl-C stops the wait."""
+
+    def __init__(self, workers: int | None = None):
+        super().__init__()
+        self.workers = workers
+
+    def _map(self, fn, tasks: list[Task]) -> list:
+        from kmesh_trace.oracle.interruptible import run_all_interruptible
+
+        on_done = self.on_done
+        return run_all_interruptible([lambda t=t: fn(*t.args) for t in tasks], self.workers or os.cpu_count() or 1,
+                                     None if on_done is None else lambda i: on_done(tasks[i]))
 
 
 class OnRay(Executor):

@@ -1,10 +1,12 @@
 """Headroom along the whole capacity axis: hit-ratio curves, the capacities that reach a share of the
 infinite cache's hits, the bracket [belady-prefix, belady], and prefill seconds.
 
-- `lru` and `belady` come exact at every capacity from one pass each (`curves`).
+- `lru` and `belady` come exact at every capacity from one pass each (`curves`), side by side on two
+  threads (their C kernels release the GIL).
 - `vllm` (the stock model: running requests pin blocks, not a stack algorithm) and `belady-prefix`
   are replayed at a grid of capacities (powers of two up to the working set, plus the stock
-  capacity), in worker processes where the machine has cores to spare.
+  capacity), in parallel where the machine has cores to spare: on threads for a kernel that releases
+  the GIL (belady-prefix), in forked worker processes otherwise (`--processes` workers either way).
 - `window`: "all" counts every request; "last-half" warms the caches with the first half of the
   requests and counts the second (the measurement window of KVCache.AI's kvcache-simulator).
 - Stock: the capture's measured hits at its usable blocks when every invocation has them, else the
@@ -17,6 +19,7 @@ infinite cache's hits, the bracket [belady-prefix, belady], and prefill seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Sequence
 
 import numpy as np
@@ -25,6 +28,7 @@ from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.curves import CURVES, HitCurve
 from kmesh_trace.oracle.headroom import WIDE_BRACKET
 from kmesh_trace.oracle.executor import Executor, ForkPool, Task
+from kmesh_trace.oracle.interruptible import run_all_interruptible
 from kmesh_trace.oracle.policies import POLICIES, Workload, get_policy
 from kmesh_trace.oracle.policies.infinite import infinite_hits
 from kmesh_trace.oracle.prefill_cost import PrefillCost
@@ -196,11 +200,13 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
 
     curves: dict[str, PolicyCurve] = {}
     exact: dict[str, HitCurve] = {}
-    for name in names:
-        if name in CURVES:
-            step(f"{name} curve")
-            exact[name] = CURVES[name](stream, start)
-            lv, hb = exact[name].steps()
+    one_pass = [name for name in names if name in CURVES]
+    if one_pass:  # side by side: their kernels release the GIL
+        step(" and ".join(one_pass) + (" curves" if len(one_pass) > 1 else " curve"))
+        made = run_all_interruptible([partial(CURVES[name], stream, start) for name in one_pass])
+        for name, hit_curve in zip(one_pass, made):
+            exact[name] = hit_curve
+            lv, hb = hit_curve.steps()
             curves[name] = PolicyCurve(name, True, np.concatenate([[0], lv]), np.concatenate([[0], hb]))
     # The grid reaches the depth where the exact curves go flat (every object, without one).
     depth = max((c.max_level for c in exact.values()), default=int(stream.num_objects))
@@ -285,8 +291,17 @@ def simulate_grid(name: str, workload: Workload, capacities: Sequence[int], proc
                   executor: Executor | None = None) -> np.ndarray:
     """Per-request hit blocks of `name` at each capacity (rows), on `executor` (default: worker processes
     forked when more than one core is free and the platform forks, sharing the workload; else one after
-    another)."""
+    another). A policy whose kernel releases the GIL (`releases_gil`) runs on as many threads instead of
+    forked processes: the same parallelism, without the fork or its copied pages. Before forking, the
+    first capacity is replayed here, so that the workers inherit what it loaded instead of each loading it."""
     workload.stream  # built once, before any fork
     executor = executor or ForkPool(processes)
-    rows = executor.map(_replay_point, [Task(f"{name} at {int(c)} blocks", (name, workload, int(c))) for c in capacities])
+    tasks = [Task(f"{name} at {int(c)} blocks", (name, workload, int(c))) for c in capacities]
+    first: list = []
+    if isinstance(executor, ForkPool):
+        if getattr(POLICIES[name], "releases_gil", False):
+            executor = executor.threads()
+        elif len(tasks) > 1:  # the first point here: what it loads (a compiled kernel, its compiler) is inherited
+            first, tasks = [_replay_point(*tasks[0].args)], tasks[1:]
+    rows = first + executor.map(_replay_point, tasks)
     return np.vstack(rows) if rows else np.zeros((0, workload.stream.num_requests), np.int64)

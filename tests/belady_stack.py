@@ -1,13 +1,45 @@
 """The `belady` priority stack itself (oracle/curves.py's kernel before the Critical Stack Algorithm):
-O(depth) per access, kept as the reference the one-pass `belady` curve must equal exactly."""
+O(depth) per access, kept as the reference the one-pass `belady` curve must equal exactly (compiled with
+numba here, a test dependency; the product's curves are C, native/kernels/curves.c)."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from kmesh_trace.oracle.curves import HitCurve, _measured, charge_as_prefix, level_buffers
+from kmesh_trace.oracle.curves import HitCurve, _measured
 from kmesh_trace.oracle.stream import NEVER, AccessStream
+
+
+@numba.njit(cache=True, nogil=True)
+def _grown(hist, top):  # pragma: no cover (compiled)
+    """`hist` (int64) with room for index `top`: at least twice as long, zeros added."""
+    out = np.zeros(max(2 * len(hist), top + 1), np.int64)
+    out[:len(hist)] = hist
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def level_buffers(req_start):  # pragma: no cover (compiled)
+    """(count, position-sum histograms, a buffer for one request's hit levels)."""
+    longest = 0
+    for r in range(len(req_start) - 1):
+        longest = max(longest, req_start[r + 1] - req_start[r])
+    return np.zeros(1025, np.int64), np.zeros(1025, np.int64), np.empty(max(longest, 1), np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def charge_as_prefix(levels, count, possum):  # pragma: no cover (compiled)
+    """Add one request's hit levels to the histograms (grown as needed), charged as a prefix: the k-th
+    cheapest hit is block k of the request's hit prefix (as native/kernels/curves.c charges them)."""
+    th = np.sort(levels)
+    nh = len(th)
+    if th[nh - 1] >= len(count):
+        count, possum = _grown(count, th[nh - 1]), _grown(possum, th[nh - 1])
+    for k in range(nh):
+        count[th[k]] += 1
+        possum[th[k]] += k
+    return count, possum
 
 
 @numba.njit(cache=True, nogil=True)

@@ -55,6 +55,21 @@ def test_simulate_grid_in_worker_processes_equals_one_after_another():
     assert (simulate_grid("vllm", w, [64, 300, 512], processes=2) == simulate_grid("vllm", w, [64, 300, 512], processes=1)).all()
 
 
+
+def test_a_gil_free_policy_replays_its_grid_on_threads_equal_to_one_after_another(monkeypatch):
+    """belady-prefix's kernel is C (it releases the GIL): its grid runs on --processes threads, not forks."""
+    from kmesh_trace.oracle import executor as ex
+
+    w = Workload(BLOCK_SIZE, fork_tree_requests())
+    caps = [1, 64, 300, 512, 4096]
+    alone = simulate_grid("belady-prefix", w, caps, processes=1)
+    forked = []
+    monkeypatch.setattr(ex.ForkPool, "_map", lambda self, fn, tasks: forked.append(tasks) or [])
+    assert (simulate_grid("belady-prefix", w, caps, processes=3) == alone).all()
+    assert (simulate_grid("belady-prefix", w, caps, executor=ex.Threads(2)) == alone).all()
+    assert forked == []  # no worker process was forked
+
+
 def test_a_wide_bracket_is_flagged():
     # Hash lists whose block 2 recurs under another parent: belady keeps it alone, a prefix cache cannot.
     rows = [{"request_id": str(i), "num_prompt_tokens": 9, "num_output_tokens": 0, "prompt_block_hashes": h}

@@ -149,3 +149,58 @@ def test_belady_curve_equals_the_priority_stack_on_mooncake(shared_datasets, tmp
     got = belady_curve(again, s.num_requests)
     _same_curve(got, stack_belady_curve(again, s.num_requests))
     assert got.max_level > s.num_objects // 2
+
+
+# ---- the lru curve's window of touch times (native/kernels/lru_curve_body.h) ------------------------------
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_lru_curve_window_moves_and_changes_nothing(shape):
+    """Started at one slot, the lru kernel's window moves on and doubles all the time; the curve stays the
+    per-capacity replays' (on streams this short the default window never moves)."""
+    from kmesh_trace.oracle.curves import _lru_levels
+    from kmesh_trace.oracle.policies.lru import lru_hits
+
+    rng = np.random.default_rng(7 + sum(map(ord, shape)))
+    for seed in range(150):
+        n = int(rng.integers(1, 400 if seed % 10 else 3000))
+        s = _random_stream(rng, n, shape)
+        start = int(rng.integers(0, s.num_requests))
+        for measure_from in (0, start):
+            want = lru_curve(s, measure_from)
+            for first in (1, 2, 5, 64):
+                _same_curve(lru_curve(s, measure_from, first_window=first), want)
+        caps = sorted({1, 2, 3, 7, want.max_level, want.max_level + 1} - {0})
+        got = lru_curve(s, start, first_window=1).hit_blocks(caps)
+        assert got.tolist() == [int(lru_hits(s, c)[0][start:].sum()) for c in caps]
+    # On a cyclic sweep with fresh ids per pass the reuses stay near: the window stays near their span.
+    ring, passes = 600, 40
+    ids = np.concatenate([np.tile(np.arange(ring), 3) + k * ring for k in range(passes)]).astype(np.uint64)
+    per = np.full(len(ids) // 6, 6)
+    s = AccessStream.from_arrays(16, ids, np.ones(len(ids), bool), np.concatenate([[0], np.cumsum(per)]), per * 16 + 1,
+                                 per)
+    count, possum, window = _lru_levels(s, 0, 1)
+    _same_curve(HitCurve("lru", 16, count, possum, int(s.num_reads.sum()), int(s.num_prompt_tokens.sum())),
+                lru_curve(s, 0, first_window=1 << 20))
+    assert window <= 4 * 3 * ring < len(s), window
+
+
+def test_the_64_bit_kernels_equal_the_32_bit_ones():
+    """The C kernels are built per id width (native/kernels/by_width.h): a stream whose ids are int64 (the
+    64-bit build, taken from 2^30 accesses on) gives what its int32 twin gives."""
+    import dataclasses
+
+    from kmesh_trace.oracle.policies.belady import belady_hits
+    from kmesh_trace.oracle.policies.belady_prefix import belady_prefix_hits
+    from kmesh_trace.oracle.policies.lru import lru_hits
+
+    rng = np.random.default_rng(64)
+    for shape in sorted(SHAPES):
+        s = _random_stream(rng, 2000, shape)
+        wide = dataclasses.replace(s, obj=s.obj.astype(np.int64))
+        _same_curve(lru_curve(wide, 3, first_window=4), lru_curve(s, 3))
+        for c in (1, 5, 40, s.num_objects):
+            for replay in (lru_hits, belady_hits, belady_prefix_hits):
+                h32, e32 = replay(s, c)
+                h64, e64 = replay(wide, c)
+                assert np.array_equal(h32, h64) and e32 == e64, (shape, c, replay.__name__)

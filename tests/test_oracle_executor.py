@@ -43,3 +43,29 @@ def test_options_give_the_flags_that_reproduce_them():
     assert flags(PressureOptions(PressureEdges.inferred, (96,))) == " --edges inferred --capacity-blocks 96"
     assert flags(PressureOptions(capacities=(1, 2), sweep=True)) == " --capacity-blocks 1,2"  # no flag of its own
     assert flags(FleetOptions((2, 4), (128,))) == " --engines 2,4 --capacity-blocks 128"
+
+
+def _threaded_work(i: int, scale: int) -> tuple[int, bool]:
+    import threading
+
+    if i == 99:
+        raise ValueError("task 99 failed")
+    return i * scale, threading.current_thread() is threading.main_thread()
+
+
+def test_threads_agree_with_in_process_in_task_order_and_raise_a_task_error():
+    import pytest
+
+    from kmesh_trace.oracle.executor import Threads
+
+    tasks = [Task(f"task {i}", (i, 3)) for i in range(9)]
+    for pool in (Threads(3), ForkPool(3).threads(), Threads(1)):
+        done: list[str] = []
+        pool.on_done = lambda t: done.append(t.name)
+        got = pool.map(_threaded_work, tasks)
+        assert [r[0] for r in got] == [3 * i for i in range(9)]
+        assert done == [t.name for t in tasks]
+        if getattr(pool, "workers", 1) > 1:
+            assert not any(r[1] for r in got)  # on the worker threads
+        with pytest.raises(ValueError, match="task 99"):
+            pool.map(_threaded_work, tasks + [Task("bad", (99, 1))])

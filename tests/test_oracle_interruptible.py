@@ -1,6 +1,6 @@
-"""Ctrl-C stops a compiled kernel (issue 21, class 6): the Belady curve of a large stream runs for many seconds
-in numba code; SIGINT must raise KeyboardInterrupt within 2 s (the CLI turns it into `Error: interrupted.`,
-exit 130)."""
+"""Ctrl-C stops a compiled kernel (issue 21, class 6): the Belady curve of a large stream runs for many
+seconds in compiled code (C since issue 26); SIGINT must raise KeyboardInterrupt within 2 s (the CLI turns it
+into `Error: interrupted.`, exit 130)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 from kmesh_trace.oracle.interruptible import run_interruptible
 
 # A stream of 2^23 block reads over 10^6 ids, built with numpy in about a second: its Belady curve runs for
-# several seconds in numba code (O(log n) per read since issue 26; the curve of the earlier 800,000-read test
+# several seconds in compiled code (O(log n) per read since issue 26; the curve of the earlier 800,000-read test
 # trace now ends in about a second, before any signal could reach it).
 _LONG_KERNEL = """
 import sys
@@ -68,3 +68,20 @@ def test_run_interruptible_returns_and_raises_as_a_plain_call():
         assert str(e) == "x"
     else:
         raise AssertionError("the kernel's exception was lost")
+
+
+def test_run_all_interruptible_gives_results_in_order_and_raises_the_first_error():
+    import threading
+
+    import pytest
+
+    from kmesh_trace.oracle.interruptible import run_all_interruptible
+
+    seen: list[int] = []
+    calls = [lambda i=i: (i * i, threading.current_thread().name) for i in range(6)]
+    got = run_all_interruptible(calls, 2, seen.append)
+    assert [g[0] for g in got] == [i * i for i in range(6)] and seen == list(range(6))
+    assert {g[1] for g in got} == {"kmesh-kernel"}
+    with pytest.raises(ZeroDivisionError):
+        run_all_interruptible([lambda: 1, lambda: 1 // 0, lambda: 2])
+    assert run_all_interruptible([lambda: 7], 4) == [7]

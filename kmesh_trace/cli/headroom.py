@@ -69,7 +69,7 @@ def headroom_cmd(
         0.0, "--attention-factor", parser=finite_float(0), help="With --prefill-tokens-per-s: extra cost of a token per earlier position, as a "
                                         "fraction of its position-0 cost."),
     processes: Optional[int] = typer.Option(None, "--processes", parser=bounded_int(1, 4096), help="Worker processes for grid replays "
-                                            "(default: the cores)."),
+                                            "(threads for a policy whose kernel is C; default: the cores)."),
     scenario: ScenarioOption = None,
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
     allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="Analyse a capture that never closed "

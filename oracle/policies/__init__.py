@@ -20,7 +20,7 @@ _CLASSES = {"infinite": ("infinite", "Infinite"), "lru": ("lru", "LRU"), "vllm":
 
 
 class _Registry(Mapping):
-    """The policies by name. A policy's module, and the compiled kernels it defines (numba), is imported
+    """The policies by name. A policy's module, and the compiled kernels it binds (C), is imported
     when the policy is first looked up, so that naming or checking policies costs no compiler."""
 
     def __init__(self):

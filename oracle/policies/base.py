@@ -81,6 +81,8 @@ class StreamPolicy:
     name: str
     summary: str
     needs_capacity = True
+    #: The kernel runs outside the GIL (C through ctypes): replays at many capacities can share threads.
+    releases_gil = False
 
     @staticmethod
     def kernel(stream: AccessStream, capacity: int) -> tuple[np.ndarray, int | None]:

@@ -26,96 +26,19 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numba
 import numpy as np
 
-from kmesh_trace.oracle.interruptible import run_interruptible
+from kmesh_trace.native.kernels import I64, P
+from kmesh_trace.oracle.kernel_ids import declare_widths, replay_at
 from kmesh_trace.oracle.policies.base import StreamPolicy, reference_accesses
-from kmesh_trace.oracle.policies.belady import _heap_push, _heap_remove, _sift_down, _sift_up
-from kmesh_trace.oracle.policies.lru import prefix_hits
-from kmesh_trace.oracle.stream import NEVER, AccessStream, RequestBlocks
+from kmesh_trace.oracle.stream import AccessStream, RequestBlocks
 
-
-@numba.njit(cache=True, nogil=True)
-def _belady_prefix_kernel(obj, eligible, next_use, req_start, capacity, never, resident, nkey, parent_of, children,
-                          where, key, who):  # pragma: no cover
-    # Per object (arrays from `_kernel_arrays`): resident, effective next use of a resident block, parent,
-    # resident children, and its slot in the max-heap (key, who) of resident leaves by effective next use (-1: none).
-    n = len(obj)
-    cap = max(capacity, 0)
-    heap = 0
-    size = 0
-    evictions = 0
-    n_req = len(req_start) - 1
-    hits = np.zeros(n_req, np.int64)
-    for r in range(n_req):
-        a, b = req_start[r], req_start[r + 1]
-        hits[r] = prefix_hits(obj, eligible, resident, a, b)
-        if cap == 0:
-            continue
-        for t in range(a, b):
-            o = obj[t]
-            e = next_use[t]
-            k = e if e != never else n + t  # no counted future: after every block that has one, latest first
-            parent = obj[t - 1] if t > a else -1
-            if resident[o]:
-                nkey[o] = k
-                if where[o] >= 0:
-                    i = where[o]
-                    key[i] = k
-                    _sift_up(key, who, where, i)
-                    _sift_down(key, who, where, where[o], heap)
-                continue
-            if parent >= 0 and not resident[parent]:
-                continue
-            if size == cap:
-                victim = -1
-                if heap > 0 and who[0] != parent:
-                    victim = who[0]
-                else:
-                    for c in (1, 2):
-                        if c < heap and (victim < 0 or key[c] > nkey[victim]):
-                            victim = who[c]
-                if victim < 0 or nkey[victim] <= k:
-                    continue  # the incoming block's next use is the farthest: not admitted
-                heap = _heap_remove(key, who, where, victim, heap)
-                resident[victim] = False
-                size -= 1
-                evictions += 1
-                vp = parent_of[victim]
-                if vp >= 0:
-                    children[vp] -= 1
-                    if children[vp] == 0 and resident[vp]:
-                        heap = _heap_push(key, who, where, vp, nkey[vp], heap)
-            resident[o] = True
-            nkey[o] = k
-            parent_of[o] = parent
-            children[o] = 0
-            size += 1
-            heap = _heap_push(key, who, where, o, k, heap)
-            if parent >= 0:
-                children[parent] += 1
-                if children[parent] == 1 and where[parent] >= 0:
-                    heap = _heap_remove(key, who, where, parent, heap)
-    return hits, evictions
-
-
-def _kernel_arrays(stream: AccessStream, capacity: int) -> tuple[np.ndarray, ...]:
-    """The kernel's state, in the narrowest integers its values fit: keys are positions or n + t (< 2n), ids
-    and heap slots stay below the objects; the heap holds at most min(capacity, objects) leaves."""
-    m = stream.num_objects
-    ids = np.int32 if m < 2**31 else np.int64
-    keys = np.int32 if 2 * len(stream) < 2**31 else np.int64
-    slots = max(min(int(capacity), m), 1)
-    return (np.zeros(m, np.bool_), np.zeros(m, keys), np.full(m, -1, ids), np.zeros(m, ids), np.full(m, -1, ids),
-            np.empty(slots, keys), np.empty(slots, ids))
+_kernel = declare_widths("ks_policies_belady_prefix", [P, P, P, P, I64, I64, I64, I64, P], I64)
 
 
 def belady_prefix_hits(stream: AccessStream, capacity: int) -> tuple[np.ndarray, int]:
-    """Per-request hit blocks and the number of evictions."""
-    hits, evictions = run_interruptible(_belady_prefix_kernel, stream.obj, stream.eligible, stream.next_use,
-                                        stream.req_start, int(capacity), NEVER, *_kernel_arrays(stream, capacity))
-    return hits, int(evictions)
+    """Per-request hit blocks and the number of evictions (native/kernels/policies_body.h)."""
+    return replay_at(_kernel, stream, capacity, "belady-prefix")
 
 
 def belady_prefix_reference(requests: Sequence[RequestBlocks], block_size: int, capacity: int) -> tuple[list[int], int]:
@@ -169,4 +92,5 @@ def belady_prefix_reference(requests: Sequence[RequestBlocks], block_size: int, 
 class BeladyPrefix(StreamPolicy):
     name = "belady-prefix"
     summary = "Belady's future knowledge within a prefix cache: evicts only leaves, farthest next use first (reachable)"
+    releases_gil = True
     kernel = staticmethod(belady_prefix_hits)
