@@ -177,6 +177,24 @@ def simulate_pool(requests: list[RequestBlocks], *, block_size: int, num_usable_
     return _compiled_result(requests, block_size, num_usable_blocks, timed, stream, holds)
 
 
+def pool_hits(requests, *, block_size: int, num_usable_blocks: int, stream=None, memo: dict | None = None
+              ) -> tuple:
+    """`simulate_pool(requests, ...)`'s per-request hit blocks (int64) and total evictions, without the rest
+    of its result (a grid replays the same requests at many capacities). `memo`, a dict kept with the
+    requests (a workload's), keeps the kernel's inputs from one capacity to the next."""
+    from kmesh_trace.oracle.blockpool_compiled import pool_inputs, replay_compiled
+
+    if block_size <= 0 or num_usable_blocks <= 0:
+        raise KmeshTraceError("block_size and num_usable_blocks must be positive; pass the engine's values.")
+    memo = {} if memo is None else memo
+    if "pool_inputs" not in memo:  # two threads may both build it: the same arrays, either one kept
+        timed = bool(requests) and all(r.arrival_ns is not None and r.finish_ns is not None for r in requests)
+        memo["pool_inputs"] = timed, pool_inputs(requests, block_size, stream)
+    timed, inputs = memo["pool_inputs"]
+    (hits, evictions, *_), _, _ = replay_compiled(requests, block_size, num_usable_blocks, timed, inputs=inputs)
+    return hits, int(evictions.sum())
+
+
 def _compiled_result(requests, block_size, num_usable_blocks, timed, stream, holds) -> PoolResult:
     """The replay by the compiled kernel (`blockpool_compiled`), as a PoolResult."""
     from kmesh_trace.oracle.blockpool_compiled import REASONS, STATUSES, TAKEN, replay_compiled

@@ -69,12 +69,14 @@ def hold_inputs(holds, n: int):
     return is_parent, release_after, parent_of, fam, list(names), caps
 
 
-def replay_compiled(requests, block_size: int, num_usable_blocks: int, timed: bool, stream=None, holds=None):
+def replay_compiled(requests, block_size: int, num_usable_blocks: int, timed: bool, stream=None, holds=None,
+                    inputs=None):
     """`PoolReplay(requests, ..., holds, timed).run()`'s results, compiled: (hit_blocks, num_evictions,
     admitted, stalled, free_queue) as numpy arrays, num_deferred, and the hold records as
     (parent, status, num_blocks, served, reason, held_block_steps, taken_ns, released_ns) arrays, with the
-    family names their parents' ids index (`family_names[family_ids[parent]]`)."""
-    stream, listed, output_tokens, arrival, finish = pool_inputs(requests, block_size, stream)
+    family names their parents' ids index (`family_names[family_ids[parent]]`). `inputs`: `pool_inputs`'
+    answer for these requests, when the caller replays them at several capacities."""
+    stream, listed, output_tokens, arrival, finish = inputs or pool_inputs(requests, block_size, stream)
     n = len(requests)
     if holds is None:
         is_parent, release_after, parent_of, fam, names, caps = (np.zeros(0, np.bool_), *(np.zeros(0, np.int64),) * 3,

@@ -102,6 +102,7 @@ class Workload:
     location: str | None = None  # where it was read from, for tasks that read it themselves (`kmesh_trace.oracle.tasks`)
     notes: list[str] = field(default_factory=list)  # what a reader must know about how it was built (scenarios)
     _families: dict = field(default_factory=dict, repr=False)  # fleet routing's family keys, per edge mode
+    derived: dict = field(default_factory=dict, repr=False)  # what a policy derives once and reuses (its own keys)
 
     @property
     def stream(self) -> AccessStream:

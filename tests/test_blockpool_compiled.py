@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kmesh_trace.oracle.blockpool import HoldPolicy, PoolReplay, simulate_pool
+from kmesh_trace.oracle.blockpool import HoldPolicy, PoolReplay, pool_hits, simulate_pool
 from kmesh_trace.oracle.stream import RequestBlocks
 
 FIELDS = ("hit_blocks", "hit_tokens", "num_evictions", "admitted", "stalled", "free_queue", "num_deferred")
@@ -47,6 +47,23 @@ def test_compiled_replay_equals_the_python_model(timed):
         seen["deferred"] += want.num_deferred > 0
     assert min(seen["hits"], seen["evictions"], seen["stalled"], seen["refused"]) > 20, seen
     assert (seen["deferred"] > 20) == timed, seen
+
+
+def test_pool_hits_at_many_capacities_equal_the_python_model():
+    """The grid's replay (one memo of the kernel's inputs across capacities) gives each capacity's hits and
+    evictions as the reference does, timed or not (decided from the requests, as simulate_pool does)."""
+    rng = np.random.default_rng(261)
+    for _ in range(300):
+        reqs, bs = _workload(rng)
+        if rng.random() < 0.3:
+            reqs[int(rng.integers(0, len(reqs)))].finish_ns = None  # not every request timed: sequential
+        timed = all(r.arrival_ns is not None and r.finish_ns is not None for r in reqs)
+        memo: dict = {}
+        for cap in rng.integers(1, 15, 4):
+            want = PoolReplay(reqs, bs, int(cap), None, timed).run()
+            hits, evictions = pool_hits(reqs, block_size=bs, num_usable_blocks=int(cap), memo=memo)
+            assert hits.tolist() == want.hit_blocks and evictions == want.total_evictions, (bs, cap, reqs)
+        assert memo["pool_inputs"][0] == timed
 
 
 HOLD_FIELDS = ("parent_index", "family", "status", "num_blocks", "num_children_served", "release_reason",

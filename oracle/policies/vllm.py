@@ -7,8 +7,6 @@ queue's eviction order, with running requests' blocks pinned; capacity is the po
 
 from __future__ import annotations
 
-import numpy as np
-
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.policies.base import PolicyResult, Workload, result_of
 
@@ -17,14 +15,15 @@ class VLLM:
     name = "vllm"
     summary = "model of vLLM V1's block pool: free-queue order, prefix lookup, running requests pinned"
     needs_capacity = True
+    releases_gil = True  # the replay is C (native/kernels/pool.c); only its inputs and result are Python
 
     def simulate(self, workload: Workload, capacity_blocks: int | None) -> PolicyResult:
         assert capacity_blocks is not None
         if workload.requests is None:
             raise KmeshTraceError("the vllm policy replays requests, not a bare access stream; build the workload from a trace.")
-        from kmesh_trace.oracle.blockpool import simulate_pool
+        from kmesh_trace.oracle.blockpool import pool_hits
 
-        res = simulate_pool(list(workload.requests), block_size=workload.block_size, num_usable_blocks=int(capacity_blocks),
-                            stream=workload.stream)
-        return result_of(self.name, capacity_blocks, workload.stream, np.asarray(res.hit_blocks, np.int64),
-                         res.total_evictions)
+        hits, evictions = pool_hits(workload.requests, block_size=workload.block_size,
+                                    num_usable_blocks=int(capacity_blocks), stream=workload.stream,
+                                    memo=workload.derived)
+        return result_of(self.name, capacity_blocks, workload.stream, hits, evictions)
