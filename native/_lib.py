@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kmesh_trace.errors import KmeshTraceError, MissingDependencyError
-from kmesh_trace.native.built import find_built
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.native.built import built_path, find_built
 from kmesh_trace.native.codes import NativeCode, errno_code, failure
 
 # One chunk in (struct kr_chunk) and one sample out (struct kr_sample), as numpy records so a whole
@@ -63,11 +63,7 @@ def lib() -> ctypes.CDLL:
     global _lib
     if _lib is not None:
         return _lib
-    path = _find_library()
-    if path is None:
-        raise MissingDependencyError(
-            "the native replay library is not built; run `pip install -e .` (or `pip install .`) in the "
-            "kmesh-trace checkout with a C compiler available")
+    path = built_path("_kmesh_replay", "KMESH_NATIVE_LIB", "the native replay library")
     L = ctypes.CDLL(str(path))
     _declare(L, path)
     check_layouts(c_layouts(L), path)

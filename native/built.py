@@ -6,6 +6,8 @@ import importlib.machinery
 import os
 from pathlib import Path
 
+from kmesh_trace.errors import MissingDependencyError
+
 _HERE = Path(__file__).resolve().parent
 
 
@@ -20,3 +22,13 @@ def find_built(stem: str, override_env: str) -> Path | None:
             return p
     found = sorted(_HERE.glob(f"{stem}*.so"))
     return found[0] if found else None
+
+
+def built_path(stem: str, override_env: str, what: str) -> Path:
+    """`find_built`'s path; MissingDependencyError with the build command when `what` was not built."""
+    path = find_built(stem, override_env)
+    if path is None:
+        raise MissingDependencyError(
+            f"{what} is not built; run `pip install -e .` (or `pip install .`) in the kmesh-trace checkout "
+            "with a C compiler available")
+    return path

@@ -14,22 +14,17 @@ Every kernel keeps a plain reference (Python, in the tree or in tests/) that the
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import numpy as np
 
 from kmesh_trace.errors import MissingDependencyError
-from kmesh_trace.native.built import find_built
+from kmesh_trace.native.built import built_path
 
 #: ctypes types for `declare` signatures: `P` is any array (through `ptr`), the rest scalars.
 P, I32, I64, U64, F64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_double
 
 #: What a kernel returns when an allocation failed (KS_ENOMEM in native/kernels/kernels.h).
 ENOMEM = -12
-
-
-def _find_library() -> Path | None:
-    return find_built("_kmesh_kernels", "KMESH_KERNELS_LIB")
 
 
 _lib: ctypes.CDLL | None = None
@@ -39,12 +34,7 @@ def lib() -> ctypes.CDLL:
     """The loaded kernels; raises MissingDependencyError with the build command when they were not built."""
     global _lib
     if _lib is None:
-        path = _find_library()
-        if path is None:
-            raise MissingDependencyError(
-                "the compiled kernels are not built; run `pip install -e .` (or `pip install .`) in the "
-                "kmesh-trace checkout with a C compiler available")
-        _lib = ctypes.CDLL(str(path))
+        _lib = ctypes.CDLL(str(built_path("_kmesh_kernels", "KMESH_KERNELS_LIB", "the compiled kernels library")))
     return _lib
 
 

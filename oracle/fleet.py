@@ -61,10 +61,10 @@ def families(workload: Workload, edges: str = "auto") -> tuple[list[str], str]:
     if edges == "auto":
         declared = any(r.family_id is not None or r.parent_index is not None for r in workload.requests)
         edges = "declared" if declared else "inferred"
-    cache = workload._families
-    if edges not in cache:
-        cache[edges] = (family_keys(workload.requests, workload.block_size, edges), edges)
-    return cache[edges]
+    key = ("families", edges)
+    if key not in workload.derived:
+        workload.derived[key] = (family_keys(workload.requests, workload.block_size, edges), edges)
+    return workload.derived[key]
 
 
 def family_keys(requests: Sequence[RequestBlocks], block_size: int, edges: str) -> list[str]:

@@ -6,7 +6,8 @@ infinite cache's hits, the bracket [belady-prefix, belady], and prefill seconds.
 - `vllm` (the stock model: running requests pin blocks, not a stack algorithm) and `belady-prefix`
   are replayed at a grid of capacities (powers of two up to the working set, plus the stock
   capacity), in parallel where the machine has cores to spare: on threads for a kernel that releases
-  the GIL (belady-prefix), in forked worker processes otherwise (`--processes` workers either way).
+  the GIL (both: their replays are C), in forked worker processes otherwise (`--processes` workers
+  either way).
 - `window`: "all" counts every request; "last-half" warms the caches with the first half of the
   requests and counts the second (the measurement window of KVCache.AI's kvcache-simulator).
 - Stock: the capture's measured hits at its usable blocks when every invocation has them, else the
@@ -292,16 +293,10 @@ def simulate_grid(name: str, workload: Workload, capacities: Sequence[int], proc
     """Per-request hit blocks of `name` at each capacity (rows), on `executor` (default: worker processes
     forked when more than one core is free and the platform forks, sharing the workload; else one after
     another). A policy whose kernel releases the GIL (`releases_gil`) runs on as many threads instead of
-    forked processes: the same parallelism, without the fork or its copied pages. Before forking, the
-    first capacity is replayed here, so that the workers inherit what it loaded instead of each loading it."""
-    workload.stream  # built once, before any fork
+    forked processes: the same parallelism, without the fork or its copied pages."""
+    workload.stream  # built once, before any fork or thread
     executor = executor or ForkPool(processes)
-    tasks = [Task(f"{name} at {int(c)} blocks", (name, workload, int(c))) for c in capacities]
-    first: list = []
-    if isinstance(executor, ForkPool):
-        if getattr(POLICIES[name], "releases_gil", False):
-            executor = executor.threads()
-        elif len(tasks) > 1:  # the first point here: what it loads (a compiled kernel, its compiler) is inherited
-            first, tasks = [_replay_point(*tasks[0].args)], tasks[1:]
-    rows = first + executor.map(_replay_point, tasks)
+    if isinstance(executor, ForkPool) and getattr(POLICIES[name], "releases_gil", False):
+        executor = executor.threads()
+    rows = executor.map(_replay_point, [Task(f"{name} at {int(c)} blocks", (name, workload, int(c))) for c in capacities])
     return np.vstack(rows) if rows else np.zeros((0, workload.stream.num_requests), np.int64)

@@ -2,7 +2,7 @@
 
 A compiled kernel runs for as long as its stream is long (minutes on 10^8 block reads), and Python handles
 a signal only between bytecodes of the main thread, so a kernel called from the main thread holds
-Ctrl-C until it returns. The kernels release the GIL (C through ctypes, or numba `nogil`):
+Ctrl-C until it returns. The kernels release the GIL (C through ctypes):
 `run_interruptible` runs one on a worker thread while the main thread waits in short slices, so SIGINT
 raises `KeyboardInterrupt` in the main thread within `POLL_S` (the CLI turns it into `Error: interrupted.`,
 exit 130); `run_all_interruptible` runs several side by side on worker threads (the two one-pass curves,

@@ -101,8 +101,9 @@ class Workload:
     engine: str | None = None  # the partition it is of (None: the only one, or every one merged)
     location: str | None = None  # where it was read from, for tasks that read it themselves (`kmesh_trace.oracle.tasks`)
     notes: list[str] = field(default_factory=list)  # what a reader must know about how it was built (scenarios)
-    _families: dict = field(default_factory=dict, repr=False)  # fleet routing's family keys, per edge mode
-    derived: dict = field(default_factory=dict, repr=False)  # what a policy derives once and reuses (its own keys)
+    # What an analysis derives once and reuses, under its own key: fleet routing's family keys per edge mode
+    # (`("families", edges)`), the vllm replay's per-request inputs (`"pool_inputs"`).
+    derived: dict = field(default_factory=dict, repr=False)
 
     @property
     def stream(self) -> AccessStream:

