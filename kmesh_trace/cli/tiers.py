@@ -137,12 +137,8 @@ def _input(trace: Optional[Path], scenario, engine: Optional[str], *, direct: bo
     from kmesh_trace.cli.inputs import open_as_trace, read_directly
 
     public = read_directly(trace, on_import=err.print) if direct else None
-    if public is not None:  # in memory (never empty), as its import would read: the same requests, no prefill timings
-        from kmesh_trace.oracle.workload import Workload
-
-        w = Workload.from_trace(public, engine)
-        yield TiersInput(list(w.requests), w.block_size, w.num_usable_blocks, str(trace), public.metadata, public,
-                         None, engine)
+    if public is not None:  # in memory, as its import would read: the same requests, no prefill timings
+        yield TiersInput.from_trace(public, str(trace), engine)
         return
 
     with open_as_trace(trace, on_import=err.print, until_exit=True) as t:  # a public trace: imported first

@@ -103,14 +103,20 @@ class TiersInput:
     @classmethod
     def from_trace(cls, t, name: str, engine: str | None = None) -> TiersInput:
         """An open trace's engine partition (`engine`, None: the only one); `name` is how the output names
-        it (the user's path: a public trace's import lives elsewhere, where its tasks read it)."""
+        it (the user's path: a public trace's import lives elsewhere, where its tasks read it). `t` may be
+        a public trace read into memory (`kmesh_trace.cli.inputs.PublicInput`): never empty, and no task
+        reads it from a location."""
         from kmesh_trace.oracle.workload import Workload
-        from kmesh_trace.trace import check_has_requests
 
-        check_has_requests(t)
+        in_memory = getattr(t, "invocations_in_memory", None) is not None
+        if not in_memory:
+            from kmesh_trace.trace import check_has_requests
+
+            check_has_requests(t)
         w = Workload.from_trace(t, engine)
         meta = t.engines[engine] if engine is not None else t.metadata
-        return cls(list(w.requests), w.block_size, w.num_usable_blocks, name, meta, t, w.location, engine)
+        return cls(list(w.requests), w.block_size, w.num_usable_blocks, name, meta, t,
+                   None if in_memory else w.location, engine)
 
     @classmethod
     def from_workload(cls, w, name: str) -> TiersInput:
