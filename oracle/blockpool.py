@@ -177,19 +177,22 @@ def simulate_pool(requests: list[RequestBlocks], *, block_size: int, num_usable_
     return _compiled_result(requests, block_size, num_usable_blocks, timed, stream, holds)
 
 
-def pool_hits(requests, *, block_size: int, num_usable_blocks: int, stream=None, memo: dict | None = None
-              ) -> tuple:
+def pool_hits(requests, *, block_size: int, num_usable_blocks: int, stream=None, memo: dict | None = None,
+              columns=None) -> tuple:
     """`simulate_pool(requests, ...)`'s per-request hit blocks (int64) and total evictions, without the rest
-    of its result (a grid replays the same requests at many capacities). `memo`, a dict kept with the
-    requests (a workload's), keeps the kernel's inputs from one capacity to the next."""
+    of its result (a grid replays the same requests at many capacities). Without requests (None), the
+    replay of `stream` with the requests' `columns` (`kmesh_trace.oracle.workload.RequestColumns`, timed
+    when they say so). `memo`, a dict kept with the requests (a workload's), keeps the kernel's inputs
+    from one capacity to the next."""
     from kmesh_trace.oracle.blockpool_compiled import pool_inputs, replay_compiled
+    from kmesh_trace.oracle.workload import RequestColumns
 
     if block_size <= 0 or num_usable_blocks <= 0:
         raise KmeshTraceError("block_size and num_usable_blocks must be positive; pass the engine's values.")
     memo = {} if memo is None else memo
     if "pool_inputs" not in memo:  # two threads may both build it: the same arrays, either one kept
-        timed = bool(requests) and all(r.arrival_ns is not None and r.finish_ns is not None for r in requests)
-        memo["pool_inputs"] = timed, pool_inputs(requests, block_size, stream)
+        columns = RequestColumns.of_requests(requests) if columns is None else columns
+        memo["pool_inputs"] = columns.timed, pool_inputs(requests, block_size, stream, columns)
     timed, inputs = memo["pool_inputs"]
     (hits, evictions, *_), _, _ = replay_compiled(requests, block_size, num_usable_blocks, timed, inputs=inputs)
     return hits, int(evictions.sum())

@@ -34,18 +34,18 @@ TAKEN = STATUSES.index("taken")
 NUM_RECORD_ROWS = 8
 
 
-def pool_inputs(requests, block_size: int, stream=None):
-    """The kernel's per-request arrays for `requests` (their AccessStream `stream` when built already)."""
+def pool_inputs(requests, block_size: int, stream=None, columns=None):
+    """The kernel's per-request arrays for `requests` (their AccessStream `stream` when built already), or,
+    without requests, for `stream` and its `columns` (`kmesh_trace.oracle.workload.RequestColumns`)."""
     from kmesh_trace.oracle.stream import AccessStream
+    from kmesh_trace.oracle.workload import RequestColumns
 
     if stream is None:
         stream = AccessStream.from_requests(requests, block_size)
-    n = len(requests)
+    if columns is None:
+        columns = RequestColumns.of_requests(requests)
     listed = np.minimum(stream.num_reads, stream.num_prompt_tokens // block_size)
-    output_tokens = np.fromiter((r.num_output_tokens for r in requests), np.int64, n)
-    arrival = np.fromiter((r.arrival_ns or 0 for r in requests), np.int64, n)
-    finish = np.fromiter((r.finish_ns or 0 for r in requests), np.int64, n)
-    return stream, listed, output_tokens, arrival, finish
+    return stream, listed, columns.num_output_tokens, columns.arrival_ns, columns.finish_ns
 
 
 def hold_inputs(holds, n: int):
@@ -77,7 +77,7 @@ def replay_compiled(requests, block_size: int, num_usable_blocks: int, timed: bo
     family names their parents' ids index (`family_names[family_ids[parent]]`). `inputs`: `pool_inputs`'
     answer for these requests, when the caller replays them at several capacities."""
     stream, listed, output_tokens, arrival, finish = inputs or pool_inputs(requests, block_size, stream)
-    n = len(requests)
+    n = stream.num_requests
     if holds is None:
         is_parent, release_after, parent_of, fam, names, caps = (np.zeros(0, np.bool_), *(np.zeros(0, np.int64),) * 3,
                                                                  [], (-1, -1, -1))

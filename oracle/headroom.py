@@ -173,8 +173,9 @@ class HeadroomOptions:
 
     @property
     def needs_requests(self) -> bool:
-        """A curve without vllm replays a bare access stream (no RequestBlocks)."""
-        return not (self.wants_curve and self.policies is not None and "vllm" not in self.policies)
+        """A curve replays an access stream and the requests' columns (no RequestBlocks, where the trace lets:
+        `Workload.from_trace(requests=False)`)."""
+        return not self.wants_curve
 
     def check(self) -> None:
         """Refuse contradictory options, and pools too large for memory, before any work."""
@@ -246,7 +247,8 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
         res = headroom_curve(workload.requests, workload.block_size, policies=names, window=options.window,
                              num_usable_blocks=workload.num_usable_blocks, cost=cost, cost_fit=fit, executor=executor,
                              progress=progress, stream=workload.stream if bare else None,
-                             stock_tokens=workload.stock_tokens if bare else None, grid=caps)
+                             stock_tokens=workload.stock_tokens if bare else None, grid=caps,
+                             columns=workload.columns if bare else None)
         res.note = note
         return res
     simulate = None

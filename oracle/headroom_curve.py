@@ -34,6 +34,7 @@ from kmesh_trace.oracle.policies import POLICIES, Workload, get_policy
 from kmesh_trace.oracle.policies.infinite import infinite_hits
 from kmesh_trace.oracle.prefill_cost import PrefillCost
 from kmesh_trace.oracle.stream import AccessStream, RequestBlocks, check_block_size
+from kmesh_trace.oracle.workload import RequestColumns
 
 WINDOWS = ("all", "last-half")
 DEFAULT_CURVE_POLICIES = ("lru", "vllm", "belady-prefix", "belady")
@@ -180,11 +181,12 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
                    policies: Sequence[str] | None = None, window: str = "all", num_usable_blocks: int | None = None,
                    cost: PrefillCost | None = None, cost_fit: dict | None = None, grid: Sequence[int] | None = None,
                    processes: int | None = None, progress=None, stream: AccessStream | None = None,
-                   stock_tokens: np.ndarray | None = None, executor: Executor | None = None) -> CurveResult:
+                   stock_tokens: np.ndarray | None = None, executor: Executor | None = None,
+                   columns: RequestColumns | None = None) -> CurveResult:
     """Curves of `policies` over `requests` (arrival order), or over a bare `stream` (with the engine's
-    measured hit tokens per request in `stock_tokens`, when known) for policies that need no requests
-    (every one but `vllm`); see the module docstring. The grid replays run on `executor` (default:
-    `processes` forked workers)."""
+    measured hit tokens per request in `stock_tokens`, when known; `vllm` needs the requests' `columns`
+    beside it); see the module docstring. The grid replays run on `executor` (default: `processes`
+    forked workers)."""
     block_size = check_block_size(block_size)
     if window not in WINDOWS:
         raise KmeshTraceError(f"unknown window {window!r}; the windows are {', '.join(WINDOWS)}.")
@@ -192,9 +194,9 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
     for name in names:
         get_policy(name)
     names = [n for n in names if n != "infinite"]  # always reported, as the reference
-    if requests is None and "vllm" in names:
+    if requests is None and columns is None and "vllm" in names:
         raise KmeshTraceError("the vllm policy replays requests, not a bare access stream; build the workload from a trace.")
-    workload = Workload(block_size, requests, stream)
+    workload = Workload(block_size, requests, stream, _columns=columns)
     stream = workload.stream
     start = stream.num_requests // 2 if window == "last-half" else 0
     step = progress or (lambda what: None)

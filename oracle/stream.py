@@ -123,8 +123,7 @@ def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[
                 "the oracle needs one of them to know which blocks repeat.")
         rid = str(row["request_id"])
         if rid in seen:
-            raise KmeshTraceError(f"invocation {rid!r} appears twice; the trace holds duplicated rows, which would "
-                                  "count its blocks twice (`kmesh-trace audit capture` lists them).")
+            raise duplicated_request(rid)
         seen.add(rid)
         reqs.append(RequestBlocks(
             index=i, request_id=rid, num_prompt_tokens=n_prompt, num_output_tokens=n_out,
@@ -141,6 +140,12 @@ def requests_from_rows(rows: Iterable[dict[str, Any]], block_size: int) -> list[
     if any(p is not None for p in parents):  # names are resolved over every request, once all are seen
         _resolve_parents(reqs, callers, parents)
     return reqs
+
+
+def duplicated_request(request_id: str) -> KmeshTraceError:
+    """The refusal of a trace that lists request `request_id` twice (its blocks would count twice)."""
+    return KmeshTraceError(f"invocation {request_id!r} appears twice; the trace holds duplicated rows, which would "
+                           "count its blocks twice (`kmesh-trace audit capture` lists them).")
 
 
 def _resolve_parents(reqs: list[RequestBlocks], callers: list[str | None], parents: list) -> None:

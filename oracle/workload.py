@@ -22,9 +22,10 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from kmesh_trace import schema
-from kmesh_trace.oracle.stream import AccessStream, RequestBlocks, check_block_size, engine_geometry, requests_from_rows
+from kmesh_trace.oracle.stream import (AccessStream, RequestBlocks, check_block_size, duplicated_request, engine_geometry,
+                                      requests_from_rows)
 
-__all__ = ["InvocationColumns", "TraceSource", "Workload", "location_of"]
+__all__ = ["InvocationColumns", "RequestColumns", "TraceSource", "Workload", "location_of"]
 
 #: The invocation columns the loader reads (checked against the contract), plus the partition.
 COLUMNS = schema.INVOCATIONS.select(
@@ -86,6 +87,45 @@ class InvocationColumns:
                    "num_cached_tokens": None, "engine": engine}
 
 
+@dataclass(frozen=True)
+class RequestColumns:
+    """What the `vllm` pool model reads of each request beside its blocks, in arrival order, as arrays: its
+    output tokens, arrival and finish times (0 where a request has none; `timed`: every request has both, so
+    the pool replays them concurrently). A workload without RequestBlocks carries them (`Workload.columns`)."""
+
+    num_output_tokens: np.ndarray  # int64
+    arrival_ns: np.ndarray  # int64, 0 where missing
+    finish_ns: np.ndarray  # int64, 0 where missing
+    timed: bool
+
+    @classmethod
+    def of_requests(cls, requests: Sequence[RequestBlocks]) -> "RequestColumns":
+        n = len(requests)
+        timed = bool(requests) and all(r.arrival_ns is not None and r.finish_ns is not None for r in requests)
+        return cls(np.fromiter((r.num_output_tokens for r in requests), np.int64, n),
+                   np.fromiter((r.arrival_ns or 0 for r in requests), np.int64, n),
+                   np.fromiter((r.finish_ns or 0 for r in requests), np.int64, n), timed)
+
+    @classmethod
+    def of_values(cls, num_output_tokens, arrival_ns, finish_ns) -> "RequestColumns":
+        """From per-request values (lists or arrays; None or a null entry: missing), as `of_requests` reads them."""
+        n = len(num_output_tokens)
+        arrival, a_ok = _filled(arrival_ns, n)
+        finish, f_ok = _filled(finish_ns, n)
+        out, _ = _filled(num_output_tokens, n)
+        return cls(out, arrival, finish, n > 0 and a_ok and f_ok)
+
+
+def _filled(values, n: int) -> tuple[np.ndarray, bool]:
+    """`values` as int64 with 0 for a missing entry, and whether none was missing (None: all missing)."""
+    if values is None:
+        return np.zeros(n, np.int64), n == 0
+    if isinstance(values, np.ndarray) and values.dtype != object:
+        return values.astype(np.int64, copy=False), True
+    complete = all(v is not None for v in values)
+    return np.fromiter((v or 0 for v in values), np.int64, n), complete
+
+
 @dataclass
 class Workload:
     """What a policy replays and an analysis reads: the requests (needed by the block-pool model) and
@@ -104,6 +144,17 @@ class Workload:
     # What an analysis derives once and reuses, under its own key: fleet routing's family keys per edge mode
     # (`("families", edges)`), the vllm replay's per-request inputs (`"pool_inputs"`).
     derived: dict = field(default_factory=dict, repr=False)
+    _columns: RequestColumns | None = field(default=None, repr=False)  # without requests: the pool model's columns
+
+    @property
+    def columns(self) -> RequestColumns | None:
+        """The requests' columns the `vllm` pool model reads (of the RequestBlocks when there are any);
+        None for a bare access stream."""
+        if self.requests is None:
+            return self._columns
+        if "columns" not in self.derived:
+            self.derived["columns"] = RequestColumns.of_requests(self.requests)
+        return self.derived["columns"]
 
     @property
     def stream(self) -> AccessStream:
@@ -128,8 +179,8 @@ class Workload:
     @property
     def timed(self) -> bool:
         """Every request has an arrival and a finish time (the pool replays concurrently)."""
-        reqs = self.requests or ()
-        return bool(reqs) and all(r.arrival_ns is not None and r.finish_ns is not None for r in reqs)
+        cols = self.columns
+        return cols is not None and cols.timed
 
     def families(self, edges: str = "auto") -> tuple[list[str], str]:
         """(family key per request, declared or inferred): `kmesh_trace.oracle.fleet.families`."""
@@ -149,7 +200,8 @@ class Workload:
 
         Ordered by arrival_ns then seq. With `requests=False`, a trace whose invocations list block hashes
         without token ids (imports) is flattened column-wise, without a RequestBlocks per invocation
-        (`requests` stays None); one with token ids still builds them (its blocks must be hashed)."""
+        (`requests` stays None, `columns` holds what the `vllm` pool model reads); one with token ids still
+        builds them (its blocks must be hashed)."""
         in_memory = getattr(source, "invocations_in_memory", None)
         if in_memory is not None and (not merged or len(source.engines) == 1):  # one partition: merged is it
             return cls._from_columns(source, in_memory, None if merged else engine, requests)
@@ -173,10 +225,11 @@ class Workload:
         lf = lf.sort(order, nulls_last=True)
         n, where = len(source.engines), location_of(source)
         if not requests:
-            stream = _column_stream(lf, block_size)
-            if stream is not None:
-                return cls(block_size, None, stream[0], usable, stream[1], num_partitions=n,
-                           engine=engine, location=where)
+            flat = _column_stream(lf, block_size)
+            if flat is not None:
+                stream, stock, columns = flat
+                return cls(block_size, None, stream, usable, stock, num_partitions=n, engine=engine, location=where,
+                           _columns=columns)
         df = lf.select(*COLUMNS, "engine").collect()
         reqs = requests_from_rows(df.iter_rows(named=True), block_size)
         set_declared_parents(reqs, {child: parent for (_, child), parent in declared_parents(source, engine).items()})
@@ -201,13 +254,34 @@ class Workload:
                 num_reads = num_reads[idx]
                 flat = flat[_gather(off[idx], num_reads)]
             tokens = np.asarray(columns.num_prompt_tokens, np.int64)[idx]
+            _check_unique(columns.request_id)
+            per_request = RequestColumns.of_values(*(_take(v, idx) for v in (
+                columns.num_output_tokens, columns.arrival_ns, columns.finish_ns)))
             return cls(block_size, None, _flat_stream(tokens, num_reads, flat, block_size), usable, None,
-                       num_partitions=len(source.engines), engine=engine, location=where)
+                       num_partitions=len(source.engines), engine=engine, location=where, _columns=per_request)
         (engine_id,) = source.engines
         reqs = requests_from_rows(columns.rows(order, engine_id), block_size)
         set_declared_parents(reqs, columns.declared_parents)
         return cls(block_size, reqs, None, usable, edges={}, num_partitions=len(source.engines), engine=engine,
                    location=where)
+
+
+def _take(values, idx: np.ndarray):
+    """`values` (a list, an array or None) in the order `idx`."""
+    if values is None:
+        return None
+    if isinstance(values, np.ndarray):
+        return values[idx]
+    return [values[i] for i in idx.tolist()]
+
+
+def _check_unique(request_ids) -> None:
+    """`requests_from_rows`' refusal of a request listed twice, without building the requests."""
+    seen: set = set()
+    for rid in request_ids:
+        if rid in seen:
+            raise duplicated_request(str(rid))
+        seen.add(rid)
 
 
 def _gather(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -222,26 +296,36 @@ def location_of(source: TraceSource) -> str | None:
     return None if where is None else str(where)
 
 
-def _column_stream(lf, block_size: int) -> tuple[AccessStream, np.ndarray | None] | None:
-    """The stream of a hash-only trace flattened column-wise, and the measured hit tokens when every
-    invocation has them; None when some invocation has token ids or lacks hashes."""
+def _column_stream(lf, block_size: int) -> tuple[AccessStream, np.ndarray | None, RequestColumns] | None:
+    """The stream of a hash-only trace flattened column-wise, the measured hit tokens when every
+    invocation has them, and the columns the pool model reads; None when some invocation has token ids
+    or lacks hashes."""
     import polars as pl
     import pyarrow.compute as pc
 
     cols = lf.select(pl.col("prompt_token_ids").is_not_null().any().alias("tokens"),
                      pl.col("num_cached_tokens").is_not_null().all().alias("stock"),
-                     pl.col("prompt_block_hashes").is_null().any().alias("missing")).collect().row(0, named=True)
+                     pl.col("prompt_block_hashes").is_null().any().alias("missing"),
+                     pl.col("request_id").is_duplicated().any().alias("twice")).collect().row(0, named=True)
     if cols["tokens"] or cols["missing"]:
         return None
+    if cols["twice"]:
+        _check_unique(lf.select("request_id").collect().to_series().to_list())
     stock = None
     if cols["stock"]:
         stock = lf.select("num_cached_tokens").collect().to_series().to_numpy().astype(np.int64)
-    df = lf.select("num_prompt_tokens", "prompt_block_hashes").collect()
+    df = lf.select("num_prompt_tokens", "prompt_block_hashes", "num_output_tokens", "arrival_ns", "finish_ns").collect()
     lists = df.to_arrow().column("prompt_block_hashes").combine_chunks()
     num_reads = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
     flat = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
     prompt_tokens = df["num_prompt_tokens"].to_numpy().astype(np.int64)
-    return _flat_stream(prompt_tokens, num_reads, flat, block_size), stock
+    columns = RequestColumns.of_values(*(_nullable(df[c]) for c in ("num_output_tokens", "arrival_ns", "finish_ns")))
+    return _flat_stream(prompt_tokens, num_reads, flat, block_size), stock, columns
+
+
+def _nullable(series):
+    """A polars column as int64 values when it has no null, else as a list (None: missing), for `of_values`."""
+    return series.to_numpy().astype(np.int64) if series.null_count() == 0 else series.to_list()
 
 
 def _flat_stream(prompt_tokens: np.ndarray, num_reads: np.ndarray, flat: np.ndarray, block_size: int) -> AccessStream:

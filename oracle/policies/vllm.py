@@ -19,11 +19,11 @@ class VLLM:
 
     def simulate(self, workload: Workload, capacity_blocks: int | None) -> PolicyResult:
         assert capacity_blocks is not None
-        if workload.requests is None:
+        if workload.columns is None:
             raise KmeshTraceError("the vllm policy replays requests, not a bare access stream; build the workload from a trace.")
         from kmesh_trace.oracle.blockpool import pool_hits
 
         hits, evictions = pool_hits(workload.requests, block_size=workload.block_size,
                                     num_usable_blocks=int(capacity_blocks), stream=workload.stream,
-                                    memo=workload.derived)
+                                    memo=workload.derived, columns=workload.columns)
         return result_of(self.name, capacity_blocks, workload.stream, hits, evictions)
