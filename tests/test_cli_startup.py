@@ -5,6 +5,7 @@ benchmarks/startup_bench.py, not here.)"""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -36,6 +37,30 @@ def test_help_of_every_command_imports_no_heavy_library():
 
 
 # ---- the lazy command tree (kmesh_trace.cli.COMMANDS) ------------------------------------------------
+
+
+def test_the_root_help_is_written_without_typer_as_the_root_group_writes_it():
+    """`kmesh-trace --help` and a bare `kmesh-trace` (kmesh_trace.cli.root_help) print, at every terminal width,
+    what the root group prints, and load neither typer nor any other package."""
+    from kmesh_trace.cli.root_help import root_help
+
+    for columns in (20, 49, 50, 52, 60, 72, 79, 80, 81, 100, 300):
+        env = {**os.environ, "COLUMNS": str(columns)}
+        click = subprocess.run([sys.executable, "-c", "import sys; from kmesh_trace.cli.group import _lazy_group\n"
+                                "_lazy_group().main(['--help'], prog_name='kmesh-trace')"],
+                               capture_output=True, text=True, env=env)
+        assert click.returncode == 0 and click.stdout == root_help(columns), columns
+        for args in (["--help"], []):
+            ours = subprocess.run([sys.executable, "-c", "import sys; from kmesh_trace.cli import main\n"
+                                   "sys.argv[0] = 'kmesh-trace'; main()\n", *args],
+                                  capture_output=True, text=True, env=env)
+            assert (ours.returncode, ours.stdout, ours.stderr) == (0, click.stdout, ""), (columns, args)
+    probe = ("import contextlib, io, sys\nfrom kmesh_trace.cli import main\nsys.argv = ['kmesh-trace', '--help']\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n    try:\n        main()\n    except SystemExit:\n"
+             "        pass\nprint(sorted({m.split('.')[0] for m in sys.modules} & {'typer', 'rich', *HEAVY}))")
+    r = subprocess.run([sys.executable, "-c", probe.replace("HEAVY", repr(HEAVY))], capture_output=True, text=True,
+                       check=True)
+    assert r.stdout.strip() == "[]"
 
 
 def _full_group():
