@@ -19,6 +19,7 @@ infinite cache's hits, the bracket [belady-prefix, belady], and prefill seconds.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Sequence
@@ -201,27 +202,22 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
     start = stream.num_requests // 2 if window == "last-half" else 0
     step = progress or (lambda what: None)
 
-    curves: dict[str, PolicyCurve] = {}
-    exact: dict[str, HitCurve] = {}
-    one_pass = [name for name in names if name in CURVES]
-    if one_pass:  # side by side: their kernels release the GIL
-        step(" and ".join(one_pass) + (" curves" if len(one_pass) > 1 else " curve"))
-        made = run_all_interruptible([partial(CURVES[name], stream, start) for name in one_pass])
-        for name, hit_curve in zip(one_pass, made):
-            exact[name] = hit_curve
-            lv, hb = hit_curve.steps()
-            curves[name] = PolicyCurve(name, True, np.concatenate([[0], lv]), np.concatenate([[0], hb]))
-    # The grid reaches the depth where the exact curves go flat (every object, without one).
-    depth = max((c.max_level for c in exact.values()), default=int(stream.num_objects))
-    grid = sorted({int(c) for c in grid}) if grid else grid_capacities(depth, [num_usable_blocks or 0])
-    if any(c <= 0 for c in grid):
+    fixed = sorted({int(c) for c in grid}) if grid else None
+    if fixed is not None and any(c <= 0 for c in fixed):
         raise KmeshTraceError("capacities must be positive block counts.")
-    per_request: dict[str, np.ndarray] = {}  # policy -> hits per request at each grid capacity
-    for name in names:
-        if name not in CURVES:
-            step(f"{name} at {len(grid)} capacities")
-            per_request[name] = simulate_grid(name, workload, grid, processes, executor)
-            curves[name] = PolicyCurve(name, False, np.asarray(grid, np.int64), per_request[name][:, start:].sum(axis=1))
+    extra = [num_usable_blocks or 0]
+    executor = executor or ForkPool(processes)
+    workers = _thread_workers(executor, [n for n in names if n not in CURVES])
+    if workers is not None:
+        exact, grid, per_request = _curves_and_grid(workload, start, names, fixed, extra, workers, step)
+    else:
+        exact, grid, per_request = _curves_then_grid(workload, start, names, fixed, extra, executor, step)
+    curves: dict[str, PolicyCurve] = {}
+    for name, hit_curve in exact.items():
+        lv, hb = hit_curve.steps()
+        curves[name] = PolicyCurve(name, True, np.concatenate([[0], lv]), np.concatenate([[0], hb]))
+    for name, rows in per_request.items():
+        curves[name] = PolicyCurve(name, False, np.asarray(grid, np.int64), rows[:, start:].sum(axis=1))
 
     curves = {name: curves[name] for name in names}  # in the order asked for
     inf = infinite_hits(stream)
@@ -281,6 +277,87 @@ def _quantiles(x: np.ndarray) -> dict:
     if len(x) == 0:
         return {}
     return {"mean": float(x.mean()), **{f"p{int(q * 100)}": float(np.quantile(x, q)) for q in QUANTILES}}
+
+
+# ---- the one-pass curves and the grid replays ----------------------------------------------------------
+
+
+def _grid_for(exact: dict[str, HitCurve], stream: AccessStream, extra) -> list[int]:
+    """The grid reaches the depth where the exact curves go flat (every object, without one)."""
+    return grid_capacities(max((c.max_level for c in exact.values()), default=int(stream.num_objects)), extra)
+
+
+def _thread_workers(executor: Executor, on_grid: Sequence[str]) -> int | None:
+    """Threads for the curves and the grid replays in one pool (every kernel releases the GIL), or None when
+    the grid must run on `executor` itself (forked workers, Ray, or an executor that reports progress)."""
+    if not isinstance(executor, ForkPool) or executor.on_start is not None or executor.on_done is not None:
+        return None
+    if not all(getattr(POLICIES[name], "releases_gil", False) for name in on_grid):
+        return None
+    return executor.processes or os.cpu_count() or 1
+
+
+def _curves_and_grid(workload: Workload, start: int, names: list[str], fixed: list[int] | None, extra,
+                     workers: int, step) -> tuple[dict[str, HitCurve], list[int], dict[str, np.ndarray]]:
+    """The one-pass curves and the grid replays on one pool of `workers` threads: a grid capacity is replayed
+    as soon as it is known to be on the grid (a finished curve's depth is a lower bound of the grid's, and
+    the grid only grows with it), so the replays fill the cores while the longest curve still runs. The
+    same results as `_curves_then_grid`."""
+    stream = workload.stream
+    one_pass = [n for n in names if n in CURVES]
+    on_grid = [n for n in names if n not in CURVES]
+    step(", ".join(filter(None, [" and ".join(one_pass) + (" curves" if len(one_pass) > 1 else " curve") if one_pass else "",
+                                 " and ".join(on_grid) + " on a grid of capacities" if on_grid else ""])))
+    exact: dict[str, HitCurve] = {}
+    hits: dict[tuple[str, int], np.ndarray] = {}
+    tags: list[tuple] = [("curve", n) for n in one_pass]  # what call i computes
+
+    def replays(capacities) -> list:
+        calls = []
+        for name in on_grid:
+            for c in capacities:
+                if ("grid", name, c) not in tags_seen:
+                    tags_seen.add(("grid", name, c))
+                    tags.append(("grid", name, c))
+                    calls.append(partial(_replay_point, name, workload, c))
+        return calls
+
+    def then(i: int, result) -> list:
+        kind, *key = tags[i]
+        if kind == "grid":
+            hits[tuple(key)] = result
+            return []
+        exact[key[0]] = result
+        return replays(fixed or _grid_for(exact, stream, extra))  # at most the final grid: it only grows
+
+    tags_seen: set = set()
+    first = [partial(CURVES[n], stream, start) for n in one_pass]
+    if fixed is not None or not one_pass:  # the grid is known before any curve
+        first += replays(fixed or _grid_for(exact, stream, extra))
+    run_all_interruptible(first, workers, then=then)
+    grid = fixed or _grid_for(exact, stream, extra)
+    empty = np.zeros((0, stream.num_requests), np.int64)
+    return ({n: exact[n] for n in one_pass}, grid,
+            {n: np.vstack([hits[(n, c)] for c in grid]) if grid else empty for n in on_grid})
+
+
+def _curves_then_grid(workload: Workload, start: int, names: list[str], fixed: list[int] | None, extra,
+                      executor: Executor, step) -> tuple[dict[str, HitCurve], list[int], dict[str, np.ndarray]]:
+    """The one-pass curves side by side (their kernels release the GIL), then each grid policy's replays on
+    `executor`."""
+    stream = workload.stream
+    one_pass = [n for n in names if n in CURVES]
+    exact: dict[str, HitCurve] = {}
+    if one_pass:
+        step(" and ".join(one_pass) + (" curves" if len(one_pass) > 1 else " curve"))
+        exact = dict(zip(one_pass, run_all_interruptible([partial(CURVES[n], stream, start) for n in one_pass])))
+    grid = fixed or _grid_for(exact, stream, extra)
+    per_request = {}
+    for name in names:
+        if name not in CURVES:
+            step(f"{name} at {len(grid)} capacities")
+            per_request[name] = simulate_grid(name, workload, grid, executor=executor)
+    return exact, grid, per_request
 
 
 # ---- replaying a policy at many capacities, in parallel where cores allow ---------------------------

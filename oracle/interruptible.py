@@ -41,36 +41,63 @@ def run_interruptible(kernel, *args):
 
 
 def run_all_interruptible(calls: Sequence[Callable[[], Any]], workers: int | None = None,
-                          on_result: Callable[[int], None] | None = None) -> list:
+                          on_result: Callable[[int], None] | None = None,
+                          then: Callable[[int, Any], Sequence[Callable[[], Any]]] | None = None) -> list:
     """`[call() for call in calls]`, on up to `workers` daemon threads at once (default: one per call), with
     Ctrl-C honoured within POLL_S. For calls that spend their time in compiled kernels, which release the
-    GIL: they run side by side on the cores. `on_result(i)` (progress) runs here, in order, as results come."""
-    workers = min(workers or len(calls), len(calls))
+    GIL: they run side by side on the cores. `on_result(i)` (progress) runs here, in order, as results come.
+    `then(i, result)`, when given, runs as call i returns (on its worker, one at a time) and returns further
+    calls, appended to the list: work that can start only once an earlier result is known starts on the
+    first free worker, while the other calls still run. The results are in the order of the calls."""
+    calls = list(calls)
+    workers = min(workers or len(calls), len(calls)) if then is None else max(workers or len(calls), 1)
     if workers <= 1:
         results = []
-        for i, call in enumerate(calls):
+        for i, call in enumerate(calls):  # `calls` grows as `then` adds to it
             results.append(run_interruptible(call))
+            if then is not None:
+                calls.extend(then(i, results[i]))
             if on_result is not None:
                 on_result(i)
         return results
     results: list = [None] * len(calls)
     done = [False] * len(calls)
     errors: list[BaseException] = []
-    lock = threading.Lock()
-    queue = iter(range(len(calls)))
+    ready = threading.Condition()
+    state = {"next": 0, "running": 0}
 
     def work():
-        while not errors:
-            with lock:
-                i = next(queue, None)
-            if i is None:
-                return
+        while True:
+            with ready:  # wait while the queue is empty but a running call may still add to it
+                while not errors and state["next"] >= len(calls) and state["running"]:
+                    ready.wait()
+                if errors or state["next"] >= len(calls):
+                    ready.notify_all()
+                    return
+                i = state["next"]
+                state["next"] += 1
+                state["running"] += 1
             try:
-                results[i] = calls[i]()
+                result = calls[i]()
             except BaseException as e:  # handed to the caller below
-                errors.append(e)
+                with ready:
+                    errors.append(e)
+                    state["running"] -= 1
+                    ready.notify_all()
                 return
-            done[i] = True
+            with ready:
+                try:
+                    more = then(i, result) if then is not None else ()
+                except BaseException as e:  # handed to the caller below
+                    errors.append(e)
+                    more = ()
+                results[i] = result
+                done[i] = True
+                calls.extend(more)
+                results.extend([None] * len(more))
+                done.extend([False] * len(more))
+                state["running"] -= 1
+                ready.notify_all()
 
     threads = [threading.Thread(target=work, name="kmesh-kernel", daemon=True) for _ in range(workers)]
     for t in threads:
@@ -80,7 +107,7 @@ def run_all_interruptible(calls: Sequence[Callable[[], Any]], workers: int | Non
         alive = [t for t in threads if t.is_alive()]
         if alive:
             alive[0].join(POLL_S)
-        while on_result is not None and reported < len(calls) and done[reported] and not errors:
+        while on_result is not None and reported < len(done) and done[reported] and not errors:
             on_result(reported)
             reported += 1
         if errors:

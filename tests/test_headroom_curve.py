@@ -50,6 +50,21 @@ def test_curve_agrees_with_the_replays_at_every_grid_capacity(window):
     assert res.ttft["belady"]["p50"] <= res.ttft["no cache"]["p50"]
 
 
+@pytest.mark.parametrize("policies, grid", [(None, None), (None, [3, 64, 300]), (["vllm"], None),
+                                           (["lru", "belady-prefix"], [5, 300]), (["belady", "vllm"], None)])
+def test_grid_replays_beside_the_curves_equal_the_curves_then_the_grid(policies, grid):
+    """On threads the grid replays start as a finished curve bounds the grid (kmesh_trace.oracle.headroom_curve
+    `_curves_and_grid`); one after another (InProcess) they wait for every curve: the same result."""
+    from kmesh_trace.oracle.executor import InProcess
+
+    reqs = fork_tree_requests(aligned=False)
+    for window in ("all", "last-half"):
+        kw = dict(policies=policies, window=window, num_usable_blocks=300, cost=COST, grid=grid)
+        plain = headroom_curve(reqs, BLOCK_SIZE, executor=InProcess(), **kw).to_dict()
+        for processes in (1, 2, 3):
+            assert headroom_curve(reqs, BLOCK_SIZE, processes=processes, **kw).to_dict() == plain, (window, processes)
+
+
 def test_simulate_grid_in_worker_processes_equals_one_after_another():
     w = Workload(BLOCK_SIZE, fork_tree_requests())
     assert (simulate_grid("vllm", w, [64, 300, 512], processes=2) == simulate_grid("vllm", w, [64, 300, 512], processes=1)).all()

@@ -85,3 +85,33 @@ def test_run_all_interruptible_gives_results_in_order_and_raises_the_first_error
     with pytest.raises(ZeroDivisionError):
         run_all_interruptible([lambda: 1, lambda: 1 // 0, lambda: 2])
     assert run_all_interruptible([lambda: 7], 4) == [7]
+
+
+def test_calls_added_as_results_come_run_on_the_free_workers_in_order():
+    import threading
+    import time as _time
+
+    import pytest
+
+    from kmesh_trace.oracle.interruptible import run_all_interruptible
+
+    gate = threading.Event()
+
+    def slow():  # the long call: the added calls must run while it waits
+        assert gate.wait(10), "the added calls never ran beside the long call"
+        return "slow"
+
+    def then(i, result):
+        if result == "fast":  # a fast call adds two more (one of them fast), until call 6 frees the long one
+            return [lambda: "fast", lambda: "added"] if i < 5 else [gate.set]
+        return []
+
+    for workers in (2, 3):
+        gate.clear()
+        got = run_all_interruptible([slow, lambda: "fast"], workers, then=then)
+        assert got == ["slow", "fast", "fast", "added", "fast", "added", "fast", "added", None], workers
+    # One worker: one after another, the added calls after the first ones.
+    assert run_all_interruptible([lambda: 1, lambda: 2], 1, then=lambda i, r: [lambda: r * 10] if r < 10 else []) \
+        == [1, 2, 10, 20]
+    with pytest.raises(KeyError):
+        run_all_interruptible([lambda: _time.sleep(0.01), lambda: 1], 2, then=lambda i, r: {}["x"] if r else [])
