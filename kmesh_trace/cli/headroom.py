@@ -101,6 +101,7 @@ def headroom_cmd(
         w = w or Workload.from_trace(t, engine, requests=options.needs_requests)  # its refusals come first
         fitted = None if t is None or options.tokens_per_s is not None else _fitted(t, engine)
         note = approximate_tokens_note(t) if t is not None else None
+    t = None  # what the replays read is in the workload now: the input's own columns (its hashes) can go
     executor = executor_for(processes, ray)
     options.check_executor(executor)
     if options.wants_curve:
