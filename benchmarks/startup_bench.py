@@ -12,7 +12,12 @@ as an installed package runs from its .pyc files, even where PYTHONDONTWRITEBYTE
 With `--baseline COMMIT`, every kmesh-trace job also runs as of that commit (benchmarks/baseline_tree.py),
 interleaved in the same rounds: before / after on one load.
 
-    .venv/bin/python benchmarks/startup_bench.py [--rounds 15] [--only help] [--json] [--baseline 96c3b47]
+With `--wheel`, three jobs also run from a wheel of this checkout installed into a temporary virtual
+environment (its dependencies read from this environment's site-packages), as `pip install kmesh-trace`
+installs it: this checkout's editable install adds its own import hook to every start (setuptools' finder,
+~25 ms here), which an installed package does not have.
+
+    .venv/bin/python benchmarks/startup_bench.py [--rounds 15] [--only help] [--json] [--baseline 96c3b47] [--wheel]
 """
 
 from __future__ import annotations
@@ -55,12 +60,36 @@ def until_first_byte(cmd: list[str], env: dict) -> float:
         p.stderr.close()
 
 
+#: The jobs that --wheel also runs from the installed wheel.
+WHEEL_JOBS = ("kmesh-trace --help", "kmesh-trace headroom --help", "first line: headroom --window bad")
+
+
+def installed_wheel(venv: Path) -> str:
+    """`kmesh-trace` of a wheel of this checkout installed into a new virtual environment at `venv`, whose other
+    packages are this environment's (a .pth line naming its site-packages)."""
+    import sysconfig
+
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
+    (site / "_kmesh_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    wheels = venv / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
+                    str(repo)], check=True)
+    (wheel,) = wheels.glob("kmesh_trace-*.whl")
+    # its own Python runs pip (read from this environment), so the script's first line names that Python
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
+    return str(venv / "bin" / "kmesh-trace")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--only", default="", help="Time only the jobs whose name contains this text (and the baselines).")
     ap.add_argument("--json", action="store_true", help="Also print the results as one JSON line.")
     ap.add_argument("--baseline", help="Also run every kmesh-trace job as of this commit (before / after).")
+    ap.add_argument("--wheel", action="store_true", help="Also time three jobs from a wheel installed into a temporary "
+                    "virtual environment (no editable import hook).")
     args = ap.parse_args()
     exe = shutil.which("kmesh-trace", path=str(Path(sys.executable).parent)) or "kmesh-trace"
     commands = ["schema", "info", "sql", "import", "capture", "listen", "residency", "headroom", "pressure", "tiers",
@@ -85,6 +114,10 @@ def main() -> int:
             before = baseline_command(args.baseline, Path(pyc) / "trees")
             jobs.update({f"{k} @{args.baseline}": (how, [*before, *cmd[1:]]) for k, (how, cmd) in jobs.items()
                          if cmd[0] == exe})
+        if args.wheel:
+            installed = installed_wheel(Path(pyc) / "wheel-venv")
+            jobs.update({f"installed wheel: {k}": (how, [installed, *cmd[1:]]) for k, (how, cmd) in jobs.items()
+                         if k in WHEEL_JOBS})
         env = {**os.environ, "PYTHONPYCACHEPREFIX": pyc}
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         for how, cmd in jobs.values():  # one untimed round writes the bytecode
