@@ -1,6 +1,8 @@
 /* Flattening a workload into its access stream (oracle/stream.py, AccessStream.from_arrays). */
 #include "kernels.h"
 
+#include <stdlib.h>
+
 /* out[i] = 1 when access i is among the first n_first[r] accesses of its request r. */
 KS_EXPORT void ks_stream_leading_flags(const int64_t *req_start, int64_t num_requests, const int64_t *n_first,
                                        uint8_t *out)
@@ -13,28 +15,203 @@ KS_EXPORT void ks_stream_leading_flags(const int64_t *req_start, int64_t num_req
     }
 }
 
-/* From `order`, a stable argsort of `hashes`: obj[t] = the rank of hashes[t] among the distinct hashes
- * (np.unique's numbering) and next_use[t] = the position of the next access of the same hash when that
- * access is eligible, else `never`. Returns the number of distinct hashes. */
-KS_EXPORT int64_t ks_stream_dense_ids(const uint64_t *hashes, const int64_t *order, int64_t n, const uint8_t *eligible,
-                                      int32_t *obj32, int64_t *obj64, int64_t *next_use, int64_t never)
+/* ---- the whole stream in linear time: ks_stream_build ------------------------------------------------ */
+
+/* One slot of the open-addressing table from a hash to the id of its first access (id -1: empty). */
+typedef struct {
+    uint64_t key;
+    int64_t id;
+} slot_t;
+
+/* A 64-bit finaliser (murmur3's): the listed hashes are already mixed, but ids given as small integers are not. */
+static inline uint64_t mix64(uint64_t x)
 {
-    int64_t rank = -1;
-    for (int64_t k = 0; k < n; k++) {
-        int64_t t = order[k];
-        if (k == 0 || hashes[t] != hashes[order[k - 1]])
-            rank++;
-        if (obj32)
-            obj32[t] = (int32_t)rank;
-        else
-            obj64[t] = rank;
-        int64_t nxt = never;
-        if (k + 1 < n) {
-            int64_t u = order[k + 1];
-            if (hashes[u] == hashes[t] && eligible[u])
-                nxt = u;
-        }
-        next_use[t] = nxt;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+typedef struct {
+    slot_t *slots;
+    uint64_t mask;  /* capacity - 1, capacity a power of two */
+    int64_t count;
+} table_t;
+
+static int table_init(table_t *t, uint64_t capacity)
+{
+    t->slots = malloc((size_t)capacity * sizeof(slot_t));
+    if (!t->slots)
+        return KS_ENOMEM;
+    for (uint64_t i = 0; i < capacity; i++)
+        t->slots[i].id = -1;
+    t->mask = capacity - 1;
+    t->count = 0;
+    return 0;
+}
+
+/* Doubles the table (kept at most half full), moving every entry. */
+static int table_grow(table_t *t)
+{
+    table_t bigger;
+    if (table_init(&bigger, (t->mask + 1) * 2))
+        return KS_ENOMEM;
+    for (uint64_t i = 0; i <= t->mask; i++) {
+        slot_t s = t->slots[i];
+        if (s.id < 0)
+            continue;
+        uint64_t j = mix64(s.key) & bigger.mask;
+        while (bigger.slots[j].id >= 0)
+            j = (j + 1) & bigger.mask;
+        bigger.slots[j] = s;
     }
-    return rank + 1;
+    bigger.count = t->count;
+    free(t->slots);
+    *t = bigger;
+    return 0;
+}
+
+/* The id of `key`: its first-seen number, a new one (count) when unseen; KS_ENOMEM when growing failed. */
+static inline int64_t table_id(table_t *t, uint64_t key)
+{
+    uint64_t j = mix64(key) & t->mask;
+    for (;;) {
+        slot_t *s = &t->slots[j];
+        if (s->id < 0)
+            break;
+        if (s->key == key)
+            return s->id;
+        j = (j + 1) & t->mask;
+    }
+    if (KS_UNLIKELY((uint64_t)(t->count + 1) * 2 > t->mask + 1)) {
+        if (table_grow(t))
+            return KS_ENOMEM;
+        j = mix64(key) & t->mask;
+        while (t->slots[j].id >= 0)
+            j = (j + 1) & t->mask;
+    }
+    t->slots[j].key = key;
+    t->slots[j].id = t->count;
+    return t->count++;
+}
+
+/* Sorts a[0:n] by key ^ key_xor (LSD radix, 8 bits a pass; a pass whose digit is constant is skipped), with
+ * tmp[0:n] as scratch; the sorted pairs end in a or tmp, returned. Keys are distinct, so stability is moot. */
+static slot_t *radix_sort(slot_t *a, slot_t *tmp, int64_t n, uint64_t key_xor)
+{
+    int64_t count[256];
+    for (int shift = 0; shift < 64; shift += 8) {
+        for (int b = 0; b < 256; b++)
+            count[b] = 0;
+        for (int64_t i = 0; i < n; i++)
+            count[((a[i].key ^ key_xor) >> shift) & 0xff]++;
+        if (count[((a[0].key ^ key_xor) >> shift) & 0xff] == n)
+            continue;
+        int64_t sum = 0;
+        for (int b = 0; b < 256; b++) {
+            int64_t c = count[b];
+            count[b] = sum;
+            sum += c;
+        }
+        for (int64_t i = 0; i < n; i++)
+            tmp[count[((a[i].key ^ key_xor) >> shift) & 0xff]++] = a[i];
+        slot_t *swap = a;
+        a = tmp;
+        tmp = swap;
+    }
+    return a;
+}
+
+static inline int64_t obj_get(const int32_t *obj32, const int64_t *obj64, int64_t t)
+{
+    return obj32 ? (int64_t)obj32[t] : obj64[t];
+}
+
+static inline void obj_put(int32_t *obj32, int64_t *obj64, int64_t t, int64_t v)
+{
+    if (obj32)
+        obj32[t] = (int32_t)v;
+    else
+        obj64[t] = v;
+}
+
+/* The access stream of `num_requests` requests. Request r's accesses are flat[starts[r] + j] for
+ * j < n_keep[r] (n_keep[r] <= 0: none), back to back in request order; `n` is their total. With n_elig,
+ * eligible[t] is written (the first n_elig[r] accesses of request r); without it (NULL), eligible is read.
+ *
+ * Outputs, as AccessStream.from_arrays gave them from a stable sort: obj[t] = the rank of the access's hash
+ * among the distinct hashes, compared as hash ^ key_xor (1 << 63 orders them as signed int64, 0 as
+ * uint64), in obj32 or else obj64; next_use[t] = the position of the next access of the same hash when that
+ * access is eligible, else `never`. Returns the number of distinct hashes, or KS_ENOMEM.
+ *
+ * Linear in the stream: a hash table gives each access the id of its hash's first access; only the
+ * distinct hashes are sorted, to turn first-seen ids into ranks; one backward pass with the next eligible
+ * access per id gives the next uses and writes the ranks. */
+KS_EXPORT int64_t ks_stream_build(const uint64_t *flat, int64_t num_requests, const int64_t *starts,
+                                  const int64_t *n_keep, const int64_t *n_elig, int64_t n, uint64_t key_xor,
+                                  uint8_t *eligible, int32_t *obj32, int64_t *obj64, int64_t *next_use,
+                                  int64_t never)
+{
+    if (n <= 0)
+        return 0;
+    table_t table;
+    if (table_init(&table, 1024))
+        return KS_ENOMEM;
+    int64_t t = 0;
+    for (int64_t r = 0; r < num_requests; r++) {
+        const uint64_t *h = flat + starts[r];
+        int64_t keep = n_keep[r];
+        for (int64_t j = 0; j < keep; j++, t++) {
+            int64_t id = table_id(&table, h[j]);
+            if (KS_UNLIKELY(id < 0)) {
+                free(table.slots);
+                return KS_ENOMEM;
+            }
+            obj_put(obj32, obj64, t, id);
+            if (n_elig)
+                eligible[t] = j < n_elig[r];
+        }
+    }
+    int64_t d = table.count;
+    /* The distinct hashes with their first-seen ids, packed from the table, sorted; then the table goes. */
+    slot_t *pairs = malloc((size_t)d * sizeof(slot_t));
+    if (!pairs) {
+        free(table.slots);
+        return KS_ENOMEM;
+    }
+    int64_t k = 0;
+    for (uint64_t i = 0; i <= table.mask; i++)
+        if (table.slots[i].id >= 0)
+            pairs[k++] = table.slots[i];
+    free(table.slots);
+    slot_t *tmp = malloc((size_t)d * sizeof(slot_t));
+    if (!tmp) {
+        free(pairs);
+        return KS_ENOMEM;
+    }
+    slot_t *sorted = radix_sort(pairs, tmp, d, key_xor);
+    /* rank[id] and last[id] (the next eligible access of id seen so far, going backward) share one array. */
+    int64_t *rank = malloc((size_t)(2 * d) * sizeof(int64_t));
+    if (!rank) {
+        free(pairs);
+        free(tmp);
+        return KS_ENOMEM;
+    }
+    int64_t *last = rank + d;
+    for (int64_t i = 0; i < d; i++) {
+        rank[sorted[i].id] = i;
+        last[i] = never;
+    }
+    free(pairs);
+    free(tmp);
+    for (t = n - 1; t >= 0; t--) {
+        int64_t id = obj_get(obj32, obj64, t);
+        next_use[t] = last[id];
+        last[id] = eligible[t] ? t : never;
+        obj_put(obj32, obj64, t, rank[id]);
+    }
+    free(rank);
+    return d;
 }
