@@ -23,6 +23,9 @@ typedef struct {
     int64_t id;
 } slot_t;
 
+/* How many accesses ahead the passes ask for the memory a later access will touch. */
+#define PREFETCH_AHEAD 16
+
 /* A 64-bit finaliser (murmur3's): the listed hashes are already mixed, but ids given as small integers are not. */
 static inline uint64_t mix64(uint64_t x)
 {
@@ -156,14 +159,20 @@ KS_EXPORT int64_t ks_stream_build(const uint64_t *flat, int64_t num_requests, co
 {
     if (n <= 0)
         return 0;
+    /* Sized for one distinct hash in 16 accesses (at most 2 bytes an access), doubled when half full. */
+    uint64_t capacity = 1024;
+    while (capacity < (uint64_t)n / 8)
+        capacity *= 2;
     table_t table;
-    if (table_init(&table, 1024))
+    if (table_init(&table, capacity))
         return KS_ENOMEM;
     int64_t t = 0;
     for (int64_t r = 0; r < num_requests; r++) {
         const uint64_t *h = flat + starts[r];
         int64_t keep = n_keep[r];
         for (int64_t j = 0; j < keep; j++, t++) {
+            if (j + PREFETCH_AHEAD < keep)  /* the table is far larger than the caches: ask for the slot early */
+                __builtin_prefetch(&table.slots[mix64(h[j + PREFETCH_AHEAD]) & table.mask]);
             int64_t id = table_id(&table, h[j]);
             if (KS_UNLIKELY(id < 0)) {
                 free(table.slots);
@@ -192,26 +201,28 @@ KS_EXPORT int64_t ks_stream_build(const uint64_t *flat, int64_t num_requests, co
         return KS_ENOMEM;
     }
     slot_t *sorted = radix_sort(pairs, tmp, d, key_xor);
-    /* rank[id] and last[id] (the next eligible access of id seen so far, going backward) share one array. */
-    int64_t *rank = malloc((size_t)(2 * d) * sizeof(int64_t));
-    if (!rank) {
+    /* Per first-seen id: its rank, and the next eligible access of it seen so far going backward (side by
+     * side: one cache line per access). */
+    int64_t (*per_id)[2] = malloc((size_t)d * sizeof *per_id);
+    if (!per_id) {
         free(pairs);
         free(tmp);
         return KS_ENOMEM;
     }
-    int64_t *last = rank + d;
     for (int64_t i = 0; i < d; i++) {
-        rank[sorted[i].id] = i;
-        last[i] = never;
+        per_id[sorted[i].id][0] = i;
+        per_id[sorted[i].id][1] = never;
     }
     free(pairs);
     free(tmp);
     for (t = n - 1; t >= 0; t--) {
-        int64_t id = obj_get(obj32, obj64, t);
-        next_use[t] = last[id];
-        last[id] = eligible[t] ? t : never;
-        obj_put(obj32, obj64, t, rank[id]);
+        if (t >= PREFETCH_AHEAD)
+            __builtin_prefetch(per_id[obj_get(obj32, obj64, t - PREFETCH_AHEAD)], 1);
+        int64_t *p = per_id[obj_get(obj32, obj64, t)];
+        next_use[t] = p[1];
+        p[1] = eligible[t] ? t : never;
+        obj_put(obj32, obj64, t, p[0]);
     }
-    free(rank);
+    free(per_id);
     return d;
 }
