@@ -18,6 +18,7 @@ from kmesh_trace.native.kernels import I64, P, U64, check, declare, ptr
 
 _leading = declare("ks_stream_leading_flags", [P, I64, P, P])
 _build = declare("ks_stream_build", [P, I64, P, P, P, I64, U64, P, P, P, P, I64], I64)
+_infinite = declare("ks_stream_infinite_hits", [P, P, P, P, I64, I64, P], I64)
 
 #: The kernel's key_xor that orders hashes as signed 64-bit integers (what a sort of int64 hashes gives).
 _SIGNED = 1 << 63
@@ -70,3 +71,16 @@ def build_stream(flat: np.ndarray, starts: np.ndarray, n_keep: np.ndarray, n_eli
     if obj.dtype == np.int64 and num_objects < 2**31:
         obj = obj.astype(np.int32)
     return obj, eligible, next_use, int(num_objects)
+
+
+def infinite_hits(stream) -> np.ndarray:
+    """Per request of the `AccessStream`, its eligible reads whose object was accessed earlier in the stream
+    (the `infinite` policy's hits), in one pass."""
+    obj = stream.obj
+    o32 = ptr(obj, np.int32) if obj.dtype == np.int32 else None
+    o64 = None if o32 is not None else ptr(obj, np.int64)
+    req_start = np.ascontiguousarray(stream.req_start, np.int64)
+    hits = np.empty(len(req_start) - 1, np.int64)
+    check(_infinite(o32, o64, ptr(np.ascontiguousarray(stream.eligible, np.bool_), np.bool_), ptr(req_start, np.int64),
+                    len(hits), int(stream.num_objects), ptr(hits, np.int64)), "infinite hits")
+    return hits

@@ -14,6 +14,7 @@ import pytest
 
 from kmesh_trace.native import kernels
 from kmesh_trace.oracle.stream import NEVER, AccessStream, RequestBlocks, next_uses
+from kmesh_trace.oracle.policies.infinite import infinite_hits
 from kmesh_trace.oracle.stream_index import build_stream, leading_flags
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +33,16 @@ def numpy_flat_stream(block_size, flat, num_reads, prompt_tokens):
     np.cumsum(n_full, out=req_start[1:])
     uniq, inverse = np.unique(np.asarray(flat)[keep], return_inverse=True)
     return inverse.ravel(), eligible, next_uses(inverse.ravel(), eligible), req_start, len(uniq)
+
+
+def numpy_infinite_hits(stream: AccessStream) -> np.ndarray:
+    """Per request: eligible reads that are not their object's first access, in numpy."""
+    seen_before = np.ones(len(stream), bool)
+    _, first = np.unique(stream.obj, return_index=True)
+    seen_before[first] = False
+    c = np.zeros(len(stream) + 1, np.int64)
+    np.cumsum(seen_before & stream.eligible, out=c[1:])
+    return c[stream.req_start[1:]] - c[stream.req_start[:-1]]
 
 
 def assert_stream_is(s: AccessStream, obj, eligible, nxt, req_start, num_objects):
@@ -65,6 +76,10 @@ def test_from_flat_equals_numpy_on_random_streams(seed):
     s = AccessStream.from_flat(bs, flat, num_reads, prompt_tokens)
     assert_stream_is(s, *numpy_flat_stream(bs, flat, num_reads, prompt_tokens))
     assert s.num_reads.tolist() == num_reads.tolist() and s.num_prompt_tokens.tolist() == prompt_tokens.tolist()
+    assert np.array_equal(infinite_hits(s), numpy_infinite_hits(s))
+    wide = AccessStream(bs, s.obj.astype(np.int64), s.eligible, s.next_use, s.req_start, s.num_prompt_tokens,
+                        s.num_reads, s.num_objects)
+    assert np.array_equal(infinite_hits(wide), numpy_infinite_hits(s))
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -84,6 +99,7 @@ def test_empty_stream():
     assert len(s) == 0 and s.num_objects == 0 and s.req_start.tolist() == [0]
     s = AccessStream.from_flat(16, np.zeros(0, np.uint64), np.zeros(3, np.int64), np.array([0, 5, 15]))
     assert len(s) == 0 and s.num_requests == 3 and s.req_start.tolist() == [0, 0, 0, 0]
+    assert infinite_hits(s).tolist() == [0, 0, 0]
     s = AccessStream.from_requests([], 16)
     assert len(s) == 0 and s.num_objects == 0
 
@@ -184,6 +200,7 @@ def test_from_flat_equals_numpy_on_the_mooncake_traces():
         flat, num_reads, prompt_tokens = _real_columns(src)
         s = AccessStream.from_flat(512, flat, num_reads, prompt_tokens)
         assert_stream_is(s, *numpy_flat_stream(512, flat, num_reads, prompt_tokens))
+        assert np.array_equal(infinite_hits(s), numpy_infinite_hits(s))
 
 
 @pytest.mark.shared_data
@@ -201,3 +218,4 @@ def test_from_flat_equals_numpy_on_an_agentic_stream(tmp_path):
     s = AccessStream.from_flat(512, flat, num_reads, prompt_tokens)
     assert len(s) > 1_000_000
     assert_stream_is(s, *numpy_flat_stream(512, flat, num_reads, prompt_tokens))
+    assert np.array_equal(infinite_hits(s), numpy_infinite_hits(s))

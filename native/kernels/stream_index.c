@@ -226,3 +226,29 @@ KS_EXPORT int64_t ks_stream_build(const uint64_t *flat, int64_t num_requests, co
     free(per_id);
     return d;
 }
+
+/* The `infinite` policy (oracle/policies/infinite.py): hits[r] = the eligible accesses of request r (accesses
+ * req_start[r] to req_start[r + 1]) whose object was accessed before, anywhere earlier in the stream. One
+ * pass with a seen flag per object. Returns 0, or KS_ENOMEM. */
+KS_EXPORT int64_t ks_stream_infinite_hits(const int32_t *obj32, const int64_t *obj64, const uint8_t *eligible,
+                                          const int64_t *req_start, int64_t num_requests, int64_t num_objects,
+                                          int64_t *hits)
+{
+    uint8_t *seen = calloc((size_t)(num_objects > 0 ? num_objects : 1), 1);
+    if (!seen)
+        return KS_ENOMEM;
+    int64_t t = 0;
+    for (int64_t r = 0; r < num_requests; r++) {
+        for (; t < req_start[r]; t++)  /* accesses before the request (none in an AccessStream) */
+            seen[obj_get(obj32, obj64, t)] = 1;
+        int64_t h = 0;
+        for (; t < req_start[r + 1]; t++) {
+            int64_t o = obj_get(obj32, obj64, t);
+            h += eligible[t] & seen[o];
+            seen[o] = 1;
+        }
+        hits[r] = h;
+    }
+    free(seen);
+    return 0;
+}
