@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kmesh_trace.native.kernels import I64, P, U64, check, declare, ptr
+from kmesh_trace.native.kernels import I32, I64, P, U64, check, declare, ptr
 
 _leading = declare("ks_stream_leading_flags", [P, I64, P, P])
-_build = declare("ks_stream_build", [P, I64, P, P, P, I64, U64, P, P, P, P, I64], I64)
+_build = declare("ks_stream_build", [P, I64, P, P, P, I64, U64, I32, P, P, P, P, I64], I64)
 _infinite = declare("ks_stream_infinite_hits", [P, P, P, P, I64, I64, P], I64)
 
 #: The kernel's key_xor that orders hashes as signed 64-bit integers (what a sort of int64 hashes gives).
@@ -34,14 +34,16 @@ def leading_flags(req_start: np.ndarray, n_first: np.ndarray) -> np.ndarray:
 
 
 def build_stream(flat: np.ndarray, starts: np.ndarray, n_keep: np.ndarray, n_elig: np.ndarray | None,
-                 eligible: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+                 eligible: np.ndarray | None = None, *, wide_table: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """(obj, eligible, next_use, number of distinct hashes) of the stream whose request r accesses
     `flat[starts[r]:starts[r] + n_keep[r]]` (n_keep[r] <= 0: nothing), requests back to back.
 
     Eligible accesses are the first `n_elig[r]` of each request, or, with `n_elig` None, the `eligible` given
     (one bool per access). Hashes rank as their dtype orders them: a signed integer dtype as signed, any
     other as unsigned 64-bit. `obj` is int32 while the ids fit, else int64; `next_use` is int64, NEVER
-    (oracle/stream.py) where there is no eligible next use."""
+    (oracle/stream.py) where there is no eligible next use. `wide_table`: the kernel's hash table with the
+    64-bit slots it takes past 2**32 - 1 accesses (tests use it on small streams)."""
     from kmesh_trace.oracle.stream import NEVER
 
     flat = np.asarray(flat)
@@ -66,7 +68,7 @@ def build_stream(flat: np.ndarray, starts: np.ndarray, n_keep: np.ndarray, n_eli
     o32 = ptr(obj, np.int32) if obj.dtype == np.int32 else None
     o64 = None if o32 is not None else ptr(obj, np.int64)
     num_objects = check(_build(ptr(flat, np.uint64), len(n_keep), ptr(starts, np.int64), ptr(n_keep, np.int64),
-                               ptr(n_elig, np.int64), n, key_xor, ptr(eligible, np.bool_), o32, o64,
+                               ptr(n_elig, np.int64), n, key_xor, int(wide_table), ptr(eligible, np.bool_), o32, o64,
                                ptr(next_use, np.int64), int(NEVER)), "stream build")
     if obj.dtype == np.int64 and num_objects < 2**31:
         obj = obj.astype(np.int32)

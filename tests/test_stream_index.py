@@ -164,6 +164,10 @@ def test_many_distinct_hashes_grow_the_table():
     s = AccessStream.from_arrays(16, hashes, eligible, np.array([0, len(hashes)]), np.array([1]), np.array([1]))
     uniq, inverse = np.unique(hashes, return_inverse=True)
     assert_stream_is(s, inverse, eligible, next_uses(inverse, eligible), [0, len(hashes)], len(uniq))
+    for wide in (False, True):  # 32-bit table slots, and the 64-bit ones of streams past 2**32 - 1 accesses
+        obj, elig, nxt, m = build_stream(hashes, np.zeros(1), np.array([len(hashes)]), None, eligible,
+                                         wide_table=wide)
+        assert np.array_equal(obj, inverse) and np.array_equal(nxt, s.next_use) and m == len(uniq)
     ids = np.arange(70_000, dtype=np.int64)[::-1].copy()  # small integers, as ids: not pre-mixed
     s = AccessStream.from_arrays(16, ids, np.ones(len(ids), bool), np.array([0, len(ids)]), np.array([1]),
                                  np.array([1]))
