@@ -250,8 +250,7 @@ class AccessStream:
         n_req = len(requests)
         prompt_tokens = np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n_req)
         num_reads = np.fromiter((len(r.prompt_hashes) for r in requests), np.int64, n_req)
-        n_full = np.maximum(np.minimum(num_reads, prompt_tokens // block_size), 0)
-        n_elig = np.minimum(num_reads, np.maximum(prompt_tokens - 1, 0) // block_size)
+        n_full, n_elig = _kept_and_eligible(num_reads, prompt_tokens, block_size)
         n_out = np.fromiter((len(r.output_hashes) for r in requests), np.int64, n_req)
         req_start = np.zeros(n_req + 1, np.int64)
         np.cumsum(n_full + n_out, out=req_start[1:])
@@ -272,8 +271,7 @@ class AccessStream:
 
         num_reads = np.asarray(num_reads, np.int64)
         prompt_tokens = np.asarray(num_prompt_tokens, np.int64)
-        n_full = np.maximum(np.minimum(num_reads, prompt_tokens // block_size), 0)
-        n_elig = np.minimum(num_reads, np.maximum(prompt_tokens - 1, 0) // block_size)
+        n_full, n_elig = _kept_and_eligible(num_reads, prompt_tokens, block_size)
         if starts is None:
             starts = np.cumsum(num_reads) - num_reads
         req_start = np.zeros(len(num_reads) + 1, np.int64)
@@ -312,6 +310,14 @@ class AccessStream:
         return AccessStream(self.block_size, obj, np.tile(self.eligible, times), nu,
                             np.append(starts, times * n), np.tile(self.num_prompt_tokens, times),
                             np.tile(self.num_reads, times), m * times)
+
+
+def _kept_and_eligible(num_reads: np.ndarray, prompt_tokens: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per request: the listed prompt blocks that are accesses (the full ones, `num_full_prompt_blocks`)
+    and those of them that are hit-eligible (`max_hit_blocks`)."""
+    n_full = np.maximum(np.minimum(num_reads, prompt_tokens // block_size), 0)
+    n_elig = np.minimum(num_reads, np.maximum(prompt_tokens - 1, 0) // block_size)
+    return n_full, n_elig
 
 
 def next_uses(obj: np.ndarray, eligible: np.ndarray) -> np.ndarray:

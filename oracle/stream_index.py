@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from kmesh_trace.native.kernels import I32, I64, P, U64, check, declare, ptr
+from kmesh_trace.oracle.blockpool_compiled import obj_pointers
 
 _leading = declare("ks_stream_leading_flags", [P, I64, P, P])
 _build = declare("ks_stream_build", [P, I64, P, P, P, I64, U64, I32, P, P, P, P, I64], I64)
@@ -65,8 +66,7 @@ def build_stream(flat: np.ndarray, starts: np.ndarray, n_keep: np.ndarray, n_eli
             raise ValueError(f"build_stream: {len(eligible)} eligibility flags for {n} accesses")
     obj = np.empty(n, np.int32 if n < 2**31 else np.int64)  # ids < accesses
     next_use = np.empty(n, np.int64)
-    o32 = ptr(obj, np.int32) if obj.dtype == np.int32 else None
-    o64 = None if o32 is not None else ptr(obj, np.int64)
+    o32, o64 = obj_pointers(obj)
     num_objects = check(_build(ptr(flat, np.uint64), len(n_keep), ptr(starts, np.int64), ptr(n_keep, np.int64),
                                ptr(n_elig, np.int64), n, key_xor, int(wide_table), ptr(eligible, np.bool_), o32, o64,
                                ptr(next_use, np.int64), int(NEVER)), "stream build")
@@ -78,9 +78,7 @@ def build_stream(flat: np.ndarray, starts: np.ndarray, n_keep: np.ndarray, n_eli
 def infinite_hits(stream) -> np.ndarray:
     """Per request of the `AccessStream`, its eligible reads whose object was accessed earlier in the stream
     (the `infinite` policy's hits), in one pass."""
-    obj = stream.obj
-    o32 = ptr(obj, np.int32) if obj.dtype == np.int32 else None
-    o64 = None if o32 is not None else ptr(obj, np.int64)
+    o32, o64 = obj_pointers(stream.obj)
     req_start = np.ascontiguousarray(stream.req_start, np.int64)
     hits = np.empty(len(req_start) - 1, np.int64)
     check(_infinite(o32, o64, ptr(np.ascontiguousarray(stream.eligible, np.bool_), np.bool_), ptr(req_start, np.int64),

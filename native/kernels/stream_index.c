@@ -1,4 +1,5 @@
-/* Flattening a workload into its access stream (oracle/stream.py, AccessStream.from_arrays). */
+/* Flattening a workload into its access stream (oracle/stream.py: AccessStream.from_flat, from_arrays,
+ * from_requests, through oracle/stream_index.py), and the `infinite` policy's one pass over it. */
 #include "kernels.h"
 
 #include <stdlib.h>
