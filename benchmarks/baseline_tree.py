@@ -1,7 +1,8 @@
 """`kmesh-trace` as of an earlier commit, for before / after figures taken in one run (the benchmarks'
 `--baseline COMMIT`): the commit's tree from `git archive` in a directory of the caller's, laid out as the
-package installs (kmesh_trace/oracle, kmesh_trace/audit, ...), the native library copied from this
-checkout, run with `python -P` and PYTHONPATH ahead of this checkout's editable install."""
+package installs (kmesh_trace/oracle, kmesh_trace/audit, ...), its native libraries built from its own
+sources (copied from this checkout when they do not build), run with `python -P` and PYTHONPATH ahead of
+this checkout's editable install."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ def baseline_python(commit: str, tmp: Path) -> list[str]:
         subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
         for d in PACKAGE_DIRS:
             (root / "kmesh_trace" / d).symlink_to(root / d)
-        for so in (REPO / "native").glob("*.so"):
+        # The commit's own native sources, built there: this checkout's library may lack entry points it calls.
+        built = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=root,
+                               capture_output=True).returncode == 0
+        for so in () if built else (REPO / "native").glob("*.so"):
             (root / "native" / so.name).write_bytes(so.read_bytes())
     return ["env", f"PYTHONPATH={root}", sys.executable, "-P"]
 

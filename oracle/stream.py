@@ -250,41 +250,53 @@ class AccessStream:
 
     @classmethod
     def from_requests(cls, requests: Sequence[RequestBlocks], block_size: int) -> "AccessStream":
-        from kmesh_trace.oracle.stream_index import leading_flags
+        from kmesh_trace.oracle.stream_index import build_stream
 
         n_req = len(requests)
         prompt_tokens = np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n_req)
         num_reads = np.fromiter((len(r.prompt_hashes) for r in requests), np.int64, n_req)
-        n_full = np.minimum(num_reads, prompt_tokens // block_size)
-        n_elig = np.minimum(num_reads, np.maximum(prompt_tokens - 1, 0) // block_size)
+        n_full, n_elig = _kept_and_eligible(num_reads, prompt_tokens, block_size)
         n_out = np.fromiter((len(r.output_hashes) for r in requests), np.int64, n_req)
-        per_req = n_full + n_out
         req_start = np.zeros(n_req + 1, np.int64)
-        np.cumsum(per_req, out=req_start[1:])
+        np.cumsum(n_full + n_out, out=req_start[1:])
         lists = (x for r, nf in zip(requests, n_full.tolist()) for x in (r.prompt_hashes[:nf], r.output_hashes))
         hashes = np.fromiter(chain.from_iterable(lists), np.uint64, int(req_start[-1]))
-        # Position of each access within its request decides eligibility (the first n_elig).
-        return cls.from_arrays(block_size, hashes, leading_flags(req_start, n_elig), req_start, prompt_tokens,
-                               num_reads)
+        # Each request's accesses are its kept prompt blocks then its output blocks; the first n_elig are eligible.
+        obj, eligible, nxt, num_objects = build_stream(hashes, req_start[:-1], np.diff(req_start), n_elig)
+        return cls(block_size, obj, eligible, nxt, req_start, prompt_tokens, num_reads, num_objects)
+
+    @classmethod
+    def from_flat(cls, block_size: int, flat: np.ndarray, num_reads: np.ndarray, num_prompt_tokens: np.ndarray,
+                  starts: np.ndarray | None = None) -> "AccessStream":
+        """The stream of hash-only requests: request r lists `num_reads[r]` hashes, back to back in `flat` (or
+        from `flat[starts[r]]` when given: rows in any order, nothing gathered); its accesses are the full
+        blocks among them (the first num_prompt_tokens[r] // block_size), the first `max_hit_blocks` of them
+        eligible. One pass over the hashes (oracle/stream_index.py), no stream-long temporaries."""
+        from kmesh_trace.oracle.stream_index import build_stream
+
+        num_reads = np.asarray(num_reads, np.int64)
+        prompt_tokens = np.asarray(num_prompt_tokens, np.int64)
+        n_full, n_elig = _kept_and_eligible(num_reads, prompt_tokens, block_size)
+        if starts is None:
+            starts = np.cumsum(num_reads) - num_reads
+        req_start = np.zeros(len(num_reads) + 1, np.int64)
+        np.cumsum(n_full, out=req_start[1:])
+        obj, eligible, nxt, num_objects = build_stream(flat, starts, n_full, n_elig)
+        return cls(block_size, obj, eligible, nxt, req_start, prompt_tokens, num_reads, num_objects)
 
     @classmethod
     def from_arrays(cls, block_size: int, hashes: np.ndarray, eligible: np.ndarray, req_start: np.ndarray,
                     num_prompt_tokens: np.ndarray, num_reads: np.ndarray) -> "AccessStream":
         """The stream of these accesses: dense object ids numbered as `np.unique` numbers the hashes, and
-        next uses as `next_uses` gives them, from one stable sort (oracle/stream_index.py)."""
-        from kmesh_trace.oracle.stream_index import dense_ids_and_next_uses
+        next uses as `next_uses` gives them, in linear time (oracle/stream_index.py)."""
+        from kmesh_trace.oracle.stream_index import build_stream
 
         hashes = np.asarray(hashes)
-        eligible = eligible.astype(bool, copy=False)
-        order = np.argsort(hashes, kind="stable")
-        obj = np.empty(len(hashes), np.int32 if len(hashes) < 2**31 else np.int64)  # ids < accesses
-        nxt = np.empty(len(hashes), np.int64)
-        num_objects = dense_ids_and_next_uses(hashes, order, eligible, obj, nxt, NEVER)
-        del order
-        if obj.dtype == np.int64 and num_objects < 2**31:
-            obj = obj.astype(np.int32)
+        n = len(hashes)
+        obj, eligible, nxt, num_objects = build_stream(hashes, np.zeros(1, np.int64), np.array([n], np.int64), None,
+                                                       eligible.astype(bool, copy=False))
         return cls(block_size, obj, eligible, nxt, req_start.astype(np.int64), num_prompt_tokens.astype(np.int64),
-                   num_reads.astype(np.int64), int(num_objects))
+                   num_reads.astype(np.int64), num_objects)
 
     def tile(self, times: int) -> "AccessStream":
         """The stream repeated `times` times with fresh object ids per copy (a longer, equally shaped
@@ -303,6 +315,14 @@ class AccessStream:
         return AccessStream(self.block_size, obj, np.tile(self.eligible, times), nu,
                             np.append(starts, times * n), np.tile(self.num_prompt_tokens, times),
                             np.tile(self.num_reads, times), m * times)
+
+
+def _kept_and_eligible(num_reads: np.ndarray, prompt_tokens: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per request: the listed prompt blocks that are accesses (the full ones, `num_full_prompt_blocks`)
+    and those of them that are hit-eligible (`max_hit_blocks`)."""
+    n_full = np.maximum(np.minimum(num_reads, prompt_tokens // block_size), 0)
+    n_elig = np.minimum(num_reads, np.maximum(prompt_tokens - 1, 0) // block_size)
+    return n_full, n_elig
 
 
 def next_uses(obj: np.ndarray, eligible: np.ndarray) -> np.ndarray:

@@ -330,14 +330,7 @@ def _nullable(series):
 
 def _flat_stream(prompt_tokens: np.ndarray, num_reads: np.ndarray, flat: np.ndarray, block_size: int) -> AccessStream:
     """The access stream of hash-only requests: `num_reads[i]` listed hashes each, back to back in `flat`."""
-    n_full = np.minimum(num_reads, prompt_tokens // block_size)
-    n_elig = np.minimum(num_reads, np.maximum(prompt_tokens - 1, 0) // block_size)
-    pos = np.arange(len(flat), dtype=np.int64) - np.repeat(np.cumsum(num_reads) - num_reads, num_reads)
-    keep = pos < np.repeat(n_full, num_reads)
-    eligible = (pos < np.repeat(n_elig, num_reads))[keep]
-    req_start = np.zeros(len(num_reads) + 1, np.int64)
-    np.cumsum(n_full, out=req_start[1:])
-    return AccessStream.from_arrays(block_size, flat[keep], eligible, req_start, prompt_tokens, num_reads)
+    return AccessStream.from_flat(block_size, flat, num_reads, prompt_tokens)
 
 
 def _lineage_edges(source: TraceSource, engine: str | None, reqs: Sequence[RequestBlocks]) -> dict[str, dict[int, int]]:

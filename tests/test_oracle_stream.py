@@ -70,9 +70,9 @@ def test_stream_matches_plain_reference_and_scan_on_random_requests():
             assert s.next_use[t] == want
 
 
-def test_stream_ids_and_next_uses_from_one_sort_equal_unique_and_the_vectorised_next_uses():
-    """from_arrays numbers objects and finds next uses from one stable sort (oracle/stream_index.py): the same
-    ids as np.unique's inverse, the same next uses as `next_uses`, on hashes with many repeats and none."""
+def test_stream_ids_and_next_uses_from_the_linear_build_equal_unique_and_the_vectorised_next_uses():
+    """from_arrays numbers objects and finds next uses without sorting the stream (oracle/stream_index.py): the
+    same ids as np.unique's inverse, the same next uses as `next_uses`, on hashes with many repeats and none."""
     rng = np.random.default_rng(11)
     for trial in range(300):
         n = int(rng.integers(0, 2000))

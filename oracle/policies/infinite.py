@@ -12,13 +12,11 @@ from kmesh_trace.oracle.stream import AccessStream, RequestBlocks
 
 
 def infinite_hits(stream: AccessStream) -> np.ndarray:
-    """Per-request hit blocks: eligible reads that are not their object's first access."""
-    seen_before = np.ones(len(stream), bool)
-    _, first = np.unique(stream.obj, return_index=True)
-    seen_before[first] = False
-    c = np.zeros(len(stream) + 1, np.int64)
-    np.cumsum(seen_before & stream.eligible, out=c[1:])
-    return c[stream.req_start[1:]] - c[stream.req_start[:-1]]
+    """Per-request hit blocks: eligible reads that are not their object's first access (one C pass,
+    oracle/stream_index.py; tests compare it with numpy's and with `infinite_reference`)."""
+    from kmesh_trace.oracle.stream_index import infinite_hits as hits
+
+    return hits(stream)
 
 
 def infinite_reference(requests: Sequence[RequestBlocks], block_size: int) -> list[int]:
