@@ -1,0 +1,91 @@
+"""Mooncake JSONL in the plain shape read straight into numpy columns, in compiled passes over chunks of the file
+(native/kernels/mooncake_lines.c): the first fast path of `read_mooncake` (datasets/importers/mooncake.py).
+
+The file is read twice through one reused buffer, never whole: a first pass counts the bytes that bound the
+columns (rows <= '{'s, hashes <= ','s + '['s) and stops at once on a byte no plain line holds (non-ASCII, a
+backslash); the columns are then allocated once and the second pass parses whole lines into them. A line
+the kernel is not certain about -- anything but the four fields as plain decimal integers and a flat list
+(its header comment says exactly what it takes) -- makes `read_lines` return None for the WHOLE file, and
+the importer's msgspec and plain readers decide as they always did. Whatever it accepts, those read alike
+(tests/test_mooncake_lines.py compares the three)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from kmesh_trace.native.kernels import I32, I64, P, check, declare, ptr
+
+#: Bytes per read: the buffer grows (doubling) only for a line longer than it.
+CHUNK_BYTES = 16 << 20
+
+_GIVE_UP, _ROOM = -1, -2  # native/kernels/mooncake_lines.c's MC_GIVE_UP, MC_ROOM
+_ROWS, _HASHES, _LINES, _BLANK = range(4)  # its counts' slots
+_BRACES, _BRACKETS, _COMMAS, _ODD = range(4)  # its bounds' slots
+
+_bounds = declare("ks_mooncake_bounds", [P, I64, P])
+_parse = declare("ks_mooncake_parse", [P, I64, I32, I32, P, P, P, P, P, P, I64, I64, P], I64)
+
+
+class LineColumns:
+    """The columns of a file read here (row i is the i-th non-blank line), and its line counts."""
+
+    def __init__(self, num_rows: int, num_hashes: int) -> None:
+        self.lineno = np.empty(num_rows, np.int64)
+        self.arrival_ns = np.empty(num_rows, np.int64)
+        self.num_prompt_tokens = np.empty(num_rows, np.int64)
+        self.num_output_tokens = np.empty(num_rows, np.int64)
+        self.offsets = np.zeros(num_rows + 1, np.int64)
+        self.hashes = np.empty(num_hashes, np.uint64)
+        self.counts = np.zeros(4, np.int64)
+
+    @property
+    def num_lines(self) -> int:
+        return int(self.counts[_LINES])
+
+    @property
+    def num_blank_lines(self) -> int:
+        return int(self.counts[_BLANK])
+
+    def parse(self, buf: np.ndarray, length: int, at_start: bool, at_end: bool) -> int:
+        """Bytes of buf[:length] consumed (whole lines), or a negative code."""
+        return check(_parse(ptr(buf, np.uint8), length, at_start, at_end, ptr(self.lineno, np.int64),
+                            ptr(self.arrival_ns, np.int64), ptr(self.num_prompt_tokens, np.int64),
+                            ptr(self.num_output_tokens, np.int64), ptr(self.offsets, np.int64),
+                            ptr(self.hashes, np.uint64), len(self.arrival_ns), len(self.hashes),
+                            ptr(self.counts, np.int64)), "mooncake lines")
+
+    def trimmed(self) -> "LineColumns":
+        """The columns cut to what was stored (the bounds are upper bounds; untouched pages cost nothing)."""
+        rows, hashes = int(self.counts[_ROWS]), int(self.counts[_HASHES])
+        for name in ("lineno", "arrival_ns", "num_prompt_tokens", "num_output_tokens"):
+            setattr(self, name, getattr(self, name)[:rows])
+        self.offsets, self.hashes = self.offsets[:rows + 1], self.hashes[:hashes]
+        return self
+
+
+def read_lines(src: Path, chunk_bytes: int = CHUNK_BYTES) -> LineColumns | None:
+    """The columns of Mooncake JSONL file `src` when every line is blank or in the plain shape, else None."""
+    buf = np.empty(max(chunk_bytes, 8), np.uint8)
+    with open(src, "rb") as f:
+        bounds = np.zeros(4, np.int64)
+        while n := f.readinto(buf):
+            _bounds(ptr(buf, np.uint8), n, ptr(bounds, np.int64))
+            if bounds[_ODD]:
+                return None
+        cols = LineColumns(int(bounds[_BRACES]), int(bounds[_COMMAS] + bounds[_BRACKETS]))
+        f.seek(0)
+        have, at_start = 0, True
+        while True:
+            if have == len(buf):  # one line longer than the buffer: double it
+                buf = np.concatenate([buf, np.empty(len(buf), np.uint8)])
+            n = f.readinto(memoryview(buf)[have:])
+            length, at_end = have + n, n == 0
+            used = cols.parse(buf, length, at_start, at_end)
+            if used < 0:  # _GIVE_UP, or _ROOM (the file changed between the passes)
+                return None
+            if at_end:
+                return cols.trimmed()
+            buf[:length - used] = buf[used:length]
+            have, at_start = length - used, at_start and used == 0
