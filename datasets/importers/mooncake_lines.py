@@ -24,7 +24,7 @@ _GIVE_UP, _ROOM = -1, -2  # native/kernels/mooncake_lines.c's MC_GIVE_UP, MC_ROO
 _ROWS, _HASHES, _LINES, _BLANK = range(4)  # its counts' slots
 _BRACES, _BRACKETS, _COMMAS, _ODD = range(4)  # its bounds' slots
 
-_bounds = declare("ks_mooncake_bounds", [P, I64, P])
+_bounds = declare("ks_mooncake_bounds", [P, I64, I32, P])
 _parse = declare("ks_mooncake_parse", [P, I64, I32, I32, P, P, P, P, P, P, I64, I64, P], I64)
 
 
@@ -70,10 +70,12 @@ def read_lines(src: Path, chunk_bytes: int = CHUNK_BYTES) -> LineColumns | None:
     buf = np.empty(max(chunk_bytes, 8), np.uint8)
     with open(src, "rb") as f:
         bounds = np.zeros(4, np.int64)
+        at_start = True
         while n := f.readinto(buf):
-            _bounds(ptr(buf, np.uint8), n, ptr(bounds, np.int64))
+            _bounds(ptr(buf, np.uint8), n, at_start, ptr(bounds, np.int64))
             if bounds[_ODD]:
                 return None
+            at_start = False
         cols = LineColumns(int(bounds[_BRACES]), int(bounds[_COMMAS] + bounds[_BRACKETS]))
         f.seek(0)
         have, at_start = 0, True
