@@ -235,9 +235,9 @@ def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "impor
 def read_mooncake(src: str | Path, *, engine_id: str = "import-mooncake", fast: bool = True) -> tuple[_Columns, ImportReport]:
     """The rows `import_mooncake` would write (in file order: row i is seq i) and its report, read into memory
     without pyarrow. A file whose every line is in the plain shape is parsed in chunks by a compiled reader
-    straight into numpy columns (`mooncake_lines.read_lines`: int64, the hashes uint64, no Python object per
-    value); else msgspec decodes the lines when every one is plainly valid, else the plain path decides. The
-    hashes come as one uint64 array or array('Q') (8 bytes each, not a Python int each)."""
+    straight into columns (`mooncake_lines.read_lines`: int64 arrays, no Python object per value); else msgspec
+    decodes the lines when every one is plainly valid, else the plain path decides. The hashes come as one
+    array('Q') (8 bytes each, not a Python int each)."""
     src = Path(src)
     report = ImportReport(FORMAT, str(src), "", engine_id)
     if fast and src.is_file():

@@ -1,5 +1,6 @@
 """Mooncake JSONL in the plain shape read straight into numpy columns, in compiled passes over chunks of the file
-(native/kernels/mooncake_lines.c): the first fast path of `read_mooncake` (datasets/importers/mooncake.py).
+(native/kernels/mooncake_lines.c): the first fast path of `read_mooncake` (datasets/importers/mooncake.py). The
+hashes come as one array('Q'), as from the importer's other readers; the per-row columns as int64 arrays.
 
 The file is read twice through one reused buffer, never whole: a first pass counts the bytes that bound the
 columns (rows <= '{'s, hashes <= ','s + '['s) and stops at once on a byte no plain line holds (non-ASCII, a
@@ -12,6 +13,7 @@ the importer's msgspec and plain readers decide as they always did. Whatever it 
 from __future__ import annotations
 
 import mmap
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +40,10 @@ class LineColumns:
         self.num_prompt_tokens = np.empty(num_rows, np.int64)
         self.num_output_tokens = np.empty(num_rows, np.int64)
         self.offsets = np.zeros(num_rows + 1, np.int64)
-        self.hashes = np.empty(num_hashes, np.uint64)
+        # The hashes as the importer's other readers give them, an array('Q'), written through a numpy view
+        # (zero-filled once: the bound is within three per row of the count).
+        self.hashes = array("Q", [0]) * num_hashes
+        self._hash_view = np.frombuffer(self.hashes, np.uint64) if num_hashes else np.zeros(1, np.uint64)
         self.counts = np.zeros(4, np.int64)
 
     @property
@@ -54,15 +59,17 @@ class LineColumns:
         return check(_parse(ptr(buf, np.uint8), length, at_start, at_end, ptr(self.lineno, np.int64),
                             ptr(self.arrival_ns, np.int64), ptr(self.num_prompt_tokens, np.int64),
                             ptr(self.num_output_tokens, np.int64), ptr(self.offsets, np.int64),
-                            ptr(self.hashes, np.uint64), len(self.arrival_ns), len(self.hashes),
+                            ptr(self._hash_view, np.uint64), len(self.arrival_ns), len(self.hashes),
                             ptr(self.counts, np.int64)), "mooncake lines")
 
     def trimmed(self) -> "LineColumns":
-        """The columns cut to what was stored (the bounds are upper bounds; untouched pages cost nothing)."""
-        rows, hashes = int(self.counts[_ROWS]), int(self.counts[_HASHES])
+        """The columns cut to what was stored (the bounds are upper bounds)."""
+        rows = int(self.counts[_ROWS])
         for name in ("lineno", "arrival_ns", "num_prompt_tokens", "num_output_tokens"):
             setattr(self, name, getattr(self, name)[:rows])
-        self.offsets, self.hashes = self.offsets[:rows + 1], self.hashes[:hashes]
+        self.offsets = self.offsets[:rows + 1]
+        del self._hash_view  # the array may shrink (in place) once no view holds it
+        del self.hashes[int(self.counts[_HASHES]):]
         return self
 
 
