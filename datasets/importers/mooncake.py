@@ -7,8 +7,9 @@ are kept as given (they are already prefix hashes). Output blocks are not listed
 
 Two readers share one definition of a valid line (`_record_values`) and of a bad one: `import_mooncake`
 writes a trace (Arrow's JSON reader first, the plain line-by-line path when any line is off), and
-`read_mooncake` returns the same rows in memory without pyarrow (msgspec first, then the same plain path),
-for analyses that read the file as it is (`kmesh_trace.cli.inputs`).
+`read_mooncake` returns the same rows in memory without pyarrow (a compiled reader of plain-shaped lines first,
+`mooncake_lines`, then msgspec, then the same plain path), for analyses that read the file as it is
+(`kmesh_trace.cli.inputs`).
 """
 
 from __future__ import annotations
