@@ -74,7 +74,15 @@ class LineColumns:
 
 
 def read_lines(src: Path, chunk_bytes: int = CHUNK_BYTES) -> LineColumns | None:
-    """The columns of Mooncake JSONL file `src` when every line is blank or in the plain shape, else None."""
+    """The columns of Mooncake JSONL file `src` when every line is blank or in the plain shape, else None (also
+    when reading fails: the plain reader says how)."""
+    try:
+        return _read(src, chunk_bytes)
+    except OSError:
+        return None
+
+
+def _read(src: Path, chunk_bytes: int) -> LineColumns | None:
     with open(src, "rb") as f, _Buffer(chunk_bytes) as buf:
         bounds = np.zeros(4, np.int64)
         at_start = True
