@@ -21,18 +21,19 @@ enum { MC_ROWS = 0, MC_HASHES = 1, MC_LINES = 2, MC_BLANK = 3 };
 /* The slots of ks_mooncake_bounds' array: bytes '{', '[' and ',', and bytes no plain line holds. */
 enum { MC_BRACES = 0, MC_BRACKETS = 1, MC_COMMAS = 2, MC_ODD = 3 };
 
-#define MC_BLOCK 512
+#define MC_BLOCK 512        /* tokens per hash */
+#define MC_MS_NS 1000000ULL /* ns per timestamp unit (ms) */
+
+/* The four keys, one bit each. */
+enum { K_TIMESTAMP = 1, K_INPUT = 2, K_OUTPUT = 4, K_HASHES = 8, K_ALL = 15 };
 
 static inline bool has_bom(const uint8_t *p, int64_t len)
 {
     return len >= 3 && p[0] == 0xEF && p[1] == 0xBB && p[2] == 0xBF;
 }
-#define MC_MS_NS 1000000ULL
-
-enum { K_TIMESTAMP = 1, K_INPUT = 2, K_OUTPUT = 4, K_HASHES = 8, K_ALL = 15 };
 
 /* Counts per byte over buf[0:len], added to out: what sizes the columns before the parse (every row
- * holds one '{'; its hashes are at most its commas plus one). at_start: buf opens the file, and a
+ * holds one '{', and its hashes are at most its commas plus its one '['). at_start: buf opens the file, and a
  * byte-order mark there is not odd. */
 KS_EXPORT void ks_mooncake_bounds(const uint8_t *buf, int64_t len, int32_t at_start, int64_t *out)
 {
