@@ -194,7 +194,8 @@ def pool_hits(requests, *, block_size: int, num_usable_blocks: int, stream=None,
         columns = RequestColumns.of_requests(requests) if columns is None else columns
         memo["pool_inputs"] = columns.timed, pool_inputs(requests, block_size, stream, columns)
     timed, inputs = memo["pool_inputs"]
-    (hits, evictions, *_), _, _ = replay_compiled(requests, block_size, num_usable_blocks, timed, inputs=inputs)
+    (hits, evictions, *_), _, _ = replay_compiled(requests, block_size, num_usable_blocks, timed, inputs=inputs,
+                                                  free_queue=False)
     return hits, int(evictions.sum())
 
 

@@ -70,12 +70,13 @@ def hold_inputs(holds, n: int):
 
 
 def replay_compiled(requests, block_size: int, num_usable_blocks: int, timed: bool, stream=None, holds=None,
-                    inputs=None):
+                    inputs=None, free_queue: bool = True):
     """`PoolReplay(requests, ..., holds, timed).run()`'s results, compiled: (hit_blocks, num_evictions,
     admitted, stalled, free_queue) as numpy arrays, num_deferred, and the hold records as
     (parent, status, num_blocks, served, reason, held_block_steps, taken_ns, released_ns) arrays, with the
     family names their parents' ids index (`family_names[family_ids[parent]]`). `inputs`: `pool_inputs`'
-    answer for these requests, when the caller replays them at several capacities."""
+    answer for these requests, when the caller replays them at several capacities; `free_queue=False`: the
+    free queue is not wanted (it comes back empty, and no array of the pool's size is made for it)."""
     stream, listed, output_tokens, arrival, finish = inputs or pool_inputs(requests, block_size, stream)
     n = stream.num_requests
     if holds is None:
@@ -86,7 +87,7 @@ def replay_compiled(requests, block_size: int, num_usable_blocks: int, timed: bo
     IN = (stream.req_start, listed, stream.num_prompt_tokens, output_tokens, finish, arrival)
     out = run_interruptible(_replay, stream.obj, IN, bool(timed), int(block_size), int(num_usable_blocks),
                             int(stream.num_objects), holds is not None, is_parent, release_after, parent_of, fam,
-                            max(len(names), 1), caps)
+                            max(len(names), 1), caps, free_queue)
     return out, fam, names
 
 
@@ -109,7 +110,7 @@ def stream_pointers(IN: tuple) -> list:
 
 
 def _replay(obj, IN, timed, block_size, num_usable, num_objects, has_holds, is_parent, release_after, parent_of,
-            fam, num_families, caps):
+            fam, num_families, caps, free_queue):
     """The C replay (native/kernels/pool.c); the results as `replay_compiled` documents them."""
     n_req = len(IN[2])
     IN = tuple(np.ascontiguousarray(a, np.int64) for a in IN)
@@ -118,7 +119,7 @@ def _replay(obj, IN, timed, block_size, num_usable, num_objects, has_holds, is_p
     num_evictions = np.zeros(n_req, np.int64)
     admitted = np.zeros(n_req, np.bool_)
     stalled = np.zeros(n_req, np.bool_)
-    queue = np.zeros(num_usable, np.int64)
+    queue = np.zeros(num_usable if free_queue else 0, np.int64)
     records = np.zeros((NUM_RECORD_ROWS, n_req if has_holds else 0), np.int64)
     out = np.zeros(3, np.int64)
     hold_ptrs = [None] * 4
@@ -128,7 +129,7 @@ def _replay(obj, IN, timed, block_size, num_usable, num_objects, has_holds, is_p
         hold_ptrs = [ptr(is_parent, np.bool_)] + [ptr(a, np.int64) for a in (release_after, parent_of, fam)]
     check(_pool_replay(*obj_pointers(obj), *stream_pointers(IN), n_req, timed, block_size, num_usable, num_objects,
                        has_holds, *hold_ptrs, num_families, *caps, ptr(hit_blocks, np.int64), ptr(num_evictions, np.int64),
-                       ptr(admitted, np.bool_), ptr(stalled, np.bool_), ptr(queue, np.int64), ptr(records, np.int64),
+                       ptr(admitted, np.bool_), ptr(stalled, np.bool_), ptr(queue, np.int64) if free_queue else None, ptr(records, np.int64),
                        ptr(out, np.int64)), "the block-pool replay")
     m = int(out[2])
     return hit_blocks, num_evictions, admitted, stalled, queue[:int(out[0])], int(out[1]), tuple(records[:, :m])

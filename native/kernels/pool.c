@@ -6,7 +6,7 @@
  * listed, prompt_tokens, output_tokens, finish_ns, arrival) through a pool of num_usable blocks.
  * Holds (has_holds): per request is_parent, release_after, parent_of, fam (family ids < num_families),
  * the caps (-1: none). Writes per request hit_blocks, num_evictions, admitted, stalled; the final free
- * queue into free_queue (num_usable values); the hold records into records (KP_NUM_RECORD_ROWS x n_req);
+ * queue into free_queue (num_usable values; NULL: not wanted); the hold records into records (KP_NUM_RECORD_ROWS x n_req);
  * out[0..2] = free queue length, deferrals, records. Returns 0 or KS_ENOMEM. */
 KS_EXPORT int64_t ks_pool_replay(const int32_t *obj32, const int64_t *obj64, const int64_t *req_start,
                                  const int64_t *listed, const int64_t *prompt_tokens, const int64_t *output_tokens,
@@ -42,7 +42,7 @@ KS_EXPORT int64_t ks_pool_replay(const int32_t *obj32, const int64_t *obj64, con
         kp_end_admission(&e, i, &ad);
     }
     kp_drain(&e);
-    out[0] = kp_free_queue(&e, free_queue);
+    out[0] = free_queue ? kp_free_queue(&e, free_queue) : 0;
     out[1] = e.num_deferred;
     out[2] = e.n_records;
     kp_engine_free(&e);

@@ -9,6 +9,8 @@
  *   bnext/bprev), so a lookup returns the oldest surviving one and a duplicate is appended;
  * - a block's key is KP_NO_KEY (a partial tail), KP_PRIVATE_KEY (a generated block the stream does not
  *   identify) or the dense id of its hash;
+ * - the per-block and per-hash arrays (ref counts, keys, both lists' links) are 32-bit (`kp_ix`): half the
+ *   memory of a large pool; a pool or a stream past 2^31 - 1 blocks or hashes is refused as out of memory;
  * - timed replays keep the running requests in a binary heap ordered by (finish, index), as `heapq`
  *   orders the Python model's tuples;
  * - active holds form a list over parent indices, oldest first (the Python model's dict order), each
@@ -78,6 +80,29 @@ static inline void kp_arena_free(kp_arena *A)
     A->n = 0;
 }
 
+typedef int32_t kp_ix; /* a block id, a hash id or a ref count in the pool's arrays */
+#define KP_IX_MAX INT32_MAX
+
+/* n kp_ix values, each `fill` (0 is calloc's); NULL (and the arena marked failed) when out of memory. */
+static inline kp_ix *kp_new_ix(kp_arena *A, int64_t n, kp_ix fill)
+{
+    if (A->failed || A->n == KP_ARENA_SLOTS) {
+        A->failed = true;
+        return NULL;
+    }
+    size_t m = (size_t)(n > 0 ? n : 1);
+    kp_ix *p = fill == 0 ? calloc(m, sizeof(kp_ix)) : malloc(m * sizeof(kp_ix));
+    if (!p) {
+        A->failed = true;
+        return NULL;
+    }
+    if (fill != 0)
+        for (int64_t k = 0; k < n; k++)
+            p[k] = fill;
+    A->slot[A->n++] = p;
+    return p;
+}
+
 /* a[] (int64, *cap values) with room for index n, doubling; false when out of memory */
 static inline bool kp_grow(int64_t **a, int64_t *cap, int64_t n, int64_t width)
 {
@@ -108,7 +133,7 @@ typedef struct {
     bool timed, has_holds;
     /* the pool */
     int64_t num_usable;
-    int64_t *ref, *key, *prv, *nxt, *bprev, *bnext, *head, *tail;
+    kp_ix *ref, *key, *prv, *nxt, *bprev, *bnext, *head, *tail;
     /* the replay: seq holds the request being admitted (hits, then new blocks), store[off[i]:off[i] +
      * cnt[i]] a running request's blocks (timed), hk/hi the running requests' heap */
     int64_t longest;
@@ -143,14 +168,18 @@ static inline bool kp_engine_init(kp_engine *e, int64_t num_usable, int64_t num_
     kp_arena *A = &e->arena;
     int64_t n = num_usable + 1, n_req = e->n_req;
     e->num_usable = num_usable;
-    e->ref = kp_new(A, n, 0);
-    e->key = kp_new(A, n, KP_NO_KEY);
-    e->prv = kp_new(A, n, -1); /* -1: not in the free queue */
-    e->nxt = kp_new(A, n, -1);
-    e->bprev = kp_new(A, n, -1);
-    e->bnext = kp_new(A, n, -1);
-    e->head = kp_new(A, num_objects, -1);
-    e->tail = kp_new(A, num_objects, -1);
+    if (num_usable >= KP_IX_MAX || num_objects >= KP_IX_MAX) { /* beyond kp_ix: as much as memory holds */
+        A->failed = true;
+        return false;
+    }
+    e->ref = kp_new_ix(A, n, 0);
+    e->key = kp_new_ix(A, n, KP_NO_KEY);
+    e->prv = kp_new_ix(A, n, -1); /* -1: not in the free queue */
+    e->nxt = kp_new_ix(A, n, -1);
+    e->bprev = kp_new_ix(A, n, -1);
+    e->bnext = kp_new_ix(A, n, -1);
+    e->head = kp_new_ix(A, num_objects, -1);
+    e->tail = kp_new_ix(A, num_objects, -1);
     e->off = kp_new(A, n_req + 1, 0);
     e->num_full_of = kp_new(A, n_req, 0);
     e->cnt = kp_new(A, n_req, 0);
@@ -323,8 +352,8 @@ static inline int64_t kp_allocate(kp_engine *e, int64_t a, int64_t n_listed, int
                                   int64_t num_full, int64_t start, int64_t num_blocks, int64_t *seq, int64_t *evicted,
                                   int64_t *nk)
 {
-    int64_t *ref = e->ref, *key = e->key, *prv = e->prv, *nxt = e->nxt;
-    int64_t *bprev = e->bprev, *bnext = e->bnext, *head = e->head, *tail = e->tail;
+    kp_ix *ref = e->ref, *key = e->key, *prv = e->prv, *nxt = e->nxt;
+    kp_ix *bprev = e->bprev, *bnext = e->bnext, *head = e->head, *tail = e->tail;
     int64_t ne = 0, n_kept = 0;
     for (int64_t j = start; j < num_blocks; j++) {
         int64_t k = kp_new_block_key(e, a, n_listed, n_out, n_prompt_full, num_full, j);
@@ -353,7 +382,7 @@ static inline int64_t kp_allocate(kp_engine *e, int64_t a, int64_t n_listed, int
             }
         }
         ref[blk] = 1;
-        key[blk] = k;
+        key[blk] = (kp_ix)k;
         if (k >= 0) {
             int64_t t = tail[k];
             bprev[blk] = t;
