@@ -53,23 +53,31 @@ typedef struct {
     bool failed;
 } kp_arena;
 
-/* n int64 values, each `fill` (0 is calloc's); NULL (and the arena marked failed) when out of memory. */
-static inline int64_t *kp_new(kp_arena *A, int64_t n, int64_t fill)
+/* n values of `size` bytes (zeroed when `zero`), kept by the arena; NULL (and the arena marked failed) when
+ * out of memory. */
+static inline void *kp_alloc(kp_arena *A, int64_t n, size_t size, bool zero)
 {
     if (A->failed || A->n == KP_ARENA_SLOTS) {
         A->failed = true;
         return NULL;
     }
     size_t m = (size_t)(n > 0 ? n : 1);
-    int64_t *p = fill == 0 ? calloc(m, sizeof(int64_t)) : malloc(m * sizeof(int64_t));
+    void *p = zero ? calloc(m, size) : malloc(m * size);
     if (!p) {
         A->failed = true;
         return NULL;
     }
-    if (fill != 0)
+    A->slot[A->n++] = p;
+    return p;
+}
+
+/* n int64 values, each `fill` (0 is calloc's); NULL when out of memory. */
+static inline int64_t *kp_new(kp_arena *A, int64_t n, int64_t fill)
+{
+    int64_t *p = kp_alloc(A, n, sizeof(int64_t), fill == 0);
+    if (p && fill != 0)
         for (int64_t k = 0; k < n; k++)
             p[k] = fill;
-    A->slot[A->n++] = p;
     return p;
 }
 
@@ -83,23 +91,13 @@ static inline void kp_arena_free(kp_arena *A)
 typedef int32_t kp_ix; /* a block id, a hash id or a ref count in the pool's arrays */
 #define KP_IX_MAX INT32_MAX
 
-/* n kp_ix values, each `fill` (0 is calloc's); NULL (and the arena marked failed) when out of memory. */
+/* n kp_ix values, each `fill` (0 is calloc's); NULL when out of memory. */
 static inline kp_ix *kp_new_ix(kp_arena *A, int64_t n, kp_ix fill)
 {
-    if (A->failed || A->n == KP_ARENA_SLOTS) {
-        A->failed = true;
-        return NULL;
-    }
-    size_t m = (size_t)(n > 0 ? n : 1);
-    kp_ix *p = fill == 0 ? calloc(m, sizeof(kp_ix)) : malloc(m * sizeof(kp_ix));
-    if (!p) {
-        A->failed = true;
-        return NULL;
-    }
-    if (fill != 0)
+    kp_ix *p = kp_alloc(A, n, sizeof(kp_ix), fill == 0);
+    if (p && fill != 0)
         for (int64_t k = 0; k < n; k++)
             p[k] = fill;
-    A->slot[A->n++] = p;
     return p;
 }
 
