@@ -206,22 +206,29 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
     if fixed is not None and any(c <= 0 for c in fixed):
         raise KmeshTraceError("capacities must be positive block counts.")
     extra = [num_usable_blocks or 0]
+    P = stream.num_prompt_tokens
+    base = None if cost is None else cost.seconds_array(np.zeros_like(P[start:]), P[start:])  # no cache
+
+    def exact_curve(name: str, hit_curve: HitCurve) -> PolicyCurve:
+        """A one-pass curve's steps (and seconds), made as its pass ends: its histograms over every level go."""
+        lv, hb = hit_curve.steps()
+        cur = PolicyCurve(name, True, np.concatenate([[0], lv]), np.concatenate([[0], hb]))
+        if cost is not None:
+            cur.prefill_seconds = float(base.sum()) - hit_curve.saved_seconds(cur.capacities, cost)
+        return cur
+
     executor = executor or ForkPool(processes)
     workers = _thread_workers(executor, [n for n in names if n not in CURVES])
     if workers is not None:
-        exact, grid, per_request = _curves_and_grid(workload, start, names, fixed, extra, workers, step)
+        curves, grid, per_request = _curves_and_grid(workload, start, names, fixed, extra, workers, step, exact_curve)
     else:
-        exact, grid, per_request = _curves_then_grid(workload, start, names, fixed, extra, executor, step)
-    curves: dict[str, PolicyCurve] = {}
-    for name, hit_curve in exact.items():
-        lv, hb = hit_curve.steps()
-        curves[name] = PolicyCurve(name, True, np.concatenate([[0], lv]), np.concatenate([[0], hb]))
+        curves, grid, per_request = _curves_then_grid(workload, start, names, fixed, extra, executor, step,
+                                                      exact_curve)
     for name, rows in per_request.items():
         curves[name] = PolicyCurve(name, False, np.asarray(grid, np.int64), rows[:, start:].sum(axis=1))
 
     curves = {name: curves[name] for name in names}  # in the order asked for
     inf = infinite_hits(stream)
-    P = stream.num_prompt_tokens
     res = CurveResult(block_size, window, stream.num_requests - start, int(stream.num_reads[start:].sum()),
                       int(P[start:].sum()), int(inf[start:].sum()), grid, curves, None, cost, cost_fit)
 
@@ -246,12 +253,9 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
         res.notes.append("the capture has engine hit counts but no usable-block count; stock is the vllm curve.")
 
     if cost is not None:
-        base = cost.seconds_array(np.zeros_like(P[start:]), P[start:])
         res.base_prefill_seconds = float(base.sum())
         for name, cur in curves.items():
-            if cur.exact:
-                cur.prefill_seconds = res.base_prefill_seconds - exact[name].saved_seconds(cur.capacities, cost)
-            else:
+            if not cur.exact:  # an exact curve's seconds came with it
                 hits = per_request[name][:, start:]
                 cur.prefill_seconds = np.array([cost.seconds_array(h * block_size, P[start:]).sum() for h in hits])
         if res.stock is not None:
@@ -282,9 +286,10 @@ def _quantiles(x: np.ndarray) -> dict:
 # ---- the one-pass curves and the grid replays ----------------------------------------------------------
 
 
-def _grid_for(exact: dict[str, HitCurve], stream: AccessStream, extra) -> list[int]:
-    """The grid reaches the depth where the exact curves go flat (every object, without one)."""
-    return grid_capacities(max((c.max_level for c in exact.values()), default=int(stream.num_objects)), extra)
+def _grid_for(exact: dict[str, PolicyCurve], stream: AccessStream, extra) -> list[int]:
+    """The grid reaches the depth where the exact curves go flat, their last step (every object, without one)."""
+    return grid_capacities(max((int(c.capacities[-1]) for c in exact.values()), default=int(stream.num_objects)),
+                           extra)
 
 
 def _thread_workers(executor: Executor, on_grid: Sequence[str]) -> int | None:
@@ -297,8 +302,14 @@ def _thread_workers(executor: Executor, on_grid: Sequence[str]) -> int | None:
     return executor.processes or os.cpu_count() or 1
 
 
+def _one_pass(name: str, stream: AccessStream, start: int, exact_curve) -> PolicyCurve:
+    """`name`'s one-pass curve as `exact_curve` makes it, on the worker that ran the pass (its histograms over
+    every level are gone when the call returns)."""
+    return exact_curve(name, CURVES[name](stream, start))
+
+
 def _curves_and_grid(workload: Workload, start: int, names: list[str], fixed: list[int] | None, extra,
-                     workers: int, step) -> tuple[dict[str, HitCurve], list[int], dict[str, np.ndarray]]:
+                     workers: int, step, exact_curve) -> tuple[dict[str, PolicyCurve], list[int], dict[str, np.ndarray]]:
     """The one-pass curves and the grid replays on one pool of `workers` threads: a grid capacity is replayed
     as soon as it is known to be on the grid (a finished curve's depth is a lower bound of the grid's, and
     the grid only grows with it), so the replays fill the cores while the longest curve still runs. The
@@ -308,14 +319,14 @@ def _curves_and_grid(workload: Workload, start: int, names: list[str], fixed: li
     on_grid = [n for n in names if n not in CURVES]
     step(", ".join(filter(None, [" and ".join(one_pass) + (" curves" if len(one_pass) > 1 else " curve") if one_pass else "",
                                  " and ".join(on_grid) + " on a grid of capacities" if on_grid else ""])))
-    exact: dict[str, HitCurve] = {}
+    exact: dict[str, PolicyCurve] = {}
     hits: dict[tuple[str, int], np.ndarray] = {}
     tags: list[tuple] = [("curve", n) for n in one_pass]  # what call i computes
 
     def replays(capacities) -> list:
-        calls = []
-        for name in on_grid:
-            for c in capacities:
+        calls = []  # the largest capacities first, the policies alternating: the longest replays start first,
+        for c in sorted(capacities, reverse=True):  # and two large pools of one policy rarely run at once
+            for name in on_grid:
                 if ("grid", name, c) not in tags_seen:
                     tags_seen.add(("grid", name, c))
                     tags.append(("grid", name, c))
@@ -331,7 +342,7 @@ def _curves_and_grid(workload: Workload, start: int, names: list[str], fixed: li
         return replays(fixed or _grid_for(exact, stream, extra))  # at most the final grid: it only grows
 
     tags_seen: set = set()
-    first = [partial(CURVES[n], stream, start) for n in one_pass]
+    first = [partial(_one_pass, n, stream, start, exact_curve) for n in one_pass]
     if fixed is not None or not one_pass:  # the grid is known before any curve
         first += replays(fixed or _grid_for(exact, stream, extra))
     run_all_interruptible(first, workers, then=then)
@@ -342,15 +353,17 @@ def _curves_and_grid(workload: Workload, start: int, names: list[str], fixed: li
 
 
 def _curves_then_grid(workload: Workload, start: int, names: list[str], fixed: list[int] | None, extra,
-                      executor: Executor, step) -> tuple[dict[str, HitCurve], list[int], dict[str, np.ndarray]]:
+                      executor: Executor, step, exact_curve) -> tuple[dict[str, PolicyCurve], list[int],
+                                                                      dict[str, np.ndarray]]:
     """The one-pass curves side by side (their kernels release the GIL), then each grid policy's replays on
     `executor`."""
     stream = workload.stream
     one_pass = [n for n in names if n in CURVES]
-    exact: dict[str, HitCurve] = {}
+    exact: dict[str, PolicyCurve] = {}
     if one_pass:
         step(" and ".join(one_pass) + (" curves" if len(one_pass) > 1 else " curve"))
-        exact = dict(zip(one_pass, run_all_interruptible([partial(CURVES[n], stream, start) for n in one_pass])))
+        made = run_all_interruptible([partial(_one_pass, n, stream, start, exact_curve) for n in one_pass])
+        exact = dict(zip(one_pass, made))
     grid = fixed or _grid_for(exact, stream, extra)
     per_request = {}
     for name in names:
