@@ -116,6 +116,33 @@ def test_both_mooncake_readers_agree_and_the_fast_one_is_taken_on_clean_files(tm
     assert mooncake._line_counts(data) is None or mooncake._decoded_columns(data, 1) is None
 
 
+def test_the_workload_read_through_the_compiled_reader_is_the_imported_traces(tmp_path):
+    """Integer timestamps (the published traces' shape) go through the compiled line reader
+    (datasets/importers/mooncake_lines.py); its workload is the Arrow import's, rows out of arrival order too."""
+    from kmesh_trace.datasets.importers.mooncake_lines import read_lines
+
+    rng = random.Random(11)
+    lines, t = [], 0
+    for i in range(300):
+        n_in = rng.randint(1, 5000)
+        t = max(0, t + (rng.choice([0, 3, 250]) if i % 7 else -rng.randint(0, 900)))
+        lines.append(json.dumps({"timestamp": t, "input_length": n_in, "output_length": rng.randint(0, 400),
+                                 "hash_ids": [rng.randrange(60) if j < 2 else rng.randrange(1 << 64)
+                                              for j in range(-(-n_in // 512))]}))
+    lines.insert(5, "")
+    src = tmp_path / "plain.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + ("\n".join(lines) + "\n").encode())
+    assert read_lines(src) is not None
+    importer("mooncake")(src, tmp_path / "trace", engine_id="import-mooncake")
+    public = read_directly(src)
+    with open_trace(tmp_path / "trace") as t:
+        for requests in (True, False):
+            want, got = Workload.from_trace(t, requests=requests), Workload.from_trace(public, requests=requests)
+            if want.requests is not None:
+                assert _requests(got) == _requests(want)
+            assert _stream(got) == _stream(want)
+
+
 def test_a_float_hash_is_a_bad_line_for_the_import_and_the_direct_reader(tmp_path):
     """pa.array used to truncate a float hash (2.5 -> 2) in the import's plain path; both readers now refuse it
     as require_hash_list does."""

@@ -185,3 +185,17 @@ def test_out_of_range_timestamp_is_a_malformed_line(tmp_path):
     rep = import_mooncake(src, tmp_path / "t")
     assert rep.malformed_lines == ["m.jsonl:1: field timestamp is out of range"]
     assert rep.num_invocations == 1
+
+
+def test_the_compiled_chain_hashes_equal_hashlib():
+    """native/kernels/bailian_chain.c (BLAKE2b-64 of parent || id, one compression per id) against hashlib."""
+    import random
+
+    from kmesh_trace.datasets.importers.bailian import chain_hashes_plain
+
+    rng = random.Random(5)
+    for _ in range(500):
+        ids = [rng.choice([0, 1, 2**64 - 1, 2**63, rng.randrange(2**64), rng.randrange(64)])
+               for _ in range(rng.randint(0, 40))]
+        assert chain_hashes(ids) == chain_hashes_plain(ids)
+    assert chain_hashes([]) == []

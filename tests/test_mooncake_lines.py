@@ -256,30 +256,3 @@ def test_the_published_mooncake_traces(tmp_path, shared_datasets, name):
     assert (got.num_lines, got.num_blank_lines) == (plain_report.num_lines, plain_report.num_blank_lines)
     assert _msgspec(src) == (plain_cols, (got.num_lines, got.num_blank_lines))
 
-
-def test_the_workload_read_through_the_c_path_is_the_imported_traces(tmp_path):
-    """End to end: `read_directly` (the C path) and the Arrow import of the same plain file give one workload."""
-    from test_direct_input import _requests, _stream
-
-    from kmesh_trace.cli.inputs import importer, read_directly
-    from kmesh_trace.oracle.workload import Workload
-    from kmesh_trace.trace import open_trace
-
-    rng = random.Random(11)
-    lines, t = [], 0
-    for i in range(300):
-        n = rng.randint(1, 5000)
-        t += rng.choice([0, 3, 250]) if i % 7 else -rng.randint(0, 900)  # some rows out of arrival order
-        lines.append(_line(max(t, 0), n, rng.randint(0, 400), [rng.randrange(60) if j < 2 else rng.randrange(1 << 64)
-                                                            for j in range(-(-n // 512))]))
-    src = tmp_path / "plain.jsonl"
-    src.write_bytes(_file(lines, bom=True, blanks=[(5, b"")]))
-    assert read_lines(src) is not None
-    importer("mooncake")(src, tmp_path / "trace", engine_id="import-mooncake")
-    public = read_directly(src)
-    with open_trace(tmp_path / "trace") as tr:
-        for requests in (True, False):
-            want, got = Workload.from_trace(tr, requests=requests), Workload.from_trace(public, requests=requests)
-            if want.requests is not None:
-                assert _requests(got) == _requests(want)
-            assert _stream(got) == _stream(want)

@@ -15,6 +15,8 @@ import hashlib
 from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy as np
+
 from kmesh_trace.datasets.importers.common import (
     ROWS_PER_PART,
     ImportReport,
@@ -25,6 +27,7 @@ from kmesh_trace.datasets.importers.common import (
     require_time_ns,
 )
 from kmesh_trace import schema
+from kmesh_trace.native.kernels import I64, P, declare, ptr
 
 BLOCK_SIZE = 16
 FORMAT = "bailian"
@@ -32,7 +35,21 @@ _ROOT = -1
 
 
 def chain_hashes(block_ids: list[int]) -> list[int]:
-    """Prefix hashes of a sequence of unchained block ids (64-bit BLAKE2b of parent hash + id)."""
+    """Prefix hashes of a sequence of unchained block ids, each below 2**64 (64-bit BLAKE2b of parent hash + id),
+    in one compiled pass (native/kernels/bailian_chain.c); `chain_hashes_plain` is the reference."""
+    if not block_ids:
+        return []
+    ids = np.array(block_ids, np.uint64)
+    out = np.empty(len(ids), np.uint64)
+    _chain(ptr(ids, np.uint64), len(ids), ptr(out, np.uint64))
+    return out.tolist()
+
+
+_chain = declare("ks_bailian_chain", [P, I64, P])
+
+
+def chain_hashes_plain(block_ids: list[int]) -> list[int]:
+    """`chain_hashes` with hashlib, id by id: the reference the tests compare the kernel with."""
     out = []
     parent = b"\0" * 8
     for bid in block_ids:
