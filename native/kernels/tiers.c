@@ -4,8 +4,8 @@
  * flight, the lower-tier walk, settling, the restore wait, the write-through stores), and after it the
  * offloading of what the allocation evicted (`_allocated`).
  *
- * - every hash (prompt, output, preloaded chunk key) has a dense id; a tier's LRU is a queue of ids with
- *   lazy deletion (kt_tiers below), in `TierStore`'s OrderedDict order;
+ * - every hash (prompt, output, preloaded chunk key) has a dense id; a tier's LRU is a ring of ids whose
+ *   refreshed or dropped entries are blanked (kt_tiers below), in `TierStore`'s OrderedDict order;
  * - the chunks one request reads (it reads each once) in a small open-addressing table, cleared after it;
  *   per tier and id, with singleflight, the read in flight; per id, a restored block's completion while it
  *   is not yet usable (gr_*, timed), with a heap of completions to expire them;
@@ -30,15 +30,17 @@ typedef struct {
     const uint8_t *retain, *refresh_on_hit, *write_through, *has_cost;
 } kt_config;
 
-/* The lower tiers' state. A tier's LRU is a queue of ids, least recent first, with lazy deletion: stamp[k]
- * is 1 + the position of k's live entry in the queue (0: not in the tier), so an entry whose position
- * differs from its id's stamp is stale (the id was refreshed or dropped since) and is skipped when the
- * least recent is taken; a full queue is compacted in order (and doubled when mostly live). Exactly
- * `TierStore`'s OrderedDict order, with one random access per move instead of a list's three. */
+/* The lower tiers' state. A tier's LRU is a ring of ids, least recent first: qhead and qtail count
+ * positions from the start (entries at pos & (qcap - 1), qcap a power of two), and an entry becomes -1
+ * when its id is refreshed (appended again) or dropped, so taking the least recent reads the ring alone.
+ * stamp[k * nt + ti] is 1 + the slot of k's live entry in tier ti's ring (0: not in the tier): one id's
+ * stamps share a cache line, so a lookup below the GPU and an offload's cascade (an id leaving one tier
+ * enters the next) touch one line. A full ring is rebuilt in order, doubled when mostly live. Exactly
+ * `TierStore`'s OrderedDict order. */
 typedef struct {
     kt_config c;
     bool timed, singleflight, failed;
-    int64_t *stamp; /* nt x num_ids */
+    int32_t *stamp; /* num_ids x nt */
     int64_t **queue, *qhead, *qtail, *qcap;
     int64_t *count, *num_stores, *num_reads, *read_bytes;
     int64_t *rd, rd_cap, n_rd; /* read rows (request, tier, chunks, bytes, prepare) */
@@ -48,39 +50,58 @@ typedef struct {
     int64_t *if0, *if1;
 } kt_tiers;
 
-static inline int64_t *kt_stamp(const kt_tiers *T, int64_t ti, int64_t k) { return T->stamp + ti * T->c.num_ids + k; }
+/* The most slots a ring may have: stamps are int32. */
+#define KT_MAX_RING ((int64_t)1 << 30)
+
+static inline int32_t *kt_stamp(const kt_tiers *T, int64_t ti, int64_t k) { return T->stamp + k * T->c.nt + ti; }
 
 static inline bool kt_held(const kt_tiers *T, int64_t ti, int64_t k) { return *kt_stamp(T, ti, k) != 0; }
 
-static inline void kt_lru_unlink(kt_tiers *T, int64_t ti, int64_t k) { *kt_stamp(T, ti, k) = 0; }
+static inline void kt_lru_unlink(kt_tiers *T, int64_t ti, int64_t k) /* k is in tier ti */
+{
+    int32_t *st = kt_stamp(T, ti, k);
+    T->queue[ti][*st - 1] = -1;
+    *st = 0;
+}
 
-/* Tier ti's queue with room for one more entry: compacted in order, doubled when mostly live. */
+/* Tier ti's full ring rebuilt with its live entries in order from slot 0, doubled while they would fill
+ * half of it. */
 static bool kt_queue_room(kt_tiers *T, int64_t ti)
 {
-    int64_t *q = T->queue[ti], w = 0;
-    for (int64_t pos = T->qhead[ti]; pos < T->qtail[ti]; pos++) {
-        int64_t k = q[pos], *st = kt_stamp(T, ti, k);
-        if (*st == pos + 1) {
-            q[w] = k;
-            *st = ++w;
-        }
-    }
-    T->qhead[ti] = 0;
-    T->qtail[ti] = w;
-    if (2 * w >= T->qcap[ti] && !kp_grow(&T->queue[ti], &T->qcap[ti], T->qcap[ti], 1)) {
+    int64_t *q = T->queue[ti], cap = T->qcap[ti], live = 0;
+    for (int64_t pos = T->qhead[ti]; pos < T->qtail[ti]; pos++)
+        live += q[pos & (cap - 1)] >= 0;
+    int64_t ncap = cap > 0 ? cap : 16;
+    while (2 * (live + 1) > ncap)
+        ncap *= 2;
+    int64_t *nq = ncap <= KT_MAX_RING ? malloc((size_t)ncap * sizeof(int64_t)) : NULL;
+    if (!nq) {
         T->failed = true;
         return false;
     }
+    int64_t w = 0;
+    for (int64_t pos = T->qhead[ti]; pos < T->qtail[ti]; pos++) {
+        int64_t k = q[pos & (cap - 1)];
+        if (k >= 0) {
+            nq[w] = k;
+            *kt_stamp(T, ti, k) = (int32_t)++w;
+        }
+    }
+    free(q);
+    T->queue[ti] = nq;
+    T->qcap[ti] = ncap;
+    T->qhead[ti] = 0;
+    T->qtail[ti] = w;
     return true;
 }
 
 static inline void kt_lru_append(kt_tiers *T, int64_t ti, int64_t k) /* k becomes the most recent */
 {
-    if (KS_UNLIKELY(T->qtail[ti] == T->qcap[ti]) && !kt_queue_room(T, ti))
+    if (KS_UNLIKELY(T->qtail[ti] - T->qhead[ti] == T->qcap[ti]) && !kt_queue_room(T, ti))
         return;
-    int64_t pos = T->qtail[ti]++;
-    T->queue[ti][pos] = k;
-    *kt_stamp(T, ti, k) = pos + 1;
+    int64_t slot = T->qtail[ti]++ & (T->qcap[ti] - 1);
+    T->queue[ti][slot] = k;
+    *kt_stamp(T, ti, k) = (int32_t)(slot + 1);
 }
 
 static inline void kt_lru_refresh(kt_tiers *T, int64_t ti, int64_t k)
@@ -89,19 +110,19 @@ static inline void kt_lru_refresh(kt_tiers *T, int64_t ti, int64_t k)
     kt_lru_append(T, ti, k);
 }
 
-/* How far ahead in a tier's queue a pop prefetches. */
-#define KT_AHEAD 4
+/* How far ahead in a tier's ring a pop prefetches the stamp it will clear. */
+#define KT_AHEAD 8
 
 /* The least recent id of tier ti (it holds one), taken out. */
 static inline int64_t kt_lru_pop(kt_tiers *T, int64_t ti)
 {
     const int64_t *q = T->queue[ti];
-    int64_t pos = T->qhead[ti];
-    while (*kt_stamp(T, ti, q[pos]) != pos + 1)
+    int64_t pos = T->qhead[ti], mask = T->qcap[ti] - 1, k;
+    while ((k = q[pos & mask]) < 0)
         pos++;
-    if (pos + KT_AHEAD < T->qtail[ti]) /* the next pops' stamps, while this one's is used */
-        __builtin_prefetch(kt_stamp(T, ti, q[pos + KT_AHEAD]));
-    int64_t k = q[pos];
+    int64_t ahead = q[(pos + KT_AHEAD) & mask];
+    if (pos + KT_AHEAD < T->qtail[ti] && ahead >= 0) /* a later pop's stamp, on its way */
+        __builtin_prefetch(kt_stamp(T, ti, ahead), 1);
     *kt_stamp(T, ti, k) = 0;
     T->qhead[ti] = pos + 1;
     return k;
@@ -289,7 +310,7 @@ KS_EXPORT int64_t ks_tiers_replay(
     if (!kp_engine_init(&e, num_usable, num_ids, 1, NULL))
         goto done;
     int64_t longest = e.longest, ids1 = num_ids + 1;
-    T.stamp = kp_new(A, nt * num_ids, 0);
+    T.stamp = (int32_t *)kp_new(A, (nt * num_ids + 1) / 2, 0);
     T.queue = (int64_t **)kp_new(A, nt, 0);
     T.qhead = kp_new(A, nt, 0);
     T.qtail = kp_new(A, nt, 0);
