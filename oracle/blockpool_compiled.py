@@ -20,6 +20,8 @@ every per-request result, every hold record and the final free queue.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
 from kmesh_trace.native.kernels import I32, I64, P, check, declare, ptr
@@ -42,10 +44,19 @@ def pool_inputs(requests, block_size: int, stream=None):
         stream = AccessStream.from_requests(requests, block_size)
     n = len(requests)
     listed = np.minimum(stream.num_reads, stream.num_prompt_tokens // block_size)
-    output_tokens = np.fromiter((r.num_output_tokens for r in requests), np.int64, n)
-    arrival = np.fromiter((r.arrival_ns or 0 for r in requests), np.int64, n)
-    finish = np.fromiter((r.finish_ns or 0 for r in requests), np.int64, n)
-    return stream, listed, output_tokens, arrival, finish
+    output_tokens = np.fromiter(map(attrgetter("num_output_tokens"), requests), np.int64, n)
+    return stream, listed, output_tokens, _times(requests, "arrival_ns", n), _times(requests, "finish_ns", n)
+
+
+def _times(requests, name: str, n: int) -> np.ndarray:
+    """Each request's `name` (arrival_ns, finish_ns) as int64, 0 where it has none."""
+    values = list(map(attrgetter(name), requests))
+    if values.count(None) == n:  # a sequential stream
+        return np.zeros(n, np.int64)
+    try:
+        return np.fromiter(values, np.int64, n)
+    except TypeError:  # a None among them
+        return np.fromiter((v or 0 for v in values), np.int64, n)
 
 
 def hold_inputs(holds, n: int):

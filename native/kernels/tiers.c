@@ -23,6 +23,38 @@ typedef struct {
 
 static inline int64_t kt_id(kt_ids v, int64_t t) { return v.p32 ? v.p32[t] : v.p64[t]; }
 
+/* A hash list of one request as ids, in two runs: positions [0, n0) are s0[a0:], [n0, len) are s1[a1:]. */
+typedef struct {
+    kt_ids s0, s1;
+    int64_t a0, n0, a1, len;
+} kt_seq;
+
+static inline int64_t kt_at(const kt_seq *s, int64_t j)
+{
+    return j < s->n0 ? kt_id(s->s0, s->a0 + j) : kt_id(s->s1, s->a1 + j - s->n0);
+}
+
+/* Request i's whole prompt hash list: the ones the pool reads (its listed hashes, obj[req_start[i]:]), then
+ * those past its full blocks (tail[tstart[i]:tstart[i + 1]]). */
+static inline kt_seq kt_prompt_seq(const kp_engine *e, kt_ids obj, kt_ids tail, const int64_t *tstart, int64_t i)
+{
+    kt_seq s = {obj, tail, e->req_start[i], e->listed[i], tstart[i], e->listed[i] + tstart[i + 1] - tstart[i]};
+    return s;
+}
+
+/* The hashes request i holds when it finishes, the chain its write-through stores put (`TierReplay._held`):
+ * its listed prompt hashes, then its output hashes, up to its cached blocks (n): prompt[:min(n, nf)], then
+ * output[:n - nf], nf its full prompt blocks; both runs are the pool's obj. */
+static inline kt_seq kt_held_seq(const kp_engine *e, kt_ids obj, int64_t i)
+{
+    int64_t nb, cached, a = e->req_start[i], nl = e->listed[i];
+    kp_request_blocks(e, i, &nb, &cached);
+    int64_t nf = e->prompt_tokens[i] / e->block_size, n_out = e->req_start[i + 1] - a - nl;
+    int64_t hp = kp_min(cached, nl), ho = kp_min(kp_max(cached - nf, 0), n_out);
+    kt_seq s = {obj, obj, a, hp, a + nl, hp + ho};
+    return s;
+}
+
 /* The configuration, per tier (nt of them) */
 typedef struct {
     int64_t nt, num_ids, n_on_evict;
@@ -182,17 +214,17 @@ static inline void kt_offload(kt_tiers *T, int64_t start, int64_t *keys, int64_t
     }
 }
 
-/* `TierReplay._find_below` for block j of the hash chain chain[cs:ce]: the first tier holding the chunk
- * (its key in *key), or -1. */
-static inline int64_t kt_find_below(const kt_tiers *T, kt_ids chain, int64_t cs, int64_t ce, int64_t j, int64_t *key)
+/* `TierReplay._find_below` for block j of the hash chain `chain`: the first tier holding the chunk (its key in
+ * *key), or -1. */
+static inline int64_t kt_find_below(const kt_tiers *T, const kt_seq *chain, int64_t j, int64_t *key)
 {
     for (int64_t ti = 0; ti < T->c.nt; ti++) {
         int64_t c = T->c.chunk[ti], k;
         if (c == 1) {
-            k = kt_id(chain, cs + j);
+            k = kt_at(chain, j);
         } else {
             int64_t end = (j / c + 1) * c - 1;
-            k = end < ce - cs ? kt_id(chain, cs + end) : -1;
+            k = end < chain->len ? kt_at(chain, end) : -1;
         }
         if (k >= 0 && kt_held(T, ti, k)) {
             *key = k;
@@ -267,8 +299,8 @@ static inline void kt_mark_needed(uint8_t *needed, int64_t h, int64_t *num_neede
     }
 }
 
-/* The stream (the pool's obj, per-request arrays; each request's prompt chain chain[cstart[i]:cstart[i+1]]
- * and held chain held[hstart[i]:hstart[i+1]]), the configuration, the preloaded ids per tier
+/* The stream (the pool's obj, per-request arrays; each request's prompt hashes past its listed ones,
+ * tail[tstart[i]:tstart[i+1]]: kt_prompt_seq, kt_held_seq), the configuration, the preloaded ids per tier
  * (preload[pstart[ti]:pstart[ti+1]]), early preparation's schedule (prep_at, prep_p: n_prep entries;
  * children_left, parent_of per request). Outputs: per request hit_blocks, num_evictions, admitted,
  * stalled, hit (nt + 1 x n_req), wait0, wait1, marks; free_queue (num_usable); per tier num_reads,
@@ -277,8 +309,7 @@ static inline void kt_mark_needed(uint8_t *needed, int64_t h, int64_t *num_neede
 KS_EXPORT int64_t ks_tiers_replay(
     const int32_t *obj32, const int64_t *obj64, const int64_t *req_start, const int64_t *listed,
     const int64_t *prompt_tokens, const int64_t *output_tokens, const int64_t *finish_ns, const int64_t *arrival,
-    int64_t n_req, const int32_t *chain32, const int64_t *chain64, const int64_t *cstart, const int32_t *held32,
-    const int64_t *held64, const int64_t *hstart, int32_t timed, int64_t block_size, int64_t num_usable, int64_t num_ids,
+    int64_t n_req, const int32_t *tail32, const int64_t *tail64, const int64_t *tstart, int32_t timed, int64_t block_size, int64_t num_usable, int64_t num_ids,
     int64_t nt, const int64_t *cap, const int64_t *chunk, const uint8_t *retain, const uint8_t *refresh_on_hit,
     const uint8_t *write_through, const int64_t *below, const int64_t *on_evict, int64_t n_on_evict,
     const int64_t *chunk_bytes, const uint8_t *has_cost, const int64_t *lat_ns, const int64_t *dur0,
@@ -294,7 +325,7 @@ KS_EXPORT int64_t ks_tiers_replay(
         .block_size = block_size, .timed = timed != 0, .has_holds = false, .expiry_ns = -1, .max_held = -1,
         .max_fam = -1,
     };
-    kt_ids chain = {chain32, chain64}, held = {held32, held64};
+    kt_ids obj = {obj32, obj64}, tail = {tail32, tail64};
     kt_tiers T = {
         .c = {.nt = nt, .num_ids = num_ids, .n_on_evict = n_on_evict, .cap = cap, .chunk = chunk, .below = below,
               .on_evict = on_evict, .chunk_bytes = chunk_bytes, .lat_ns = lat_ns, .dur0 = dur0, .dur1 = dur1,
@@ -393,13 +424,14 @@ KS_EXPORT int64_t ks_tiers_replay(
                 continue;
             int64_t tp = e.timed ? at : 0; /* _prepare */
             memset(T.clk_set, 0, (size_t)nt);
-            int64_t n_used = 0, hs = hstart[p], he = hstart[p + 1];
+            int64_t n_used = 0;
+            kt_seq held = kt_held_seq(&e, obj, p);
             bp_start[p] = n_bp;
-            for (int64_t j = 0; j < he - hs; j++) {
-                int64_t h = kt_id(held, hs + j), key, d0, d1;
+            for (int64_t j = 0; j < held.len; j++) {
+                int64_t h = kt_at(&held, j), key, d0, d1;
                 if (e.head[h] >= 0 || BIT(st_valid, h))
                     continue;
-                int64_t ti = kt_find_below(&T, held, hs, he, j, &key);
+                int64_t ti = kt_find_below(&T, &held, j, &key);
                 if (ti < 0)
                     break;
                 int64_t q = kt_slot(tkey, mask, ti * ids1 + key);
@@ -444,9 +476,9 @@ KS_EXPORT int64_t ks_tiers_replay(
         int64_t n_gpu = ad.nh;
         int64_t *hit0 = hit;
         hit0[i] = ad.nh;
-        int64_t cs = cstart[i], ce = cstart[i + 1];
+        kt_seq chain = kt_prompt_seq(&e, obj, tail, tstart, i);
         int64_t max_hit = kp_min(kp_min(kp_max(prompt_tokens[i] - 1, 0) / block_size, prompt_tokens[i] / block_size),
-                                 ce - cs);
+                                 chain.len);
         if (nt > 0) {
             int64_t total = 0;
             for (int64_t ti = 0; ti < nt; ti++)
@@ -458,7 +490,7 @@ KS_EXPORT int64_t ks_tiers_replay(
             int64_t n_ro = 0, n_ld = 0, n_used = 0;
             if (e.timed) { /* _restores_in_flight */
                 for (int64_t j = 0; j < n_gpu; j++) {
-                    int64_t h = kt_id(chain, cs + j);
+                    int64_t h = kt_at(&chain, j);
                     if (!BIT(gr_valid, h))
                         continue;
                     if (T.singleflight) {
@@ -476,7 +508,7 @@ KS_EXPORT int64_t ks_tiers_replay(
             }
             int64_t j = n_gpu;
             while (j < max_hit) { /* _walk_below */
-                int64_t h = kt_id(chain, cs + j), key, d0, d1;
+                int64_t h = kt_at(&chain, j), key, d0, d1;
                 if (any_gpu && e.head[h] >= 0 && !(e.timed && BIT(gr_valid, h))) {
                     hit0[i]++;
                     j++;
@@ -490,7 +522,7 @@ KS_EXPORT int64_t ks_tiers_replay(
                     j++;
                     continue;
                 }
-                int64_t ti = kt_find_below(&T, chain, cs, ce, j, &key);
+                int64_t ti = kt_find_below(&T, &chain, j, &key);
                 if (ti < 0)
                     break;
                 int64_t q = kt_slot(tkey, mask, ti * ids1 + key);
@@ -560,9 +592,10 @@ KS_EXPORT int64_t ks_tiers_replay(
             for (int64_t ti = 0; ti < nt; ti++) { /* _write_through */
                 if (!write_through[ti])
                     continue;
-                int64_t c = chunk[ti], hs = hstart[i], he = hstart[i + 1], nk = 0;
-                for (int64_t q = hs + c - 1; q < he; q += c)
-                    keys[nk++] = kt_id(held, q);
+                int64_t c = chunk[ti], nk = 0;
+                kt_seq held = kt_held_seq(&e, obj, i);
+                for (int64_t q = c - 1; q < held.len; q += c)
+                    keys[nk++] = kt_at(&held, q);
                 int64_t nl = kt_put(&T, ti, keys, nk, true, false, keys);
                 if (nl > 0 && below[ti] >= 0)
                     kt_offload(&T, below[ti], keys, nl);
@@ -633,20 +666,37 @@ KS_EXPORT void ks_tiers_gather(const uint8_t *values, int64_t width, const int64
     }
 }
 
-/* ids[t] (ids32 or ids64) = the rank of hashes[t] among the distinct hashes (`order` sorts them); the
- * distinct hashes, sorted, into `distinct`; returns their number. */
-KS_EXPORT int64_t ks_tiers_rank(const uint64_t *hashes, const int64_t *order, int64_t n, int32_t *ids32,
-                                int64_t *ids64, uint64_t *distinct)
+/* For each of the distinct `keys` not found yet (found[k] < 0), the id of an equal hash among hashes[:n]
+ * (their ids ids32 or ids64), through an open-addressing table of the keys: one pass over the hashes.
+ * Returns 0 or KS_ENOMEM. */
+KS_EXPORT int64_t ks_tiers_find(const uint64_t *keys, int64_t nk, const uint64_t *hashes, const int32_t *ids32,
+                                const int64_t *ids64, int64_t n, int64_t *found)
 {
-    int64_t r = -1;
-    for (int64_t k = 0; k < n; k++) {
-        int64_t t = order[k];
-        if (k == 0 || hashes[t] != hashes[order[k - 1]])
-            distinct[++r] = hashes[t];
-        if (ids32)
-            ids32[t] = (int32_t)r;
-        else
-            ids64[t] = r;
+    int64_t size = 16, shift = 60;
+    while (size < 2 * nk) {
+        size *= 2;
+        shift--;
     }
-    return r + 1;
+    int64_t *slot = malloc((size_t)size * sizeof(int64_t)); /* index into keys, -1: empty */
+    if (!slot)
+        return KS_ENOMEM;
+    for (int64_t q = 0; q < size; q++)
+        slot[q] = -1;
+    const uint64_t mult = 0x9E3779B97F4A7C15ull;
+    for (int64_t k = 0; k < nk; k++) {
+        int64_t q = (int64_t)((keys[k] * mult) >> shift);
+        while (slot[q] >= 0)
+            q = (q + 1) & (size - 1);
+        slot[q] = k;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        uint64_t h = hashes[t];
+        int64_t q = (int64_t)((h * mult) >> shift), k;
+        while ((k = slot[q]) >= 0 && keys[k] != h)
+            q = (q + 1) & (size - 1);
+        if (k >= 0 && found[k] < 0)
+            found[k] = ids32 ? ids32[t] : ids64[t];
+    }
+    free(slot);
+    return 0;
 }
