@@ -119,9 +119,14 @@ class _Flat:
     @classmethod
     def of(cls, requests) -> _Flat:
         """Raises OverflowError, ValueError or TypeError when a hash is not a 64-bit unsigned integer."""
-        prompt, pstart, plen = _flat(list(map(attrgetter("prompt_hashes"), requests)))
-        output, ostart, olen = _flat(list(map(attrgetter("output_hashes"), requests)))
-        return cls(np.concatenate([prompt, output]), pstart, plen, len(prompt) + ostart, olen)
+        n = len(requests)
+        lists = list(map(attrgetter("prompt_hashes"), requests))
+        lists += map(attrgetter("output_hashes"), requests)
+        lens = np.fromiter(map(len, lists), np.int64, 2 * n)
+        start = np.zeros(2 * n + 1, np.int64)
+        np.cumsum(lens, out=start[1:])
+        hashes = np.fromiter(itertools.chain.from_iterable(lists), np.uint64, int(start[-1]))
+        return cls(hashes, start[:n], lens[:n], start[n:-1], lens[n:])
 
     def accesses(self, listed: np.ndarray) -> np.ndarray:
         """The pool's accesses: each request's first `listed` prompt hashes, then its output hashes."""
@@ -130,14 +135,6 @@ class _Flat:
     def tails(self, listed: np.ndarray) -> np.ndarray:
         """Each request's prompt hashes past its first `listed`."""
         return _gather(self.hashes, self.pstart + listed, self.plen - listed)
-
-
-def _flat(lists: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Lists of hashes flattened (uint64), where each starts and their lengths."""
-    lens = np.fromiter(map(len, lists), np.int64, len(lists))
-    start = np.zeros(len(lists) + 1, np.int64)
-    np.cumsum(lens, out=start[1:])
-    return np.fromiter(itertools.chain.from_iterable(lists), np.uint64, int(start[-1])), start[:-1], lens
 
 
 @dataclass

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_not
 
 import numpy as np
 
@@ -199,5 +200,10 @@ def tier_result(config: TierConfig, block_size: int, kv_bytes_per_token: int | N
         hit_blocks_by_tier=hit, restore_wait_s=wait, restore_wait_p95_s=wait95, reads=reads,
         num_chunk_reads=num_reads, read_bytes=read_bytes, distinct_blocks_needed=num_needed,
         num_shared_reads=num_shared, num_stores=num_stores,
-        is_child=np.not_equal(np.array(list(map(attrgetter("parent_index"), requests)), object), None).astype(bool),
+        is_child=_has_parent(requests),
         prefill=prefill if wait is not None else None, notes=notes)
+
+
+def _has_parent(requests) -> np.ndarray:
+    """bool per request: it has a declared parent."""
+    return np.fromiter(map(is_not, map(attrgetter("parent_index"), requests), repeat(None)), bool, len(requests))
