@@ -65,9 +65,10 @@ typedef struct {
 /* The lower tiers' state. A tier's LRU is a ring of ids, least recent first: qhead and qtail count
  * positions from the start (entries at pos & (qcap - 1), qcap a power of two), and an entry becomes -1
  * when its id is refreshed (appended again) or dropped, so taking the least recent reads the ring alone.
- * stamp[k * nt + ti] is 1 + the slot of k's live entry in tier ti's ring (0: not in the tier): one id's
- * stamps share a cache line, so a lookup below the GPU and an offload's cascade (an id leaving one tier
- * enters the next) touch one line. A full ring is rebuilt in order, doubled when mostly live. Exactly
+ * stamp[k * nt + ti] is 1 + the slot where k was last appended to tier ti's ring (0: never): the tier holds
+ * k while that slot lies between the head and the tail and still holds k, so taking the least recent
+ * (moving the head past it) writes no stamp. One id's stamps share a cache line. A full ring is rebuilt in
+ * order, doubled when mostly live (it never shrinks, so a stamp always names a slot of it). Exactly
  * `TierStore`'s OrderedDict order. */
 typedef struct {
     kt_config c;
@@ -87,14 +88,19 @@ typedef struct {
 
 static inline int32_t *kt_stamp(const kt_tiers *T, int64_t ti, int64_t k) { return T->stamp + k * T->c.nt + ti; }
 
-static inline bool kt_held(const kt_tiers *T, int64_t ti, int64_t k) { return *kt_stamp(T, ti, k) != 0; }
-
-static inline void kt_lru_unlink(kt_tiers *T, int64_t ti, int64_t k) /* k is in tier ti */
+/* k's slot in tier ti's ring when the tier holds k, else -1 */
+static inline int64_t kt_where(const kt_tiers *T, int64_t ti, int64_t k)
 {
-    int32_t *st = kt_stamp(T, ti, k);
-    T->queue[ti][*st - 1] = -1;
-    *st = 0;
+    int64_t slot = (int64_t)*kt_stamp(T, ti, k) - 1;
+    if (slot < 0 || T->queue[ti][slot] != k)
+        return -1;
+    int64_t mask = T->qcap[ti] - 1;
+    return ((slot - T->qhead[ti]) & mask) < T->qtail[ti] - T->qhead[ti] ? slot : -1;
 }
+
+static inline bool kt_held(const kt_tiers *T, int64_t ti, int64_t k) { return kt_where(T, ti, k) >= 0; }
+
+static inline void kt_lru_unlink(kt_tiers *T, int64_t ti, int64_t slot) { T->queue[ti][slot] = -1; }
 
 /* Tier ti's full ring rebuilt with its live entries in order from slot 0, doubled while they would fill
  * half of it. */
@@ -119,6 +125,8 @@ static bool kt_queue_room(kt_tiers *T, int64_t ti)
             *kt_stamp(T, ti, k) = (int32_t)++w;
         }
     }
+    for (int64_t slot = w; slot < ncap; slot++) /* no stamp names a slot past the live ones as held */
+        nq[slot] = -1;
     free(q);
     T->queue[ti] = nq;
     T->qcap[ti] = ncap;
@@ -136,14 +144,11 @@ static inline void kt_lru_append(kt_tiers *T, int64_t ti, int64_t k) /* k become
     *kt_stamp(T, ti, k) = (int32_t)(slot + 1);
 }
 
-static inline void kt_lru_refresh(kt_tiers *T, int64_t ti, int64_t k)
+static inline void kt_lru_refresh(kt_tiers *T, int64_t ti, int64_t k, int64_t slot) /* k is at `slot` */
 {
-    kt_lru_unlink(T, ti, k);
+    kt_lru_unlink(T, ti, slot);
     kt_lru_append(T, ti, k);
 }
-
-/* How far ahead in a tier's ring a pop prefetches the stamp it will clear. */
-#define KT_AHEAD 8
 
 /* The least recent id of tier ti (it holds one), taken out. */
 static inline int64_t kt_lru_pop(kt_tiers *T, int64_t ti)
@@ -152,10 +157,6 @@ static inline int64_t kt_lru_pop(kt_tiers *T, int64_t ti)
     int64_t pos = T->qhead[ti], mask = T->qcap[ti] - 1, k;
     while ((k = q[pos & mask]) < 0)
         pos++;
-    int64_t ahead = q[(pos + KT_AHEAD) & mask];
-    if (pos + KT_AHEAD < T->qtail[ti] && ahead >= 0) /* a later pop's stamp, on its way */
-        __builtin_prefetch(kt_stamp(T, ti, ahead), 1);
-    *kt_stamp(T, ti, k) = 0;
     T->qhead[ti] = pos + 1;
     return k;
 }
@@ -186,10 +187,10 @@ static inline int64_t kt_put(kt_tiers *T, int64_t ti, const int64_t *keys, int64
     for (int64_t q = 0; q < n; q++) /* every key's stamp on its way: the misses overlap */
         __builtin_prefetch(kt_stamp(T, ti, keys[q]));
     for (int64_t q = 0; q < n; q++) {
-        int64_t k = keys[q];
-        if (kt_held(T, ti, k)) {
+        int64_t k = keys[q], slot = kt_where(T, ti, k);
+        if (slot >= 0) {
             if (refresh)
-                kt_lru_refresh(T, ti, k);
+                kt_lru_refresh(T, ti, k, slot);
             continue;
         }
         stored++;
@@ -285,8 +286,9 @@ static inline bool kt_read(kt_tiers *T, int64_t ti, int64_t key, int64_t t, int6
 
 static inline void kt_discard(kt_tiers *T, int64_t ti, int64_t key) /* `TierStore.discard` */
 {
-    if (kt_held(T, ti, key)) {
-        kt_lru_unlink(T, ti, key);
+    int64_t slot = kt_where(T, ti, key);
+    if (slot >= 0) {
+        kt_lru_unlink(T, ti, slot);
         T->count[ti]--;
     }
 }
@@ -444,7 +446,7 @@ KS_EXPORT int64_t ks_tiers_replay(
                     if (!retain[ti]) /* Tier.after_load */
                         kt_discard(&T, ti, key);
                     else if (refresh_on_hit[ti])
-                        kt_lru_refresh(&T, ti, key);
+                        kt_lru_refresh(&T, ti, key, kt_where(&T, ti, key));
                     tkey[q] = ti * ids1 + key;
                     t0[q] = d0;
                     t1[q] = d1;
@@ -541,7 +543,7 @@ KS_EXPORT int64_t ks_tiers_replay(
                         ro_tier[n_ro] = ti;
                         ro_key[n_ro++] = key;
                     } else if (refresh_on_hit[ti]) {
-                        kt_lru_refresh(&T, ti, key);
+                        kt_lru_refresh(&T, ti, key, kt_where(&T, ti, key));
                     }
                 }
                 if (tkey[q] < 0) {
