@@ -7,9 +7,10 @@ the allocation the kernel runs the lookup below the GPU in `TierReplay._looked_u
 flight, the lower-tier walk, settling, the restore wait, the write-through stores), and after it the
 offloading of what the allocation evicted (`_allocated`). The rules are the package docstring's
 (`kmesh_trace.oracle.tiers`); how they are kept in arrays is tiers.c's header: every hash (prompt, output,
-preloaded chunk key) has a dense id, a tier's LRU is a doubly linked list over ids (`TierStore`'s
-OrderedDict), the chunks one request reads a small open-addressing table, reads rows merged as
-`TierRead`s are, early preparation's schedule arrays sorted in `EarlyPrep`'s pop order.
+preloaded chunk key) has a dense id (the pool's `AccessStream` ids, then the ids of the prompt hashes past
+the listed ones), a tier's LRU is a ring of ids (`TierStore`'s OrderedDict order), the chunks one request
+reads a small open-addressing table, reads rows merged as `TierRead`s are (`TierReads`), early
+preparation's schedule arrays sorted in `EarlyPrep`'s pop order.
 
 It covers every configuration, early preparation included, but the simple-cpu connector, which keeps its
 Python replay (`simulate_tiers` chooses). This module builds the stream's arrays (`TierStream`) and calls
