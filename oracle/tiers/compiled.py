@@ -95,10 +95,17 @@ def _gather(values: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndar
     return out
 
 
-def _find(keys: np.ndarray, hashes: np.ndarray, ids: np.ndarray, found: np.ndarray) -> None:
-    """found[k] = the id (`ids`) of a hash equal to keys[k] (distinct uint64), for each k not found yet (-1)."""
-    check(_find_into(ptr(keys, np.uint64), len(keys), ptr(hashes, np.uint64), *obj_pointers(ids), len(hashes),
-                     ptr(found, np.int64)), "the tier stream's ids")
+def _ids_of(keys: np.ndarray, known: list[tuple[np.ndarray, np.ndarray]], first_new: int) -> tuple[np.ndarray, int]:
+    """The ids of `keys` (uint64): an equal hash's id in `known` (pairs of hashes and their ids), else ids
+    from `first_new` on (in the keys' sorted order); and the number of ids with them."""
+    distinct, inv = np.unique(keys, return_inverse=True)
+    found = np.full(len(distinct), -1, np.int64)
+    for hashes, ids in known:  # one pass over each, through a table of the keys (ks_tiers_find)
+        check(_find_into(ptr(distinct, np.uint64), len(distinct), ptr(hashes, np.uint64), *obj_pointers(ids),
+                         len(hashes), ptr(found, np.int64)), "the tier stream's ids")
+    extra = found < 0
+    found[extra] = first_new + np.arange(int(extra.sum()))
+    return found[inv.ravel()], first_new + int(extra.sum())
 
 
 def _interleave(first: np.ndarray, second: np.ndarray) -> np.ndarray:
@@ -161,15 +168,9 @@ class TierStream:
         flat = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
         if not len(flat):
             return np.zeros(0, np.int64), self.num_ids
-        distinct, inv = np.unique(flat, return_inverse=True)
-        found = np.full(len(distinct), -1, np.int64)
         hashes = _Flat.of(self.requests)  # the stream's hashes again: preloads are rare, the stream keeps none
         listed = self.IN[1]
-        _find(distinct, hashes.accesses(listed), self.obj, found)
-        _find(distinct, hashes.tails(listed), self.tail, found)
-        extra = found < 0
-        found[extra] = self.num_ids + np.arange(int(extra.sum()))
-        return found[inv.ravel()], self.num_ids + int(extra.sum())
+        return _ids_of(flat, [(hashes.accesses(listed), self.obj), (hashes.tails(listed), self.tail)], self.num_ids)
 
 
 def tier_stream(requests, block_size: int) -> TierStream | None:
@@ -201,13 +202,8 @@ def tier_stream(requests, block_size: int) -> TierStream | None:
     num_ids = stream.num_objects
     tail = np.zeros(len(tails), stream.obj.dtype)
     if len(tails):
-        distinct, inv = np.unique(tails, return_inverse=True)
-        found = np.full(len(distinct), -1, np.int64)
-        _find(distinct, access, stream.obj, found)
-        extra = found < 0
-        found[extra] = num_ids + np.arange(int(extra.sum()))
-        num_ids += int(extra.sum())
-        tail = found[inv.ravel()].astype(np.int32 if num_ids < 2**31 else np.int64)
+        tail, num_ids = _ids_of(tails, [(access, stream.obj)], num_ids)
+        tail = tail.astype(np.int32 if num_ids < 2**31 else np.int64)
     _, listed, output_tokens, arrival, finish = pool_inputs(requests, block_size, stream)
     IN = (stream.req_start, listed, stream.num_prompt_tokens, output_tokens, finish, arrival)
     obj = stream.obj if num_ids < 2**31 or stream.obj.dtype == np.int64 else stream.obj.astype(np.int64)
