@@ -17,6 +17,7 @@ public trace read as it is (`kmesh_trace.cli.inputs.PublicInput`) holds its invo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -100,11 +101,8 @@ class RequestColumns:
 
     @classmethod
     def of_requests(cls, requests: Sequence[RequestBlocks]) -> "RequestColumns":
-        n = len(requests)
-        timed = bool(requests) and all(r.arrival_ns is not None and r.finish_ns is not None for r in requests)
-        return cls(np.fromiter((r.num_output_tokens for r in requests), np.int64, n),
-                   np.fromiter((r.arrival_ns or 0 for r in requests), np.int64, n),
-                   np.fromiter((r.finish_ns or 0 for r in requests), np.int64, n), timed)
+        return cls.of_values(list(map(attrgetter("num_output_tokens"), requests)),
+                             list(map(attrgetter("arrival_ns"), requests)), list(map(attrgetter("finish_ns"), requests)))
 
     @classmethod
     def of_values(cls, num_output_tokens, arrival_ns, finish_ns) -> "RequestColumns":
@@ -122,8 +120,12 @@ def _filled(values, n: int) -> tuple[np.ndarray, bool]:
         return np.zeros(n, np.int64), n == 0
     if isinstance(values, np.ndarray) and values.dtype != object:
         return values.astype(np.int64, copy=False), True
-    complete = all(v is not None for v in values)
-    return np.fromiter((v or 0 for v in values), np.int64, n), complete
+    missing = values.count(None) if isinstance(values, list) else sum(v is None for v in values)
+    if missing == n:  # none has one (a sequential stream)
+        return np.zeros(n, np.int64), n == 0
+    if missing == 0:
+        return np.fromiter(values, np.int64, n), True
+    return np.fromiter((v or 0 for v in values), np.int64, n), False
 
 
 @dataclass

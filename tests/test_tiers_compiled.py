@@ -121,7 +121,8 @@ def test_the_connector_keeps_the_python_replay(monkeypatch):
 @pytest.mark.parametrize("timed", [False, True])
 def test_long_streams_through_large_tiers_equal_the_python_replay(timed):
     """Hundreds of requests through tiers of up to a few hundred blocks: each tier's LRU queue (native/kernels/
-    tiers.c: lazy deletion, compaction and doubling) goes through many compactions, growths and refreshes."""
+    tiers.c: a ring with blanked entries, rebuilt and doubled when full) goes through many rebuilds, growths,
+    wrap-arounds and refreshes."""
     rng = np.random.default_rng(260 + timed)
     for _ in range(6):
         bs, vocab, reqs, t = 2, int(rng.integers(50, 400)), [], 0
@@ -163,3 +164,46 @@ def test_the_compiled_replays_load_no_compiler():
             "print('numba' in sys.modules)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
+
+
+def test_the_tier_stream_numbers_every_hash_from_the_pools_stream():
+    """`tier_stream` takes the pool's `AccessStream` ids (the stream `simulate_pool` replays) and numbers the
+    prompt hashes past the listed ones (partial last blocks) after them where the stream lacks them: equal
+    hashes get equal ids and only they, the ids are dense, and a preloaded key the stream has gets its id."""
+    from kmesh_trace.oracle.stream import AccessStream
+    from kmesh_trace.oracle.tiers import compiled
+
+    rng = np.random.default_rng(26)
+    for _ in range(300):
+        reqs, bs, vocab = _workload(rng, bool(rng.random() < 0.5))
+        for r in reqs:  # partial last hashes that repeat full ones, and some of their own
+            if r.num_prompt_tokens % bs and rng.random() < 0.7:
+                r.prompt_hashes = r.prompt_hashes[:r.num_prompt_tokens // bs] + [int(rng.integers(0, vocab + 4))]
+        ts = compiled.tier_stream(reqs, bs)
+        pool = AccessStream.from_requests(reqs, bs)
+        assert ts.obj.tolist() == pool.obj.tolist() and ts.IN[0].tolist() == pool.req_start.tolist()
+        hashes, ids = [], []
+        for i, r in enumerate(reqs):
+            a, nl = int(ts.IN[0][i]), int(ts.IN[1][i])
+            hashes += r.prompt_hashes + r.output_hashes
+            ids += ts.obj[a:a + nl].tolist() + ts.tail[ts.tail_start[i]:ts.tail_start[i + 1]].tolist()
+            ids += ts.obj[a + nl:int(ts.IN[0][i + 1])].tolist()
+        assert len(hashes) == len(ids)
+        assert {h: k for h, k in zip(hashes, ids)} == {h: k for h, k in zip(reversed(hashes), reversed(ids))}
+        assert len(set(hashes)) == len(set(ids)) and set(ids) == set(range(ts.num_ids))
+        keys = [np.array([hashes[0], vocab + 100, hashes[-1], vocab + 100], np.uint64)] if hashes else []
+        if keys:
+            pid, n = ts.preload_ids(keys)
+            assert pid.tolist() == [ids[0], ts.num_ids, ids[-1], ts.num_ids] and n == ts.num_ids + 1
+
+
+def test_the_compiled_reads_are_a_sequence_of_tier_reads():
+    """`TierReads` (the compiled replay's reads as columns) indexes, slices and iterates as the Python
+    replay's list of `TierRead`s does."""
+    from kmesh_trace.oracle.tiers.result import TierRead, TierReads
+
+    reads = TierReads(("host", "ssd"), *(np.array(v, np.int64) for v in ([0, 2, 2], [1, 0, 1], [3, 1, 2],
+                                                                         [30, 10, 20], [0, 1, 0])))
+    want = [TierRead(0, "ssd", 3, 30, False), TierRead(2, "host", 1, 10, True), TierRead(2, "ssd", 2, 20, False)]
+    assert list(reads) == want and len(reads) == 3 and reads[1] == want[1] and reads[-1] == want[-1]
+    assert list(reads[1:]) == want[1:] and [r for r in reads if r.tier == "ssd"] == [want[0], want[2]]

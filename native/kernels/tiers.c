@@ -4,8 +4,8 @@
  * flight, the lower-tier walk, settling, the restore wait, the write-through stores), and after it the
  * offloading of what the allocation evicted (`_allocated`).
  *
- * - every hash (prompt, output, preloaded chunk key) has a dense id; a tier's LRU is a queue of ids with
- *   lazy deletion (kt_tiers below), in `TierStore`'s OrderedDict order;
+ * - every hash (prompt, output, preloaded chunk key) has a dense id; a tier's LRU is a ring of ids whose
+ *   refreshed or dropped entries are blanked (kt_tiers below), in `TierStore`'s OrderedDict order;
  * - the chunks one request reads (it reads each once) in a small open-addressing table, cleared after it;
  *   per tier and id, with singleflight, the read in flight; per id, a restored block's completion while it
  *   is not yet usable (gr_*, timed), with a heap of completions to expire them;
@@ -23,6 +23,38 @@ typedef struct {
 
 static inline int64_t kt_id(kt_ids v, int64_t t) { return v.p32 ? v.p32[t] : v.p64[t]; }
 
+/* A hash list of one request as ids, in two runs: positions [0, n0) are s0[a0:], [n0, len) are s1[a1:]. */
+typedef struct {
+    kt_ids s0, s1;
+    int64_t a0, n0, a1, len;
+} kt_seq;
+
+static inline int64_t kt_at(const kt_seq *s, int64_t j)
+{
+    return j < s->n0 ? kt_id(s->s0, s->a0 + j) : kt_id(s->s1, s->a1 + j - s->n0);
+}
+
+/* Request i's whole prompt hash list: the ones the pool reads (its listed hashes, obj[req_start[i]:]), then
+ * those past its full blocks (tail[tstart[i]:tstart[i + 1]]). */
+static inline kt_seq kt_prompt_seq(const kp_engine *e, kt_ids obj, kt_ids tail, const int64_t *tstart, int64_t i)
+{
+    kt_seq s = {obj, tail, e->req_start[i], e->listed[i], tstart[i], e->listed[i] + tstart[i + 1] - tstart[i]};
+    return s;
+}
+
+/* The hashes request i holds when it finishes, the chain its write-through stores put (`TierReplay._held`):
+ * its listed prompt hashes, then its output hashes, up to its cached blocks (n): prompt[:min(n, nf)], then
+ * output[:n - nf], nf its full prompt blocks; both runs are the pool's obj. */
+static inline kt_seq kt_held_seq(const kp_engine *e, kt_ids obj, int64_t i)
+{
+    int64_t nb, cached, a = e->req_start[i], nl = e->listed[i];
+    kp_request_blocks(e, i, &nb, &cached);
+    int64_t nf = e->prompt_tokens[i] / e->block_size, n_out = e->req_start[i + 1] - a - nl;
+    int64_t hp = kp_min(cached, nl), ho = kp_min(kp_max(cached - nf, 0), n_out);
+    kt_seq s = {obj, obj, a, hp, a + nl, hp + ho};
+    return s;
+}
+
 /* The configuration, per tier (nt of them) */
 typedef struct {
     int64_t nt, num_ids, n_on_evict;
@@ -30,15 +62,18 @@ typedef struct {
     const uint8_t *retain, *refresh_on_hit, *write_through, *has_cost;
 } kt_config;
 
-/* The lower tiers' state. A tier's LRU is a queue of ids, least recent first, with lazy deletion: stamp[k]
- * is 1 + the position of k's live entry in the queue (0: not in the tier), so an entry whose position
- * differs from its id's stamp is stale (the id was refreshed or dropped since) and is skipped when the
- * least recent is taken; a full queue is compacted in order (and doubled when mostly live). Exactly
- * `TierStore`'s OrderedDict order, with one random access per move instead of a list's three. */
+/* The lower tiers' state. A tier's LRU is a ring of ids, least recent first: qhead and qtail count
+ * positions from the start (entries at pos & (qcap - 1), qcap a power of two), and an entry becomes -1
+ * when its id is refreshed (appended again) or dropped, so taking the least recent reads the ring alone.
+ * stamp[k * nt + ti] is 1 + the slot where k was last appended to tier ti's ring (0: never): the tier holds
+ * k while that slot lies between the head and the tail and still holds k, so taking the least recent
+ * (moving the head past it) writes no stamp. One id's stamps share a cache line. A full ring is rebuilt in
+ * order, doubled when mostly live (it never shrinks, so a stamp always names a slot of it). Exactly
+ * `TierStore`'s OrderedDict order. */
 typedef struct {
     kt_config c;
     bool timed, singleflight, failed;
-    int64_t *stamp; /* nt x num_ids */
+    int32_t *stamp; /* num_ids x nt */
     int64_t **queue, *qhead, *qtail, *qcap;
     int64_t *count, *num_stores, *num_reads, *read_bytes;
     int64_t *rd, rd_cap, n_rd; /* read rows (request, tier, chunks, bytes, prepare) */
@@ -48,61 +83,80 @@ typedef struct {
     int64_t *if0, *if1;
 } kt_tiers;
 
-static inline int64_t *kt_stamp(const kt_tiers *T, int64_t ti, int64_t k) { return T->stamp + ti * T->c.num_ids + k; }
+/* The most slots a ring may have: stamps are int32. */
+#define KT_MAX_RING ((int64_t)1 << 30)
 
-static inline bool kt_held(const kt_tiers *T, int64_t ti, int64_t k) { return *kt_stamp(T, ti, k) != 0; }
+static inline int32_t *kt_stamp(const kt_tiers *T, int64_t ti, int64_t k) { return T->stamp + k * T->c.nt + ti; }
 
-static inline void kt_lru_unlink(kt_tiers *T, int64_t ti, int64_t k) { *kt_stamp(T, ti, k) = 0; }
+/* k's slot in tier ti's ring when the tier holds k, else -1 */
+static inline int64_t kt_where(const kt_tiers *T, int64_t ti, int64_t k)
+{
+    int64_t slot = (int64_t)*kt_stamp(T, ti, k) - 1;
+    if (slot < 0 || T->queue[ti][slot] != k)
+        return -1;
+    int64_t mask = T->qcap[ti] - 1;
+    return ((slot - T->qhead[ti]) & mask) < T->qtail[ti] - T->qhead[ti] ? slot : -1;
+}
 
-/* Tier ti's queue with room for one more entry: compacted in order, doubled when mostly live. */
+static inline bool kt_held(const kt_tiers *T, int64_t ti, int64_t k) { return kt_where(T, ti, k) >= 0; }
+
+static inline void kt_lru_unlink(kt_tiers *T, int64_t ti, int64_t slot) { T->queue[ti][slot] = -1; }
+
+/* Tier ti's full ring rebuilt with its live entries in order from slot 0, doubled while they would fill
+ * half of it. */
 static bool kt_queue_room(kt_tiers *T, int64_t ti)
 {
-    int64_t *q = T->queue[ti], w = 0;
-    for (int64_t pos = T->qhead[ti]; pos < T->qtail[ti]; pos++) {
-        int64_t k = q[pos], *st = kt_stamp(T, ti, k);
-        if (*st == pos + 1) {
-            q[w] = k;
-            *st = ++w;
-        }
-    }
-    T->qhead[ti] = 0;
-    T->qtail[ti] = w;
-    if (2 * w >= T->qcap[ti] && !kp_grow(&T->queue[ti], &T->qcap[ti], T->qcap[ti], 1)) {
+    int64_t *q = T->queue[ti], cap = T->qcap[ti], live = 0;
+    for (int64_t pos = T->qhead[ti]; pos < T->qtail[ti]; pos++)
+        live += q[pos & (cap - 1)] >= 0;
+    int64_t ncap = cap > 0 ? cap : 16;
+    while (2 * (live + 1) > ncap)
+        ncap *= 2;
+    int64_t *nq = ncap <= KT_MAX_RING ? malloc((size_t)ncap * sizeof(int64_t)) : NULL;
+    if (!nq) {
         T->failed = true;
         return false;
     }
+    int64_t w = 0;
+    for (int64_t pos = T->qhead[ti]; pos < T->qtail[ti]; pos++) {
+        int64_t k = q[pos & (cap - 1)];
+        if (k >= 0) {
+            nq[w] = k;
+            *kt_stamp(T, ti, k) = (int32_t)++w;
+        }
+    }
+    for (int64_t slot = w; slot < ncap; slot++) /* no stamp names a slot past the live ones as held */
+        nq[slot] = -1;
+    free(q);
+    T->queue[ti] = nq;
+    T->qcap[ti] = ncap;
+    T->qhead[ti] = 0;
+    T->qtail[ti] = w;
     return true;
 }
 
 static inline void kt_lru_append(kt_tiers *T, int64_t ti, int64_t k) /* k becomes the most recent */
 {
-    if (KS_UNLIKELY(T->qtail[ti] == T->qcap[ti]) && !kt_queue_room(T, ti))
+    if (KS_UNLIKELY(T->qtail[ti] - T->qhead[ti] == T->qcap[ti]) && !kt_queue_room(T, ti))
         return;
-    int64_t pos = T->qtail[ti]++;
-    T->queue[ti][pos] = k;
-    *kt_stamp(T, ti, k) = pos + 1;
+    int64_t slot = T->qtail[ti]++ & (T->qcap[ti] - 1);
+    T->queue[ti][slot] = k;
+    *kt_stamp(T, ti, k) = (int32_t)(slot + 1);
 }
 
-static inline void kt_lru_refresh(kt_tiers *T, int64_t ti, int64_t k)
+static inline void kt_lru_refresh(kt_tiers *T, int64_t ti, int64_t k, int64_t slot) /* k is at `slot` */
 {
-    kt_lru_unlink(T, ti, k);
+    kt_lru_unlink(T, ti, slot);
     kt_lru_append(T, ti, k);
 }
-
-/* How far ahead in a tier's queue a pop prefetches. */
-#define KT_AHEAD 4
 
 /* The least recent id of tier ti (it holds one), taken out. */
 static inline int64_t kt_lru_pop(kt_tiers *T, int64_t ti)
 {
     const int64_t *q = T->queue[ti];
-    int64_t pos = T->qhead[ti];
-    while (*kt_stamp(T, ti, q[pos]) != pos + 1)
+    int64_t pos = T->qhead[ti], mask = T->qcap[ti] - 1, k;
+    while ((k = q[pos & mask]) < 0)
         pos++;
-    if (pos + KT_AHEAD < T->qtail[ti]) /* the next pops' stamps, while this one's is used */
-        __builtin_prefetch(kt_stamp(T, ti, q[pos + KT_AHEAD]));
-    int64_t k = q[pos];
-    *kt_stamp(T, ti, k) = 0;
     T->qhead[ti] = pos + 1;
     return k;
 }
@@ -133,10 +187,10 @@ static inline int64_t kt_put(kt_tiers *T, int64_t ti, const int64_t *keys, int64
     for (int64_t q = 0; q < n; q++) /* every key's stamp on its way: the misses overlap */
         __builtin_prefetch(kt_stamp(T, ti, keys[q]));
     for (int64_t q = 0; q < n; q++) {
-        int64_t k = keys[q];
-        if (kt_held(T, ti, k)) {
+        int64_t k = keys[q], slot = kt_where(T, ti, k);
+        if (slot >= 0) {
             if (refresh)
-                kt_lru_refresh(T, ti, k);
+                kt_lru_refresh(T, ti, k, slot);
             continue;
         }
         stored++;
@@ -161,17 +215,17 @@ static inline void kt_offload(kt_tiers *T, int64_t start, int64_t *keys, int64_t
     }
 }
 
-/* `TierReplay._find_below` for block j of the hash chain chain[cs:ce]: the first tier holding the chunk
- * (its key in *key), or -1. */
-static inline int64_t kt_find_below(const kt_tiers *T, kt_ids chain, int64_t cs, int64_t ce, int64_t j, int64_t *key)
+/* `TierReplay._find_below` for block j of the hash chain `chain`: the first tier holding the chunk (its key in
+ * *key), or -1. */
+static inline int64_t kt_find_below(const kt_tiers *T, const kt_seq *chain, int64_t j, int64_t *key)
 {
     for (int64_t ti = 0; ti < T->c.nt; ti++) {
         int64_t c = T->c.chunk[ti], k;
         if (c == 1) {
-            k = kt_id(chain, cs + j);
+            k = kt_at(chain, j);
         } else {
             int64_t end = (j / c + 1) * c - 1;
-            k = end < ce - cs ? kt_id(chain, cs + end) : -1;
+            k = end < chain->len ? kt_at(chain, end) : -1;
         }
         if (k >= 0 && kt_held(T, ti, k)) {
             *key = k;
@@ -232,8 +286,9 @@ static inline bool kt_read(kt_tiers *T, int64_t ti, int64_t key, int64_t t, int6
 
 static inline void kt_discard(kt_tiers *T, int64_t ti, int64_t key) /* `TierStore.discard` */
 {
-    if (kt_held(T, ti, key)) {
-        kt_lru_unlink(T, ti, key);
+    int64_t slot = kt_where(T, ti, key);
+    if (slot >= 0) {
+        kt_lru_unlink(T, ti, slot);
         T->count[ti]--;
     }
 }
@@ -246,8 +301,8 @@ static inline void kt_mark_needed(uint8_t *needed, int64_t h, int64_t *num_neede
     }
 }
 
-/* The stream (the pool's obj, per-request arrays; each request's prompt chain chain[cstart[i]:cstart[i+1]]
- * and held chain held[hstart[i]:hstart[i+1]]), the configuration, the preloaded ids per tier
+/* The stream (the pool's obj, per-request arrays; each request's prompt hashes past its listed ones,
+ * tail[tstart[i]:tstart[i+1]]: kt_prompt_seq, kt_held_seq), the configuration, the preloaded ids per tier
  * (preload[pstart[ti]:pstart[ti+1]]), early preparation's schedule (prep_at, prep_p: n_prep entries;
  * children_left, parent_of per request). Outputs: per request hit_blocks, num_evictions, admitted,
  * stalled, hit (nt + 1 x n_req), wait0, wait1, marks; free_queue (num_usable); per tier num_reads,
@@ -256,8 +311,7 @@ static inline void kt_mark_needed(uint8_t *needed, int64_t h, int64_t *num_neede
 KS_EXPORT int64_t ks_tiers_replay(
     const int32_t *obj32, const int64_t *obj64, const int64_t *req_start, const int64_t *listed,
     const int64_t *prompt_tokens, const int64_t *output_tokens, const int64_t *finish_ns, const int64_t *arrival,
-    int64_t n_req, const int32_t *chain32, const int64_t *chain64, const int64_t *cstart, const int32_t *held32,
-    const int64_t *held64, const int64_t *hstart, int32_t timed, int64_t block_size, int64_t num_usable, int64_t num_ids,
+    int64_t n_req, const int32_t *tail32, const int64_t *tail64, const int64_t *tstart, int32_t timed, int64_t block_size, int64_t num_usable, int64_t num_ids,
     int64_t nt, const int64_t *cap, const int64_t *chunk, const uint8_t *retain, const uint8_t *refresh_on_hit,
     const uint8_t *write_through, const int64_t *below, const int64_t *on_evict, int64_t n_on_evict,
     const int64_t *chunk_bytes, const uint8_t *has_cost, const int64_t *lat_ns, const int64_t *dur0,
@@ -273,7 +327,7 @@ KS_EXPORT int64_t ks_tiers_replay(
         .block_size = block_size, .timed = timed != 0, .has_holds = false, .expiry_ns = -1, .max_held = -1,
         .max_fam = -1,
     };
-    kt_ids chain = {chain32, chain64}, held = {held32, held64};
+    kt_ids obj = {obj32, obj64}, tail = {tail32, tail64};
     kt_tiers T = {
         .c = {.nt = nt, .num_ids = num_ids, .n_on_evict = n_on_evict, .cap = cap, .chunk = chunk, .below = below,
               .on_evict = on_evict, .chunk_bytes = chunk_bytes, .lat_ns = lat_ns, .dur0 = dur0, .dur1 = dur1,
@@ -289,7 +343,7 @@ KS_EXPORT int64_t ks_tiers_replay(
     if (!kp_engine_init(&e, num_usable, num_ids, 1, NULL))
         goto done;
     int64_t longest = e.longest, ids1 = num_ids + 1;
-    T.stamp = kp_new(A, nt * num_ids, 0);
+    T.stamp = (int32_t *)kp_new(A, (nt * num_ids + 1) / 2, 0);
     T.queue = (int64_t **)kp_new(A, nt, 0);
     T.qhead = kp_new(A, nt, 0);
     T.qtail = kp_new(A, nt, 0);
@@ -372,13 +426,14 @@ KS_EXPORT int64_t ks_tiers_replay(
                 continue;
             int64_t tp = e.timed ? at : 0; /* _prepare */
             memset(T.clk_set, 0, (size_t)nt);
-            int64_t n_used = 0, hs = hstart[p], he = hstart[p + 1];
+            int64_t n_used = 0;
+            kt_seq held = kt_held_seq(&e, obj, p);
             bp_start[p] = n_bp;
-            for (int64_t j = 0; j < he - hs; j++) {
-                int64_t h = kt_id(held, hs + j), key, d0, d1;
+            for (int64_t j = 0; j < held.len; j++) {
+                int64_t h = kt_at(&held, j), key, d0, d1;
                 if (e.head[h] >= 0 || BIT(st_valid, h))
                     continue;
-                int64_t ti = kt_find_below(&T, held, hs, he, j, &key);
+                int64_t ti = kt_find_below(&T, &held, j, &key);
                 if (ti < 0)
                     break;
                 int64_t q = kt_slot(tkey, mask, ti * ids1 + key);
@@ -391,7 +446,7 @@ KS_EXPORT int64_t ks_tiers_replay(
                     if (!retain[ti]) /* Tier.after_load */
                         kt_discard(&T, ti, key);
                     else if (refresh_on_hit[ti])
-                        kt_lru_refresh(&T, ti, key);
+                        kt_lru_refresh(&T, ti, key, kt_where(&T, ti, key));
                     tkey[q] = ti * ids1 + key;
                     t0[q] = d0;
                     t1[q] = d1;
@@ -423,9 +478,9 @@ KS_EXPORT int64_t ks_tiers_replay(
         int64_t n_gpu = ad.nh;
         int64_t *hit0 = hit;
         hit0[i] = ad.nh;
-        int64_t cs = cstart[i], ce = cstart[i + 1];
+        kt_seq chain = kt_prompt_seq(&e, obj, tail, tstart, i);
         int64_t max_hit = kp_min(kp_min(kp_max(prompt_tokens[i] - 1, 0) / block_size, prompt_tokens[i] / block_size),
-                                 ce - cs);
+                                 chain.len);
         if (nt > 0) {
             int64_t total = 0;
             for (int64_t ti = 0; ti < nt; ti++)
@@ -437,7 +492,7 @@ KS_EXPORT int64_t ks_tiers_replay(
             int64_t n_ro = 0, n_ld = 0, n_used = 0;
             if (e.timed) { /* _restores_in_flight */
                 for (int64_t j = 0; j < n_gpu; j++) {
-                    int64_t h = kt_id(chain, cs + j);
+                    int64_t h = kt_at(&chain, j);
                     if (!BIT(gr_valid, h))
                         continue;
                     if (T.singleflight) {
@@ -455,7 +510,7 @@ KS_EXPORT int64_t ks_tiers_replay(
             }
             int64_t j = n_gpu;
             while (j < max_hit) { /* _walk_below */
-                int64_t h = kt_id(chain, cs + j), key, d0, d1;
+                int64_t h = kt_at(&chain, j), key, d0, d1;
                 if (any_gpu && e.head[h] >= 0 && !(e.timed && BIT(gr_valid, h))) {
                     hit0[i]++;
                     j++;
@@ -469,7 +524,7 @@ KS_EXPORT int64_t ks_tiers_replay(
                     j++;
                     continue;
                 }
-                int64_t ti = kt_find_below(&T, chain, cs, ce, j, &key);
+                int64_t ti = kt_find_below(&T, &chain, j, &key);
                 if (ti < 0)
                     break;
                 int64_t q = kt_slot(tkey, mask, ti * ids1 + key);
@@ -488,7 +543,7 @@ KS_EXPORT int64_t ks_tiers_replay(
                         ro_tier[n_ro] = ti;
                         ro_key[n_ro++] = key;
                     } else if (refresh_on_hit[ti]) {
-                        kt_lru_refresh(&T, ti, key);
+                        kt_lru_refresh(&T, ti, key, kt_where(&T, ti, key));
                     }
                 }
                 if (tkey[q] < 0) {
@@ -539,9 +594,10 @@ KS_EXPORT int64_t ks_tiers_replay(
             for (int64_t ti = 0; ti < nt; ti++) { /* _write_through */
                 if (!write_through[ti])
                     continue;
-                int64_t c = chunk[ti], hs = hstart[i], he = hstart[i + 1], nk = 0;
-                for (int64_t q = hs + c - 1; q < he; q += c)
-                    keys[nk++] = kt_id(held, q);
+                int64_t c = chunk[ti], nk = 0;
+                kt_seq held = kt_held_seq(&e, obj, i);
+                for (int64_t q = c - 1; q < held.len; q += c)
+                    keys[nk++] = kt_at(&held, q);
                 int64_t nl = kt_put(&T, ti, keys, nk, true, false, keys);
                 if (nl > 0 && below[ti] >= 0)
                     kt_offload(&T, below[ti], keys, nl);
@@ -612,20 +668,37 @@ KS_EXPORT void ks_tiers_gather(const uint8_t *values, int64_t width, const int64
     }
 }
 
-/* ids[t] (ids32 or ids64) = the rank of hashes[t] among the distinct hashes (`order` sorts them); the
- * distinct hashes, sorted, into `distinct`; returns their number. */
-KS_EXPORT int64_t ks_tiers_rank(const uint64_t *hashes, const int64_t *order, int64_t n, int32_t *ids32,
-                                int64_t *ids64, uint64_t *distinct)
+/* For each of the distinct `keys` not found yet (found[k] < 0), the id of an equal hash among hashes[:n]
+ * (their ids ids32 or ids64), through an open-addressing table of the keys: one pass over the hashes.
+ * Returns 0 or KS_ENOMEM. */
+KS_EXPORT int64_t ks_tiers_find(const uint64_t *keys, int64_t nk, const uint64_t *hashes, const int32_t *ids32,
+                                const int64_t *ids64, int64_t n, int64_t *found)
 {
-    int64_t r = -1;
-    for (int64_t k = 0; k < n; k++) {
-        int64_t t = order[k];
-        if (k == 0 || hashes[t] != hashes[order[k - 1]])
-            distinct[++r] = hashes[t];
-        if (ids32)
-            ids32[t] = (int32_t)r;
-        else
-            ids64[t] = r;
+    int64_t size = 16, shift = 60;
+    while (size < 2 * nk) {
+        size *= 2;
+        shift--;
     }
-    return r + 1;
+    int64_t *slot = malloc((size_t)size * sizeof(int64_t)); /* index into keys, -1: empty */
+    if (!slot)
+        return KS_ENOMEM;
+    for (int64_t q = 0; q < size; q++)
+        slot[q] = -1;
+    const uint64_t mult = 0x9E3779B97F4A7C15ull;
+    for (int64_t k = 0; k < nk; k++) {
+        int64_t q = (int64_t)((keys[k] * mult) >> shift);
+        while (slot[q] >= 0)
+            q = (q + 1) & (size - 1);
+        slot[q] = k;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        uint64_t h = hashes[t];
+        int64_t q = (int64_t)((h * mult) >> shift), k;
+        while ((k = slot[q]) >= 0 && keys[k] != h)
+            q = (q + 1) & (size - 1);
+        if (k >= 0 && found[k] < 0)
+            found[k] = ids32 ? ids32[t] : ids64[t];
+    }
+    free(slot);
+    return 0;
 }

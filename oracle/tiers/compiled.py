@@ -7,9 +7,10 @@ the allocation the kernel runs the lookup below the GPU in `TierReplay._looked_u
 flight, the lower-tier walk, settling, the restore wait, the write-through stores), and after it the
 offloading of what the allocation evicted (`_allocated`). The rules are the package docstring's
 (`kmesh_trace.oracle.tiers`); how they are kept in arrays is tiers.c's header: every hash (prompt, output,
-preloaded chunk key) has a dense id, a tier's LRU is a doubly linked list over ids (`TierStore`'s
-OrderedDict), the chunks one request reads a small open-addressing table, reads rows merged as
-`TierRead`s are, early preparation's schedule arrays sorted in `EarlyPrep`'s pop order.
+preloaded chunk key) has a dense id (the pool's `AccessStream` ids, then the ids of the prompt hashes past
+the listed ones), a tier's LRU is a ring of ids (`TierStore`'s OrderedDict order), the chunks one request
+reads a small open-addressing table, reads rows merged as `TierRead`s are (`TierReads`), early
+preparation's schedule arrays sorted in `EarlyPrep`'s pop order.
 
 It covers every configuration, early preparation included, but the simple-cpu connector, which keeps its
 Python replay (`simulate_tiers` chooses). This module builds the stream's arrays (`TierStream`) and calls
@@ -32,14 +33,14 @@ from kmesh_trace.oracle.interruptible import run_interruptible
 
 __all__ = ["TierStream", "tier_stream", "replay_tiers_compiled"]
 
-_replay = declare("ks_tiers_replay", [*[P] * 8, I64, *[P] * 6, I32, I64, I64, I64, I64, *[P] * 7, I64, *[P] * 5,
+_replay = declare("ks_tiers_replay", [*[P] * 8, I64, P, P, P, I32, I64, I64, I64, I64, *[P] * 7, I64, *[P] * 5,
                                       I32, I32, I32, P, P, I32, P, P, I64, *[P] * 16], I64)
 _free_reads = declare("ks_tiers_free", [P])
 _gather_into = declare("ks_tiers_gather", [P, I64, P, P, I64, P])
-_rank_into = declare("ks_tiers_rank", [P, P, I64, P, P, P], I64)
+_find_into = declare("ks_tiers_find", [P, I64, P, P, P, I64, P], I64)
 
 
-def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_usable, num_ids, cap, chunk, retain,
+def _tier_kernel(obj, IN, tail, tstart, timed, block_size, num_usable, num_ids, cap, chunk, retain,
                  refresh_on_hit, write_through, below, on_evict, chunk_bytes, has_cost, lat_ns, dur0, dur1,
                  singleflight, any_gpu, with_costs, preload, pstart, early_prep, prep_at, prep_p, children_left,
                  parent_of):
@@ -47,10 +48,9 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
     store marks, distinct blocks needed, shared reads)."""
     n_req, nt = len(IN[2]), len(cap)
     IN = tuple(np.ascontiguousarray(a, np.int64) for a in IN)
-    i64 = [np.ascontiguousarray(a, np.int64) for a in (cstart, hstart, cap, chunk, below, on_evict, chunk_bytes, lat_ns,
-                                                          dur0, dur1, preload, pstart, prep_at, prep_p, children_left,
-                                                          parent_of)]
-    cstart, hstart, cap, chunk, below, on_evict, chunk_bytes, lat_ns, dur0, dur1, preload, pstart, prep_at, prep_p, \
+    i64 = [np.ascontiguousarray(a, np.int64) for a in (tstart, cap, chunk, below, on_evict, chunk_bytes, lat_ns, dur0,
+                                                          dur1, preload, pstart, prep_at, prep_p, children_left, parent_of)]
+    tstart, cap, chunk, below, on_evict, chunk_bytes, lat_ns, dur0, dur1, preload, pstart, prep_at, prep_p, \
         children_left, parent_of = i64
     flags = [np.ascontiguousarray(a, np.bool_) for a in (retain, refresh_on_hit, write_through, has_cost)]
     hit_blocks, num_evictions, hit_marks = np.zeros(n_req, np.int64), np.zeros(n_req, np.int64), np.zeros(n_req, np.int64)
@@ -62,8 +62,7 @@ def _tier_kernel(obj, IN, chain, cstart, held, hstart, timed, block_size, num_us
     rows = ctypes.c_void_p()
     out = np.zeros(5, np.int64)
     p64 = lambda a: ptr(a, np.int64)  # noqa: E731
-    check(_replay(*obj_pointers(obj), *stream_pointers(IN), n_req, *obj_pointers(chain), p64(cstart),
-                  *obj_pointers(held), p64(hstart), timed, block_size, num_usable, num_ids, nt, p64(cap), p64(chunk),
+    check(_replay(*obj_pointers(obj), *stream_pointers(IN), n_req, *obj_pointers(tail), p64(tstart), timed, block_size, num_usable, num_ids, nt, p64(cap), p64(chunk),
                   *(ptr(f, np.bool_) for f in flags[:3]), p64(below), p64(on_evict), len(on_evict), p64(chunk_bytes),
                   ptr(flags[3], np.bool_), p64(lat_ns), p64(dur0), p64(dur1), singleflight, any_gpu, with_costs,
                   p64(preload), p64(pstart), early_prep, p64(prep_at), p64(prep_p), len(prep_at), p64(children_left),
@@ -96,100 +95,119 @@ def _gather(values: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndar
     return out
 
 
-def _rank(hashes, order, ids):
-    """ids[t] = the rank of hashes[t] among the distinct hashes (`order` sorts them); returns those, sorted."""
-    order = np.ascontiguousarray(order, np.int64)
-    distinct = np.empty(len(hashes), np.uint64)
-    o32 = ptr(ids, np.int32) if ids.dtype == np.int32 else None
-    n = _rank_into(ptr(hashes, np.uint64), ptr(order, np.int64), len(hashes), o32,
-                   None if o32 is not None else ptr(ids, np.int64), ptr(distinct, np.uint64))
-    return distinct[:n]
+def _ids_of(keys: np.ndarray, known: list[tuple[np.ndarray, np.ndarray]], first_new: int) -> tuple[np.ndarray, int]:
+    """The ids of `keys` (uint64): an equal hash's id in `known` (pairs of hashes and their ids), else ids
+    from `first_new` on (in the keys' sorted order); and the number of ids with them."""
+    distinct, inv = np.unique(keys, return_inverse=True)
+    found = np.full(len(distinct), -1, np.int64)
+    for hashes, ids in known:  # one pass over each, through a table of the keys (ks_tiers_find)
+        check(_find_into(ptr(distinct, np.uint64), len(distinct), ptr(hashes, np.uint64), *obj_pointers(ids),
+                         len(hashes), ptr(found, np.int64)), "the tier stream's ids")
+    extra = found < 0
+    found[extra] = first_new + np.arange(int(extra.sum()))
+    return found[inv.ravel()], first_new + int(extra.sum())
 
 
-def _per_request(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Two columns per request, interleaved (request 0's first, request 0's second, ...), and the
-    per-request offsets of their sums."""
-    start = np.zeros(len(first) + 1, np.int64)
-    np.cumsum(first + second, out=start[1:])
-    return np.stack([first, second], axis=1).ravel(), start
+def _interleave(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Two columns per request, interleaved (request 0's first, request 0's second, ...)."""
+    return np.stack([first, second], axis=1).ravel()
+
+
+@dataclass
+class _Flat:
+    """Every request's prompt hashes, then every request's output hashes, flattened (`hashes`), with where
+    each request's lists start (`pstart`, `ostart`) and their lengths (`plen`, `olen`)."""
+
+    hashes: np.ndarray
+    pstart: np.ndarray
+    plen: np.ndarray
+    ostart: np.ndarray
+    olen: np.ndarray
+
+    @classmethod
+    def of(cls, requests) -> _Flat:
+        """Raises OverflowError, ValueError or TypeError when a hash is not a 64-bit unsigned integer."""
+        n = len(requests)
+        lists = list(map(attrgetter("prompt_hashes"), requests))
+        lists += map(attrgetter("output_hashes"), requests)
+        lens = np.fromiter(map(len, lists), np.int64, 2 * n)
+        start = np.zeros(2 * n + 1, np.int64)
+        np.cumsum(lens, out=start[1:])
+        hashes = np.fromiter(itertools.chain.from_iterable(lists), np.uint64, int(start[-1]))
+        return cls(hashes, start[:n], lens[:n], start[n:-1], lens[n:])
+
+    def accesses(self, listed: np.ndarray) -> np.ndarray:
+        """The pool's accesses: each request's first `listed` prompt hashes, then its output hashes."""
+        return _gather(self.hashes, _interleave(self.pstart, self.ostart), _interleave(listed, self.olen))
+
+    def tails(self, listed: np.ndarray) -> np.ndarray:
+        """Each request's prompt hashes past its first `listed`."""
+        return _gather(self.hashes, self.pstart + listed, self.plen - listed)
 
 
 @dataclass
 class TierStream:
     """A request stream as the tier kernel reads it, built once for every configuration replayed over it:
-    dense ids of its hashes (`hashes`, sorted, gives id -> hash), the pool's layout (`obj`, `IN`: listed
-    prompt hashes then output hashes per request), each request's whole prompt hash list (`chain`,
-    `chain_start`) and, built on first use, the chains its write-through stores put (`held`)."""
+    the pool's `AccessStream` ids (`obj`, the requests' listed prompt hashes then output hashes; `IN`, the
+    per-request arrays of the pool kernel) and the ids of the prompt hashes past the listed ones (`tail`,
+    per request from `tail_start`: partial last blocks), numbered after the stream's objects where they
+    are not among them; `num_ids` ids in all. Each request's prompt chain and held chain are runs of
+    these (native/kernels/tiers.c, `kt_prompt_seq`, `kt_held_seq`)."""
 
     requests: list
     block_size: int
-    hashes: np.ndarray
-    ids: np.ndarray  # prompt hashes, then output hashes, as ids
-    starts: np.ndarray  # per request: where its prompt and its output hashes start in ids (interleaved)
     obj: np.ndarray
     IN: tuple
-    chain_start: np.ndarray
-    plen: np.ndarray
-    olen: np.ndarray
-    _held: tuple | None = None
-
-    @property
-    def chain(self) -> np.ndarray:
-        return self.ids[:int(self.chain_start[-1])]
-
-    @property
-    def num_ids(self) -> int:
-        return len(self.hashes)
-
-    def held(self) -> tuple[np.ndarray, np.ndarray]:
-        """(held chains, offsets): per request prompt[:min(n, nf)], then output[:n - nf], n its cached blocks."""
-        if self._held is None:
-            p_tokens, o_tokens = self.IN[2], self.IN[3]
-            nf = p_tokens // self.block_size
-            cached = (p_tokens + np.maximum(o_tokens - 1, 0)) // self.block_size
-            lens, hstart = _per_request(np.minimum(np.minimum(cached, nf), self.plen),
-                                        np.minimum(np.maximum(cached - nf, 0), self.olen))
-            self._held = _gather(self.ids, self.starts, lens), hstart
-        return self._held
+    tail: np.ndarray
+    tail_start: np.ndarray
+    num_ids: int
 
     def preload_ids(self, keys: list[np.ndarray]) -> tuple[np.ndarray, int]:
         """Each tier's preloaded keys as ids (keys the stream lacks numbered after its own), concatenated,
         and the number of ids with them."""
         flat = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
-        pos = np.minimum(np.searchsorted(self.hashes, flat), max(self.num_ids - 1, 0))
-        known = (self.hashes[pos] == flat) if self.num_ids else np.zeros(len(flat), bool)
-        extra, inv = np.unique(flat[~known], return_inverse=True)
-        out = np.empty(len(flat), self.ids.dtype)
-        out[known] = pos[known]
-        out[~known] = self.num_ids + inv.ravel()
-        return out, self.num_ids + len(extra)
+        if not len(flat):
+            return np.zeros(0, np.int64), self.num_ids
+        hashes = _Flat.of(self.requests)  # the stream's hashes again: preloads are rare, the stream keeps none
+        listed = self.IN[1]
+        return _ids_of(flat, [(hashes.accesses(listed), self.obj), (hashes.tails(listed), self.tail)], self.num_ids)
 
 
 def tier_stream(requests, block_size: int) -> TierStream | None:
     """The requests' TierStream, or None when their hashes are not 64-bit unsigned integers (the Python
-    replay takes those)."""
+    replay takes those). Its pool part is `AccessStream.from_arrays` over the requests' accesses, the
+    stream `simulate_pool` replays (`AccessStream.from_requests`'s); the tails are looked up among its hashes
+    in one pass, so every hash is sorted once."""
+    from kmesh_trace.oracle.blockpool_compiled import pool_inputs
+    from kmesh_trace.oracle.stream import AccessStream
+    from kmesh_trace.oracle.stream_index import leading_flags
+
     requests = list(requests)
-    n = len(requests)
     try:
-        prompt, pstart = _flat(list(map(attrgetter("prompt_hashes"), requests)), n)
-        output, ostart = _flat(list(map(attrgetter("output_hashes"), requests)), n)
+        flat = _Flat.of(requests)
     except (OverflowError, ValueError, TypeError):
         return None
-    every = np.concatenate([prompt, output])
-    ids = np.empty(len(every), np.int32 if len(every) < 2**31 - 2**20 else np.int64)  # ids < hashes
-    # np.unique's numbering, in one pass after the sort; a stable sort (radix or merge runs, as AccessStream's)
-    # is several times faster than the default on hash lists with runs, and ranks the same
-    hashes = _rank(every, np.argsort(every, kind="stable"), ids)
+    n = len(requests)
     p_tokens = np.fromiter(map(attrgetter("num_prompt_tokens"), requests), np.int64, n)
-    o_tokens = np.fromiter(map(attrgetter("num_output_tokens"), requests), np.int64, n)
-    plen, olen = np.diff(pstart), np.diff(ostart)
-    listed = np.minimum(plen, p_tokens // block_size)
-    starts = np.stack([pstart[:-1], len(prompt) + ostart[:-1]], axis=1).ravel()
-    lens, req_start = _per_request(listed, olen)
-    arrival = np.fromiter((r.arrival_ns or 0 for r in requests), np.int64, n)
-    finish = np.fromiter((r.finish_ns or 0 for r in requests), np.int64, n)
-    return TierStream(requests, block_size, hashes, ids, starts, _gather(ids, starts, lens),
-                      (req_start, listed, p_tokens, o_tokens, finish, arrival), pstart, plen, olen)
+    listed = np.minimum(flat.plen, p_tokens // block_size)
+    access = flat.accesses(listed)
+    req_start = np.zeros(n + 1, np.int64)
+    np.cumsum(listed + flat.olen, out=req_start[1:])
+    n_elig = np.minimum(flat.plen, np.maximum(p_tokens - 1, 0) // block_size)
+    stream = AccessStream.from_arrays(block_size, access, leading_flags(req_start, n_elig), req_start, p_tokens,
+                                      flat.plen)
+    tails = flat.tails(listed)
+    tail_start = np.zeros(n + 1, np.int64)
+    np.cumsum(flat.plen - listed, out=tail_start[1:])
+    num_ids = stream.num_objects
+    tail = np.zeros(len(tails), stream.obj.dtype)
+    if len(tails):
+        tail, num_ids = _ids_of(tails, [(access, stream.obj)], num_ids)
+        tail = tail.astype(np.int32 if num_ids < 2**31 else np.int64)
+    _, listed, output_tokens, arrival, finish = pool_inputs(requests, block_size, stream)
+    IN = (stream.req_start, listed, stream.num_prompt_tokens, output_tokens, finish, arrival)
+    obj = stream.obj if num_ids < 2**31 or stream.obj.dtype == np.int64 else stream.obj.astype(np.int64)
+    return TierStream(requests, block_size, obj, IN, tail, tail_start, num_ids)
 
 
 def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, preload: dict, block_bytes: int):
@@ -205,10 +223,6 @@ def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, 
     pstart = np.zeros(len(tiers) + 1, np.int64)
     np.cumsum([len(k) for k in keys], out=pstart[1:])
     early_prep = bool(config.early_prep and tiers)
-    if early_prep or any(t.write == "write-through" for t in tiers):
-        held, hstart = stream.held()
-    else:
-        held, hstart = stream.ids[:0], np.zeros(len(stream.requests) + 1, np.int64)
     block_size = stream.block_size
     schedule = _prep_schedule(stream.requests, config, timed) if early_prep else _prep_schedule([], config, timed)
     if schedule is None:
@@ -222,7 +236,7 @@ def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, 
     dur1 = [int(b / ((c.gbps_p95 or c.gbps) * 1e9) * 1e9) if c else 0 for c, b in zip(cs, nbytes)]
     arr = lambda v, dt=np.int64: np.array(v, dt).reshape(len(tiers))  # noqa: E731
     return run_interruptible(
-        _tier_kernel, stream.obj, stream.IN, stream.chain, stream.chain_start, held, hstart, bool(timed),
+        _tier_kernel, stream.obj, stream.IN, stream.tail, stream.tail_start, bool(timed),
         int(block_size), int(config.gpu_blocks),
         num_ids, arr([t.num_chunks for t in tiers]), arr([t.chunk_blocks for t in tiers]),
         arr([t.retain for t in tiers], np.bool_), arr([t.retain and t.write == "on-evict" for t in tiers], np.bool_),
@@ -230,14 +244,6 @@ def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, 
         arr([c is not None for c in cs], np.bool_), arr(lat), arr(dur0), arr(dur1),
         bool(config.singleflight and timed), config.lookup == "any", all(c is not None for c in cs), pid, pstart,
         early_prep, *schedule)
-
-
-def _flat(lists, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Lists of hashes flattened (uint64) with their offsets."""
-    lens = np.fromiter(map(len, lists), np.int64, n)
-    start = np.zeros(n + 1, np.int64)
-    np.cumsum(lens, out=start[1:])
-    return np.fromiter(itertools.chain.from_iterable(lists), np.uint64, int(start[-1])), start
 
 
 def _prep_schedule(requests, config, timed: bool):

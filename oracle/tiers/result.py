@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter, is_not
 
 import numpy as np
 
 from kmesh_trace.oracle.blockpool import PoolResult
 from kmesh_trace.oracle.tiers.config import PrefillSeconds, TierConfig
 
-__all__ = ["TierRead", "TierResult", "tier_result"]
+__all__ = ["TierRead", "TierReads", "TierResult", "tier_result"]
 
 
 @dataclass(slots=True)
@@ -24,6 +27,36 @@ class TierRead:
     prepare: bool = False  # issued by early preparation, ahead of the children
 
 
+class TierReads(Sequence):
+    """A replay's reads as columns (the compiled replay's rows: no object per read), a sequence of
+    `TierRead`s made on demand: `tier` holds indices into `tier_names`."""
+
+    __slots__ = ("tier_names", "request_index", "tier", "num_chunks", "num_bytes", "prepare")
+
+    def __init__(self, tier_names, request_index: np.ndarray, tier: np.ndarray, num_chunks: np.ndarray,
+                 num_bytes: np.ndarray, prepare: np.ndarray):
+        self.tier_names = tuple(tier_names)
+        self.request_index, self.tier, self.num_chunks, self.num_bytes = request_index, tier, num_chunks, num_bytes
+        self.prepare = prepare.astype(bool, copy=False)
+
+    def __len__(self) -> int:
+        return len(self.request_index)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return TierReads(self.tier_names, *(a[k] for a in self._columns()))
+        return TierRead(int(self.request_index[k]), self.tier_names[int(self.tier[k])], int(self.num_chunks[k]),
+                        int(self.num_bytes[k]), bool(self.prepare[k]))
+
+    def __iter__(self):
+        names = self.tier_names
+        for i, t, c, b, prep in zip(*(a.tolist() for a in self._columns())):
+            yield TierRead(i, names[t], c, b, prep)
+
+    def _columns(self) -> tuple:
+        return self.request_index, self.tier, self.num_chunks, self.num_bytes, self.prepare
+
+
 @dataclass
 class TierResult:
     """Per-request outcome of one tier configuration, in arrival order, and the totals derived from it."""
@@ -35,7 +68,7 @@ class TierResult:
     hit_blocks_by_tier: dict[str, np.ndarray]  # "gpu", "host", "ssd" -> int64 per request
     restore_wait_s: np.ndarray | None  # per request; None without restore costs
     restore_wait_p95_s: np.ndarray | None
-    reads: list[TierRead]
+    reads: Sequence[TierRead]  # a list (the Python replay's) or TierReads (the compiled one's)
     num_chunk_reads: dict[str, int]
     read_bytes: dict[str, int]
     distinct_blocks_needed: int  # distinct blocks ever served from a lower tier
@@ -139,11 +172,12 @@ class TierResult:
 
 def tier_result(config: TierConfig, block_size: int, kv_bytes_per_token: int | None, timed: bool, pool: PoolResult,
                 prefill: PrefillSeconds | None, requests, *, hit: dict[str, np.ndarray], wait: np.ndarray | None,
-                wait95: np.ndarray | None, reads: list[TierRead], num_reads: dict[str, int], read_bytes: dict[str, int],
-                num_stores: dict[str, int], store_marks: dict[int, int], num_needed: int,
-                num_shared: int) -> TierResult:
+                wait95: np.ndarray | None, reads: Sequence[TierRead], num_reads: dict[str, int],
+                read_bytes: dict[str, int], num_stores: dict[str, int], store_marks: dict[int, int] | tuple,
+                num_needed: int, num_shared: int) -> TierResult:
     """A replay's TierResult (the Python and the compiled replay's): `wait` None without restore costs;
-    `store_marks` maps each request looked up, in order, to the lower-tier stores made before it."""
+    `store_marks` maps each request looked up, in order, to the lower-tier stores made before it (a dict, or
+    the arrays (requests, marks))."""
     notes = []
     if config.tiers and wait is None:
         notes.append("a lower tier has no restore cost: restore waits, singleflight timing and TTFT are not "
@@ -154,9 +188,11 @@ def tier_result(config: TierConfig, block_size: int, kv_bytes_per_token: int | N
         notes.append("singleflight needs arrival and finish times; the replay is sequential, so it changes "
                      "nothing.")
     stores = np.zeros(len(requests), np.int64)
-    if store_marks:  # each request's stores: up to the next request's mark (the last: up to the total)
-        looked = np.fromiter(store_marks.keys(), np.int64, len(store_marks))
-        marks = np.fromiter(store_marks.values(), np.int64, len(store_marks))
+    if isinstance(store_marks, dict):
+        store_marks = (np.fromiter(store_marks.keys(), np.int64, len(store_marks)),
+                       np.fromiter(store_marks.values(), np.int64, len(store_marks)))
+    looked, marks = store_marks
+    if len(looked):  # each request's stores: up to the next request's mark (the last: up to the total)
         stores[looked] = np.diff(marks, append=sum(num_stores.values()))
     return TierResult(
         stores_per_request=stores,
@@ -164,5 +200,10 @@ def tier_result(config: TierConfig, block_size: int, kv_bytes_per_token: int | N
         hit_blocks_by_tier=hit, restore_wait_s=wait, restore_wait_p95_s=wait95, reads=reads,
         num_chunk_reads=num_reads, read_bytes=read_bytes, distinct_blocks_needed=num_needed,
         num_shared_reads=num_shared, num_stores=num_stores,
-        is_child=np.fromiter((r.parent_index is not None for r in requests), bool, len(requests)),
+        is_child=_has_parent(requests),
         prefill=prefill if wait is not None else None, notes=notes)
+
+
+def _has_parent(requests) -> np.ndarray:
+    """bool per request: it has a declared parent."""
+    return np.fromiter(map(is_not, map(attrgetter("parent_index"), requests), repeat(None)), bool, len(requests))

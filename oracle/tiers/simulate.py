@@ -11,7 +11,7 @@ from kmesh_trace.oracle.stream import RequestBlocks, check_block_size
 from kmesh_trace.oracle.tiers.config import SIMPLE_CPU, PrefillSeconds, RestoreCost, TierConfig
 from kmesh_trace.oracle.tiers.connector import SimpleCPUReplay
 from kmesh_trace.oracle.tiers.replay import TierReplay
-from kmesh_trace.oracle.tiers.result import TierRead, TierResult, tier_result
+from kmesh_trace.oracle.tiers.result import TierReads, TierResult, tier_result
 
 __all__ = ["simulate_tiers", "with_stream"]
 
@@ -68,10 +68,10 @@ def _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, 
         config, block_size, kv_bytes_per_token, timed, pool, prefill, requests,
         hit={"gpu": hit[0], **{n: hit[1 + k] for k, n in enumerate(names)}},
         wait=wait0 if with_costs else None, wait95=wait1 if with_costs else None,
-        reads=[TierRead(i, names[t], c, b, bool(prep)) for i, t, c, b, prep in zip(*(a.tolist() for a in reads))],
+        reads=TierReads(names, *reads),
         num_reads=dict(zip(names, num_reads.tolist())), read_bytes=dict(zip(names, read_bytes.tolist())),
         num_stores=dict(zip(names, num_stores.tolist())),
-        store_marks=dict(zip(looked.tolist(), marks[looked].tolist())) if names else {},
+        store_marks=(looked, marks[looked]) if names else {},
         num_needed=int(num_needed), num_shared=int(num_shared))
 
 
