@@ -311,7 +311,8 @@ static inline void kt_mark_needed(uint8_t *needed, int64_t h, int64_t *num_neede
 KS_EXPORT int64_t ks_tiers_replay(
     const int32_t *obj32, const int64_t *obj64, const int64_t *req_start, const int64_t *listed,
     const int64_t *prompt_tokens, const int64_t *output_tokens, const int64_t *finish_ns, const int64_t *arrival,
-    int64_t n_req, const int32_t *tail32, const int64_t *tail64, const int64_t *tstart, int32_t timed, int64_t block_size, int64_t num_usable, int64_t num_ids,
+    int64_t n_req, const int32_t *tail32, const int64_t *tail64, const int64_t *tstart, int32_t timed,
+    int64_t block_size, int64_t num_usable, int64_t num_ids,
     int64_t nt, const int64_t *cap, const int64_t *chunk, const uint8_t *retain, const uint8_t *refresh_on_hit,
     const uint8_t *write_through, const int64_t *below, const int64_t *on_evict, int64_t n_on_evict,
     const int64_t *chunk_bytes, const uint8_t *has_cost, const int64_t *lat_ns, const int64_t *dur0,

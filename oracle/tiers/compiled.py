@@ -48,8 +48,9 @@ def _tier_kernel(obj, IN, tail, tstart, timed, block_size, num_usable, num_ids, 
     store marks, distinct blocks needed, shared reads)."""
     n_req, nt = len(IN[2]), len(cap)
     IN = tuple(np.ascontiguousarray(a, np.int64) for a in IN)
-    i64 = [np.ascontiguousarray(a, np.int64) for a in (tstart, cap, chunk, below, on_evict, chunk_bytes, lat_ns, dur0,
-                                                          dur1, preload, pstart, prep_at, prep_p, children_left, parent_of)]
+    i64 = [np.ascontiguousarray(a, np.int64) for a in (tstart, cap, chunk, below, on_evict, chunk_bytes, lat_ns,
+                                                          dur0, dur1, preload, pstart, prep_at, prep_p, children_left,
+                                                          parent_of)]
     tstart, cap, chunk, below, on_evict, chunk_bytes, lat_ns, dur0, dur1, preload, pstart, prep_at, prep_p, \
         children_left, parent_of = i64
     flags = [np.ascontiguousarray(a, np.bool_) for a in (retain, refresh_on_hit, write_through, has_cost)]
@@ -62,7 +63,8 @@ def _tier_kernel(obj, IN, tail, tstart, timed, block_size, num_usable, num_ids, 
     rows = ctypes.c_void_p()
     out = np.zeros(5, np.int64)
     p64 = lambda a: ptr(a, np.int64)  # noqa: E731
-    check(_replay(*obj_pointers(obj), *stream_pointers(IN), n_req, *obj_pointers(tail), p64(tstart), timed, block_size, num_usable, num_ids, nt, p64(cap), p64(chunk),
+    check(_replay(*obj_pointers(obj), *stream_pointers(IN), n_req, *obj_pointers(tail), p64(tstart), timed,
+                  block_size, num_usable, num_ids, nt, p64(cap), p64(chunk),
                   *(ptr(f, np.bool_) for f in flags[:3]), p64(below), p64(on_evict), len(on_evict), p64(chunk_bytes),
                   ptr(flags[3], np.bool_), p64(lat_ns), p64(dur0), p64(dur1), singleflight, any_gpu, with_costs,
                   p64(preload), p64(pstart), early_prep, p64(prep_at), p64(prep_p), len(prep_at), p64(children_left),
@@ -206,8 +208,7 @@ def tier_stream(requests, block_size: int) -> TierStream | None:
         tail = tail.astype(np.int32 if num_ids < 2**31 else np.int64)
     _, listed, output_tokens, arrival, finish = pool_inputs(requests, block_size, stream)
     IN = (stream.req_start, listed, stream.num_prompt_tokens, output_tokens, finish, arrival)
-    obj = stream.obj if num_ids < 2**31 or stream.obj.dtype == np.int64 else stream.obj.astype(np.int64)
-    return TierStream(requests, block_size, obj, IN, tail, tail_start, num_ids)
+    return TierStream(requests, block_size, stream.obj, IN, tail, tail_start, num_ids)
 
 
 def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, preload: dict, block_bytes: int):
