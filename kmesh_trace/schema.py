@@ -310,6 +310,10 @@ METADATA: dict[str, MetadataField] = {
     "hash_lookahead_tokens": MetadataField(int, "tokens", "Captures: tokens after each block that its hash also covers (vLLM >= 0.33 "
                               "with EAGLE lookahead hashing); 0 for plain prefix hashes. Above 0 the audit blocks "
                               "the analyses, which replay plain prefix hashes."),
+    "kv_cache_groups": MetadataField(list, None, "The model's KV cache groups in vLLM's order (`block_events.kv_group` indexes it): each "
+                        "`kind` (full_attention, sliding_window, chunked_local, mamba, mla), `block_size` (tokens), `num_layers`, "
+                        "`page_size_bytes` (one block of one layer), `sliding_window` and `attention_chunk_size` (tokens). "
+                        "Absent: one full-attention group of `block_size` (kmesh_trace/kv_groups.py)."),
     "kv_events": MetadataField(dict, None, "KV-events recordings: the publisher (`endpoint`, `replay_endpoint`, `topic`, `format`), "
                   "`hash_kind` (what `block_hash` holds), batches received and replayed, sequence gaps found, batches "
                   "recovered from the replay socket and `num_unrecovered_batches` (lost: the audit names them), "

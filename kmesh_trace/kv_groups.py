@@ -1,0 +1,129 @@
+"""KV cache groups: the one description of a hybrid model's caches that captures, recordings and the
+pool model share.
+
+vLLM gives every kind of attention layer (full attention, sliding window W, chunked local attention,
+Mamba state, MLA) a KV cache group of its own: each group keeps a block table per request, and all
+groups draw equal-sized pages from one shared block pool. A prefix hit is the longest prefix that
+every group can serve. A trace states its groups in the engine metadata field `kv_cache_groups` (a
+list, one entry per group, in vLLM's group order: `block_events.kv_group` is an index into it); a
+trace without the field has one full-attention group of the partition's `block_size` (every trace
+written before hybrid models were captured).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kmesh_trace.errors import KmeshTraceError
+
+#: Group kinds, as vLLM's KV cache spec classes map onto them (see `kind_of_spec`).
+FULL = "full_attention"
+SLIDING_WINDOW = "sliding_window"
+CHUNKED_LOCAL = "chunked_local"
+MAMBA = "mamba"
+MLA = "mla"
+KINDS = (FULL, SLIDING_WINDOW, CHUNKED_LOCAL, MAMBA, MLA)
+
+#: vLLM spec class name -> group kind (subclasses are matched by their own name first).
+_SPEC_KINDS = {
+    "FullAttentionSpec": FULL,
+    "SlidingWindowSpec": SLIDING_WINDOW,
+    "ChunkedLocalAttentionSpec": CHUNKED_LOCAL,
+    "MambaSpec": MAMBA,
+    "MLAAttentionSpec": MLA,
+}
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """One KV cache group: what kind of layers it serves and how much of a prefix it keeps.
+
+    `block_size` is tokens per block of this group; `page_size_bytes` one block of one layer;
+    `sliding_window` (sliding-window groups) and `attention_chunk_size` (chunked local) are in tokens.
+    """
+
+    kind: str
+    block_size: int
+    num_layers: int | None = None
+    page_size_bytes: int | None = None
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise KmeshTraceError(f"unknown KV cache group kind {self.kind!r}; expected one of {', '.join(KINDS)}.")
+        if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 1:
+            raise KmeshTraceError(f"a KV cache group's block_size must be a positive integer, not {self.block_size!r}.")
+        for name in ("num_layers", "page_size_bytes", "sliding_window", "attention_chunk_size"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1 or v >= 1 << 62):
+                raise KmeshTraceError(f"a KV cache group's {name} must be a positive integer, not {v!r}.")
+        if self.kind == SLIDING_WINDOW and self.sliding_window is None:
+            raise KmeshTraceError("a sliding_window KV cache group needs its sliding_window (tokens).")
+        if self.kind == CHUNKED_LOCAL and self.attention_chunk_size is None:
+            raise KmeshTraceError("a chunked_local KV cache group needs its attention_chunk_size (tokens).")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def kv_bytes_per_token(self) -> float | None:
+        """Bytes one token occupies in this group across its layers; None when not known."""
+        if self.page_size_bytes is None or self.num_layers is None:
+            return None
+        return self.page_size_bytes * self.num_layers / self.block_size
+
+
+def full_attention(block_size: int) -> tuple[KVCacheGroup, ...]:
+    """The groups of a trace that states none: one full-attention group."""
+    return (KVCacheGroup(FULL, block_size),)
+
+
+def groups_from_metadata(meta: dict) -> tuple[KVCacheGroup, ...]:
+    """The partition's KV cache groups: its `kv_cache_groups`, else one full-attention group of `block_size`."""
+    raw = meta.get("kv_cache_groups")
+    if not raw:
+        bs = meta.get("block_size")
+        return full_attention(int(bs)) if bs else ()
+    if not isinstance(raw, list):
+        raise KmeshTraceError("the engine metadata's kv_cache_groups must be a list of groups.")
+    out = []
+    for i, g in enumerate(raw):
+        if not isinstance(g, dict):
+            raise KmeshTraceError(f"kv_cache_groups[{i}] in the engine metadata is not an object.")
+        known = {k: g.get(k) for k in KVCacheGroup.__dataclass_fields__}
+        try:
+            out.append(KVCacheGroup(**known))
+        except KmeshTraceError as e:
+            raise KmeshTraceError(f"kv_cache_groups[{i}] in the engine metadata: {e}") from None
+    return tuple(out)
+
+
+def is_hybrid(groups: tuple[KVCacheGroup, ...]) -> bool:
+    """True when the model has more than one group or a group that is not plain full attention."""
+    return len(groups) > 1 or any(g.kind not in (FULL, MLA) for g in groups)
+
+
+def kind_of_spec(spec: Any) -> str | None:
+    """The group kind of a vLLM KV cache spec object (by its class, or the nearest base vLLM names); None if unknown."""
+    for cls in type(spec).__mro__:
+        if cls.__name__ in _SPEC_KINDS:
+            return _SPEC_KINDS[cls.__name__]
+    return None
+
+
+def group_of_vllm(group: Any) -> KVCacheGroup | None:
+    """A vLLM `KVCacheGroupSpec` (layer_names + kv_cache_spec) as a KVCacheGroup; None for a kind not modelled."""
+    spec = group.kv_cache_spec
+    kind = kind_of_spec(spec)
+    if kind is None:
+        return None
+    return KVCacheGroup(
+        kind=kind,
+        block_size=int(spec.block_size),
+        num_layers=len(group.layer_names) or None,
+        page_size_bytes=int(spec.page_size_bytes) or None,
+        sliding_window=int(spec.sliding_window) if kind == SLIDING_WINDOW else None,
+        attention_chunk_size=int(spec.attention_chunk_size) if kind == CHUNKED_LOCAL else None,
+    )
