@@ -1,0 +1,130 @@
+"""`advise`: the sizing ladder of a trace on one screen, the verdict first (`kmesh_trace.apps.advise`)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kmesh_trace.cli.common import (
+    Output,
+    Table,
+    emit,
+    err,
+    handles_errors,
+    open_input,
+    out,
+    output_options,
+)
+from kmesh_trace.values import MAX_BLOCKS, bounded_int, finite_float
+
+#: The human output's width: one screen of a terminal.
+WIDTH = 80
+
+
+def register(app: typer.Typer) -> None:
+    app.command("advise")(advise_cmd)
+
+
+@handles_errors
+@output_options()
+def advise_cmd(
+    trace: Path = typer.Argument(..., help="Trace directory (a capture, a KV-events recording, an import), or a "
+                                           "Mooncake/Bailian JSONL file, weka or lmcache-agent directory."),
+    capacity_blocks: Optional[int] = typer.Option(None, "--capacity-blocks", parser=bounded_int(1, MAX_BLOCKS),
+                                                  help="The engine's pool in blocks (default: the trace's usable "
+                                                       "blocks; an import: where LRU reaches half the infinite "
+                                                       "cache's hits)."),
+    engines: Optional[int] = typer.Option(None, "--engines", parser=bounded_int(1, 4096),
+                                          help="Add the fleet rungs for N engines of the pool's size (default: the "
+                                               "trace's engines, when it has several)."),
+    within: float = typer.Option(5.0, "--within", parser=finite_float(0, 100),
+                                 help="Recommend the smallest configuration within this percent of the bound."),
+    tokens_per_s: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True),
+                                                 help="Prefill throughput, for seconds (default: fitted to a "
+                                                      "capture's measured prefills)."),
+    kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", parser=bounded_int(1, 1 << 40),
+                                           help="KV bytes per token, for sizes in bytes (default: the capture's "
+                                                "engine metadata)."),
+    model_config: Optional[Path] = typer.Option(None, "--model-config",
+                                                help="Hugging Face config.json giving the KV bytes per token."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
+    output: Output = None,
+) -> None:
+    """The answer in one place: the hit-ratio ladder from the infinite cache to what the engine reached, with
+    holds, host/SSD tiers and N engines, and the smallest configuration within --within percent of the bound."""
+    from kmesh_trace.apps.advise import AdviseOptions, advise
+
+    options = AdviseOptions(capacity_blocks, engines, within, tokens_per_s, kv_bytes, model_config)
+    options.check()
+    with open_input(trace, None, engine, False, direct=True) as (t, _):
+        with err.status("advise") as status:
+            advice = advise(t, options, source_arg=str(trace), engine=engine,
+                            progress=lambda what: status.update(f"advise: {what}"))
+    for note in advice.notes:
+        err.print(f"note: {note}", markup=False, highlight=False)
+    d = advice.to_dict()
+    emit(output, d, render=lambda: render(d))
+
+
+def _wrap(text: str, indent: str = "") -> str:
+    return "\n".join(textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent or "  ",
+                                   break_on_hyphens=False, break_long_words=False))
+
+
+def _size(nbytes) -> str:
+    if nbytes is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:,.1f} {unit}"
+    return f"{nbytes / 2**10:,.1f} KiB"
+
+
+def _seconds(r: dict) -> str:
+    if r["prefill_s"] is None:
+        return "-"
+    if r["prefill_s_error"] is None:
+        return f"{r['prefill_s']:,.2f}"
+    return f"{r['prefill_s']:,.2f}±{r['prefill_s_error'] / r['prefill_s']:.0%}" if r["prefill_s"] else "0"
+
+
+def lines(d: dict) -> list:
+    """The human output, from the JSON: the verdict, the ladder, the recommendation, what the trace could not
+    answer. Items are strings (lines) or a `Table`."""
+    items: list = [_wrap(d["verdict"]), ""]
+    t = Table(title=f"ladder: {d['num_requests']:,} requests, {d['block_size']}-token blocks, pool "
+                    f"{d['capacity_blocks']:,} blocks", title_justify="left")
+    for h, short in (("rung", None), ("tok_hit", None), ("blk_hit", None), ("prefill", None),
+                     ("prefill_s", None), ("blocks", None), ("size", None)):
+        t.add_column(h, justify="left" if h == "rung" else "right", short=short)
+    for r in d["ladder"]:
+        t.add_row(r["rung"], f"{r['token_hit_ratio']:.1%}", "-" if r["hit_ratio"] is None else f"{r['hit_ratio']:.1%}",
+                  f"{r['prefill_tokens']:,}", _seconds(r), f"{r['capacity_blocks']:,}", _size(r["capacity_bytes"]))
+    items.append(t)
+    p = d["prefill"]
+    if p.get("source") == "fit":
+        items.append(_wrap(f"prefill_s: fitted to {p['n']:,} measured prefills, r2 {p['r2']:.3f}; ± is the fit's "
+                           "median relative error per request"))
+    elif p.get("source") == "throughput":
+        items.append(_wrap(f"prefill_s: at {p['tokens_per_s']:,g} prefill tokens/s (given)"))
+    rec = d["recommendation"]
+    items += ["", _wrap(f"recommendation ({'within' if rec['reaches'] else 'not within'} {rec['within_pct']:g}% of "
+                        f"the bound): {rec['label']}"), _wrap(rec["how"], "  ")]
+    if d["unanswered"]:
+        items += ["", "the trace could not answer:"]
+        items += [_wrap(f"- {u['what']}: {u['why']}; answer with {u['answer']}.", "    ").replace("    - ", "  - ", 1)
+                  for u in d["unanswered"]]
+    items += ["", _wrap("tok_hit: hit prompt tokens / prompt tokens; blk_hit: hit blocks / blocks read. Each rung's "
+                        "reproducing command: --json, key `command`.")]
+    return items
+
+
+def render(d: dict) -> None:
+    for item in lines(d):
+        if isinstance(item, str):
+            out.print(item, markup=False, highlight=False, soft_wrap=True)
+        else:
+            out.print(item)
