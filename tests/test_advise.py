@@ -1,0 +1,192 @@
+"""`kmesh-trace advise`: the ladder's invariants on random traces, every rung equal to its reproducing
+command's own --json output (both run through the CLI), seconds from a given throughput, one screen at 80
+columns, and recommendations that name only flags vLLM's own argument parser accepts."""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+
+import pytest
+
+from capture_traces import write_trace
+from kmesh_trace.apps.advise import LMCACHE_KEYS, PREFILL_RATES, VLLM_FLAGS
+
+BLOCK = 512
+
+
+def _mooncake(path, seed: int, num_requests: int = 40):
+    """A random Mooncake-format file: conversations whose turns extend the previous turn's blocks, shared
+    system-prompt blocks, and one-off requests; partial last blocks."""
+    rng = random.Random(seed)
+    next_id, convs, lines = 0, [], []
+    system = list(range(3))
+    next_id = 3
+    for k in range(num_requests):
+        if convs and rng.random() < 0.5:
+            c = rng.randrange(len(convs))
+            ids = convs[c] + list(range(next_id, next_id + rng.randrange(1, 4)))
+            convs[c] = ids
+        else:
+            ids = (system[:rng.randrange(0, 4)]) + list(range(next_id, next_id + rng.randrange(1, 6)))
+            if rng.random() < 0.6:
+                convs.append(ids)
+        next_id = max(next_id, max(ids) + 1)
+        n = len(ids) * BLOCK - rng.randrange(0, BLOCK)
+        lines.append(json.dumps({"timestamp": k * 100, "input_length": n, "output_length": rng.randrange(1, 300),
+                                 "hash_ids": ids}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _json(cli, args) -> dict:
+    r = cli(args)
+    assert r.exit_code == 0, (args, r.stdout[-2000:], r.stderr[-2000:])
+    return json.loads(r.stdout)
+
+
+def _at(d, path: str):
+    """The value at a rung's `at` path (`results[2]`, `arms.held`, `points[0].runs[1]`)."""
+    for part in path.split("."):
+        name, _, rest = part.partition("[")
+        d = d[name]
+        while rest:
+            idx, _, rest = rest.partition("]")
+            d = d[int(idx)]
+            rest = rest.lstrip("[")
+    return d
+
+
+def _hits_of(row: dict) -> int:
+    return row["hit_tokens"]
+
+
+def _prefill_of(row: dict) -> int:
+    return row["prefill_tokens"] if "prefill_tokens" in row else row["recomputed_tokens"]
+
+
+def _check_rungs_against_commands(cli, d: dict) -> None:
+    outputs: dict[str, dict] = {}
+    for r in d["ladder"]:
+        argv = shlex.split(r["command"])
+        assert argv[0] == "kmesh-trace" and argv[-1] == "--json", r["command"]
+        if r["command"] not in outputs:
+            outputs[r["command"]] = _json(cli, argv[1:])
+        row = _at(outputs[r["command"]], r["at"])
+        assert (_hits_of(row), _prefill_of(row)) == (r["hit_tokens"], r["prefill_tokens"]), (r["rung"], row)
+        if "hit_ratio" in row and r["hit_ratio"] is not None:
+            assert row["hit_ratio"] == pytest.approx(r["hit_ratio"], rel=1e-12), r["rung"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ladder_invariants_and_every_rung_is_its_commands_output(cli, tmp_path, seed):
+    trace = _mooncake(tmp_path / f"m{seed}.jsonl", seed)
+    d = _json(cli, ["advise", trace, "--engines", "2", "--json"])
+    rung = {r["rung"]: r for r in d["ladder"]}
+    assert {"infinite", "bound", "modelled", "fleet-best", "fleet-global"} <= set(rung)
+    hits = {k: v["hit_tokens"] for k, v in rung.items()}
+    assert hits["infinite"] >= hits["bound"] >= hits["modelled"]
+    tiers = [k for k in ("host-50", "host-90", "host-99", "ssd") if k in rung]
+    for a, b in zip(tiers, tiers[1:]):
+        assert hits[a] <= hits[b], (a, b)
+    for k in tiers:  # a lower tier never lowers the hit ratio, and never beats a cache that keeps everything
+        assert hits["modelled"] <= hits[k] <= hits["infinite"], k
+        assert rung[k]["token_hit_ratio"] >= rung["modelled"]["token_hit_ratio"]
+    assert hits["fleet-global"] >= 0 and rung["fleet-global"]["capacity_blocks"] == 2 * d["capacity_blocks"]
+    for r in d["ladder"]:  # the names the issue gives, every rung
+        assert {"rung", "token_hit_ratio", "hit_ratio", "prefill_tokens", "prefill_s", "capacity_blocks",
+                "capacity_bytes", "command"} <= set(r)
+        assert r["prefill_tokens"] == d["num_prompt_tokens"] - r["hit_tokens"] or r["rung"].startswith("fleet")
+    _check_rungs_against_commands(cli, d)
+    rec = d["recommendation"]
+    target = rec["target_hit_tokens"]
+    order = [n for n in ("modelled", "holds", "host-50", "host-90", "host-99", "ssd") if n in rung]
+    if rec["reaches"]:  # the first candidate, cheapest first, that reaches (100 - within)% of the bound
+        assert rung[rec["rung"]]["hit_tokens"] >= target
+        assert all(hits[n] < target for n in order[:order.index(rec["rung"])])
+    else:
+        assert all(hits[n] < target for n in order)
+
+
+def test_a_capture_has_its_stock_rung_and_each_rung_matches(cli, tmp_path):
+    trace = write_trace(tmp_path / "t")
+    d = _json(cli, ["advise", trace, "--json"])
+    rung = {r["rung"]: r for r in d["ladder"]}
+    assert rung["stock"]["hit_tokens"] == 8  # the engine's own count: r1 hit r0's two blocks
+    assert rung["stock"]["capacity_blocks"] == 8 and d["capacity_source"] == "the engine's usable blocks"
+    _check_rungs_against_commands(cli, d)
+
+
+def test_seconds_from_a_given_throughput(cli, tmp_path):
+    trace = _mooncake(tmp_path / "m.jsonl", 7)
+    d = _json(cli, ["advise", trace, "--prefill-tokens-per-s", "4000", "--json"])
+    assert d["prefill"]["source"] == "throughput"
+    for r in d["ladder"]:
+        if r["rung"].startswith("fleet"):
+            assert r["prefill_s"] is None  # routed pools keep no per-request hits
+        else:  # no attention factor, no per-request cost: seconds are tokens over the rate
+            assert r["prefill_s"] == pytest.approx(r["prefill_tokens"] / 4000, rel=1e-12), r["rung"]
+            assert r["prefill_s_error"] is None
+
+
+def test_without_timings_there_are_no_seconds_and_it_says_why(cli, tmp_path):
+    trace = _mooncake(tmp_path / "m.jsonl", 3)
+    d = _json(cli, ["advise", trace, "--json"])
+    assert all(r["prefill_s"] is None for r in d["ladder"])
+    whats = [u["what"] for u in d["unanswered"]]
+    assert "prefill seconds" in whats and "the engine's pool size" in whats and "routing over several engines" in whats
+    assert next(u for u in d["unanswered"] if u["what"] == "prefill seconds")["answer"].startswith(
+        "--prefill-tokens-per-s")
+
+
+@pytest.mark.parametrize("args", [["--engines", "2", "--prefill-tokens-per-s", "4000"], ["--kv-bytes-per-token", "4096"]])
+def test_human_output_is_one_screen_of_80_columns_verdict_first(cli, tmp_path, width, args):
+    width(80)
+    trace = _mooncake(tmp_path / "m.jsonl", 1)
+    r = cli(["advise", trace, *args])
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("The engine as modelled reuses "), lines[0]
+    assert max(map(len, lines)) <= 80, max(lines, key=len)
+    assert "…" not in r.stdout
+    assert len(lines) <= 50  # one screen
+
+
+def _vllm_parser():
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return EngineArgs.add_cli_args(FlexibleArgumentParser())
+
+
+def test_every_vllm_flag_named_exists_in_vllms_parser():
+    parser = _vllm_parser()
+    known = {s for a in parser._actions for s in a.option_strings}
+    assert set(VLLM_FLAGS) <= known, set(VLLM_FLAGS) - known
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_recommended_settings_parse(cli, tmp_path, seed):
+    """A recommended host or SSD tier's vLLM flags, with their values, as vLLM's own parser reads them; its LMCache
+    keys are among those LMCache documents."""
+    parser = _vllm_parser()
+    trace = _mooncake(tmp_path / "m.jsonl", seed)
+    d = _json(cli, ["advise", trace, "--kv-bytes-per-token", "131072", "--within", "0", "--json"])
+    rec = d["recommendation"]
+    settings = rec["settings"]
+    argv = [x for s in settings if s["tool"] == "vllm" for x in (s["flag"], str(s["value"]))]
+    ns = parser.parse_args(argv)
+    if rec["rung"].startswith("host"):
+        assert ns.kv_offloading_backend == "native"
+        gib = ns.kv_offloading_size
+        assert gib * 2**30 >= rec["capacity_bytes"] - d["capacity_blocks"] * BLOCK * 131072  # never undersized
+    if rec["rung"] == "ssd":
+        assert json.loads(argv[1])["kv_connector"] == "LMCacheConnectorV1"
+    assert {s["key"] for s in settings if s["tool"] == "lmcache"} <= set(LMCACHE_KEYS)
+
+
+def test_the_prefill_rate_table_cites_every_row():
+    for model, gpu, rate, source in PREFILL_RATES:  # empty until measured or published rates are cited
+        assert model and gpu and rate > 0 and source
