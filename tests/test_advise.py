@@ -190,3 +190,15 @@ def test_recommended_settings_parse(cli, tmp_path, seed):
 def test_the_prefill_rate_table_cites_every_row():
     for model, gpu, rate, source in PREFILL_RATES:  # empty until measured or published rates are cited
         assert model and gpu and rate > 0 and source
+
+
+def test_the_report_leads_with_the_ladder(cli, tmp_path):
+    from kmesh_trace.apps.report import write_report
+
+    trace = write_trace(tmp_path / "t")
+    data = write_report(trace, tmp_path / "r.html", trace_arg=str(trace))
+    assert next(iter(data)) == "advise"
+    page = (tmp_path / "r.html").read_text()
+    assert page.index('id="advise-ladder"') < page.index('id="capture-tables"')
+    d = _json(cli, ["advise", trace, "--json"])
+    assert data["advise"]["ladder"] == d["ladder"] and data["advise"]["verdict"] == d["verdict"]

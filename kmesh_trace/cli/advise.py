@@ -11,6 +11,7 @@ import typer
 from kmesh_trace.cli.common import (
     Output,
     Table,
+    check_plot_option,
     emit,
     err,
     handles_errors,
@@ -51,6 +52,7 @@ def advise_cmd(
     model_config: Optional[Path] = typer.Option(None, "--model-config",
                                                 help="Hugging Face config.json giving the KV bytes per token."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the ladder to FILE.png or FILE.svg."),
     output: Output = None,
 ) -> None:
     """The answer in one place: the hit-ratio ladder from the infinite cache to what the engine reached, with
@@ -59,6 +61,7 @@ def advise_cmd(
 
     options = AdviseOptions(capacity_blocks, engines, within, tokens_per_s, kv_bytes, model_config)
     options.check()
+    check_plot_option(plot, [trace, model_config])
     with open_input(trace, None, engine, False, direct=True) as (t, _):
         with err.status("advise") as status:
             advice = advise(t, options, source_arg=str(trace), engine=engine,
@@ -66,6 +69,11 @@ def advise_cmd(
     for note in advice.notes:
         err.print(f"note: {note}", markup=False, highlight=False)
     d = advice.to_dict()
+    if plot is not None:
+        from kmesh_trace.apps.plots import plot_ladder
+
+        plot_ladder(d, plot)
+        err.print(f"wrote {plot}", markup=False, highlight=False)
     emit(output, d, render=lambda: render(d))
 
 
