@@ -85,6 +85,8 @@ def test_ladder_invariants_and_every_rung_is_its_commands_output(cli, tmp_path, 
     d = _json(cli, ["advise", trace, "--engines", "2", "--json"])
     rung = {r["rung"]: r for r in d["ladder"]}
     assert {"infinite", "bound", "modelled", "fleet-best", "fleet-global"} <= set(rung)
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]  # no pool recorded: the longest fits
+    assert d["capacity_blocks"] >= max(-(-(r["input_length"] + r["output_length"]) // BLOCK) for r in rows)
     hits = {k: v["hit_tokens"] for k, v in rung.items()}
     assert hits["infinite"] >= hits["bound"] >= hits["modelled"]
     tiers = [k for k in ("host-50", "host-90", "host-99", "ssd") if k in rung]

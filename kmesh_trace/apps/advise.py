@@ -260,7 +260,8 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
 
 def _pool(w, options: AdviseOptions, step) -> tuple[int, str]:
     """The pool capacity of the ladder: the user's, the engine's usable blocks, else (an import) the smallest
-    capacity at which LRU reaches half the infinite cache's hits (as the report chooses)."""
+    capacity at which LRU reaches half the infinite cache's hits (as the report chooses), raised to the largest
+    request's blocks (prompt + output) when that is larger: an engine serves its longest request."""
     if options.capacity_blocks is not None:
         return int(options.capacity_blocks), "--capacity-blocks"
     if w.num_usable_blocks:
@@ -272,6 +273,10 @@ def _pool(w, options: AdviseOptions, step) -> tuple[int, str]:
     half = curve.capacity_for_fraction()["lru"]["0.5"]
     if not half:
         raise KmeshTraceError("the trace has no repeated prefix, so no pool size is suggested; pass --capacity-blocks N.")
+    bs = w.block_size
+    longest = max(-(-(r.num_prompt_tokens + (r.num_output_tokens or 0)) // bs) for r in w.requests)
+    if longest > half:
+        return int(longest), "no pool size recorded: the blocks of the longest request (prompt + output)"
     return int(half), "no pool size recorded: the capacity at which LRU reaches half the infinite cache's hits"
 
 
