@@ -216,7 +216,7 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
                            "answer": "--capacity-blocks N (or a capture: kmesh-trace capture)"})
     cost, prefill = _prefill(source, engine, options)
     if cost is None:
-        unanswered.append({"what": "prefill seconds", "why": str(prefill["why"]).split("; give")[0],
+        unanswered.append({"what": "prefill seconds", "why": _why_no_seconds(prefill["why"]),
                            "answer": "--prefill-tokens-per-s R, or a capture with timings (kmesh-trace capture)"})
     ctx = _Context(source, source_arg, engine, options, w, capacity, kvbpt, cost,
                    prefill.get("median_relative_error") if prefill.get("source") == "fit" else None)
@@ -242,6 +242,9 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
     if n is not None:
         step("fleet")
         rungs += _fleet_rungs(ctx, n)
+        if len(source.engines) > 1:
+            notes.append(f"the fleet rungs route every engine's requests ({len(source.engines)} engines); the other "
+                         f"rungs are engine {engine}'s")
     else:
         unanswered.append({"what": "routing over several engines", "why": "the trace has one engine",
                            "answer": "--engines N"})
@@ -256,6 +259,12 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
                     capacity_source, kvbpt, rungs, options.within, prefill, unanswered, notes=notes)
     advice.recommendation = _recommend(advice, ctx)
     return advice
+
+
+def _why_no_seconds(why: str | None) -> str:
+    """The prefill fit's reason, without its advice (the ladder names the flag itself)."""
+    text = str(why or "no prefill timings").removeprefix("no prefill seconds: ")
+    return text.split("; give")[0].split(". Give")[0].rstrip(".")
 
 
 def _pool(w, options: AdviseOptions, step) -> tuple[int, str]:
