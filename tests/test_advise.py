@@ -189,9 +189,18 @@ def test_recommended_settings_parse(cli, tmp_path, seed):
     assert {s["key"] for s in settings if s["tool"] == "lmcache"} <= set(LMCACHE_KEYS)
 
 
-def test_the_prefill_rate_table_cites_every_row():
-    for model, gpu, rate, source in PREFILL_RATES:  # empty until measured or published rates are cited
-        assert model and gpu and rate > 0 and source
+def test_every_measured_rate_cites_its_source_and_prices_a_ladder(cli, tmp_path):
+    for row in PREFILL_RATES:
+        assert row.model and row.gpu and row.tokens_per_s > 0 and row.source
+    row = PREFILL_RATES[0]
+    trace = _mooncake(tmp_path / "m.jsonl", 2)
+    d = _json(cli, ["advise", trace, "--prefill-rate", row.key, "--json"])
+    assert d["prefill"]["source"] == "table" and d["prefill"]["cited"] == row.source
+    cost = row.cost()
+    bound = next(r for r in d["ladder"] if r["rung"] == "bound")
+    assert bound["prefill_s"] > cost.seconds_per_token * bound["prefill_tokens"]  # position and request terms add
+    r = cli(["advise", trace, "--prefill-rate", "nope"])
+    assert r.exit_code == 1 and r.stderr.startswith("Error: unknown --prefill-rate 'nope'; the measured rates are: ")
 
 
 def test_the_report_leads_with_the_ladder(cli, tmp_path):

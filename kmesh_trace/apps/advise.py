@@ -36,7 +36,7 @@ import numpy as np
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.options import flags, option
 
-__all__ = ["AdviseOptions", "Advice", "Rung", "advise", "VLLM_FLAGS", "LMCACHE_KEYS", "PREFILL_RATES"]
+__all__ = ["AdviseOptions", "Advice", "Rung", "advise", "VLLM_FLAGS", "LMCACHE_KEYS", "PREFILL_RATES", "PrefillRate"]
 
 #: Tier fractions: the share of what lower tiers can add that each host rung reaches.
 TIER_FRACTIONS = (0.5, 0.9, 0.99)
@@ -52,10 +52,36 @@ LMCACHE_KEYS = ("chunk_size", "local_cpu", "max_local_cpu_size", "local_disk", "
 #: The capture plugin's family hold controller (docs/CAPTURE.md, "The family hold controller").
 HOLD_ENV = "KMESH_HOLD"
 
-#: Measured prefill rates per model and GPU, each with the command or publication it comes from. Empty until
-#: a rate is measured here or a published one is cited: a rate without a source would make every second a
-#: guess. Rows: (model, gpu, tokens_per_s, source).
-PREFILL_RATES: tuple[tuple[str, str, float, str], ...] = ()
+@dataclass(frozen=True)
+class PrefillRate:
+    """A measured prefill cost of one model geometry on one GPU, and the command or publication it comes from."""
+
+    key: str  # what --prefill-rate names
+    model: str
+    gpu: str
+    tokens_per_s: float  # at position 0
+    attention_factor: float  # extra cost of a token per earlier position, as a fraction of its position-0 cost
+    seconds_per_request: float
+    source: str
+
+    def cost(self):
+        from kmesh_trace.oracle.prefill_cost import PrefillCost
+
+        return PrefillCost.from_throughput(self.tokens_per_s, attention_factor=self.attention_factor,
+                                           seconds_per_request=self.seconds_per_request)
+
+
+#: Measured prefill rates. Only rows whose source can be cited: a command run here, or a published figure.
+#: A rate without a source would make every second a guess, so the table stays short.
+PREFILL_RATES: tuple[PrefillRate, ...] = (
+    PrefillRate("llama3-8b-shape/h200/pytorch", "Llama-3-8B geometry, random bf16 weights", "NVIDIA H200",
+                39061.0, 3.537e-5, 0.001348,
+                "benchmarks/prefill_rate.py (plain PyTorch 2.11 bf16 forward with SDPA, not vLLM) on one H200, "
+                "prompts of 512..32768 tokens from position 0, 5 timed runs each; fitted with "
+                "PrefillCost.fit_points, r2 0.99999. A serving engine batches and schedules: treat it as the "
+                "GPU's compute rate for this geometry, not as vLLM's."),
+)
+PREFILL_RATE_KEYS = tuple(r.key for r in PREFILL_RATES)
 
 
 @dataclass(frozen=True)
@@ -66,12 +92,18 @@ class AdviseOptions:
     engines: int | None = option("--engines")  # fleet size (default: the trace's engines, when several)
     within: float = option("--within", 5.0)  # percent of the bound's hit tokens
     prefill_tokens_per_s: float | None = option("--prefill-tokens-per-s")  # default: the capture's fit
+    prefill_rate: str | None = option("--prefill-rate")  # a PREFILL_RATES key
     kv_bytes_per_token: int | None = option("--kv-bytes-per-token")
     model_config: Any = option("--model-config")
 
     def check(self) -> None:
         if not 0 <= self.within < 100:
             raise KmeshTraceError(f"--within must be a percentage in [0, 100), not {self.within:g}.")
+        if self.prefill_rate is not None and self.prefill_rate not in PREFILL_RATE_KEYS:
+            raise KmeshTraceError(f"unknown --prefill-rate {self.prefill_rate!r}; the measured rates are: "
+                                  f"{', '.join(PREFILL_RATE_KEYS)}.")
+        if self.prefill_rate is not None and self.prefill_tokens_per_s is not None:
+            raise KmeshTraceError("give --prefill-tokens-per-s or --prefill-rate, not both.")
 
 
 @dataclass
@@ -217,7 +249,8 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
     cost, prefill = _prefill(source, engine, options)
     if cost is None:
         unanswered.append({"what": "prefill seconds", "why": _why_no_seconds(prefill["why"]),
-                           "answer": "--prefill-tokens-per-s R, or a capture with timings (kmesh-trace capture)"})
+                           "answer": "--prefill-tokens-per-s R, --prefill-rate KEY (a measured rate), or a capture "
+                                     "with timings (kmesh-trace capture)"})
     ctx = _Context(source, source_arg, engine, options, w, capacity, kvbpt, cost,
                    prefill.get("median_relative_error") if prefill.get("source") == "fit" else None)
     rungs: list[Rung] = []
@@ -297,6 +330,10 @@ def _prefill(source, engine, options: AdviseOptions):
     if options.prefill_tokens_per_s is not None:
         cost = PrefillCost.from_throughput(options.prefill_tokens_per_s)
         return cost, {"source": "throughput", "tokens_per_s": options.prefill_tokens_per_s, "why": None}
+    if options.prefill_rate is not None:
+        row = next(r for r in PREFILL_RATES if r.key == options.prefill_rate)
+        return row.cost(), {"source": "table", "key": row.key, "model": row.model, "gpu": row.gpu,
+                            "tokens_per_s": row.tokens_per_s, "cited": row.source, "why": None}
     f = fitted_prefill(source, engine)
     d: dict = {"source": "fit" if f.cost is not None else None, "why": f.why}
     if f.fit is not None:

@@ -46,6 +46,10 @@ def advise_cmd(
     tokens_per_s: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True),
                                                  help="Prefill throughput, for seconds (default: fitted to a "
                                                       "capture's measured prefills)."),
+    prefill_rate: Optional[str] = typer.Option(None, "--prefill-rate",
+                                               help="A measured prefill rate by its key, for seconds: "
+                                                    "llama3-8b-shape/h200/pytorch (kmesh_trace.apps.advise."
+                                                    "PREFILL_RATES says where each comes from)."),
     kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", parser=bounded_int(1, 1 << 40),
                                            help="KV bytes per token, for sizes in bytes (default: the capture's "
                                                 "engine metadata)."),
@@ -59,7 +63,7 @@ def advise_cmd(
     holds, host/SSD tiers and N engines, and the smallest configuration within --within percent of the bound."""
     from kmesh_trace.apps.advise import AdviseOptions, advise
 
-    options = AdviseOptions(capacity_blocks, engines, within, tokens_per_s, kv_bytes, model_config)
+    options = AdviseOptions(capacity_blocks, engines, within, tokens_per_s, prefill_rate, kv_bytes, model_config)
     options.check()
     check_plot_option(plot, [trace, model_config])
     with open_input(trace, None, engine, False, direct=True) as (t, _):
@@ -118,6 +122,9 @@ def lines(d: dict) -> list:
                            "median relative error per request"))
     elif p.get("source") == "throughput":
         items.append(_wrap(f"prefill_s: at {p['tokens_per_s']:,g} prefill tokens/s (given)"))
+    elif p.get("source") == "table":
+        items.append(_wrap(f"prefill_s: the measured rate {p['key']} ({p['model']} on {p['gpu']}, "
+                           f"{p['tokens_per_s']:,.0f} tokens/s at position 0; its source: --json, key prefill.cited)"))
     rec = d["recommendation"]
     items += ["", _wrap(f"recommendation ({'within' if rec['reaches'] else 'not within'} {rec['within_pct']:g}% of "
                         f"the bound): {rec['label']}"), _wrap(rec["how"], "  ")]
