@@ -241,6 +241,9 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
     kvbpt, _ = tc.kv_bytes_per_token(meta, options.kv_bytes_per_token, options.model_config)
     unanswered: list[dict] = []
     notes: list[str] = []
+    if meta.get("token_ids_approximate"):
+        notes.append(f"the token ids are approximate ({meta.get('tokenizer') or 'an importer'}'s, not the serving "
+                     "model's): block counts and ratios are estimates")
     capacity, capacity_source = _pool(w, options, step)
     if options.capacity_blocks is None and not w.num_usable_blocks:
         unanswered.append({"what": "the engine's pool size", "why": "the trace does not record usable blocks (an "

@@ -19,6 +19,7 @@ from kmesh_trace.cli.common import (
     out,
     output_options,
 )
+from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.values import MAX_BLOCKS, bounded_int, finite_float
 
 #: The human output's width: one screen of a terminal.
@@ -32,8 +33,9 @@ def register(app: typer.Typer) -> None:
 @handles_errors
 @output_options()
 def advise_cmd(
-    trace: Path = typer.Argument(..., help="Trace directory (a capture, a KV-events recording, an import), or a "
-                                           "Mooncake/Bailian JSONL file, weka or lmcache-agent directory."),
+    trace: Path = typer.Argument(..., help="Trace directory (a capture, a KV-events recording, an import), a "
+                                           "Mooncake/Bailian JSONL file, weka or lmcache-agent directory, or a request "
+                                           "dataset (OpenAI-compatible JSONL, ShareGPT JSON, vllm bench custom JSONL)."),
     capacity_blocks: Optional[int] = typer.Option(None, "--capacity-blocks", parser=bounded_int(1, MAX_BLOCKS),
                                                   help="The engine's pool in blocks (default: the trace's usable "
                                                        "blocks; an import: where LRU reaches half the infinite "
@@ -55,6 +57,12 @@ def advise_cmd(
                                                 "engine metadata)."),
     model_config: Optional[Path] = typer.Option(None, "--model-config",
                                                 help="Hugging Face config.json giving the KV bytes per token."),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="A request dataset's tokenizer: tokenizer.json, or "
+                                             "its directory with tokenizer_config.json and the chat template (default: "
+                                             "UTF-8 bytes, approximate)."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", parser=bounded_int(1, MAX_BLOCKS),
+                                             help="A request dataset's tokens per block (default 16 with --tokenizer, "
+                                                  "64 for UTF-8 bytes)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the ladder to FILE.png or FILE.svg."),
     output: Output = None,
@@ -66,7 +74,15 @@ def advise_cmd(
     options = AdviseOptions(capacity_blocks, engines, within, tokens_per_s, prefill_rate, kv_bytes, model_config)
     options.check()
     check_plot_option(plot, [trace, model_config])
-    with open_input(trace, None, engine, False, direct=True) as (t, _):
+    import_options = None
+    if tokenizer is not None or block_size is not None:
+        from kmesh_trace.cli.inputs import sniff
+
+        if sniff(trace) != "requests":
+            raise KmeshTraceError("--tokenizer and --block-size apply to a request dataset (OpenAI-compatible JSONL, "
+                                  "ShareGPT, vllm bench custom).")
+        import_options = {"tokenizer": tokenizer, "block_size": block_size}
+    with open_input(trace, None, engine, False, direct=True, import_options=import_options) as (t, _):
         with err.status("advise") as status:
             advice = advise(t, options, source_arg=str(trace), engine=engine,
                             progress=lambda what: status.update(f"advise: {what}"))
