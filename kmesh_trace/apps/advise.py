@@ -175,7 +175,7 @@ class Advice:
         base = self.rung("stock") or self.rung("modelled")
         what = "as captured" if base.rung == "stock" else "as modelled"
         head = (f"The engine {what} reuses {base.token_hit_ratio:.1%} of prompt tokens; the bound at "
-                f"{self.capacity_blocks:,} blocks is {bound.token_hit_ratio:.1%}")
+                f"{blocks(self.capacity_blocks)} is {bound.token_hit_ratio:.1%}")
         if rec["rung"] == base.rung or rec["rung"] in ("stock", "modelled"):
             return head + f": already within {self.within:g}% of it, so change nothing."
         if not rec["reaches"]:
@@ -189,6 +189,11 @@ class Advice:
                 "kv_bytes_per_token": self.kv_bytes_per_token, "within_pct": self.within, "prefill": self.prefill,
                 "ladder": [r.to_dict() for r in self.rungs], "recommendation": self.recommendation,
                 "unanswered": self.unanswered, "notes": self.notes}
+
+
+def blocks(n: int) -> str:
+    """`n` blocks, in words."""
+    return f"{n:,} block" + ("" if n == 1 else "s")
 
 
 # ---- the run -------------------------------------------------------------------------------------
@@ -315,12 +320,10 @@ def _pool(w, options: AdviseOptions, step) -> tuple[int, str]:
 
     step("choosing a pool size")
     curve = headroom_curve(w.requests, w.block_size, policies=["lru"])
-    half = curve.capacity_for_fraction()["lru"]["0.5"]
-    if not half:
-        raise KmeshTraceError("the trace has no repeated prefix, so no pool size is suggested; pass --capacity-blocks N.")
+    half = curve.capacity_for_fraction()["lru"]["0.5"] or 0  # 0: nothing repeats, so no cache size helps
     bs = w.block_size
     longest = max(-(-(r.num_prompt_tokens + (r.num_output_tokens or 0)) // bs) for r in w.requests)
-    if longest > half:
+    if longest >= half:
         return int(longest), "no pool size recorded: the blocks of the longest request (prompt + output)"
     return int(half), "no pool size recorded: the capacity at which LRU reaches half the infinite cache's hits"
 
@@ -417,7 +420,7 @@ def _tier_rungs(ctx: _Context) -> tuple[list[Rung], str | None]:
     results = [row[0] for row in host.results]
     h0, hmax = results[0].hit_tokens, results[-1].hit_tokens
     if hmax <= h0:
-        return [], (f"lower tiers add nothing at {ctx.capacity:,} blocks: a tier holding every block the trace "
+        return [], (f"lower tiers add nothing at {blocks(ctx.capacity)}: a tier holding every block the trace "
                     "reads hits no more than the pool alone")
     reads = int(w.stream.num_reads.sum())
     command = ctx.command("tiers", flags(host_opts))

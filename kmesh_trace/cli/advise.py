@@ -122,9 +122,11 @@ def _seconds(r: dict) -> str:
 def lines(d: dict) -> list:
     """The human output, from the JSON: the verdict, the ladder, the recommendation, what the trace could not
     answer. Items are strings (lines) or a `Table`."""
+    from kmesh_trace.apps.advise import blocks
+
     items: list = [_wrap(d["verdict"]), ""]
     t = Table(title=f"ladder: {d['num_requests']:,} requests, {d['block_size']}-token blocks, pool "
-                    f"{d['capacity_blocks']:,} blocks", title_justify="left")
+                    f"{blocks(d['capacity_blocks'])}", title_justify="left")
     for h, short in (("rung", None), ("tok_hit", None), ("blk_hit", None), ("prefill", None),
                      ("prefill_s", None), ("blocks", None), ("size", None)):
         t.add_column(h, justify="left" if h == "rung" else "right", short=short)
