@@ -213,3 +213,36 @@ def test_the_report_leads_with_the_ladder(cli, tmp_path):
     assert page.index('id="advise-ladder"') < page.index('id="capture-tables"')
     d = _json(cli, ["advise", trace, "--json"])
     assert data["advise"]["ladder"] == d["ladder"] and data["advise"]["verdict"] == d["verdict"]
+
+
+def _timed_capture(path, computed_ns):
+    """The clean capture with each request's first-scheduled -> first-token interval set to `computed_ns`."""
+    from capture_traces import clean_invocations
+
+    rows = clean_invocations()
+    for r, ns in zip(rows, computed_ns):
+        r["first_token_ns"] = r["first_scheduled_ns"] + ns
+    return write_trace(path, invocations=rows)
+
+
+def test_seconds_from_the_captures_own_fit_with_its_error_bar(cli, tmp_path):
+    # 1 us per computed token (r0 computes 8, r1 4 of its 12, r2 8): the fit explains every measured prefill.
+    trace = _timed_capture(tmp_path / "t", [8_000, 4_000, 8_000])
+    d = _json(cli, ["advise", trace, "--json"])
+    p = d["prefill"]
+    assert p["source"] == "fit" and p["n"] == 3 and p["r2"] == pytest.approx(1.0)
+    stock = next(r for r in d["ladder"] if r["rung"] == "stock")
+    assert stock["prefill_s"] == pytest.approx(20e-6, rel=1e-9)  # the measured prefills, as the fit predicts them
+    for r in d["ladder"]:
+        if r["prefill_s"] is not None:
+            assert r["prefill_s_error"] == pytest.approx(r["prefill_s"] * p["median_relative_error"], abs=1e-15)
+    assert "prefill seconds" not in [u["what"] for u in d["unanswered"]]
+
+
+def test_below_the_fit_threshold_only_tokens_and_why(cli, tmp_path):
+    trace = _timed_capture(tmp_path / "t", [2_000, 90_000, 1_000])  # the 4-token prefill took longest: no fit
+    d = _json(cli, ["advise", trace, "--json"])
+    assert d["prefill"]["source"] is None and d["prefill"]["usable"] is False
+    assert all(r["prefill_s"] is None for r in d["ladder"])
+    why = next(u for u in d["unanswered"] if u["what"] == "prefill seconds")["why"]
+    assert why.startswith("the prefill cost fitted to 3 measured prefills is not usable (r2 ")
