@@ -453,9 +453,11 @@ def _tier_rungs(ctx: _Context) -> tuple[list[Rung], str | None]:
     return out, None
 
 
-def _size(ctx: _Context, blocks: int) -> str:
-    b = ctx.nbytes(blocks)
-    return f"{blocks:,}-block" if b is None else f"{b / 2**30:,.2f} GiB"
+def _size(ctx: _Context, num_blocks: int) -> str:
+    b = ctx.nbytes(num_blocks)
+    if b is None:
+        return f"{num_blocks:,}-block"
+    return f"{b / 2**40:,.2f} TiB" if b >= 2**40 else f"{b / 2**30:,.2f} GiB"
 
 
 def _fleet_rungs(ctx: _Context, n: int) -> list[Rung]:

@@ -105,18 +105,25 @@ def _wrap(text: str, indent: str = "") -> str:
 def _size(nbytes) -> str:
     if nbytes is None:
         return "-"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
         if nbytes >= scale:
             return f"{nbytes / scale:,.1f} {unit}"
     return f"{nbytes / 2**10:,.1f} KiB"
 
 
+def _count(n: int) -> str:
+    """A token count in at most 7 characters: exact below ten million, else in millions."""
+    return f"{n:,}" if n < 10**7 else f"{n / 1e6:,.1f}M"
+
+
 def _seconds(r: dict) -> str:
-    if r["prefill_s"] is None:
+    s = r["prefill_s"]
+    if s is None:
         return "-"
-    if r["prefill_s_error"] is None:
-        return f"{r['prefill_s']:,.2f}"
-    return f"{r['prefill_s']:,.2f}±{r['prefill_s_error'] / r['prefill_s']:.0%}" if r["prefill_s"] else "0"
+    text = f"{s:,.0f}" if s >= 100 else f"{s:,.2f}"
+    if r["prefill_s_error"] is None or not s:
+        return text
+    return f"{text}±{r['prefill_s_error'] / s:.0%}"
 
 
 def lines(d: dict) -> list:
@@ -127,12 +134,11 @@ def lines(d: dict) -> list:
     items: list = [_wrap(d["verdict"]), ""]
     t = Table(title=f"ladder: {d['num_requests']:,} requests, {d['block_size']}-token blocks, pool "
                     f"{blocks(d['capacity_blocks'])}", title_justify="left")
-    for h, short in (("rung", None), ("tok_hit", None), ("blk_hit", None), ("prefill", None),
-                     ("prefill_s", None), ("blocks", None), ("size", None)):
-        t.add_column(h, justify="left" if h == "rung" else "right", short=short)
+    for h in ("rung", "tok_hit", "prefill", "prefill_s", "blocks", "size"):
+        t.add_column(h, justify="left" if h == "rung" else "right")
     for r in d["ladder"]:
-        t.add_row(r["rung"], f"{r['token_hit_ratio']:.1%}", "-" if r["hit_ratio"] is None else f"{r['hit_ratio']:.1%}",
-                  f"{r['prefill_tokens']:,}", _seconds(r), f"{r['capacity_blocks']:,}", _size(r["capacity_bytes"]))
+        t.add_row(r["rung"], f"{r['token_hit_ratio']:.1%}", _count(r["prefill_tokens"]), _seconds(r),
+                  f"{r['capacity_blocks']:,}", _size(r["capacity_bytes"]))
     items.append(t)
     p = d["prefill"]
     if p.get("source") == "fit":
@@ -150,8 +156,8 @@ def lines(d: dict) -> list:
         items += ["", "the trace could not answer:"]
         items += [_wrap(f"- {u['what']}: {u['why']}; answer with {u['answer']}.", "    ").replace("    - ", "  - ", 1)
                   for u in d["unanswered"]]
-    items += ["", _wrap("tok_hit: hit prompt tokens / prompt tokens; blk_hit: hit blocks / blocks read. Each rung's "
-                        "reproducing command: --json, key `command`.")]
+    items += ["", _wrap("tok_hit: hit prompt tokens / prompt tokens; prefill: prompt tokens computed. --json adds "
+                        "the block hit ratio and each rung's reproducing command (key `command`).")]
     return items
 
 
