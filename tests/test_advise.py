@@ -246,3 +246,22 @@ def test_below_the_fit_threshold_only_tokens_and_why(cli, tmp_path):
     assert all(r["prefill_s"] is None for r in d["ladder"])
     why = next(u for u in d["unanswered"] if u["what"] == "prefill seconds")["why"]
     assert why.startswith("the prefill cost fitted to 3 measured prefills is not usable (r2 ")
+
+
+def test_an_ssd_rungs_settings_parse_and_name_documented_keys():
+    """The host + SSD settings (LMCache behind vLLM's connector flag), as vLLM's parser reads the flag."""
+    from types import SimpleNamespace
+
+    from kmesh_trace.apps.advise import AdviseOptions, Rung, _Context, _settings
+
+    parser = _vllm_parser()
+    ctx = _Context(None, "t", None, AdviseOptions(), SimpleNamespace(block_size=16), 100, 2048, None, None)
+    rung = Rung("ssd", "x", 0, 1, 0, 1, 100 + 64 + 512, "c", "a", detail={"host_blocks": 64, "ssd_blocks": 512})
+    settings, how = _settings(rung, ctx)
+    (flag,) = [s for s in settings if s["tool"] == "vllm"]
+    ns = parser.parse_args([flag["flag"], flag["value"]])
+    assert ns.kv_transfer_config.kv_connector == "LMCacheConnectorV1" and ns.kv_transfer_config.kv_role == "kv_both"
+    keys = {s["key"]: s["value"] for s in settings if s["tool"] == "lmcache"}
+    assert set(keys) <= set(LMCACHE_KEYS) and keys["local_cpu"] is True
+    assert keys["max_local_cpu_size"] == 0.01 and keys["max_local_disk_size"] == 0.02  # GB, rounded up
+    assert "LMCacheConnectorV1" in how
