@@ -265,3 +265,16 @@ def test_an_ssd_rungs_settings_parse_and_name_documented_keys():
     assert set(keys) <= set(LMCACHE_KEYS) and keys["local_cpu"] is True
     assert keys["max_local_cpu_size"] == 0.01 and keys["max_local_disk_size"] == 0.02  # GB, rounded up
     assert "LMCacheConnectorV1" in how
+
+
+def test_the_mooncake_conversation_trace(cli, shared_datasets):
+    """Public data: the ladder of Mooncake's conversation trace, every rung its command's own output."""
+    src = shared_datasets / "mooncake" / "conversation_trace.jsonl"
+    if not src.is_file():
+        pytest.skip(f"{src} is absent")
+    d = _json(cli, ["advise", src, "--json"])
+    rung = {r["rung"]: r for r in d["ladder"]}
+    assert d["num_requests"] == 12_031 and d["block_size"] == 512
+    assert rung["infinite"]["hit_tokens"] >= rung["bound"]["hit_tokens"] >= rung["modelled"]["hit_tokens"]
+    assert {"holds", "host-50", "host-90", "host-99"} <= set(rung)
+    _check_rungs_against_commands(cli, d)
