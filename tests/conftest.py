@@ -31,6 +31,19 @@ def cli():
     return lambda args: runner.invoke(app, [str(a) for a in args])
 
 
+@pytest.fixture
+def width(monkeypatch):
+    """Set the terminal width every console (and click's help) renders at."""
+    from kmesh_trace.cli import display
+
+    def set_width(columns: int) -> None:
+        monkeypatch.setenv("COLUMNS", str(columns))
+        for console in (display.out, display.err):
+            monkeypatch.setattr(console, "_width", columns)
+
+    return set_width
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray cluster (2 CPUs, loopback only, no dashboard) for the whole session; skipped without Ray. Its

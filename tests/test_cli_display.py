@@ -80,24 +80,13 @@ COMMANDS = [
     (["tiers", "{t}", "--sweep-host", "0,256", "--sweep-ssd", "0,1024", "--ssd-gbps", "2",
       "--prefill-tokens-per-s", "5000"], False),
     (["fleet", "{t}", "--engines", "1,2"], False),
+    (["advise", "{t}", "--engines", "2"], False),
     (["audit", "capture", "{t}"], True),
     (["audit", "corpus", "{c}"], True),
     (["export", "perfetto", "{t}", "--out", "{o}/timeline.json"], False),
     (["schema"], False),
     (["replay", "probe", "--routes", "host"], False),
 ]
-
-
-@pytest.fixture
-def width(monkeypatch):
-    """Set the terminal width every console (and click's help) renders at."""
-
-    def set_width(columns: int) -> None:
-        monkeypatch.setenv("COLUMNS", str(columns))
-        for console in (display.out, display.err):
-            monkeypatch.setattr(console, "_width", columns)
-
-    return set_width
 
 
 def _run(cli, args, tmp_path, tag=""):

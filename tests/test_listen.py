@@ -341,6 +341,12 @@ def test_reported_hits_are_touched_and_rebuild_one_chain_per_request(sock_dir, t
         assert r.exit_code == 0, r.stdout + r.stderr
     r = cli(["pressure", out])  # retention needs requests and lineage
     assert r.exit_code == 1 and r.stderr.startswith(f"Error: engine {eid} is a KV-events recording: it has no requests")
+    r = cli(["advise", out, "--json"])  # the ladder without the holds rung, which says why
+    assert r.exit_code == 0, r.stdout + r.stderr
+    d = json.loads(r.stdout)
+    assert {x["rung"]: x["hit_tokens"] for x in d["ladder"]}["stock"] == 96
+    holds = next(u for u in d["unanswered"] if u["what"] == "family holds")
+    assert holds["why"].startswith(f"engine {eid} is a KV-events recording: it has no requests")
 
 
 def test_without_hits_the_stream_analyses_refuse_in_one_sentence_and_residency_runs(sock_dir, tmp_path, cli):

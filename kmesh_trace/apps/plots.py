@@ -1,5 +1,5 @@
 """Figures of analysis results: the headroom hit-ratio curves, the retention-pressure capacity sweep, the
-host x SSD tier sweep, the shape of a trace's lineage and the fleet routing sweep.
+host x SSD tier sweep, the shape of a trace's lineage, the fleet routing sweep and the advise ladder.
 
 Rendering, not analysis: the analyses in kmesh_trace.oracle return result objects
 and this module draws them (matplotlib, Agg backend, imported only when a plot is drawn). Every figure
@@ -250,6 +250,33 @@ def plot_fleet(result: "FleetResult", path: str | Path) -> Path:
     axes[0][0].set_ylabel("hit ratio (hit block reads / block reads)")
     axes[0][0].legend(fontsize=8)
     fig.suptitle("Fleet routing against one global pool of engines x capacity", fontsize=11)
+    return _save(fig, path)
+
+
+def plot_ladder(advice: dict, path: str | Path) -> Path:
+    """The advise ladder (`kmesh_trace.apps.advise.Advice.to_dict()`): each rung's token hit ratio as a bar, the
+    bound and the recommendation's target as vertical lines, the recommended rung hatched."""
+    path = check_plot_path(path)
+    plt = _pyplot()
+    rungs = advice["ladder"]
+    rec = advice["recommendation"]
+    fig, ax = plt.subplots(figsize=(7.5, 0.42 * len(rungs) + 2.2))
+    ys = list(range(len(rungs)))[::-1]
+    for y, r in zip(ys, rungs):
+        chosen = r["rung"] == rec["rung"]
+        ax.barh(y, r["token_hit_ratio"], color="#7a9cc6" if not chosen else "#e0a040", edgecolor="black",
+                hatch="//" if chosen else None)
+        ax.text(r["token_hit_ratio"], y, f" {r['token_hit_ratio']:.1%}", va="center", fontsize=8)
+    bound = next(r for r in rungs if r["rung"] == "bound")["token_hit_ratio"]
+    ax.axvline(bound, color="black", linestyle="--", label=f"bound {bound:.1%}")
+    ax.axvline(rec["target_token_hit_ratio"], color="#b04030", linestyle=":",
+               label=f"within {rec['within_pct']:g}% of the bound")
+    ax.set_yticks(ys, [r["rung"] for r in rungs])
+    ax.set_xlabel("token hit ratio (hit prompt tokens / prompt tokens)")
+    ax.set_xlim(0, min(1.0, max(r["token_hit_ratio"] for r in rungs) * 1.18 + 0.02))
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: never over a bar
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(f"Ladder at {advice['capacity_blocks']:,} blocks; recommended: {rec['rung']} (hatched)", fontsize=10)
     return _save(fig, path)
 
 

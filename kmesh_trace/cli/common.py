@@ -324,13 +324,15 @@ def build_scenario(scenario):
 
 
 @contextmanager
-def open_input(trace, scenario, engine: str | None, allow_incomplete: bool, *, direct: bool = False):
+def open_input(trace, scenario, engine: str | None, allow_incomplete: bool, *, direct: bool = False,
+               import_options: dict | None = None):
     """(the opened trace, None) for a TRACE argument, checked as every analysis checks it (requests, a
     complete capture), or (None, its Workload) for a --scenario; the trace stays open inside the block.
     TRACE may be a public trace read as it is (a Mooncake or Bailian JSONL file, a weka or lmcache-agent
     directory: `kmesh_trace.cli.inputs`). With `direct`, for a command that reads only the workload, the
     engine metadata and the notes below, a format that `read_directly` reads comes as its `PublicInput`
-    (in memory, complete, with requests) instead of an imported trace."""
+    (in memory, complete, with requests) instead of an imported trace. `import_options` go to the importer of
+    a public trace (a request dataset's tokenizer and block size)."""
     if scenario is not None:
         yield None, build_scenario(scenario)
         return
@@ -345,7 +347,7 @@ def open_input(trace, scenario, engine: str | None, allow_incomplete: bool, *, d
     from kmesh_trace.cli.inputs import open_as_trace
     from kmesh_trace.trace import check_has_requests
 
-    with open_as_trace(trace, on_import=err.print, until_exit=True) as t:
+    with open_as_trace(trace, on_import=err.print, until_exit=True, import_options=import_options) as t:
         check_has_requests(t)
         check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
         yield t, None
