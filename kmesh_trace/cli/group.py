@@ -15,7 +15,7 @@ import typer.main
 from typer import _click
 from typer.core import TyperGroup
 
-from kmesh_trace.cli import _APP_SETTINGS, COMMANDS, DEBUG_ENV, EXIT_INTERRUPTED, _silence_stdout, coercion
+from kmesh_trace.cli import _APP_SETTINGS, COMMANDS, DEBUG_ENV, EXIT_INTERRUPTED, _silence_stdout, coercion, help_text
 
 
 class _Interrupted(Exception):
@@ -50,6 +50,7 @@ class _Group(TyperGroup):
         name, command, rest = super().resolve_command(ctx, args)
         if command is not None:
             coercion.install(command, ctx)
+            help_text.install(command)
         return name, command, rest
 
     def invoke(self, ctx):
