@@ -241,3 +241,20 @@ def test_no_command_module_builds_rich_tables_or_markup_itself():
                 pytest.fail(f"{path.name} imports rich.table; build tables with kmesh_trace.cli.display.Table")
             if isinstance(node, ast.keyword) and node.arg == "markup" and getattr(node.value, "value", None) is True:
                 pytest.fail(f"{path.name} passes markup=True")
+
+
+#: Every analysis command with `--out` (from COMMANDS, the ones that take it).
+OUT_COMMANDS = [a for a, _ in COMMANDS if a[0] in ("info", "lineage", "headroom", "pressure", "tiers", "fleet")
+                or a[:2] in (["audit", "capture"], ["audit", "corpus"])]
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["human", "json"])
+@pytest.mark.parametrize("args", OUT_COMMANDS, ids=[" ".join(a[:2]) for a in OUT_COMMANDS])
+def test_out_writes_the_file_and_nothing_on_stdout(cli, tmp_path, args, as_json):
+    t, c = _trace(tmp_path / "t"), _corpus(tmp_path / "corpus")
+    target = tmp_path / "result.json"
+    r = cli([a.format(t=t, c=c, o=tmp_path) for a in args] + ["--out", target] + (["--json"] if as_json else []))
+    assert r.exit_code in (0, 3), r.stderr[-2000:]
+    assert r.stdout == ""
+    assert f"wrote {target}" in r.stderr
+    assert isinstance(json.loads(target.read_text()), dict)
