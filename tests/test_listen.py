@@ -448,3 +448,10 @@ def test_live_view_draws_rates_and_ratios_per_engine(vllm_events, sock_dir, tmp_
         assert text in stderr
     meta = _meta(tmp_path / "t")
     assert meta["complete"] is True and meta["kv_events"]["num_touched_blocks"] > 0
+
+
+def test_the_blocking_finding_of_a_kv_events_recording_says_that_exit_3_is_by_design():
+    from kmesh_trace.audit.kv_events import NO_REQUESTS
+
+    assert NO_REQUESTS.endswith("This finding blocks by design, so `audit capture` exits 3 on every KV-events "
+                                "recording; `kmesh-trace residency` summarises one")
