@@ -161,11 +161,12 @@ def next_steps(page: str, trace: str, argv0: str | None = None, path: str | None
     lines = ["", "Next:"]
     if exe != "kmesh-trace" and activate:
         lines.append(f"  kmesh-trace is not on PATH: run it as {exe}, or `source {activate}` first")
-    lines += [f"  open {page} in a browser                 the report page",
-              f"  {exe} headroom {trace} --json     the numbers above, as JSON",
-              "  capture your own server (GPU: `vllm serve MODEL ...` works as well; on a CPU add "
-              "--kv-cache-memory-bytes 4G, 4 GiB):",
+    lines += [f"  open {page} in a browser (the report page)",
+              f"  {exe} headroom {trace} --json   # the numbers above, as JSON",
+              "  # capture your own server (on a GPU `vllm serve MODEL ...` works too; on a CPU add "
+              "--kv-cache-memory-bytes 4G),",
+              "  # send it your traffic, stop it with Ctrl-C, then write its report:",
               f"  {exe} capture --out my-trace -- {SERVE}",
               f"  {exe} report my-trace --out my-report.html",
-              "  docs/CAPTURE.md: capturing a server, or recording one without the plugin (`listen`)"]
+              "  # docs/CAPTURE.md: capturing a server, or recording one without the plugin (`listen`)"]
     return lines
