@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,12 @@ def test_out_writes_the_file_and_nothing_on_stdout(cli, tmp_path, args, as_json)
     assert r.stdout == ""
     assert f"wrote {target}" in r.stderr
     assert isinstance(json.loads(target.read_text()), dict)
+
+
+@pytest.mark.parametrize("command", sorted(_commands(app)), ids=lambda c: " ".join(c))
+def test_help_has_no_list_type_labels_and_no_double_space_before_brackets(cli, width, command):
+    width(100)
+    r = cli([*command, "--help"])
+    assert r.exit_code == 0
+    assert "<list[" not in r.stdout
+    assert not re.search(r"\S  \[(default|required)", r.stdout), r.stdout
