@@ -53,7 +53,7 @@ def policy_style(name: str, k: int) -> dict:
     return dict(_look(i), color=POLICY_COLORS.get(base, _OTHER_COLORS[k % len(_OTHER_COLORS)]))
 
 
-def _legend_outside(ax, fig) -> None:
+def _legend_outside(ax) -> None:
     """The legend beside the axes, right of the plot: never over a line or a point."""
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
 
@@ -131,7 +131,7 @@ def plot_headroom(result: "HeadroomResult", path: str | Path) -> Path:
     ax.set_ylabel("hit ratio (hit block reads / block reads)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    _legend_outside(ax, fig)
+    _legend_outside(ax)
     title = "Prefix-cache hit ratio by policy"
     if result.headroom_tokens is not None:
         title += f" (headroom {result.headroom_tokens:,} tokens at {result.headroom_capacity_blocks:,} blocks)"
@@ -175,7 +175,7 @@ def plot_headroom_curve(result: "CurveResult", path: str | Path) -> Path:
     ax.set_ylabel("hit ratio (hit block reads / block reads)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    _legend_outside(ax, fig)
+    _legend_outside(ax)
     ax.set_title(f"Prefix-cache hit ratio at every capacity (window: {result.window})", fontsize=10)
     return _save(fig, path)
 
@@ -201,7 +201,7 @@ def plot_pressure_sweep(points: Sequence["SweepPoint"], path: str | Path, block_
     ax.set_ylabel("tokens (held - stock)")
     ax.set_title("Family holds: tokens gained (+) or lost (-) against stock, by capacity", fontsize=10)
     ax.grid(alpha=0.3)
-    _legend_outside(ax, fig)
+    _legend_outside(ax)
     return _save(fig, path)
 
 
@@ -301,7 +301,7 @@ def plot_fleet(result: "FleetResult", path: str | Path) -> Path:
         ax.set_title(f"{n} engines" if by_caps else f"{caps[0]:,} blocks per engine", fontsize=10)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("hit ratio (hit block reads / block reads)")
-    _legend_outside(axes[0][-1], fig)
+    _legend_outside(axes[0][-1])
     fig.suptitle("Fleet routing against one global pool of engines x capacity", fontsize=11)
     return _save(fig, path)
 
