@@ -173,9 +173,13 @@ class CurveResult:
 
 
 def grid_capacities(max_capacity: int, extra: Sequence[int] = ()) -> list[int]:
-    """Powers of two from 1 up to the first at or above `max_capacity`, plus `extra`."""
-    caps = {1 << k for k in range(max(int(max_capacity), 1).bit_length() + 1) if (1 << k) < 2 * max(max_capacity, 1)}
-    return sorted(caps | {int(c) for c in extra if c and c > 0})
+    """Powers of two from 1 up to the first at or above `max_capacity`, plus `extra`, and the powers of two
+    below the largest of `extra`: a capture whose curves go flat at 4 blocks in an engine of 8,191 reads
+    1, 2, 4, 8, ..., 4,096, 8,191, with no jump from 4 to 8,191."""
+    extra = {int(c) for c in extra if c and c > 0}
+    top = max(2 * max(int(max_capacity), 1) - 1, max(extra, default=0) - 1)
+    caps = {1 << k for k in range(top.bit_length()) if (1 << k) <= top}
+    return sorted(caps | extra)
 
 
 def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | None, *,

@@ -165,7 +165,8 @@ EXIT_BLOCKING = 3
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output: JSON on stdout.")]
 CsvOption = Annotated[bool, typer.Option("--csv", help="The result table as CSV on stdout.")]
 OutOption = Annotated[Optional[Path], typer.Option(
-    "--out", help="Also write the result to FILE (JSON, or CSV with --csv), atomically.")]
+    "--out", help="Write the result to FILE instead of stdout: the --json document (or CSV with --csv), written "
+                  "atomically; stdout stays empty.")]
 
 
 def exit_codes_help(blocking: str | None = None) -> str:
@@ -239,8 +240,8 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
 
 def emit(output: Output, data: Any, *, rows: list[dict[str, Any]] | None = None,
          render: Callable[[], None] | None = None) -> None:
-    """Deliver a command's result as the user asked: `data` (JSON-able) for --json and --out, `rows` (the
-    result's table) for --csv, `render()` (rich tables) otherwise."""
+    """Deliver a command's result as the user asked: with --out, only the file (`data` as JSON, or `rows` as
+    CSV with --csv); else `data` for --json, `rows` (the result's table) for --csv, `render()` (rich tables)."""
     if output.csv and rows is None:
         raise KmeshTraceError("this result is not one table; use --json.")
     if output.out is not None:
@@ -250,6 +251,7 @@ def emit(output: Output, data: Any, *, rows: list[dict[str, Any]] | None = None,
         with atomic_output(output.out) as tmp:
             tmp.write_text(text)
         err.print(f"wrote {output.out}", markup=False, highlight=False)
+        return  # the file is the output: nothing on stdout, with or without --json
     if output.json:
         print_json(data)
     elif output.csv:
