@@ -250,7 +250,7 @@ def emit(output: Output, data: Any, *, rows: list[dict[str, Any]] | None = None,
         text = csv_text(rows) if output.csv else json_text(data) + "\n"
         with atomic_output(output.out) as tmp:
             tmp.write_text(text)
-        err.print(f"wrote {output.out}", markup=False, highlight=False)
+        err.print(f"wrote {output.out}", markup=False, highlight=False, soft_wrap=True)
         return  # the file is the output: nothing on stdout, with or without --json
     if output.json:
         print_json(data)

@@ -45,7 +45,7 @@ def report_cmd(
     check_out_file(out_file, "--out")
     check_out_not_in_input(out_file, [trace])  # a page written over a part would destroy the trace
     data = write_report(trace, out_file, capacities=caps, engine=engine, trace_arg=str(trace))
-    err.print(f"wrote {out_file}", markup=False, highlight=False)
+    err.print(f"wrote {out_file}", markup=False, highlight=False, soft_wrap=True)
     if as_json:
         print_json(data)
 
