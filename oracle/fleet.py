@@ -392,9 +392,19 @@ def run(source, options: FleetOptions, executor: Executor | None = None) -> Flee
     `source` (a `TraceSource`): read once here, or on a remote executor by each task from its location."""
     executor = executor or InProcess()
     ns, caps = options.check(source)
+    _refuse_hybrid_engines(source)
     workload = location_of(source) if executor.remote else Workload.from_trace(source, merged=True)
     return sweep(workload, ns, caps, list(options.routings), overload=options.overload,
                  edges=FleetEdges(options.edges).value, executor=executor)
+
+
+def _refuse_hybrid_engines(source) -> None:
+    """The fleet what-if replays one full-attention group per engine: a hybrid engine's trace is refused."""
+    from kmesh_trace.kv_groups import groups_from_metadata
+    from kmesh_trace.oracle.hybrid_pool import refuse_hybrid
+
+    for meta in list(source.engines.values()) or [source.metadata]:
+        refuse_hybrid(groups_from_metadata(meta), "fleet")
 
 
 def sweep(source, engines: list[int], capacities: list[int], routings: list[str], *, overload: float,

@@ -103,14 +103,16 @@ def headroom(trace, capacities: Sequence[int] | None = None, policies: Sequence[
     """Headroom of an opened trace (`kmesh_trace.trace.open_trace`)."""
     w = Workload.from_trace(trace, engine)
     return headroom_of_requests(w.requests, w.block_size, capacities, policies, num_usable_blocks=w.num_usable_blocks,
-                                simulate=simulate)
+                                simulate=simulate, groups=w.groups)
 
 
 def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | None,
                          capacities: Sequence[int] | None = None, policies: Sequence[str] | None = None, *,
-                         num_usable_blocks: int | None = None, simulate: Simulate | None = None) -> HeadroomResult:
+                         num_usable_blocks: int | None = None, simulate: Simulate | None = None,
+                         groups: tuple = ()) -> HeadroomResult:
     """`simulate(points)`, when given, replays the (policy, capacity) points (e.g. as distributed tasks,
-    `kmesh_trace.oracle.tasks.headroom_point`) and returns their results in order."""
+    `kmesh_trace.oracle.tasks.headroom_point`) and returns their results in order. `groups`: the engine's
+    KV cache groups; on a hybrid engine each replay is `replay_point`'s (docs/DESIGN.md, "Hybrid models")."""
     block_size = check_block_size(block_size)
     names = list(policies or DEFAULT_POLICIES)
     for name in names:
@@ -118,14 +120,20 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
     caps = [int(c) for c in capacities] if capacities else [pool_capacity(None, num_usable_blocks)]
     if any(c <= 0 for c in caps):
         raise KmeshTraceError("capacities must be positive block counts.")
-    workload = Workload(block_size, requests)
+    workload = Workload(block_size, requests, groups=tuple(groups))
     points = [(name, c) for name in names for c in caps]
     if simulate is not None:
         results = simulate(points)
     else:
-        results = [POLICIES[name].simulate(workload, c) for name, c in points]
+        results = [replay_point(workload, name, c) for name, c in points]
 
     notes: list[str] = []
+    if workload.hybrid:
+        from kmesh_trace.oracle.hybrid_pool import describe, num_full_groups
+
+        notes.append(f"hybrid engine ({describe(workload.groups)}): vllm replays the one pool the groups share; the "
+                     f"other policies replay prefix positions at capacity / {num_full_groups(workload.groups)} (one "
+                     "block per full-attention group, windowed groups counted free), so belady stays a bound.")
     captured = bool(requests) and all(r.stock_cached_tokens is not None for r in requests)
     if captured and num_usable_blocks:
         cap = int(num_usable_blocks)
@@ -136,13 +144,27 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
         cap = int(num_usable_blocks) if num_usable_blocks in caps else caps[0]
         if captured:
             notes.append("the capture has engine hit counts but no usable-block count; stock is the vllm model.")
-        stock = _find(results, "vllm", cap) or POLICIES["vllm"].simulate(workload, cap)
+        stock = _find(results, "vllm", cap) or replay_point(workload, "vllm", cap)
         source = "vllm"
-    bound = _find(results, "belady", cap) or POLICIES["belady"].simulate(workload, cap)
+    bound = _find(results, "belady", cap) or replay_point(workload, "belady", cap)
     res = HeadroomResult(block_size, results, stock.prefill_tokens - bound.prefill_tokens, cap, source, stock, notes, bound)
     if (b := res.bracket()) is not None and b["wide"]:
         notes.append(f"the bracket [belady-prefix, belady] is {b['width_tokens']:,} prefill tokens wide at {cap:,} blocks: "
                      "a prefix cache may not reach belady, so the headroom is a range, not a number.")
+    return res
+
+
+def replay_point(workload: Workload, policy: str, capacity: int) -> PolicyResult:
+    """`policy` at `capacity` blocks. On a hybrid engine's workload, the `vllm` policy replays the hybrid
+    pool; every other policy replays the prefix positions at `hybrid_pool.position_capacity` (a position
+    needs a block in every full-attention group; windowed groups are counted free, so a bound stays a
+    bound), reported at the pool's `capacity`."""
+    if not workload.hybrid or policy == "vllm":
+        return POLICIES[policy].simulate(workload, capacity)
+    from kmesh_trace.oracle.hybrid_pool import position_capacity
+
+    res = POLICIES[policy].simulate(workload, max(position_capacity(workload.groups, capacity), 1))
+    res.capacity_blocks = capacity
     return res
 
 
@@ -242,6 +264,11 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
     names = list(options.policies) if options.policies is not None else None
     caps = list(options.capacities) if options.capacities is not None else None
     options.check_executor(executor)
+    if workload.hybrid and (options.wants_curve or executor.remote):
+        from kmesh_trace.oracle.hybrid_pool import describe
+
+        raise KmeshTraceError(f"this engine has {describe(workload.groups)}: on a hybrid trace headroom runs in "
+                              "process at given --capacity-blocks (the curve and --ray model one group).")
     if options.wants_curve:  # a window: the curve's result, at the given capacities if any
         bare = workload.requests is None
         res = headroom_curve(workload.requests, workload.block_size, policies=names, window=options.window,
@@ -260,6 +287,7 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
         simulate = lambda points: executor.map(  # noqa: E731
             headroom_point, [Task(f"{where}: {p} at {c} blocks", (source, engine, p, c)) for p, c in points])
     result = headroom_of_requests(workload.requests, workload.block_size, caps, names,
-                                  num_usable_blocks=workload.num_usable_blocks, simulate=simulate)
+                                  num_usable_blocks=workload.num_usable_blocks, simulate=simulate,
+                                  groups=workload.groups)
     result.cost, result.note = cost, note
     return result

@@ -372,3 +372,51 @@ def simulate_hybrid_pool(requests: list[RequestBlocks], groups, *, num_usable_bl
     elif timed and not all(r.arrival_ns is not None and r.finish_ns is not None for r in requests):
         raise KmeshTraceError("A timed replay needs arrival and finish times on every request; replay it sequentially.")
     return HybridPoolReplay(requests, groups, num_usable_blocks, timed).run()
+
+
+# ---------------------------------------------------------------------------------------------------
+# What the analyses need of a hybrid engine's groups
+# ---------------------------------------------------------------------------------------------------
+
+
+def describe(groups) -> str:
+    """`full_attention x2 + sliding_window(128)`: a hybrid layout in a few words."""
+    parts: dict[str, int] = {}
+    for g in groups:
+        name = g.kind + (f"({g.sliding_window})" if g.kind == SLIDING_WINDOW else
+                         f"({g.attention_chunk_size})" if g.kind == CHUNKED_LOCAL else "")
+        parts[name] = parts.get(name, 0) + 1
+    return " + ".join(k if n == 1 else f"{k} x{n}" for k, n in parts.items())
+
+
+def refuse_hybrid(groups, analysis: str) -> None:
+    """Refuse, in one sentence, an analysis that models one full-attention group, on a hybrid engine's trace."""
+    from kmesh_trace.kv_groups import is_hybrid
+
+    if groups and is_hybrid(tuple(groups)):
+        raise KmeshTraceError(f"{analysis} models one full-attention KV cache group and this engine has "
+                              f"{describe(groups)}; on a hybrid trace run headroom at given --capacity-blocks.")
+
+
+def num_full_groups(groups) -> int:
+    """Groups that hold every block of a prefix they serve (full attention, MLA)."""
+    return sum(g.kind in (FULL, MLA) for g in groups)
+
+
+def position_capacity(groups, capacity_blocks: int) -> int:
+    """The prefix positions (blocks of the access stream) a pool of `capacity_blocks` can serve at most: a
+    position served needs a block in every full-attention group, windowed groups counted as free (a
+    relaxation, so bounds computed at it stay bounds); refuses a layout without full attention."""
+    n = num_full_groups(groups)
+    if n == 0:
+        raise KmeshTraceError(f"a pool of {describe(groups)} has no full-attention group, so no prefix bound "
+                              "in blocks; only the vllm policy replays it.")
+    return capacity_blocks // n
+
+
+def pool_block_bytes(groups) -> int | None:
+    """Bytes one block of the shared pool takes: vLLM gives every pool block the largest group's page times
+    its layers (the groups share tensors). None when a group's page size or layers are unknown."""
+    sizes = [g.page_size_bytes * g.num_layers for g in groups
+             if g.page_size_bytes is not None and g.num_layers is not None]
+    return max(sizes) if groups and len(sizes) == len(groups) else None

@@ -340,6 +340,7 @@ def what_if_trace(trace, *, engine: str | None = None, capacity_blocks: int | No
     else:
         check_has_requests(trace, engine)
         w = Workload.from_trace(trace, engine)
+    w.refuse_hybrid("pressure")
     kwargs.setdefault("lineage", w.lineage(EdgeKind.exact_prefix.value))
     return what_if(w.requests, block_size=w.block_size,
                    num_usable_blocks=pool_capacity(capacity_blocks, w.num_usable_blocks), **kwargs)
