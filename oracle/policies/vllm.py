@@ -5,7 +5,7 @@ hybrid engine's workload (several KV cache groups), `kmesh_trace.oracle.hybrid_p
 Hits are vLLM's: a prefix lookup that stops at the first miss, over blocks that survived the free
 queue's eviction order, with running requests' blocks pinned; capacity is the pool's usable blocks.
 On a hybrid workload a hit is the prefix every group serves, and the capacity is the one pool all
-groups share (the replay is the Python reference there, not the compiled kernel).
+groups share (native/kernels/hybrid_pool.c, tested equal to its reference and to vLLM's manager).
 """
 
 from __future__ import annotations
