@@ -325,6 +325,11 @@ class HybridPoolReplay:
     def _finish_next(self) -> None:
         self._free(heapq.heappop(self.running)[1])
 
+    def advance(self, now_ns: int | None) -> None:
+        """Timed: finish every running request whose finish time is at or before `now_ns`."""
+        while self.running and self.running[0][0] <= now_ns:
+            self._finish_next()
+
     def _arrive(self, i: int) -> None:
         r = self.requests[i]
         if not self.timed:
@@ -332,8 +337,7 @@ class HybridPoolReplay:
             if self._steps(i, hits, hit_length) == "done":
                 self._free(i)
             return
-        while self.running and self.running[0][0] <= r.arrival_ns:
-            self._finish_next()
+        self.advance(r.arrival_ns)
         computed = num_computed_tokens(r.num_prompt_tokens, r.num_output_tokens)
         deferred = False
         while True:
@@ -351,9 +355,33 @@ class HybridPoolReplay:
         if status == "done":
             heapq.heappush(self.running, (max(r.finish_ns, r.arrival_ns), i))
 
+    # -- step by step, as the fleet what-if feeds one engine (`blockpool.PoolReplay`'s interface) ----------
+
+    def feed(self, r: RequestBlocks) -> int:
+        """Replay one more request (arrival order); returns its index here."""
+        i = len(self.requests)
+        self.requests.append(r)
+        for lst, v in ((self.hit_tokens, 0), (self.num_evictions, 0), (self.evicted_blocks, []),
+                       (self.admitted, False), (self.stalled, False)):
+            lst.append(v)
+        self._arrive(i)
+        return i
+
+    def cached_prefix_blocks(self, r: RequestBlocks) -> int:
+        """Blocks of `r`'s prompt every group would serve now (what a prefix-aware router scores)."""
+        return self.lookup(r)[1] // self.bs
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
     def run(self) -> PoolResult:
         for i in range(len(self.requests)):
             self._arrive(i)
+        return self.close()
+
+    def close(self) -> PoolResult:
+        """Finish what is running and return the result."""
         while self.running:
             self._finish_next()
         bs = self.bs
@@ -410,7 +438,8 @@ def refuse_hybrid(groups, analysis: str) -> None:
 
     if groups and is_hybrid(tuple(groups)):
         raise KmeshTraceError(f"{analysis} models one full-attention KV cache group and this engine has "
-                              f"{describe(groups)}; on a hybrid trace run headroom at given --capacity-blocks.")
+                              f"{describe(groups)}; on a hybrid trace, headroom at given --capacity-blocks and fleet "
+                              "run.")
 
 
 def num_full_groups(groups) -> int:

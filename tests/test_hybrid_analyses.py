@@ -1,6 +1,6 @@
 """Analyses on a hybrid engine's trace (engine metadata `kv_cache_groups`): headroom at given capacities
-replays the hybrid pool (vllm) and the prefix positions at the full-attention share (bounds); the curve,
-pressure, tiers and fleet refuse it in one sentence."""
+replays the hybrid pool (vllm) and the prefix positions at the full-attention share (bounds); fleet routes
+to hybrid engines; the curve, pressure and tiers refuse it in one sentence."""
 
 from __future__ import annotations
 
@@ -84,7 +84,6 @@ def test_two_full_attention_groups_halve_the_bound_positions():
     (["headroom", "{t}"], "headroom"),  # the curve
     (["pressure", "{t}"], "pressure"),
     (["tiers", "{t}", "--host", "100"], "tiers"),
-    (["fleet", "{t}", "--engines", "2", "--capacity-blocks", "40"], "fleet"),
 ])
 def test_what_cannot_honour_the_groups_refuses(tmp_path, cli, args, word):
     write_hybrid(tmp_path / "t")
@@ -100,3 +99,30 @@ def test_capacity_in_bytes_converts_through_the_page_sizes(tmp_path, cli):
     b = cli(["headroom", tmp_path / "t", "--capacity-blocks", "40", "--policies", "vllm", "--json"])
     assert a.exit_code == b.exit_code == 0, a.output
     assert json.loads(a.stdout)["results"] == json.loads(b.stdout)["results"]
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_fleet_routes_to_hybrid_engines(tmp_path, cli, timed):
+    """Round-robin sends request k to engine k mod 2: each engine is the hybrid pool over its requests; the
+    global pool is one hybrid pool of both engines' blocks."""
+    from kmesh_trace.oracle.fleet import simulate_run
+
+    write_hybrid(tmp_path / "t")
+    with open_trace(tmp_path / "t") as t:
+        w = Workload.from_trace(t)
+    if timed:
+        for k, r in enumerate(w.requests):
+            r.arrival_ns, r.finish_ns = 10 * k, 10 * k + 25
+        w.derived.clear()
+    assert w.timed == timed
+    reqs = list(w.requests)
+    rr = simulate_run(w, "round-robin", 2, 30)
+    per_engine = [simulate_hybrid_pool(reqs[e::2], GROUPS, num_usable_blocks=30, timed=timed) for e in (0, 1)]
+    assert rr.hit_tokens == sum(p.total_hit_tokens for p in per_engine) > 0
+    assert rr.num_evictions == sum(p.total_evictions for p in per_engine)
+    glob = simulate_run(w, "global", 2, 30)
+    assert glob.hit_tokens == simulate_hybrid_pool(reqs, GROUPS, num_usable_blocks=60, timed=timed).total_hit_tokens
+    prefix = simulate_run(w, "prefix-aware", 2, 30)
+    assert prefix.hit_tokens >= rr.hit_tokens
+    r = cli(["fleet", tmp_path / "t", "--engines", "2", "--capacity-blocks", "30", "--json"])
+    assert r.exit_code == 0, r.output
