@@ -125,7 +125,7 @@ def _replay(workload: Workload, capacity_blocks: int):
     if workload.hybrid:
         from kmesh_trace.oracle.hybrid_pool import HybridPoolReplay
 
-        return HybridPoolReplay([], workload.groups, capacity_blocks, workload.timed)
+        return HybridPoolReplay([], workload.groups, capacity_blocks, workload.timed, workload.retention_interval)
     return PoolReplay([], workload.block_size, capacity_blocks, None, workload.timed)
 
 
@@ -241,7 +241,7 @@ def simulate_run(workload: Workload, policy: str, num_engines: int, capacity_blo
             from kmesh_trace.oracle.hybrid_pool import simulate_hybrid_pool
 
             pools = [simulate_hybrid_pool(list(reqs), workload.groups, num_usable_blocks=num_engines * capacity_blocks,
-                                          timed=workload.timed)]  # compiled
+                                          timed=workload.timed, retention_interval=workload.retention_interval)]
         else:
             pools = [simulate_pool(list(reqs), block_size=workload.block_size,
                                    num_usable_blocks=num_engines * capacity_blocks, timed=workload.timed)]  # compiled

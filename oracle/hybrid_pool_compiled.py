@@ -18,7 +18,8 @@ from kmesh_trace.oracle.interruptible import run_interruptible
 _KINDS = {SLIDING_WINDOW: 1, CHUNKED_LOCAL: 2}  # else 0: full attention (MLA included)
 
 
-def replay_hybrid_compiled(requests, groups, spec_groups, block_size: int, num_usable_blocks: int, timed: bool):
+def replay_hybrid_compiled(requests, groups, spec_groups, block_size: int, num_usable_blocks: int, timed: bool,
+                           retention_interval: int | None):
     """(hit_tokens, num_evictions, admitted, stalled, free_queue) as numpy arrays, and num_deferred."""
     n, G, bs = len(requests), len(groups), block_size
     ids: dict = {}
@@ -46,15 +47,16 @@ def replay_hybrid_compiled(requests, groups, spec_groups, block_size: int, num_u
     arrays = [np.asarray(a, np.int64) for a in (ph_off[:-1], n_ph, ph, oh_off[:-1], n_oh, oh)]
     maxb = int((prompt // bs).max()) + 1 if n else 1
     return run_interruptible(_replay, G, kind, span, sg_kind, sg_span, sg_start, sg_gid, prompt, output, arrays,
-                             max(len(ids), 1), arrival, finish, timed, tab_off, maxb, bs, num_usable_blocks)
+                             max(len(ids), 1), arrival, finish, timed, tab_off, maxb, bs, num_usable_blocks,
+                             -1 if retention_interval is None else int(retention_interval))
 
 
 _hybrid_replay = declare("ks_hybrid_pool_replay", [I64, P, P, I64, P, P, P, P, I64, P, P, P, P, P, P, P, P, I64, P, P,
-                                                   I32, P, I64, I64, I64, I64, P, P, P, P, P, P], I64)
+                                                   I32, P, I64, I64, I64, I64, I64, P, P, P, P, P, P], I64)
 
 
 def _replay(G, kind, span, sg_kind, sg_span, sg_start, sg_gid, prompt, output, arrays, K, arrival, finish, timed,
-            tab_off, maxb, bs, num_usable):
+            tab_off, maxb, bs, num_usable, retention):
     n = len(prompt)
     hit_tokens, num_evictions = np.zeros(n, np.int64), np.zeros(n, np.int64)
     admitted, stalled = np.zeros(n, np.bool_), np.zeros(n, np.bool_)
@@ -64,6 +66,6 @@ def _replay(G, kind, span, sg_kind, sg_span, sg_start, sg_gid, prompt, output, a
                          ptr(sg_span, np.int64), ptr(sg_start, np.int64), ptr(sg_gid, np.int64), n,
                          ptr(prompt, np.int64), ptr(output, np.int64), *i64, K, ptr(arrival, np.int64),
                          ptr(finish, np.int64), int(bool(timed)), ptr(tab_off, np.int64), int(tab_off[-1]), maxb, bs,
-                         num_usable, ptr(hit_tokens, np.int64), ptr(num_evictions, np.int64), ptr(admitted, np.bool_),
+                         num_usable, retention, ptr(hit_tokens, np.int64), ptr(num_evictions, np.int64), ptr(admitted, np.bool_),
                          ptr(stalled, np.bool_), ptr(queue, np.int64), ptr(out, np.int64)), "the hybrid pool replay")
     return hit_tokens, num_evictions, admitted, stalled, queue[:int(out[0])], int(out[1])

@@ -150,6 +150,8 @@ class Workload:
     #: The engine's KV cache groups (`kmesh_trace.kv_groups`, from the engine metadata); empty: one
     #: full-attention group of `block_size` (a trace that states none, a scenario).
     groups: tuple = ()
+    #: vLLM's prefix_cache_retention_interval (`hybrid_pool.retention_of_metadata`): what a sliding window caches.
+    retention_interval: int | None = 0
 
     @property
     def hybrid(self) -> bool:
@@ -238,7 +240,7 @@ class Workload:
         else:
             block_size, usable = engine_geometry(source, engine)
             order = ["arrival_ns", "seq"]
-        groups = _groups_of(source, engine, merged)
+        groups, retention = _groups_of(source, engine, merged)
         lf = scan_invocations(source, engine)  # a KV-events recording's are rebuilt from its events
         if engine is not None:
             lf = lf.filter(pl.col("engine") == engine)
@@ -249,12 +251,13 @@ class Workload:
             if flat is not None:
                 stream, stock, columns = flat
                 return cls(block_size, None, stream, usable, stock, num_partitions=n, engine=engine, location=where,
-                           _columns=columns, groups=groups)
+                           _columns=columns, groups=groups,
+                           retention_interval=retention)
         df = lf.select(*COLUMNS, "engine").collect()
         reqs = requests_from_rows(df.iter_rows(named=True), block_size)
         set_declared_parents(reqs, {child: parent for (_, child), parent in declared_parents(source, engine).items()})
         return cls(block_size, reqs, None, usable, edges=_lineage_edges(source, engine, reqs),
-                   num_partitions=n, engine=engine, location=where, groups=groups)
+                   num_partitions=n, engine=engine, location=where, groups=groups, retention_interval=retention)
 
 
     @classmethod
@@ -287,15 +290,19 @@ class Workload:
 
 
 def _groups_of(source, engine: str | None, merged: bool) -> tuple:
-    """The KV cache groups of the partition (`kv_groups.groups_from_metadata`); merged, those every engine
-    shares (engines of different hybrid layouts do not make one fleet)."""
+    """(KV cache groups, retention interval) of the partition (`kv_groups.groups_from_metadata`,
+    `hybrid_pool.retention_of_metadata`); merged, those every engine shares (engines of different hybrid
+    layouts do not make one fleet)."""
     from kmesh_trace.errors import KmeshTraceError
     from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid
+    from kmesh_trace.oracle.hybrid_pool import retention_of_metadata
 
     if not merged:
-        return groups_from_metadata(source.engines[engine] if engine is not None else source.metadata)
-    layouts = {groups_from_metadata(m) for m in source.engines.values()} or {groups_from_metadata(source.metadata)}
-    if len(layouts) > 1 and any(is_hybrid(g) for g in layouts):
+        metas = [source.engines[engine] if engine is not None else source.metadata]
+    else:
+        metas = list(source.engines.values()) or [source.metadata]
+    layouts = {(groups_from_metadata(m), retention_of_metadata(m)) for m in metas}
+    if len(layouts) > 1 and any(is_hybrid(g) for g, _ in layouts):
         raise KmeshTraceError("the trace's engines have different KV cache groups; analyse each engine with --engine.")
     return layouts.pop()
 

@@ -35,10 +35,10 @@ def _rows(seed: int = 7) -> list[dict]:
     return rows
 
 
-def write_hybrid(path, groups=GROUPS, usable: int = 40):
+def write_hybrid(path, groups=GROUPS, usable: int = 40, **extra):
     rows = _rows()
     meta = {"block_size": BS, "num_usable_blocks": usable, "engine": "kmesh-trace test",
-            "kv_cache_groups": [g.to_json() for g in groups]}
+            "kv_cache_groups": [g.to_json() for g in groups], **extra}
     with TraceWriter(path, "e0", meta, source="generated:hybrid-test") as w:
         w.write("invocations", {k: [r[k] for r in rows] for k in rows[0]})
     return path
@@ -56,6 +56,17 @@ def test_workload_carries_the_groups_and_vllm_replays_the_hybrid_pool(tmp_path):
     # A bound replays the prefix positions at one block per full-attention group (here: all 40).
     assert replay_point(w, "belady", 40).hit_blocks == POLICIES["belady"].simulate(plain, 40).hit_blocks
     assert replay_point(w, "belady", 40).hit_blocks >= res.hit_blocks
+
+
+@pytest.mark.parametrize("stated,retention", [(None, 0), (0, 0), (-1, None), (32, 32)])
+def test_the_retention_interval_comes_from_the_metadata(tmp_path, stated, retention):
+    extra = {} if stated is None else {"prefix_cache_retention_interval": stated}
+    with open_trace(write_hybrid(tmp_path / "t", **extra)) as t:
+        w = Workload.from_trace(t)
+    assert w.retention_interval == retention
+    ref = simulate_hybrid_pool(list(w.requests), GROUPS, num_usable_blocks=40, timed=False,
+                               retention_interval=retention)
+    assert POLICIES["vllm"].simulate(w, 40).hit_blocks_per_request.tolist() == ref.hit_blocks
 
 
 def test_headroom_runs_on_a_hybrid_trace(tmp_path, cli):

@@ -55,10 +55,19 @@ def test_compiled_equals_reference(timed, tight):
         else:
             sc = Scenario(sc.name, sc.block_size, (sc.num_physical_blocks - 1) * len(groups) + 1, sc.requests)
         reqs = sc.request_blocks()
-        ref = HybridPoolReplay(reqs, groups, sc.num_usable_blocks, timed).run()
-        got = simulate_hybrid_pool(reqs, groups, num_usable_blocks=sc.num_usable_blocks, timed=timed)
+        retention = rng.choice([0, None, sc.block_size, 3 * sc.block_size])
+        ref = HybridPoolReplay(reqs, groups, sc.num_usable_blocks, timed, retention).run()
+        got = simulate_hybrid_pool(reqs, groups, num_usable_blocks=sc.num_usable_blocks, timed=timed,
+                                   retention_interval=retention)
         for f in ("hit_tokens", "hit_blocks", "num_evictions", "admitted", "stalled", "free_queue", "num_deferred"):
             assert getattr(got, f) == getattr(ref, f), f
+
+
+def test_a_bad_retention_interval_is_one_sentence():
+    from kmesh_trace.errors import KmeshTraceError
+
+    with pytest.raises(KmeshTraceError, match="prefix_cache_retention_interval"):
+        simulate_hybrid_pool([], (KVCacheGroup("full_attention", 16),), num_usable_blocks=8, retention_interval=24)
 
 
 def test_unknown_outputs_and_short_hash_lists():
@@ -75,8 +84,9 @@ def test_unknown_outputs_and_short_hash_lists():
             if rng.random() < 0.3:
                 r.prompt_hashes = r.prompt_hashes[:rng.randrange(len(r.prompt_hashes) + 1)]
         n = (sc.num_physical_blocks - 1) * len(groups)
-        ref = HybridPoolReplay(reqs, groups, n).run()
-        got = simulate_hybrid_pool(reqs, groups, num_usable_blocks=n, timed=False)
+        retention = rng.choice([0, None])
+        ref = HybridPoolReplay(reqs, groups, n, retention_interval=retention).run()
+        got = simulate_hybrid_pool(reqs, groups, num_usable_blocks=n, timed=False, retention_interval=retention)
         assert (got.hit_tokens, got.num_evictions, got.free_queue) == (ref.hit_tokens, ref.num_evictions,
                                                                        ref.free_queue)
 

@@ -83,10 +83,11 @@ def random_specs(rng: random.Random, bs: int) -> list:
 class RealHybrid:
     """Replays a Scenario through vLLM's KVCacheManager over `specs` (one group each, one shared pool)."""
 
-    def __init__(self, sc: Scenario, specs: list, timed: bool):
+    def __init__(self, sc: Scenario, specs: list, timed: bool, retention: int | None = 0):
         bs = sc.block_size
         self.cfg = KVCacheConfig(num_blocks=sc.num_physical_blocks, kv_cache_tensors=[], kv_cache_groups=[
-            KVCacheGroupSpec([f"layer.{g}"], spec) for g, spec in enumerate(specs)])
+            KVCacheGroupSpec([f"layer.{g}"], spec) for g, spec in enumerate(specs)],
+            prefix_cache_retention_interval=retention)
         self.m = vllm_core.KVCacheManager(self.cfg, max_model_len=1 << 20, scheduler_block_size=bs,
                                           hash_block_size=bs, enable_caching=True, enable_kv_cache_events=True)
         assert isinstance(self.m.coordinator, HybridKVCacheCoordinator)
@@ -138,7 +139,7 @@ class RealHybrid:
                           block_hasher=self.hasher)
             if not self.timed:
                 mark = len(self.evicted)
-                computed, num_hit, _ = self.m.get_computed_blocks(req)
+                computed, num_hit, req.shared_prefix_boundary = self.m.get_computed_blocks(req)  # as the scheduler
                 if self._steps(i, req, computed, num_hit) == "done":
                     self.m.free(req)
                 self.evicted_by[i] = self.evicted[mark:]
@@ -147,7 +148,7 @@ class RealHybrid:
                 self.m.free(reqs.pop(heapq.heappop(running)[1]))
             waited = False
             while True:
-                computed, num_hit, _ = self.m.get_computed_blocks(req)
+                computed, num_hit, req.shared_prefix_boundary = self.m.get_computed_blocks(req)
                 mark = len(self.evicted)
                 if self.m.allocate_slots(req, P - num_hit + G - 1, num_hit, computed) is not None:
                     req.append_output_token_ids(list(q.output_token_ids))
@@ -195,11 +196,20 @@ def tight(sc: Scenario, num_groups: int, rng: random.Random) -> Scenario:
     return Scenario(sc.name, bs, max(longest * num_groups + rng.randrange(-2, 3), 1) + 1, reqs)
 
 
-def assert_same(sc: Scenario, specs: list, timed: bool) -> None:
+def random_retention(rng: random.Random, specs: list, bs: int) -> int | None:
+    """vLLM's prefix_cache_retention_interval: its default 0 (sliding windows keep the tails a replay or a
+    shared prefix can hit), None (every block), or an interval (a positive one needs a sliding window)."""
+    choices = [0, 0, None]
+    if any(isinstance(s, SlidingWindowSpec) for s in specs):
+        choices += [bs, rng.randrange(2, 6) * bs]
+    return rng.choice(choices)
+
+
+def assert_same(sc: Scenario, specs: list, timed: bool, retention: int | None = 0) -> None:
     from kmesh_trace.oracle.hybrid_pool import HybridPoolReplay
 
-    real = RealHybrid(sc, specs, timed).run()
-    replay = HybridPoolReplay(sc.request_blocks(), real.groups(), sc.num_usable_blocks, timed)
+    real = RealHybrid(sc, specs, timed, retention).run()
+    replay = HybridPoolReplay(sc.request_blocks(), real.groups(), sc.num_usable_blocks, timed, retention)
     model = replay.run()
     assert model.hit_tokens == real.hits
     assert model.admitted == real.admitted
@@ -210,7 +220,7 @@ def assert_same(sc: Scenario, specs: list, timed: bool) -> None:
     assert model.num_deferred == real.num_deferred
     assert sorted(model.free_queue) == list(range(1, sc.num_usable_blocks + 1))  # everything drains
     compiled = simulate_hybrid_pool(sc.request_blocks(), real.groups(), num_usable_blocks=sc.num_usable_blocks,
-                                    timed=timed)
+                                    timed=timed, retention_interval=retention)
     assert (compiled.hit_tokens, compiled.num_evictions, compiled.admitted, compiled.stalled, compiled.free_queue) == (
         real.hits, model.num_evictions, real.admitted, real.stalled, real.free_queue())
 
@@ -225,7 +235,7 @@ def test_random_hybrid_workloads_match_real_manager(timed, pool, seed, count):
     for _ in range(count):
         sc = random_family_workload(rng, timed=timed)
         specs = random_specs(rng, sc.block_size)
-        assert_same(pool(sc, len(specs), rng), specs, timed=timed)
+        assert_same(pool(sc, len(specs), rng), specs, timed=timed, retention=random_retention(rng, specs, sc.block_size))
 
 
 def test_window_keeps_only_its_blocks():
@@ -249,8 +259,9 @@ def test_window_keeps_only_its_blocks():
             (22, [0, 128, 0, 0], [[15, 14], [], [13, 12, 11, 10, 18, 21, 19, 9, 22, 20, 8, 7],
                                   [6, 5, 4, 3, 2, 1, 17, 16, 9, 19, 21, 18, 10, 11, 12, 13]])]:
         sc = Scenario("window", bs, usable + 1, reqs)
-        assert_same(sc, specs, timed=False)
-        replay = HybridPoolReplay(sc.request_blocks(), RealHybrid(sc, specs, False).groups(), usable)
+        assert_same(sc, specs, timed=False, retention=None)
+        replay = HybridPoolReplay(sc.request_blocks(), RealHybrid(sc, specs, False).groups(), usable,
+                                  retention_interval=None)
         assert replay.run().hit_tokens == hits
         assert replay.evicted_blocks == evicted
 

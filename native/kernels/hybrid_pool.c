@@ -28,6 +28,8 @@ typedef struct {
     int64_t *hits, *hlen, maxb;
     int64_t *freed_first, *freed_last;
     int64_t *evictions;
+    int64_t retention;              /* prefix_cache_retention_interval; -1: none (every block cached) */
+    int64_t *junction, last_junction; /* per request: the shared-prefix junction its lookup found */
 } hp;
 
 static inline int64_t hp_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -167,6 +169,7 @@ static int64_t hp_lookup(hp *h, int64_t i)
     int64_t hit = hp_max(hp_min(h->P[i] - 1, h->n_ph[i] * h->bs), 0);
     bool simple = h->n_sg == 2 && h->sg_kind[0] == HP_FULL;
     bool fa_done = false; /* full-attention groups looked up (they are first) */
+    int64_t longest = 0;
     for (int64_t g = 0; g < h->G; g++)
         h->hlen[g] = 0;
     for (;;) {
@@ -177,6 +180,7 @@ static int64_t hp_lookup(hp *h, int64_t i)
                 continue;
             }
             curr = hp_find(h, s, i, curr);
+            longest = hp_max(longest, curr);
         }
         fa_done = true;
         if (curr >= hit)
@@ -185,6 +189,7 @@ static int64_t hp_lookup(hp *h, int64_t i)
         if (simple)
             break;
     }
+    h->last_junction = longest > hit ? longest : 0;
     for (int64_t s = 0; s < h->n_sg; s++)
         if (h->sg_kind[s] == HP_FULL)
             for (int64_t t = h->sg_start[s]; t < h->sg_start[s + 1]; t++)
@@ -208,8 +213,32 @@ static int64_t hp_need(const hp *h, int64_t hit, int64_t num_tokens)
     return total;
 }
 
+/* `SlidingWindowManager.reachable_block_mask`: whether group g caches request i's full block j */
+static inline bool hp_retained(const hp *h, int64_t i, int64_t g, int64_t j)
+{
+    if (h->kind[g] != HP_WINDOW)
+        return true;
+    int64_t bs = h->bs, R = h->retention, need = hp_cdiv(h->span[g] - 1, bs);
+    if (R < 0)
+        return need >= 1;
+    if (R > 0) {
+        int64_t per = R / bs;
+        if (need >= per || j % per >= per - need)
+            return true;
+    }
+    int64_t bounds[2] = {h->P[i] - 1, h->junction[i]};
+    for (int k = 0; k < 2; k++) {
+        int64_t end = bounds[k] / bs;
+        if (bounds[k] && end - need <= j && j < end)
+            return true;
+    }
+    return false;
+}
+
 static inline int64_t hp_key_of(const hp *h, int64_t i, int64_t g, int64_t j)
 {
+    if (!hp_retained(h, i, g, j))
+        return HP_NONE;
     int64_t n_full = h->P[i] / h->bs;
     if (j < n_full)
         return j < h->n_ph[i] ? g * h->K + hp_ph(h, i, j) : HP_PRIVATE;
@@ -247,6 +276,7 @@ static void hp_allocate(hp *h, int64_t i, int64_t num_tokens, int64_t num_full)
 
 static void hp_start(hp *h, int64_t i, int64_t hit, int64_t num_tokens, int64_t num_full)
 {
+    h->junction[i] = h->last_junction;
     for (int64_t g = 0; g < h->G; g++) {
         int64_t r = i * h->G + g, *table = h->table + h->tab_off[r];
         int64_t skipped = hp_skip(h, g, hit) / h->bs, n = h->hlen[g];
@@ -327,7 +357,8 @@ static inline void hp_finish_earliest(hp *h, int64_t *hk, int64_t *hi, int64_t *
  * spec groups sg_* with sg_start of n_sg + 1 offsets into sg_gid). Per request: prompt tokens P, output
  * tokens Gout, its prompt hash ids (ph at ph_off, n_ph of them) and output hash ids (oh at oh_off, n_oh, -1:
  * unknown), hash ids < K; arrival and finish (timed); tab_off (n_req * G) its tables' offsets into a table
- * array of tab_size values; maxb the most prompt blocks of a request. Writes hit_tokens, num_evictions,
+ * array of tab_size values; maxb the most prompt blocks of a request; retention vLLM's
+ * prefix_cache_retention_interval (-1: none). Writes hit_tokens, num_evictions,
  * admitted, stalled per request, the final free queue (N values) and out[0..1] = its length, deferrals.
  * Returns 0 or KS_ENOMEM. */
 KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const int64_t *span, int64_t n_sg,
@@ -337,13 +368,13 @@ KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const in
                                         const int64_t *oh_off, const int64_t *n_oh, const int64_t *oh, int64_t K,
                                         const int64_t *arrival, const int64_t *finish, int32_t timed,
                                         const int64_t *tab_off, int64_t tab_size, int64_t maxb, int64_t bs,
-                                        int64_t N, int64_t *hit_tokens, int64_t *num_evictions, uint8_t *admitted,
+                                        int64_t N, int64_t retention, int64_t *hit_tokens, int64_t *num_evictions, uint8_t *admitted,
                                         uint8_t *stalled, int64_t *free_queue, int64_t *out)
 {
     hp h = {.G = G, .K = K, .bs = bs, .n_req = n_req, .N = N, .kind = kind, .span = span, .n_sg = n_sg,
             .sg_kind = sg_kind, .sg_span = sg_span, .sg_start = sg_start, .sg_gid = sg_gid, .P = P, .Gout = Gout,
             .ph_off = ph_off, .n_ph = n_ph, .ph = ph, .oh_off = oh_off, .n_oh = n_oh, .oh = oh, .tab_off = tab_off,
-            .maxb = maxb > 0 ? maxb : 1, .evictions = num_evictions};
+            .maxb = maxb > 0 ? maxb : 1, .evictions = num_evictions, .retention = retention};
     void *mem[24];
     int nm = 0;
 #define HP_NEW(ptr, n) (mem[nm++] = (ptr) = malloc((size_t)((n) > 0 ? (n) : 1) * sizeof(int64_t)))
@@ -352,7 +383,7 @@ KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const in
               && HP_NEW(h.dnext, N + 1) && HP_NEW(h.dprev, N + 1) && HP_NEW(h.kfirst, G * K)
               && HP_NEW(h.klast, G * K) && HP_NEW(h.tlen, n_req * G) && HP_NEW(h.ncached, n_req * G)
               && HP_NEW(h.table, tab_size) && HP_NEW(h.hits, G * h.maxb + N) && HP_NEW(h.hlen, G)
-              && HP_NEW(h.freed_first, N + 1) && HP_NEW(h.freed_last, N + 1) && HP_NEW(hk, n_req) && HP_NEW(hi, n_req);
+              && HP_NEW(h.freed_first, N + 1) && HP_NEW(h.freed_last, N + 1) && HP_NEW(hk, n_req) && HP_NEW(hi, n_req) && HP_NEW(h.junction, n_req);
 #undef HP_NEW
     if (!ok) {
         for (int k = 0; k < nm; k++)

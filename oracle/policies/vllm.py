@@ -32,7 +32,7 @@ class VLLM:
             if workload.requests is None:
                 raise KmeshTraceError("the hybrid vllm pool model replays requests; build the workload with them.")
             res = simulate_hybrid_pool(list(workload.requests), workload.groups, num_usable_blocks=int(capacity_blocks),
-                                       timed=workload.timed)
+                                       timed=workload.timed, retention_interval=workload.retention_interval)
             return result_of(self.name, capacity_blocks, workload.stream, np.asarray(res.hit_blocks, np.int64),
                              res.total_evictions)
         from kmesh_trace.oracle.blockpool import pool_hits
