@@ -130,11 +130,9 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
 
     notes: list[str] = []
     if workload.hybrid:
-        from kmesh_trace.oracle.hybrid_pool import describe, num_full_groups
+        from kmesh_trace.oracle.hybrid_pool import analysis_note
 
-        notes.append(f"hybrid engine ({describe(workload.groups)}): vllm replays the one pool the groups share; the "
-                     f"other policies replay prefix positions at capacity / {num_full_groups(workload.groups)} (one "
-                     "block per full-attention group, windowed groups counted free), so belady stays a bound.")
+        notes.append(analysis_note(workload.groups))
     captured = bool(requests) and all(r.stock_cached_tokens is not None for r in requests)
     if captured and num_usable_blocks:
         cap = int(num_usable_blocks)
@@ -164,7 +162,11 @@ def replay_point(workload: Workload, policy: str, capacity: int) -> PolicyResult
         return POLICIES[policy].simulate(workload, capacity)
     from kmesh_trace.oracle.hybrid_pool import position_capacity
 
-    res = POLICIES[policy].simulate(workload, max(position_capacity(workload.groups, capacity), 1))
+    positions = position_capacity(workload.groups, capacity)
+    if positions == 0:  # not one position's blocks in every full-attention group: no hit
+        stream = workload.stream
+        return result_of(policy, capacity, stream, np.zeros(stream.num_requests, np.int64), 0)
+    res = POLICIES[policy].simulate(workload, positions)
     res.capacity_blocks = capacity
     return res
 
@@ -265,18 +267,14 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
     names = list(options.policies) if options.policies is not None else None
     caps = list(options.capacities) if options.capacities is not None else None
     options.check_executor(executor)
-    if workload.hybrid and (options.wants_curve or executor.remote):
-        from kmesh_trace.oracle.hybrid_pool import describe
-
-        raise KmeshTraceError(f"this engine has {describe(workload.groups)}: on a hybrid trace headroom runs in "
-                              "process at given --capacity-blocks (the curve and --ray model one group).")
     if options.wants_curve:  # a window: the curve's result, at the given capacities if any
         bare = workload.requests is None
         res = headroom_curve(workload.requests, workload.block_size, policies=names, window=options.window,
                              num_usable_blocks=workload.num_usable_blocks, cost=cost, cost_fit=fit, executor=executor,
                              progress=progress, stream=workload.stream if bare else None,
                              stock_tokens=workload.stock_tokens if bare else None, grid=caps,
-                             columns=workload.columns if bare else None)
+                             columns=workload.columns if bare else None, groups=workload.groups,
+                             retention_interval=workload.retention_interval)
         res.note = note
         return res
     simulate = None

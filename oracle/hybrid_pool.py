@@ -497,8 +497,14 @@ def refuse_hybrid(groups, analysis: str) -> None:
 
     if groups and is_hybrid(tuple(groups)):
         raise KmeshTraceError(f"{analysis} models one full-attention KV cache group and this engine has "
-                              f"{describe(groups)}; on a hybrid trace, headroom at given --capacity-blocks and fleet "
-                              "run.")
+                              f"{describe(groups)}; on a hybrid trace, headroom and fleet run.")
+
+
+def analysis_note(groups) -> str:
+    """What an analysis of a hybrid engine's trace says about its replays (docs/DESIGN.md, "Hybrid models")."""
+    return (f"hybrid engine ({describe(groups)}): vllm replays the one pool the groups share; the other policies "
+            f"replay prefix positions at capacity / {num_full_groups(groups)} (one block per full-attention group, "
+            "windowed groups counted free), so belady stays a bound.")
 
 
 def num_full_groups(groups) -> int:
@@ -506,15 +512,20 @@ def num_full_groups(groups) -> int:
     return sum(g.kind in (FULL, MLA) for g in groups)
 
 
-def position_capacity(groups, capacity_blocks: int) -> int:
-    """The prefix positions (blocks of the access stream) a pool of `capacity_blocks` can serve at most: a
-    position served needs a block in every full-attention group, windowed groups counted as free (a
-    relaxation, so bounds computed at it stay bounds); refuses a layout without full attention."""
+def blocks_per_position(groups) -> int:
+    """Pool blocks a served prefix position (a block of the access stream) takes at least: one per
+    full-attention group, windowed groups counted as free (a relaxation, so bounds computed with it stay
+    bounds); refuses a layout without full attention."""
     n = num_full_groups(groups)
     if n == 0:
         raise KmeshTraceError(f"a pool of {describe(groups)} has no full-attention group, so no prefix bound "
                               "in blocks; only the vllm policy replays it.")
-    return capacity_blocks // n
+    return n
+
+
+def position_capacity(groups, capacity_blocks: int) -> int:
+    """The prefix positions a pool of `capacity_blocks` can serve at most (`blocks_per_position`)."""
+    return capacity_blocks // blocks_per_position(groups)
 
 
 def pool_block_bytes(groups) -> int | None:

@@ -1,6 +1,7 @@
 """Analyses on a hybrid engine's trace (engine metadata `kv_cache_groups`): headroom at given capacities
-replays the hybrid pool (vllm) and the prefix positions at the full-attention share (bounds); fleet routes
-to hybrid engines; the curve, pressure and tiers refuse it in one sentence."""
+replays the hybrid pool (vllm) and the prefix positions at the full-attention share (bounds); the curve
+scales the one-pass curves to the pool; fleet routes to hybrid engines; pressure and tiers refuse it in
+one sentence."""
 
 from __future__ import annotations
 
@@ -92,7 +93,6 @@ def test_two_full_attention_groups_halve_the_bound_positions():
 
 
 @pytest.mark.parametrize("args,word", [
-    (["headroom", "{t}"], "headroom"),  # the curve
     (["pressure", "{t}"], "pressure"),
     (["tiers", "{t}", "--host", "100"], "tiers"),
 ])
@@ -137,3 +137,26 @@ def test_fleet_routes_to_hybrid_engines(tmp_path, cli, timed):
     assert prefix.hit_tokens >= rr.hit_tokens
     r = cli(["fleet", tmp_path / "t", "--engines", "2", "--capacity-blocks", "30", "--json"])
     assert r.exit_code == 0, r.output
+
+
+def test_the_curve_on_a_hybrid_trace(tmp_path, cli):
+    """Two full-attention groups and a window: the exact curves step at twice their position capacities;
+    the vllm curve is the hybrid pool at each grid capacity."""
+    groups = (KVCacheGroup("full_attention", BS, 1, 2048), KVCacheGroup("sliding_window", BS, 1, 2048,
+                                                                        sliding_window=40),
+              KVCacheGroup("full_attention", BS, 1, 4096))
+    write_hybrid(tmp_path / "t", groups=groups, usable=60)
+    r = cli(["headroom", tmp_path / "t", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    with open_trace(tmp_path / "t") as t:
+        w = Workload.from_trace(t)
+    assert d["curves"]["belady"]["exact"] and d["curves"]["belady"]["capacities"][:3] == [0, 2, 4]
+    for row in d["grid"]:
+        cap = row["capacity_blocks"]
+        ref = simulate_hybrid_pool(list(w.requests), groups, num_usable_blocks=cap, timed=False)
+        assert row["vllm"]["hit_blocks"] == ref.total_hit_blocks
+        bound = POLICIES["belady"].simulate(w, cap // 2).hit_blocks if cap >= 2 else 0
+        assert row["belady"]["hit_blocks"] == row["belady-prefix"]["hit_blocks"] == bound  # a narrow bracket here
+    assert [row["vllm"]["hit_blocks"] for row in d["grid"]][-2:] == [54, 58]
+    assert "capacity / 2" in r.stderr
