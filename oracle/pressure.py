@@ -400,6 +400,7 @@ def run(workload: Workload, options: PressureOptions, executor: Executor | None 
     blocks by default), or a PressureSweep; on a remote executor, one task per capacity reads the trace."""
     from kmesh_trace.oracle.tasks import pressure_point, task_source
 
+    workload.refuse_hybrid("pressure")
     executor = executor or InProcess()
     opts = options.what_if_options()
     lineage = lineage_for(workload, opts["edges"])

@@ -160,3 +160,19 @@ def test_the_curve_on_a_hybrid_trace(tmp_path, cli):
         assert row["belady"]["hit_blocks"] == row["belady-prefix"]["hit_blocks"] == bound  # a narrow bracket here
     assert [row["vllm"]["hit_blocks"] for row in d["grid"]][-2:] == [54, 58]
     assert "capacity / 2" in r.stderr
+
+
+def test_the_report_on_a_hybrid_trace(tmp_path, cli):
+    """The page's headroom runs on the hybrid pool; its pressure and tiers sections say why they cannot."""
+    write_hybrid(tmp_path / "t")
+    r = cli(["report", tmp_path / "t", "--out", tmp_path / "page.html", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    with open_trace(tmp_path / "t") as t:
+        w = Workload.from_trace(t)
+    stock = simulate_hybrid_pool(list(w.requests), GROUPS, num_usable_blocks=40, timed=False)
+    assert d["headroom"]["stock"]["hit_tokens"] == stock.total_hit_tokens  # the vllm curve at the engine's pool
+    for section in ("pressure", "tiers"):
+        assert d[section] == {"unavailable": f"{section} models one full-attention KV cache group and this engine has "
+                                             "sliding_window(48) + full_attention; on a hybrid trace, headroom and "
+                                             "fleet run."}

@@ -93,7 +93,6 @@ def pressure_cmd(
             if not isinstance(t, PublicInput):  # a public trace read as it is has requests, never KV events only
                 pr.check_has_requests(t, engine)
             w = Workload.from_trace(t, engine)
-            w.refuse_hybrid("pressure")
         if capacity is not None:  # in bytes: converted with the engine's KV geometry, known now
             options = replace(options, capacities=capacities_of_input(capacity, t, w, engine, kv_bytes, model_config))
             options.check("--capacity")
