@@ -36,8 +36,7 @@ def replay_hybrid_compiled(requests, groups, spec_groups, block_size: int, num_u
     output = np.fromiter((r.num_output_tokens for r in requests), np.int64, n)
     arrival = np.fromiter((r.arrival_ns or 0 for r in requests), np.int64, n)
     finish = np.fromiter((r.finish_ns or 0 for r in requests), np.int64, n)
-    nblocks = -(-(prompt + np.maximum(output - 1, 0)) // bs)  # a table's most blocks
-    tab_off = np.concatenate([[0], np.cumsum(np.repeat(nblocks, G))]).astype(np.int64)
+    tab_cap = -(-(prompt + np.maximum(output - 1, 0)) // bs)  # a table's most blocks
     kind = np.array([_KINDS.get(g.kind, 0) for g in groups], np.int64)
     span = np.array([g.sliding_window or g.attention_chunk_size or 0 for g in groups], np.int64)
     sg_kind = np.array([_KINDS.get(s.kind, 0) for s in spec_groups], np.int64)
@@ -47,16 +46,16 @@ def replay_hybrid_compiled(requests, groups, spec_groups, block_size: int, num_u
     arrays = [np.asarray(a, np.int64) for a in (ph_off[:-1], n_ph, ph, oh_off[:-1], n_oh, oh)]
     maxb = int((prompt // bs).max()) + 1 if n else 1
     return run_interruptible(_replay, G, kind, span, sg_kind, sg_span, sg_start, sg_gid, prompt, output, arrays,
-                             max(len(ids), 1), arrival, finish, timed, tab_off, maxb, bs, num_usable_blocks,
+                             max(len(ids), 1), arrival, finish, timed, tab_cap, maxb, bs, num_usable_blocks,
                              -1 if retention_interval is None else int(retention_interval))
 
 
 _hybrid_replay = declare("ks_hybrid_pool_replay", [I64, P, P, I64, P, P, P, P, I64, P, P, P, P, P, P, P, P, I64, P, P,
-                                                   I32, P, I64, I64, I64, I64, I64, P, P, P, P, P, P], I64)
+                                                   I32, P, I64, I64, I64, I64, P, P, P, P, P, P], I64)
 
 
 def _replay(G, kind, span, sg_kind, sg_span, sg_start, sg_gid, prompt, output, arrays, K, arrival, finish, timed,
-            tab_off, maxb, bs, num_usable, retention):
+            tab_cap, maxb, bs, num_usable, retention):
     n = len(prompt)
     hit_tokens, num_evictions = np.zeros(n, np.int64), np.zeros(n, np.int64)
     admitted, stalled = np.zeros(n, np.bool_), np.zeros(n, np.bool_)
@@ -65,7 +64,7 @@ def _replay(G, kind, span, sg_kind, sg_span, sg_start, sg_gid, prompt, output, a
     check(_hybrid_replay(G, ptr(kind, np.int64), ptr(span, np.int64), len(sg_kind), ptr(sg_kind, np.int64),
                          ptr(sg_span, np.int64), ptr(sg_start, np.int64), ptr(sg_gid, np.int64), n,
                          ptr(prompt, np.int64), ptr(output, np.int64), *i64, K, ptr(arrival, np.int64),
-                         ptr(finish, np.int64), int(bool(timed)), ptr(tab_off, np.int64), int(tab_off[-1]), maxb, bs,
+                         ptr(finish, np.int64), int(bool(timed)), ptr(tab_cap, np.int64), maxb, bs,
                          num_usable, retention, ptr(hit_tokens, np.int64), ptr(num_evictions, np.int64), ptr(admitted, np.bool_),
                          ptr(stalled, np.bool_), ptr(queue, np.int64), ptr(out, np.int64)), "the hybrid pool replay")
     return hit_tokens, num_evictions, admitted, stalled, queue[:int(out[0])], int(out[1])

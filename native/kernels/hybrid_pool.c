@@ -17,13 +17,14 @@ typedef struct {
     int64_t n_sg;
     const int64_t *sg_kind, *sg_span, *sg_start, *sg_gid; /* spec groups, full attention first */
     const int64_t *P, *Gout, *ph_off, *n_ph, *ph, *oh_off, *n_oh, *oh;
-    const int64_t *tab_off; /* per request * group: where its table starts */
+    const int64_t *tab_cap; /* per request: the most blocks a table of it holds */
     /* the pool */
     kp_ix *fnext, *fprev;
     int64_t *ref, *key, *dnext, *dprev, *kfirst, *klast;
     int64_t n_free;
     /* per request * group */
-    int64_t *tlen, *ncached, *table;
+    int64_t *tlen, *ncached, **table; /* a running request's tables, made at its start, freed at its end */
+    bool failed;                       /* a table could not be made */
     /* scratch: a lookup's hits per group (G x maxb), their lengths */
     int64_t *hits, *hlen, maxb;
     int64_t *freed_first, *freed_last;
@@ -251,7 +252,7 @@ static inline int64_t hp_key_of(const hp *h, int64_t i, int64_t g, int64_t j)
 static void hp_allocate(hp *h, int64_t i, int64_t num_tokens, int64_t num_full)
 {
     for (int64_t g = 0; g < h->G; g++) {
-        int64_t r = i * h->G + g, *table = h->table + h->tab_off[r];
+        int64_t r = i * h->G + g, *table = h->table[r];
         int64_t len = h->tlen[r], upto = hp_min(num_full, len);
         for (int64_t j = h->ncached[r]; j < upto; j++)
             if (table[j] != 0)
@@ -274,11 +275,24 @@ static void hp_allocate(hp *h, int64_t i, int64_t num_tokens, int64_t num_full)
     }
 }
 
-static void hp_start(hp *h, int64_t i, int64_t hit, int64_t num_tokens, int64_t num_full)
+/* false (h->failed) when its tables could not be made: nothing changed */
+static bool hp_start(hp *h, int64_t i, int64_t hit, int64_t num_tokens, int64_t num_full)
 {
+    for (int64_t g = 0; g < h->G; g++) {
+        int64_t r = i * h->G + g;
+        h->table[r] = malloc((size_t)(h->tab_cap[i] > 0 ? h->tab_cap[i] : 1) * sizeof(int64_t));
+        if (!h->table[r]) {
+            for (int64_t k = i * h->G; k <= r; k++) {
+                free(h->table[k]);
+                h->table[k] = NULL;
+            }
+            h->failed = true;
+            return false;
+        }
+    }
     h->junction[i] = h->last_junction;
     for (int64_t g = 0; g < h->G; g++) {
-        int64_t r = i * h->G + g, *table = h->table + h->tab_off[r];
+        int64_t r = i * h->G + g, *table = h->table[r];
         int64_t skipped = hp_skip(h, g, hit) / h->bs, n = h->hlen[g];
         for (int64_t j = 0; j < n; j++) {
             int64_t b = j < skipped ? 0 : h->hits[g * h->maxb + j];
@@ -292,12 +306,13 @@ static void hp_start(hp *h, int64_t i, int64_t hit, int64_t num_tokens, int64_t 
         h->tlen[r] = h->ncached[r] = n;
     }
     hp_allocate(h, i, num_tokens, num_full);
+    return true;
 }
 
 static void hp_remove_skipped(hp *h, int64_t i, int64_t computed)
 {
     for (int64_t g = 0; g < h->G; g++) {
-        int64_t r = i * h->G + g, *table = h->table + h->tab_off[r];
+        int64_t r = i * h->G + g, *table = h->table[r];
         int64_t n = hp_min(hp_skip(h, g, computed) / h->bs, h->tlen[r]), nf = 0;
         for (int64_t j = n - 1; j >= 0 && table[j] != 0; j--) {
             h->freed_last[nf++] = table[j]; /* borrowed as the list of freed blocks, tail first */
@@ -314,12 +329,14 @@ static void hp_remove_skipped(hp *h, int64_t i, int64_t computed)
 static void hp_free_request(hp *h, int64_t i)
 {
     for (int64_t g = 0; g < h->G; g++) {
-        int64_t r = i * h->G + g, *table = h->table + h->tab_off[r], n = 0;
+        int64_t r = i * h->G + g, *table = h->table[r], n = 0;
         int64_t *list = h->hits; /* the lookup's scratch (G x maxb + N values): room for every block held */
         for (int64_t j = h->tlen[r] - 1; j >= 0; j--)
             if (table[j] != 0)
                 list[n++] = table[j];
         hp_free_blocks(h, list, n);
+        free(table);
+        h->table[r] = NULL;
     }
 }
 
@@ -328,7 +345,8 @@ static int hp_steps(hp *h, int64_t i, int64_t hit, uint8_t *stalled)
     int64_t P = h->P[i], bs = h->bs;
     if (hp_need(h, hit, P) > h->n_free)
         return HP_REFUSED;
-    hp_start(h, i, hit, P, P / bs);
+    if (!hp_start(h, i, hit, P, P / bs))
+        return HP_REFUSED;
     int64_t c = P;
     for (int64_t k = 0; k < h->Gout[i] - 1; k++) {
         hp_remove_skipped(h, i, c);
@@ -356,8 +374,8 @@ static inline void hp_finish_earliest(hp *h, int64_t *hk, int64_t *hi, int64_t *
 /* Replay n_req requests through a pool of N usable blocks shared by G groups (kind, span per group; the
  * spec groups sg_* with sg_start of n_sg + 1 offsets into sg_gid). Per request: prompt tokens P, output
  * tokens Gout, its prompt hash ids (ph at ph_off, n_ph of them) and output hash ids (oh at oh_off, n_oh, -1:
- * unknown), hash ids < K; arrival and finish (timed); tab_off (n_req * G) its tables' offsets into a table
- * array of tab_size values; maxb the most prompt blocks of a request; retention vLLM's
+ * unknown), hash ids < K; arrival and finish (timed); tab_cap the most blocks one of its tables holds
+ * (made when it starts, freed when it ends); maxb the most prompt blocks of a request; retention vLLM's
  * prefix_cache_retention_interval (-1: none). Writes hit_tokens, num_evictions,
  * admitted, stalled per request, the final free queue (N values) and out[0..1] = its length, deferrals.
  * Returns 0 or KS_ENOMEM. */
@@ -367,13 +385,13 @@ KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const in
                                         const int64_t *ph_off, const int64_t *n_ph, const int64_t *ph,
                                         const int64_t *oh_off, const int64_t *n_oh, const int64_t *oh, int64_t K,
                                         const int64_t *arrival, const int64_t *finish, int32_t timed,
-                                        const int64_t *tab_off, int64_t tab_size, int64_t maxb, int64_t bs,
+                                        const int64_t *tab_cap, int64_t maxb, int64_t bs,
                                         int64_t N, int64_t retention, int64_t *hit_tokens, int64_t *num_evictions, uint8_t *admitted,
                                         uint8_t *stalled, int64_t *free_queue, int64_t *out)
 {
     hp h = {.G = G, .K = K, .bs = bs, .n_req = n_req, .N = N, .kind = kind, .span = span, .n_sg = n_sg,
             .sg_kind = sg_kind, .sg_span = sg_span, .sg_start = sg_start, .sg_gid = sg_gid, .P = P, .Gout = Gout,
-            .ph_off = ph_off, .n_ph = n_ph, .ph = ph, .oh_off = oh_off, .n_oh = n_oh, .oh = oh, .tab_off = tab_off,
+            .ph_off = ph_off, .n_ph = n_ph, .ph = ph, .oh_off = oh_off, .n_oh = n_oh, .oh = oh, .tab_cap = tab_cap,
             .maxb = maxb > 0 ? maxb : 1, .evictions = num_evictions, .retention = retention};
     void *mem[24];
     int nm = 0;
@@ -382,7 +400,8 @@ KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const in
     bool ok = N < KP_IX_MAX && HP_NEW(h.fnext, N + 1) && HP_NEW(h.fprev, N + 1) && HP_NEW(h.ref, N + 1) && HP_NEW(h.key, N + 1)
               && HP_NEW(h.dnext, N + 1) && HP_NEW(h.dprev, N + 1) && HP_NEW(h.kfirst, G * K)
               && HP_NEW(h.klast, G * K) && HP_NEW(h.tlen, n_req * G) && HP_NEW(h.ncached, n_req * G)
-              && HP_NEW(h.table, tab_size) && HP_NEW(h.hits, G * h.maxb + N) && HP_NEW(h.hlen, G)
+              && (mem[nm++] = h.table = calloc((size_t)(n_req * G > 0 ? n_req * G : 1), sizeof(int64_t *)))
+              && HP_NEW(h.hits, G * h.maxb + N) && HP_NEW(h.hlen, G)
               && HP_NEW(h.freed_first, N + 1) && HP_NEW(h.freed_last, N + 1) && HP_NEW(hk, n_req) && HP_NEW(hi, n_req) && HP_NEW(h.junction, n_req);
 #undef HP_NEW
     if (!ok) {
@@ -409,6 +428,8 @@ KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const in
         if (!timed) {
             int64_t hit = hp_lookup(&h, i);
             int st = hp_steps(&h, i, hit, stalled);
+            if (h.failed)
+                break;
             if (st != HP_REFUSED)
                 hit_tokens[i] = hit, admitted[i] = 1;
             if (st == HP_DONE)
@@ -423,9 +444,9 @@ KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const in
         for (;;) {
             int64_t hit = hp_lookup(&h, i);
             if (hp_need(&h, hit, computed) <= h.n_free) {
-                hp_start(&h, i, hit, computed, computed / bs);
-                hit_tokens[i] = hit, admitted[i] = 1;
-                st = HP_DONE;
+                st = hp_start(&h, i, hit, computed, computed / bs) ? HP_DONE : HP_REFUSED;
+                if (st == HP_DONE)
+                    hit_tokens[i] = hit, admitted[i] = 1;
                 break;
             }
             if (!nrun) {
@@ -437,12 +458,21 @@ KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const in
             waited = true;
             hp_finish_earliest(&h, hk, hi, &nrun);
         }
+        if (h.failed)
+            break;
         deferred += waited && st != HP_REFUSED; /* as the single-group model counts them */
         if (st == HP_DONE)
             nrun = kp_heap_push(hk, hi, nrun, hp_max(finish[i], arrival[i]), i);
     }
-    while (nrun)
+    while (nrun && !h.failed)
         hp_finish_earliest(&h, hk, hi, &nrun);
+    if (h.failed) {
+        for (int64_t k = 0; k < n_req * G; k++)
+            free(h.table[k]);
+        for (int k = 0; k < nm; k++)
+            free(mem[k]);
+        return KS_ENOMEM;
+    }
     int64_t n = 0;
     for (int64_t b = h.fnext[0]; b != 0; b = h.fnext[b])
         free_queue[n++] = b;
