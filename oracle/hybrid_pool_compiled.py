@@ -65,6 +65,7 @@ def _replay(G, kind, span, sg_kind, sg_span, sg_start, sg_gid, prompt, output, a
                          ptr(sg_span, np.int64), ptr(sg_start, np.int64), ptr(sg_gid, np.int64), n,
                          ptr(prompt, np.int64), ptr(output, np.int64), *i64, K, ptr(arrival, np.int64),
                          ptr(finish, np.int64), int(bool(timed)), ptr(tab_cap, np.int64), maxb, bs,
-                         num_usable, retention, ptr(hit_tokens, np.int64), ptr(num_evictions, np.int64), ptr(admitted, np.bool_),
+                         num_usable, retention, ptr(hit_tokens, np.int64), ptr(num_evictions, np.int64),
+                         ptr(admitted, np.bool_),
                          ptr(stalled, np.bool_), ptr(queue, np.int64), ptr(out, np.int64)), "the hybrid pool replay")
     return hit_tokens, num_evictions, admitted, stalled, queue[:int(out[0])], int(out[1])

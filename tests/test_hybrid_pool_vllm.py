@@ -235,7 +235,8 @@ def test_random_hybrid_workloads_match_real_manager(timed, pool, seed, count):
     for _ in range(count):
         sc = random_family_workload(rng, timed=timed)
         specs = random_specs(rng, sc.block_size)
-        assert_same(pool(sc, len(specs), rng), specs, timed=timed, retention=random_retention(rng, specs, sc.block_size))
+        retention = random_retention(rng, specs, sc.block_size)
+        assert_same(pool(sc, len(specs), rng), specs, timed=timed, retention=retention)
 
 
 def test_window_keeps_only_its_blocks():

@@ -386,7 +386,8 @@ KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const in
                                         const int64_t *oh_off, const int64_t *n_oh, const int64_t *oh, int64_t K,
                                         const int64_t *arrival, const int64_t *finish, int32_t timed,
                                         const int64_t *tab_cap, int64_t maxb, int64_t bs,
-                                        int64_t N, int64_t retention, int64_t *hit_tokens, int64_t *num_evictions, uint8_t *admitted,
+                                        int64_t N, int64_t retention, int64_t *hit_tokens, int64_t *num_evictions,
+                                        uint8_t *admitted,
                                         uint8_t *stalled, int64_t *free_queue, int64_t *out)
 {
     hp h = {.G = G, .K = K, .bs = bs, .n_req = n_req, .N = N, .kind = kind, .span = span, .n_sg = n_sg,
@@ -397,12 +398,14 @@ KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const in
     int nm = 0;
 #define HP_NEW(ptr, n) (mem[nm++] = (ptr) = malloc((size_t)((n) > 0 ? (n) : 1) * sizeof(int64_t)))
     int64_t *hk, *hi;
-    bool ok = N < KP_IX_MAX && HP_NEW(h.fnext, N + 1) && HP_NEW(h.fprev, N + 1) && HP_NEW(h.ref, N + 1) && HP_NEW(h.key, N + 1)
+    bool ok = N < KP_IX_MAX && HP_NEW(h.fnext, N + 1) && HP_NEW(h.fprev, N + 1) && HP_NEW(h.ref, N + 1)
+              && HP_NEW(h.key, N + 1)
               && HP_NEW(h.dnext, N + 1) && HP_NEW(h.dprev, N + 1) && HP_NEW(h.kfirst, G * K)
               && HP_NEW(h.klast, G * K) && HP_NEW(h.tlen, n_req * G) && HP_NEW(h.ncached, n_req * G)
               && (mem[nm++] = h.table = calloc((size_t)(n_req * G > 0 ? n_req * G : 1), sizeof(int64_t *)))
               && HP_NEW(h.hits, G * h.maxb + N) && HP_NEW(h.hlen, G)
-              && HP_NEW(h.freed_first, N + 1) && HP_NEW(h.freed_last, N + 1) && HP_NEW(hk, n_req) && HP_NEW(hi, n_req) && HP_NEW(h.junction, n_req);
+              && HP_NEW(h.freed_first, N + 1) && HP_NEW(h.freed_last, N + 1) && HP_NEW(hk, n_req) && HP_NEW(hi, n_req)
+              && HP_NEW(h.junction, n_req);
 #undef HP_NEW
     if (!ok) {
         for (int k = 0; k < nm; k++)
