@@ -176,3 +176,12 @@ def test_the_report_on_a_hybrid_trace(tmp_path, cli):
         assert d[section] == {"unavailable": f"{section} models one full-attention KV cache group and this engine has "
                                              "sliding_window(48) + full_attention; on a hybrid trace, headroom and "
                                              "fleet run."}
+
+
+def test_capacity_in_bytes_needs_the_page_sizes(tmp_path, cli):
+    write_hybrid(tmp_path / "t", groups=(KVCacheGroup("full_attention", BS), KVCacheGroup("sliding_window", BS,
+                                                                                          sliding_window=48)))
+    r = cli(["headroom", tmp_path / "t", "--capacity", "1MiB", "--policies", "vllm"])
+    assert r.exit_code == 1
+    assert r.output == ("Error: --capacity is given in bytes, but the engine's KV cache groups do not state their "
+                        "page sizes and layers; give blocks.\n")

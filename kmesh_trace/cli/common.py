@@ -292,6 +292,9 @@ def capacities_in_blocks(text: str, block_size: int, meta: dict, kv_bytes: int |
     groups = groups_from_metadata(meta) if meta.get("kv_cache_groups") else ()
     if is_hybrid(groups):
         block_bytes = pool_block_bytes(groups)
+        if block_bytes is None and any(ch.isalpha() for ch in text):
+            raise KmeshTraceError("--capacity is given in bytes, but the engine's KV cache groups do not state their "
+                                  "page sizes and layers; give blocks.")
     else:
         kvbpt, _ = kv_bytes_per_token(meta, kv_bytes, model_config)
         block_bytes = block_size * kvbpt if kvbpt else None
