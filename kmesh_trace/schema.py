@@ -318,6 +318,11 @@ METADATA: dict[str, MetadataField] = {
                         "`kind` (full_attention, sliding_window, chunked_local, mamba, mla), `block_size` (tokens), `num_layers`, "
                         "`page_size_bytes` (one block of one layer), `sliding_window` and `attention_chunk_size` (tokens). "
                         "Absent: one full-attention group of `block_size` (kmesh_trace/kv_groups.py)."),
+    "prefix_cache_retention_interval": MetadataField(int, "tokens", "vLLM's prefix_cache_retention_interval: the blocks a "
+                                        "sliding-window group caches. 0 (also when absent: vLLM's default) the window's tail "
+                                        "before each prompt's last token and before a shared-prefix junction; a positive "
+                                        "interval also before each interval's end; -1 (vLLM's none) every block.",
+                                        minimum=-1),
     "kv_events": MetadataField(dict, None, "KV-events recordings: the publisher (`endpoint`, `replay_endpoint`, `topic`, `format`), "
                   "`hash_kind` (what `block_hash` holds), batches received and replayed, sequence gaps found, batches "
                   "recovered from the replay socket and `num_unrecovered_batches` (lost: the audit names them), "

@@ -285,11 +285,21 @@ ModelConfigOption = Annotated[Optional[Path], typer.Option(
 
 def capacities_in_blocks(text: str, block_size: int, meta: dict, kv_bytes: int | None, model_config) -> tuple[int, ...]:
     """`--capacity` as block counts: plain numbers are blocks, sizes with a unit are bytes over the block's bytes
-    (the KV bytes per token from `kv_bytes` or `model_config`, else the engine metadata `meta`)."""
+    (the KV bytes per token from `kv_bytes` or `model_config`, else the engine metadata `meta`). A hybrid
+    engine's pool block is the bytes of its KV cache groups' pages (`hybrid_pool.pool_block_bytes`)."""
+    from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid
+    from kmesh_trace.oracle.hybrid_pool import pool_block_bytes
     from kmesh_trace.oracle.tier_costs import kv_bytes_per_token, parse_capacity
 
-    kvbpt, _ = kv_bytes_per_token(meta, kv_bytes, model_config)
-    block_bytes = block_size * kvbpt if kvbpt else None
+    groups = groups_from_metadata(meta) if meta.get("kv_cache_groups") else ()
+    if is_hybrid(groups):
+        block_bytes = pool_block_bytes(groups)
+        if block_bytes is None and any(ch.isalpha() for ch in text):
+            raise KmeshTraceError("--capacity is given in bytes, but the engine's KV cache groups do not state their "
+                                  "page sizes and layers; give blocks.")
+    else:
+        kvbpt, _ = kv_bytes_per_token(meta, kv_bytes, model_config)
+        block_bytes = block_size * kvbpt if kvbpt else None
     caps = [parse_capacity(c, block_bytes, "--capacity") for c in text.split(",") if c.strip()]
     if not caps or min(caps) <= 0:
         raise KmeshTraceError(f"--capacity must give capacities of at least one block ({block_size} tokens"
