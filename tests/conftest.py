@@ -6,7 +6,12 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from typer.testing import CliRunner
+
+# Hypothesis keeps no example database (none in the tree) and runs few examples unless a test asks for more.
+settings.register_profile("kmesh", database=None, max_examples=50, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kmesh"))
 
 
 def datasets_dir() -> Path:

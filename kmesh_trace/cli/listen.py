@@ -122,10 +122,27 @@ def listen_cmd(
         for eid, e in summary["publishers"].items():
             err.print(f"publisher {e['endpoint']} ({eid}): {e['num_batches']:,} batches, {e['rows']:,} block events "
                       f"({e['num_touched_blocks']:,} touched), gaps {e['num_gaps']:,} ({e['num_recovered_batches']:,} "
-                      f"batches recovered, {e['num_unrecovered_batches']:,} lost), malformed "
+                      f"batches recovered, {e['num_unrecovered_batches']:,} lost, {e['num_unread_at_stop']:,} of them unread at "
+                      f"the stop), {e['num_duplicate_batches']:,} duplicates, malformed "
                       f"{e['num_malformed_frames']:,} frames / {e['num_malformed_events']:,} events; "
                       f"{'complete' if e['complete'] else 'INCOMPLETE'}", markup=False, highlight=False, soft_wrap=True)
         err.print(f"trace: {out_dir}", markup=False, highlight=False)
+    _maybe_exit_now()
+
+
+def _maybe_exit_now() -> None:
+    """Run as the program, end as soon as the trace is closed and the summary written: tearing down the
+    interpreter after a long recording (every object it made) takes longer than the one second a
+    stopped recording is allowed. In-process callers (tests, notebooks) simply return."""
+    import os
+    import sys
+
+    from kmesh_trace import cli
+
+    if getattr(sys.modules.get("__main__"), "main", None) is cli.main:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def summarize(out_dir: Path, listener, signals: list[str]) -> dict:
@@ -136,7 +153,8 @@ def summarize(out_dir: Path, listener, signals: list[str]) -> dict:
             "endpoint": rec.spec.endpoint, "format": st["format"], "rows": rec.writer.num_rows["block_events"],
             **{k: st[k] for k in ("num_batches", "num_replayed_batches", "num_gaps", "num_recovered_batches",
                                   "num_unrecovered_batches", "num_malformed_frames", "num_malformed_events",
-                                  "num_touched_blocks")},
+                                  "num_touched_blocks", "num_duplicate_batches", "num_late_batches",
+                                  "num_unread_at_stop")},
             "num_epochs": len(st["epochs"]), "complete": bool(rec.writer.metadata.get("complete"))}
     return {"trace": str(out_dir), "signals": signals, "publishers": pubs}
 
