@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 
 import msgspec
@@ -22,23 +21,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kmesh_trace.capture.listen import Listener, PublisherSpec
+from kv_wire import ReplayBuffer, stored  # tests/ is on sys.path
 
 BIG = [1 << 62, (1 << 63) - 1, 1 << 40, -5, -4, (1 << 63), -(1 << 63)]  # no rank, group or block size
 BAD_TS = [math.nan, math.inf, -math.inf, float(1 << 63), -1.0, 1 << 63, (1 << 64) - 1, 1e300]
 
 
-def _stored(h: int, **over) -> dict:
-    ev = {"type": "BlockStored", "block_hashes": [h], "parent_block_hash": None, "token_ids": [], "block_size": 32,
-          "lora_id": None, "medium": "GPU", "lora_name": None, "group_idx": 0}
-    ev.update(over)
-    return ev
-
-
 # A bad event: one field out of what a trace can hold, or of the wrong type.
 BAD_EVENTS = st.one_of(
-    st.sampled_from(BIG + [0]).map(lambda v: _stored(1, block_size=v)),
-    st.sampled_from(BIG).map(lambda v: _stored(1, group_idx=v)),
-    st.sampled_from(["x", 1.5, True, b"", None]).map(lambda v: _stored(v)),
+    st.sampled_from(BIG + [0]).map(lambda v: stored(1, block_size=v)),
+    st.sampled_from(BIG).map(lambda v: stored(1, group_idx=v)),
+    st.sampled_from(["x", 1.5, True, b"", None]).map(lambda v: stored(v)),
     st.just({"type": "BlockStored"}), st.just({"type": "Nope"}), st.just([]), st.just(7),
     st.sampled_from(BIG).map(lambda v: {"type": "BlockRemoved", "block_hashes": [1], "group_idx": v}),
 )
@@ -64,7 +57,7 @@ def messages(draw):
             seq, ts = draw(st.integers(0, 3)), ts - draw(st.sampled_from([2.0, 500.0]))
         elif op == "late" and seq > 2:
             seq_l = draw(st.integers(0, seq - 1))
-            good = [_stored(10_000 + i)]
+            good = [stored(10_000 + i)]
             out.append(("ok", seq_l, ts, msgspec.msgpack.encode([ts, good, 0]), 1, 0))
             continue
         if op == "frames":
@@ -77,7 +70,7 @@ def messages(draw):
         if op == "end":
             out.append(("frames", None, None, [b"", (-1).to_bytes(8, "big", signed=True), b""], 0, 0))
             continue
-        good = [_stored(1000 * i + j, parent_block_hash=None) for j in range(draw(st.integers(1, 3)))]
+        good = [stored(1000 * i + j, parent_block_hash=None) for j in range(draw(st.integers(1, 3)))]
         bad = draw(st.lists(BAD_EVENTS, max_size=2))
         events = good + bad
         if op == "bad_ts":
@@ -148,36 +141,6 @@ def test_every_live_message_is_recorded_or_counted(msgs, sock_dir, tmp_path_fact
     _check(out, msgs, rec.stats, len(msgs))
 
 
-class ReplayBuffer:
-    """vLLM's replay protocol on a real ROUTER socket: for a start seq, every buffered batch from it, then
-    the end marker. `buffer` maps seq -> payload (what the publisher still holds)."""
-
-    def __init__(self, ctx, endpoint: str, buffer: dict[int, bytes]):
-        import zmq
-
-        self.sock = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint)
-        self.buffer, self.done = buffer, threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.done.is_set():
-            if not self.sock.poll(50):
-                continue
-            ident, _, start = self.sock.recv_multipart()
-            first = int.from_bytes(start, "big")
-            for s in sorted(k for k in self.buffer if k >= first):
-                self.sock.send_multipart([ident, b"", b"kv", s.to_bytes(8, "big"), self.buffer[s]])
-            self.sock.send_multipart([ident, b"", b"", (-1).to_bytes(8, "big", signed=True), b""])
-
-    def close(self) -> None:
-        self.done.set()
-        self.thread.join()
-        self.sock.close()
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(n=st.integers(1, 40), dropped=st.sets(st.integers(0, 39), max_size=20), kept_from=st.integers(0, 40),
@@ -187,7 +150,7 @@ def test_gaps_are_filled_from_replay_or_counted_exactly(n, dropped, kept_from, r
     still holds seq >= kept_from. Recovered + lost = missing, exactly; every batch is recorded once."""
     import zmq
 
-    payloads = {s: msgspec.msgpack.encode([100.0 + s, [_stored(s)], 0]) for s in range(n)}
+    payloads = {s: msgspec.msgpack.encode([100.0 + s, [stored(s)], 0]) for s in range(n)}
     ctx = zmq.Context()
     replay = ReplayBuffer(ctx, f"ipc://{sock_dir}/rp.sock", {s: p for s, p in payloads.items() if s >= kept_from})
     out = tmp_path_factory.mktemp("trace")
