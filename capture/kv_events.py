@@ -46,7 +46,8 @@ _U64 = (1 << 64) - 1
 #: The least and greatest value of each integer from the wire: what a trace column or metadata field
 #: holds (`kv_group` is int32; a rank is a metadata index) and what an engine can mean (a block of
 #: more than 2^20 tokens is no engine's).
-_WIRE_BOUNDS = {"rank": (0, (1 << 31) - 1), "group_idx": (0, (1 << 31) - 1), "block_size": (1, 1 << 20)}
+MAX_BLOCK_SIZE = 1 << 20
+_WIRE_BOUNDS = {"rank": (0, (1 << 31) - 1), "group_idx": (0, (1 << 31) - 1), "block_size": (1, MAX_BLOCK_SIZE)}
 #: Batch times: wall-clock seconds whose nanoseconds fit int64 (`wall_publish_ns`) with room for the
 #: listener's clock mapping (the year 2261).
 _MAX_TS_S = 9.2e9

@@ -420,6 +420,7 @@ class Listener:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sock.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)  # beyond it the publisher drops: a gap, filled or counted
+        sock.setsockopt(zmq.IPV6, 1)  # tcp://[::1]:P and IPv6 host names connect, IPv4 ones as before
         return sock
 
     def _subscribe(self, rec: PublisherRecorder):

@@ -1,10 +1,13 @@
-"""vLLM's KV-events wire format for listener tests: batches as vLLM frames them, and a replay socket (a
-real ZeroMQ ROUTER speaking vLLM's replay protocol) that answers from a buffer the test controls, or
-misbehaves as a hostile one would."""
+"""vLLM's KV-events wire format for listener tests: batches as vLLM frames them, a replay socket (a real
+ZeroMQ ROUTER speaking vLLM's replay protocol) that answers from a buffer the test controls, or
+misbehaves as a hostile one would, and an engine server's HTTP answers (a real server on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import threading
+from contextlib import contextmanager
 
 import msgspec
 
@@ -61,3 +64,35 @@ class ReplayBuffer:
         self.done.set()
         self.thread.join()
         self.sock.close()
+
+
+@contextmanager
+def http_server(routes: dict[str, object]):
+    """An HTTP server on 127.0.0.1 answering GET path -> JSON (or bytes; or (status, location) to redirect)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = routes.get(self.path)
+            if isinstance(body, tuple):
+                self.send_response(body[0])
+                self.send_header("Location", body[1])
+                self.end_headers()
+                return
+            data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_port}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
