@@ -21,8 +21,9 @@ Events, read off the engines' sources (`vllm/distributed/kv_events.py` of vLLM 0
 (the listener counts it) and keeps every event it could read. Every value is checked here, at the
 typed boundary, against what the trace can hold (`_WIRE_BOUNDS`: a rank, block size or group
 outside it, a batch time that is not a finite wall-clock time in int64 nanoseconds) so that a bad
-value is a counted malformed event or frame, never a failed write or an unreadable trace. Imports only msgspec (vLLM and SGLang
-both depend on it) and the standard library, like the rest of the capture side.
+value is a counted malformed event or frame, never a failed write or an unreadable trace. Imports
+only msgspec (vLLM and SGLang both depend on it), the standard library and the schema, like the rest
+of the capture side.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+
+from kmesh_trace.schema import MAX_BLOCK_SIZE
 
 FORMATS = ("vllm-map", "vllm-array", "sglang")
 #: What `block_hash` holds, per format (recorded in the partition's metadata as `hash_kind`).
@@ -46,7 +49,6 @@ _U64 = (1 << 64) - 1
 #: The least and greatest value of each integer from the wire: what a trace column or metadata field
 #: holds (`kv_group` is int32; a rank is a metadata index) and what an engine can mean (a block of
 #: more than 2^20 tokens is no engine's).
-MAX_BLOCK_SIZE = 1 << 20
 _WIRE_BOUNDS = {"rank": (0, (1 << 31) - 1), "group_idx": (0, (1 << 31) - 1), "block_size": (1, MAX_BLOCK_SIZE)}
 #: Batch times: wall-clock seconds whose nanoseconds fit int64 (`wall_publish_ns`) with room for the
 #: listener's clock mapping (the year 2261).

@@ -19,7 +19,7 @@ import socket
 import time
 
 from kmesh_trace.capture.endpoints import UNSPECIFIED, check_connect, check_endpoint, split_tcp, url_host
-from kmesh_trace.capture.kv_events import MAX_BLOCK_SIZE
+from kmesh_trace.schema import MAX_BLOCK_SIZE
 from kmesh_trace.capture.listen import PublisherSpec
 from kmesh_trace.errors import KmeshTraceError
 

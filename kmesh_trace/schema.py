@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 SCHEMA_VERSION = "1.0"
+#: The largest block size (tokens) any source may give a trace: no engine's block is larger, and it keeps
+#: every token count built from blocks (blocks x block size, summed over a trace) inside int64.
+MAX_BLOCK_SIZE = 1 << 20
 SCHEMA_MAJOR = int(SCHEMA_VERSION.split(".")[0])
 #: Key under which every Parquet part records the schema version it was written with.
 VERSION_KEY = b"kmesh_trace.schema_version"

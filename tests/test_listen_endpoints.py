@@ -89,7 +89,6 @@ def test_a_wildcard_publisher_is_dialled_on_the_servers_host_and_may_be_bound_th
 
 
 def test_an_ipv6_publisher_is_recorded(tmp_path):
-    import msgspec
     import zmq
 
     from kmesh_trace.capture.listen import Listener, PublisherSpec
@@ -116,4 +115,3 @@ def test_an_ipv6_publisher_is_recorded(tmp_path):
         pub.close(linger=0)
         ctx.term()
     assert listener.recorders[0].stats["num_batches"] == 1
-    del msgspec

@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from kmesh_trace.cli.common import check_out_dir, err, fail, handles_errors, print_json
+from kmesh_trace.schema import MAX_BLOCK_SIZE
 
 FORMAT_CHOICES = ("auto", "vllm-map", "vllm-array", "sglang")
 
@@ -68,7 +69,7 @@ def listen_cmd(
     replay: list[str] = typer.Option([], "--replay-endpoint", help="Replay endpoint of each publisher endpoint, in order."),
     topic: str = typer.Option("", "--topic", help="Topic the publishers were given (for endpoints; a URL announces it)."),
     fmt: str = typer.Option("auto", "--format", help=f"Event format: {', '.join(FORMAT_CHOICES)} (auto detects it)."),
-    block_size: int = typer.Option(None, "--block-size", min=1, max=1 << 20, help="Tokens per block (default: what the server or "
+    block_size: int = typer.Option(None, "--block-size", min=1, max=MAX_BLOCK_SIZE, help="Tokens per block (default: what the server or "
                                    "the events say)."),
     num_blocks: int = typer.Option(None, "--num-blocks", min=1, help="The engine's usable KV blocks (default: what the "
                                    "server's /metrics says); the analyses and --live's LRU model need it."),
