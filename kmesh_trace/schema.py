@@ -290,6 +290,8 @@ METADATA: dict[str, MetadataField] = {
     "capture_config": MetadataField(dict, None, "Options the capture or import ran with."),
     "num_dropped_events": MetadataField(dict, "events", "Events per table that could not be recorded (must be zero for a complete trace)."),
     "num_malformed_lines": MetadataField(int, "lines", "Input lines an importer could not read.", minimum=0),
+    "num_bad_declarations": MetadataField(int, "requests", "Requests whose declared `kmesh_children` was not a count "
+                                          "(recorded as null; the capture logs the first few).", minimum=0),
     "malformed_lines": MetadataField(list, None, "file:line of each malformed input line (first 1000)."),
     "complete": MetadataField(bool, None, "True once the writer closed cleanly; false while writing or after a crash."),
     "token_ids_approximate": MetadataField(bool, None, "True when the token ids are not the serving model's (an importer tokenized text itself); every report on the trace says so."),
