@@ -322,7 +322,9 @@ METADATA: dict[str, MetadataField] = {
     "kv_events": MetadataField(dict, None, "KV-events recordings: the publisher (`endpoint`, `replay_endpoint`, `topic`, `format`), "
                   "`hash_kind` (what `block_hash` holds), batches received and replayed, sequence gaps found, batches "
                   "recovered from the replay socket and `num_unrecovered_batches` (lost: the audit names them), "
-                  "`num_malformed_frames`, publisher restarts (`epochs`) and `num_touched_blocks` (hits: only "
+                  "`num_malformed_frames`, publisher restarts (`epochs`), `num_duplicate_batches` (received again), "
+                  "`num_late_batches` (counted lost, then received), `num_unread_at_stop` (received at the stop with "
+                  "no time left to record them; counted lost) and `num_touched_blocks` (hits: only "
                   "requests with kv_cache_report_mode full report them)."),
 }
 
