@@ -32,6 +32,7 @@ record what was already received, then counts whatever is still queued as lost a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kmesh_trace import schema
@@ -114,6 +116,34 @@ def _ipc_identity(endpoint: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _partition_metadata(root: Path, engine_id: str) -> dict | None:
+    """An existing partition's metadata (None: there is none); one sentence when it cannot be read."""
+    path = root / ENGINES_DIR / f"{engine_id}.json"
+    if not path.exists():
+        return None
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise KmeshTraceError(f"cannot resume {engine_id}: {path} is not readable JSON ({e}); move the trace aside "
+                              "or give another --out.") from None
+    if not isinstance(meta, dict):
+        raise KmeshTraceError(f"cannot resume {engine_id}: {path} is not a JSON object; move the trace aside or "
+                              "give another --out.")
+    return meta
+
+
+def partition_id(root: Path, endpoint: str, taken: set[str] = frozenset()) -> str:
+    """The partition of `endpoint` under `root`: its readable name (`PublisherSpec.engine_id`) unless another
+    endpoint has it (here, or `taken` in this run; `ipc:///W/a/b.sock` and `ipc:///W/a-b.sock` read
+    alike), then that name with a digest of the endpoint, so that two publishers never merge."""
+    base = PublisherSpec(endpoint).engine_id
+    meta = _partition_metadata(root, base)
+    owner = ((meta or {}).get("kv_events") or {}).get("endpoint") if isinstance(meta, dict) else None
+    if base not in taken and (meta is None or owner in (None, endpoint)):
+        return base
+    return f"{base}-{hashlib.sha256(endpoint.encode()).hexdigest()[:10]}"
+
+
 def _read_last_rows(writer_root: Path, engine_id: str) -> tuple[int, dict | None, Counter, int]:
     """(rows in the partition, the last row, the residency its events leave, touched rows) of an existing
     partition, from its parts: a resumed listener continues from what is on disk, not from metadata that
@@ -128,13 +158,22 @@ def _read_last_rows(writer_root: Path, engine_id: str) -> tuple[int, dict | None
         except Exception as e:  # noqa: BLE001 (a damaged part: resuming would build on unknown rows)
             raise KmeshTraceError(f"cannot resume {engine_id}: its part {p} is unreadable ({e}); move the trace "
                                   "aside or give another --out.") from None
-        rows = t.to_pylist()
-        n += len(rows)
-        for r in rows:
-            _apply_residency(resident, r["event"], r["medium"], r["kv_group"], r["block_hash"])
-            touched += r["event"] == "touched"
-            if last is None or r["seq"] > last["seq"]:
-                last = r
+        n += t.num_rows
+        if not t.num_rows:
+            continue
+        # Column by column (a dict per row costs ~300 B each on a recording of millions of rows).
+        events = t.column("event").to_pylist()
+        for ev, medium, group, h in zip(events, t.column("medium").to_pylist(), t.column("kv_group").to_pylist(),
+                                        t.column("block_hash").to_pylist()):
+            _apply_residency(resident, ev, medium, group, h)
+        touched += events.count("touched")
+        i = pc.index(t.column("seq"), pc.max(t.column("seq"))).as_py()
+        row = {c: t.column(c)[i].as_py() for c in cols}
+        if last is None or row["seq"] > last["seq"]:
+            last = row
+    if last is not None and (last["publisher_seq"] is None or last["wall_publish_ns"] is None):
+        raise KmeshTraceError(f"cannot resume {engine_id}: its last row has no publisher_seq or wall_publish_ns; "
+                              "move the trace aside or give another --out.")
     return n, last, resident, touched
 
 
@@ -161,17 +200,17 @@ class PublisherRecorder:
     """One publisher's partition: sequence tracking, rows, the writer."""
 
     def __init__(self, out_dir: str | os.PathLike, spec: PublisherSpec, *, flush_interval_s: float = DEFAULT_FLUSH_S,
-                 max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS):
+                 max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS, engine_id: str | None = None):
         self.spec = spec
         self.flush_interval_s = flush_interval_s
         self.capacity = max_buffered_events
         root = Path(out_dir)
-        meta_path = root / ENGINES_DIR / f"{spec.engine_id}.json"
-        old = json.loads(meta_path.read_text()) if meta_path.exists() else None
+        engine_id = partition_id(root, spec.endpoint) if engine_id is None else engine_id
+        old = _partition_metadata(root, engine_id)
         if old is not None and not schema.is_kv_events(old):
-            raise KmeshTraceError(f"{meta_path} is a partition of another source ({old.get('source')}); "
-                                  "give the listener another --out.")
-        n_rows, last, self.resident, n_touched = _read_last_rows(root, spec.engine_id) if old else (0, None, Counter(), 0)
+            raise KmeshTraceError(f"{root / ENGINES_DIR / engine_id}.json is a partition of another source "
+                                  f"({old.get('source')}); give the listener another --out.")
+        n_rows, last, self.resident, n_touched = _read_last_rows(root, engine_id) if old else (0, None, Counter(), 0)
         fmt = spec.format or (old or {}).get("kv_events", {}).get("format")
         self.stats: dict[str, Any] = {
             "endpoint": spec.endpoint, "replay_endpoint": spec.replay_endpoint, "topic": spec.topic, "format": fmt,
@@ -197,7 +236,7 @@ class PublisherRecorder:
             if spec.host:
                 metadata["host"] = spec.host
         source = schema.KV_EVENTS_SOURCE + (fmt.split("-")[0] if fmt else "unknown")
-        self.writer = TraceWriter(root, engine_id=spec.engine_id, metadata=metadata,
+        self.writer = TraceWriter(root, engine_id=engine_id, metadata=metadata,
                                   source=old.get("source", source) if old else source)
         self.writer.num_rows["block_events"] = n_rows
         self.next_row_seq = 0 if last is None else last["seq"] + 1
@@ -401,15 +440,19 @@ class Listener:
 
         if not specs:
             raise KmeshTraceError("no publisher to listen to.")
-        ids = [s.engine_id for s in specs]
-        if len(set(ids)) != len(ids):
+        endpoints = [s.endpoint for s in specs]
+        if len(set(endpoints)) != len(endpoints):
             raise KmeshTraceError("the same publisher endpoint is given twice.")
+        ids: list[str] = []
+        for s in specs:
+            ids.append(partition_id(Path(out_dir), s.endpoint, set(ids)))
         self.zmq = zmq
         self.ctx = zmq.Context()
         self.flush_interval_s = flush_interval_s
         self.replay_timeout_s = replay_timeout_s
         self.recorders = [PublisherRecorder(out_dir, s, flush_interval_s=flush_interval_s,
-                                            max_buffered_events=max_buffered_events) for s in specs]
+                                            max_buffered_events=max_buffered_events, engine_id=eid)
+                          for s, eid in zip(specs, ids)]
         self.subs = [self._subscribe(rec) for rec in self.recorders]
         self._ipc_ids = [_ipc_identity(rec.spec.endpoint) for rec in self.recorders]
         self.stop = threading.Event()

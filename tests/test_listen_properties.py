@@ -41,7 +41,7 @@ BAD_EVENTS = st.one_of(
 def messages(draw):
     """A list of (kind, seq, ts, payload-or-frames, num_good, num_bad) as a hostile publisher sends them."""
     out = []
-    seq, ts = 0, 1_000.0
+    seq, ts, used = 0, 1_000.0, set()
     for i in range(draw(st.integers(1, 14))):
         op = draw(st.sampled_from(["next", "next", "next", "gap", "repeat", "restart", "behind", "late",
                                    "bad_ts", "bad_rank", "garbage", "frames", "neg_seq", "end"]))
@@ -54,8 +54,11 @@ def messages(draw):
         elif op == "restart":
             seq = draw(st.integers(0, 3))
         elif op == "behind":  # restarted with its clock behind
-            seq, ts = draw(st.integers(0, 3)), ts - draw(st.sampled_from([2.0, 500.0]))
-        elif op == "late" and seq > 2:
+            seq, ts = draw(st.integers(0, 3)), max(ts - draw(st.sampled_from([2.0, 500.0])), 1.0)
+        while ts in used:  # one stamp per batch: the trace's rows name a batch by (seq, stamp)
+            ts += 0.25
+        used.add(ts)
+        if op == "late" and 2 < seq < 1 << 63:
             seq_l = draw(st.integers(0, seq - 1))
             good = [stored(10_000 + i)]
             out.append(("ok", seq_l, ts, msgspec.msgpack.encode([ts, good, 0]), 1, 0))
@@ -80,6 +83,8 @@ def messages(draw):
             out.append(("bad", seq, ts, msgspec.msgpack.encode([ts, events, draw(st.sampled_from(BIG[:5]))]), 0, 0))
         elif op == "garbage":
             out.append(("bad", seq, ts, draw(st.sampled_from([b"\xc1", b"\x92\xcb", b"\x91" * 4000, b""])), 0, 0))
+        elif seq >= 1 << 63:  # eight bytes read as a signed seq: a negative one, malformed
+            out.append(("bad", seq, ts, msgspec.msgpack.encode([ts, events, 0]), 0, 0))
         else:
             out.append(("ok", seq, ts, msgspec.msgpack.encode([ts, events, 0]), len(good), len(bad)))
         seq += 1
@@ -88,7 +93,7 @@ def messages(draw):
 
 def _wire(m) -> list[bytes]:
     kind, seq, _ts, payload, _g, _b = m
-    return payload if kind == "frames" else [b"kv", seq.to_bytes(8, "big"), payload]
+    return payload if kind == "frames" else [b"kv", (seq % (1 << 64)).to_bytes(8, "big"), payload]
 
 
 @pytest.fixture(scope="module")

@@ -200,3 +200,19 @@ def test_an_event_the_trace_cannot_hold_is_a_malformed_event(field, value, sock_
     assert _rows(out) == [(0, 1)]
     r = cli(["residency", out, "--json"])  # the trace stays readable by the analyses
     assert r.exit_code == 0, r.stdout
+
+
+def test_endpoints_that_read_alike_keep_their_own_partitions_also_resumed(sock_dir, tmp_path):
+    (sock_dir / "a").mkdir()
+    eps = [f"ipc://{sock_dir}/a/b.sock", f"ipc://{sock_dir}/a-b.sock"]  # one readable name
+    out = tmp_path / "trace"
+    for order in (eps, eps[::-1], eps):
+        listener = Listener(out, [PublisherSpec(ep, None, "kv") for ep in order])
+        for rec in listener.recorders:
+            n = rec.stats["num_batches"]
+            listener._on_live(rec, frames(n, payload(100.0 + n, [stored(len(rec.spec.endpoint) * 10 + n)])))
+        listener.close()
+    metas = [json.loads(f.read_text()) for f in sorted((out / "engines").glob("*.json"))]
+    assert sorted(m["kv_events"]["endpoint"] for m in metas) == sorted(eps)
+    assert [m["kv_events"]["num_batches"] for m in metas] == [3, 3]
+    assert [m["kv_events"]["num_resumes"] for m in metas] == [2, 2]
