@@ -216,3 +216,16 @@ def test_endpoints_that_read_alike_keep_their_own_partitions_also_resumed(sock_d
     assert sorted(m["kv_events"]["endpoint"] for m in metas) == sorted(eps)
     assert [m["kv_events"]["num_batches"] for m in metas] == [3, 3]
     assert [m["kv_events"]["num_resumes"] for m in metas] == [2, 2]
+
+
+@pytest.mark.parametrize("bucket, says", [("1e-320", "at least 0.001, not 9.99989e-321"), ("inf", "not inf"),
+                                          ("nan", "not nan"), ("0.001", "more than 1,000,000 buckets")])
+def test_residency_refuses_a_bucket_it_cannot_use_in_one_sentence(bucket, says, sock_dir, tmp_path, cli):
+    out = tmp_path / "trace"
+    listener = _listener(out, sock_dir, replay=False)
+    _send(listener, 0, 100.0, 1)
+    _send(listener, 1, 2_000.0, 2)  # 1,900 s: 1.9 million buckets of 1 ms
+    listener.close()
+    r = cli(["residency", out, "--bucket-s", bucket])
+    assert r.exit_code == 1 and r.stderr.startswith("Error: --bucket-s ") and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2
