@@ -104,12 +104,13 @@ def _head_keys(path: Path) -> set[str] | None:
     return {m.decode() for m in _KEY.findall(head)} if head.startswith(b"{") else set()
 
 
-def _unlike(files: list[Path], *wanted: set[str]) -> list[Path]:
-    """The files whose first record shows none of the keys of one of the `wanted` sets."""
+def _unlike(files: list[Path], *wanted: set[str], keyless_ok: bool = False) -> list[Path]:
+    """The files whose first record shows none of the keys of one of the `wanted` sets (`keyless_ok`: a
+    file that shows no key at all, e.g. truncated, is left to the importer, which counts it)."""
     out = []
     for p in files:
         keys = _head_keys(p)
-        if keys is not None and not all(keys & w for w in wanted):
+        if keys is not None and not (keyless_ok and not keys) and not all(keys & w for w in wanted):
             out.append(p)
     return out
 
@@ -121,7 +122,7 @@ def _directory_format(path: Path) -> str:
 
     weka = sorted(p for p in path.iterdir() if p.suffix.lower() == ".json" and p.is_file())
     if weka:
-        others = _unlike(weka, {"requests", "block_size", "hash_id_scope"})
+        others = _unlike(weka, {"requests", "block_size", "hash_id_scope"}, keyless_ok=True)
         if others:
             raise InputFormatError(f"{path} holds .json files that are not weka conversations ({len(others)} of "
                                    f"{len(weka)}, e.g. {others[0].name}); give a directory of one format.")
