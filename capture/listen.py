@@ -66,7 +66,7 @@ RECEIVE_QUEUE = 1000
 #: Batches one replay request may return (vLLM buffers 10,000 steps by default).
 MAX_REPLAY_BATCHES = 100_000
 #: Stopping: time to record what was received, then to count what is still queued.
-STOP_BUDGET_S = 0.2
+STOP_BUDGET_S = 0.15
 COUNT_BUDGET_S = 0.1
 #: Stopping: the subscription is drained once nothing has arrived for this long.
 QUIET_S = 0.02
