@@ -132,10 +132,10 @@ def partition_levels(source, engine: str | None, share: Share, names: Sequence[s
                      grid: Sequence[int], k: int) -> tuple[dict[str, HitCurve], dict[str, np.ndarray], int]:
     """One partition's work (a task): its exact stack curves, `belady-prefix` etc. at each grid capacity C / k
     (hit blocks over the measured requests), and its infinite-cache hits. `source`: a Workload, or a
-    trace location (a Ray task reads it: `oracle.tasks.workload_at`)."""
-    from kmesh_trace.oracle.tasks import workload_at
+    trace location (a Ray task reads it: `oracle.tasks.stream_at`)."""
+    from kmesh_trace.oracle.tasks import stream_at
 
-    stream = workload_at(source, engine).stream
+    stream = stream_at(source, engine)
     part = sub_stream(stream, share)
     curves = {n: CURVES[n](part, start) for n in names if n in CURVES}
     w = Workload.of_stream(part)

@@ -226,3 +226,22 @@ def test_cli_partitions_in_process_are_labelled_and_exact_at_infinity(cli, jsonl
     s = json.loads(r.stdout)["sampled"]
     assert (s["method"], s["partitions"], s["infinite_check"]["delta"]) == ("partitions", 3, 0.0)
     assert s["error_bound"]["partitions"] == 4  # the nearest measured setting that errs at least as much
+
+
+def test_partitions_on_ray_equal_partitions_here_and_stay_near_the_exact_curve(ray_cluster, cli, jsonl):
+    """The k partitions as Ray tasks on the local cluster (127.0.0.1, 2 workers), each reading the trace itself:
+    the same merged curve as in this process, exact at the infinite cache, near the one-machine exact curve."""
+    args = ["headroom", jsonl, "--window", "last-half", "--policies", ",".join(POLICIES), "--json"]
+    here = cli([*args, "--partitions", "2"])
+    on_ray = cli([*args, "--partitions", "2", "--ray", "auto"])
+    exact = cli(args)
+    assert here.exit_code == on_ray.exit_code == exact.exit_code == 0, on_ray.output
+    merged, one = json.loads(on_ray.stdout), json.loads(exact.stdout)
+    assert merged == json.loads(here.stdout)
+    assert merged["sampled"]["method"] == "partitions" and merged["sampled"]["infinite_check"]["delta"] == 0.0
+    for name in POLICIES:
+        a, b = one["curves"][name], merged["curves"][name]
+        caps = np.union1d(a["capacities"], b["capacities"])  # a grid curve: both on the same grid
+        at = lambda c, cap: np.asarray(c["hit_blocks"])[np.searchsorted(c["capacities"], cap, side="right") - 1]  # noqa: E731
+        delta = np.abs(at(a, caps) - at(b, caps)).max() / one["num_reads"]
+        assert delta <= PARTITION_TOLERANCE[2], (name, delta)
