@@ -287,10 +287,11 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
 
 # ---- a sampled or partitioned curve, and when the exact one would not fit ------------------------------
 
-#: Bytes per access the exact curves take beyond the stream (the lru and belady kernels side by side, their
-#: windows and histograms, and the grid replays' state; benchmarks/README.md, the curve scaling series:
-#: 2.6-10.9 B/read per kernel above the stream's 14).
-EXACT_CURVE_BYTES_PER_ACCESS = 24
+#: Bytes per access the exact curves take beyond the stream, which is built (14 B an access) before this is
+#: decided: the lru and belady kernels side by side (their own peaks 6.6-10.9 and 2.6-4.4 B an access in the
+#: curve scaling series of benchmarks/README.md) with the grid replays beside them. Measured whole, `headroom`
+#: on 10 M agentic reads peaks at 29.6 B a read with or without `--sample` (the stream's build is the peak).
+EXACT_CURVE_BYTES_PER_ACCESS = 16
 #: The rates `auto_sample_rate` picks from, largest first (those whose error benchmarks/ measured).
 AUTO_RATES = (0.1, 0.01, 0.001)
 

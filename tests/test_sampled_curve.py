@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kmesh_trace.oracle.curves import HitCurve
+from kmesh_trace.oracle.headroom import EXACT_CURVE_BYTES_PER_ACCESS
 from kmesh_trace.oracle.headroom_curve import headroom_curve
 from kmesh_trace.oracle.sampled_curve import partitioned_curve, sampled_curve
 from kmesh_trace.oracle.sampling import (SPACE, Share, merged_curve, object_buckets, partition_shares, rate_share,
@@ -199,11 +200,11 @@ def test_cli_rate_one_is_the_exact_curve_unlabelled(cli, jsonl):
 
 
 def test_cli_samples_above_the_memory_budget_and_says_why(cli, jsonl):
-    # 0.0005 GiB: under the exact curves' 24 B an access, over a tenth of them (the largest rate that fits)
+    # 0.0005 GiB: under the exact curves' 16 B an access, over a tenth of them (the largest rate that fits)
     r = cli(["headroom", jsonl, "--window", "last-half", "--memory-budget", "0.0005", "--json"])
     assert r.exit_code == 0, r.output
     s = json.loads(r.stdout)["sampled"]
-    assert 0.0005 * 2**30 < s["num_accesses"] * 24 <= 0.005 * 2**30
+    assert 0.0005 * 2**30 < s["num_accesses"] * EXACT_CURVE_BYTES_PER_ACCESS <= 0.005 * 2**30
     assert s["rate"] == 0.1 and s["why"].endswith("over the memory budget; --sample 1 forces them")
     assert list(json.loads(r.stdout)["curves"]) == POLICIES  # the vllm model is not sampled
 
