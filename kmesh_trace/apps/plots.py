@@ -100,13 +100,15 @@ def plot_headroom_curve(result: "CurveResult", path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     n = max(result.num_reads, 1)
     top = max(result.grid[-1], 2)
+    sampling = getattr(result, "sampling", None)  # a sampled or merged curve says so in its legend and title
+    how = "exact" if sampling is None else ("sampled" if sampling["method"] == "shards" else "merged")
     for k, (name, cur) in enumerate(result.curves.items()):
         caps, hits = cur.capacities, cur.hit_blocks
         look = _look(k)
         if cur.exact:
             x = [max(int(c), 1) for c in caps] + [top]
             (line,) = ax.step(x, [h / n for h in hits] + [hits[-1] / n], where="post", linestyle=look["linestyle"])
-            ax.plot(result.grid, cur.at(result.grid) / n, color=line.get_color(), label=f"{name} (exact)",
+            ax.plot(result.grid, cur.at(result.grid) / n, color=line.get_color(), label=f"{name} ({how})",
                     **dict(look, linestyle="none"))  # markers at the grid, so coinciding steps stay apart
         else:
             ax.plot(caps, hits / n, label=name, **look)
@@ -127,7 +129,9 @@ def plot_headroom_curve(result: "CurveResult", path: str | Path) -> Path:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    ax.set_title(f"Prefix-cache hit ratio at every capacity (window: {result.window})", fontsize=10)
+    what = "" if sampling is None else (f", sampled at {sampling['rate']:g}" if how == "sampled"
+                                        else f", {sampling['partitions']} partitions merged")
+    ax.set_title(f"Prefix-cache hit ratio at every capacity (window: {result.window}{what})", fontsize=10)
     return _save(fig, path)
 
 
