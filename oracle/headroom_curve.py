@@ -83,8 +83,13 @@ class CurveResult:
     sampling: dict | None = None  # a sampled or partitioned curve (oracle/sampled_curve.py): how, and its error
 
     def rows(self) -> list[dict]:
-        """One row per grid capacity: the table and the CSV."""
-        return self.along_grid()
+        """One row per grid capacity: the table and the CSV (a sampled curve's rows say how it was sampled)."""
+        rows = self.along_grid()
+        if self.sampling is not None:
+            how = (f"shards {self.sampling['rate']:g}" if self.sampling["method"] == "shards"
+                   else f"partitions {self.sampling['partitions']}")
+            rows = [{**row, "sampled": how} for row in rows]
+        return rows
 
     def prefill_tokens(self, hit_blocks) -> np.ndarray:
         return self.num_prompt_tokens - np.asarray(hit_blocks, np.int64) * self.block_size

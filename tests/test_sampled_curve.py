@@ -188,6 +188,10 @@ def test_cli_sampled_result_is_labelled_in_json_and_for_humans(cli, jsonl):
     assert lines[1].startswith("error: max |delta hit ratio| measured at rate 0.1: lru ")
     assert lines[2].startswith("infinite cache here: ")
     assert "SAMPLED hit ratio by capacity" in r.stdout
+    r = cli(["headroom", jsonl, "--window", "last-half", "--sample", "0.1", "--csv"])
+    assert r.exit_code == 0, r.output
+    rows = r.stdout.splitlines()
+    assert rows[0].split(",")[-1] == "sampled" and all(row.endswith(",shards 0.1") for row in rows[1:])
 
 
 def test_cli_rate_one_is_the_exact_curve_unlabelled(cli, jsonl):
