@@ -8,6 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+# Hypothesis keeps its example database (and its other files) in the user's cache, not in the repository
+# tree; an explicit HYPOTHESIS_STORAGE_DIRECTORY wins. Set before any test asks Hypothesis for storage.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kmesh-trace" / "hypothesis"))
+
 
 def datasets_dir() -> Path:
     env = os.environ.get("KMESH_DATASETS")

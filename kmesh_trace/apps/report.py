@@ -494,6 +494,7 @@ def tiers_section(ctx: ReportContext) -> Section:
     from kmesh_trace.oracle import tiers as tm
     from kmesh_trace.apps.plots import plot_tier_sweep
 
+    ctx.workload.refuse_hybrid("tiers")
     block_size, usable = ctx.geometry
     gpu, where = ctx.pool_blocks()
     kvbpt, _ = tc.kv_bytes_per_token(ctx.meta, None, None)

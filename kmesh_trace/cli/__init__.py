@@ -96,6 +96,11 @@ def main() -> None:
                 _silence_stdout()
                 sys.exit(1)
             sys.exit(0)
+        if sys.argv[1:] == ["--version"]:  # without typer, as the root's help
+            from kmesh_trace.cli.root_help import version_line
+
+            sys.stdout.write(version_line())
+            sys.exit(0)
         from kmesh_trace.cli.group import run
 
         run()

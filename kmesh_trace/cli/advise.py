@@ -93,7 +93,7 @@ def advise_cmd(
         from kmesh_trace.apps.plots import plot_ladder
 
         plot_ladder(d, plot)
-        err.print(f"wrote {plot}", markup=False, highlight=False)
+        err.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
     emit(output, d, render=lambda: render(d))
 
 
