@@ -278,7 +278,10 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
     names = list(options.policies) if options.policies is not None else None
     caps = list(options.capacities) if options.capacities is not None else None
     options.check_executor(executor)
-    exact = options.sample == 1  # the whole stream: the exact curve, whatever the memory budget
+    if options.sampled and options.sample != 1 and workload.hybrid:
+        raise KmeshTraceError("--sample and --partitions cover engines with one full-attention KV cache group; this "
+                              "engine is hybrid (its pool serves prefix positions across groups): drop them.")
+    exact = options.sample == 1 or workload.hybrid  # the whole stream: the exact curve, whatever the budget
     if exact:
         options = replace(options, sample=None)
     elif options.wants_curve and (options.sampled or executor.remote):

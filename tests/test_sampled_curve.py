@@ -250,3 +250,17 @@ def test_partitions_on_ray_equal_partitions_here_and_stay_near_the_exact_curve(r
         at = lambda c, cap: np.asarray(c["hit_blocks"])[np.searchsorted(c["capacities"], cap, side="right") - 1]  # noqa: E731
         delta = np.abs(at(a, caps) - at(b, caps)).max() / one["num_reads"]
         assert delta <= PARTITION_TOLERANCE[2], (name, delta)
+
+
+@pytest.mark.parametrize("flag", [["--sample", "0.1"], ["--partitions", "2"]])
+def test_cli_refuses_to_sample_a_hybrid_engine(tmp_path, cli, flag):
+    """A hybrid engine's pool serves prefix positions across KV groups: a sample of block ids is not its curve."""
+    from test_hybrid_analyses import write_hybrid
+
+    write_hybrid(tmp_path / "t")
+    r = cli(["headroom", tmp_path / "t", "--window", "last-half", *flag])
+    assert r.exit_code == 1
+    assert "this engine is hybrid" in r.output
+    r = cli(["headroom", tmp_path / "t", "--window", "last-half", "--memory-budget", "0.0000001", "--json"])
+    assert r.exit_code == 0, r.output
+    assert "sampled" not in json.loads(r.stdout)  # nor sampled by itself: the exact curve
