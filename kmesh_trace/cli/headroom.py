@@ -3,6 +3,7 @@ capacities or (`--curve`, the default without --capacity-blocks) along the whole
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
@@ -185,13 +186,13 @@ def sampled_label(sampling: dict) -> list[str]:
     else:
         at = f"rate {bound['rate']:g}" if "rate" in bound else f"{bound['partitions']} partitions"
         err_line = (f"error: max |delta hit ratio| measured at {at}: lru {bound['lru']:.4f}, belady "
-                    f"{bound['belady']:.4f}, belady-prefix {bound['belady-prefix']:.4f} ({bound['stream']})")
+                    f"{bound['belady']:.4f}, belady-prefix {bound['belady-prefix']:.4f}, on {bound['stream']}")
     inf = sampling["infinite_check"]
     lines = [how, err_line, f"infinite cache here: {inf['sampled_hit_ratio']:.4f} against {inf['exact_hit_ratio']:.4f} "
                             f"exact (delta {inf['delta']:+.4f})"]
     if "why" in sampling:
         lines.insert(0, sampling["why"])
-    return lines
+    return [part for line in lines for part in textwrap.wrap(line, 80, subsequent_indent="  ")]  # 80 columns
 
 
 def _render_curve(res, block_size, window, cost) -> None:
