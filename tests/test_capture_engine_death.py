@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from test_capture_server import START_TIMEOUT_S, Server  # noqa: E402
+from vllm_server import START_TIMEOUT_S, Server  # noqa: E402
 
 PROMPT = list(range(1, 101))
 

@@ -257,7 +257,7 @@ def test_partitions_on_ray_equal_partitions_here_and_stay_near_the_exact_curve(r
 @pytest.mark.parametrize("flag", [["--sample", "0.1"], ["--partitions", "2"]])
 def test_cli_refuses_to_sample_a_hybrid_engine(tmp_path, cli, flag):
     """A hybrid engine's pool serves prefix positions across KV groups: a sample of block ids is not its curve."""
-    from test_hybrid_analyses import write_hybrid
+    from hybrid_traces import write_hybrid
 
     write_hybrid(tmp_path / "t")
     r = cli(["headroom", tmp_path / "t", "--window", "last-half", *flag])

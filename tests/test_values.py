@@ -168,8 +168,10 @@ def test_json_output_never_holds_nan_or_infinity():
 def test_emit_writes_strict_json(tmp_path, capsys):
     from kmesh_trace.cli.common import Output, emit
 
-    emit(Output(json=True, out=tmp_path / "o.json"), {"hit_ratio": math.nan})
+    emit(Output(json=True), {"hit_ratio": math.nan})
     assert json.loads(capsys.readouterr().out) == {"hit_ratio": None}
+    emit(Output(json=True, out=tmp_path / "o.json"), {"hit_ratio": math.nan})
+    assert capsys.readouterr().out == ""  # --out: the file, and nothing on stdout
     assert json.loads((tmp_path / "o.json").read_text()) == {"hit_ratio": None}
 
 
