@@ -86,11 +86,12 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
-def check_fits(num_bytes: int, flag: str, what: str) -> None:
+def check_fits(num_bytes: int, flag: str, what: str, *, asked_by: str | None = None) -> None:
     """Refuse `num_bytes` (what `flag` asks for, described by `what`) when it exceeds MEMORY_FRACTION of
-    the available memory: one sentence naming the flag."""
+    the available memory: one sentence naming the flag (and `asked_by`, when the size came from elsewhere,
+    e.g. the trace's metadata, and `flag` is how to ask for less)."""
     room = available_memory()
     if room is None or num_bytes <= room * MEMORY_FRACTION:
         return
-    raise KmeshTraceError(f"{flag} asks for {what} of about {_gib(num_bytes)}, more than half of the {_gib(room)} "
-                          f"of memory available here; give a smaller {flag} or run on a larger machine.")
+    raise KmeshTraceError(f"{asked_by or flag} asks for {what} of about {_gib(num_bytes)}, more than half of the "
+                          f"{_gib(room)} of memory available here; give a smaller {flag} or run on a larger machine.")

@@ -34,7 +34,7 @@ from kmesh_trace.oracle.interruptible import run_all_interruptible
 from kmesh_trace.oracle.policies import POLICIES, Workload, get_policy
 from kmesh_trace.oracle.policies.infinite import infinite_hits
 from kmesh_trace.oracle.prefill_cost import PrefillCost
-from kmesh_trace.oracle.stream import AccessStream, RequestBlocks, check_block_size
+from kmesh_trace.oracle.stream import AccessStream, RequestBlocks, check_block_size, pool_capacity
 from kmesh_trace.oracle.workload import RequestColumns
 
 WINDOWS = ("all", "last-half")
@@ -227,7 +227,8 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
     fixed = sorted({int(c) for c in grid}) if grid else None
     if fixed is not None and any(c <= 0 for c in fixed):
         raise KmeshTraceError("capacities must be positive block counts.")
-    extra = [num_usable_blocks or 0]
+    # The vllm grid replays the pool at the trace's usable blocks too: a size from metadata is checked as a flag's.
+    extra = [pool_capacity(None, num_usable_blocks) if num_usable_blocks and "vllm" in names else num_usable_blocks or 0]
     P = stream.num_prompt_tokens
     base = None if cost is None else cost.seconds_array(np.zeros_like(P[start:]), P[start:])  # no cache
 

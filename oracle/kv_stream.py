@@ -9,7 +9,9 @@ regrouped into *chains*, one per request as far as the events tell:
   of a request's prompt after its hit, then the full blocks generation completes);
 - a store whose parent ends no chain is a request that reused a prefix without reporting it: its
   chain is that prefix (walked back through the recorded parents) followed by the new blocks, and
-  the prefix counts as its hit (`num_unreported_prefixes` says how many).
+  the prefix counts as its hit (`num_unreported_prefixes` says how many). A walk ends where the
+  recorded parents loop back (bad data; `num_parent_cycles` counts them), so a rebuilt prefix never
+  repeats a block and a recording of N stores rebuilds at most N blocks per chain.
 Each chain becomes one invocation: `prompt_block_hashes` = its blocks, `num_prompt_tokens` = blocks
 x block size + 1 (the events do not say where the prompt ended; the engine always computes at least
 one token past its reusable blocks, so every block of the chain may be a hit and one token is
@@ -57,7 +59,7 @@ def rebuilt_rows(events: pl.DataFrame, block_size: int, engine: str) -> tuple[li
     tails: dict[int, list[int]] = {}  # last hash -> chains ending there, most recent last
     parent_of: dict[int, int | None] = {}
     chains: list[dict] = []
-    num_unreported = 0
+    num_unreported = num_parent_cycles = 0
 
     def start(h: int, ts: int, seq: int, prefix: list[int]) -> None:
         chains.append({"blocks": prefix + [h], "hits": len(prefix), "ts": ts, "seq": seq})
@@ -82,10 +84,12 @@ def rebuilt_rows(events: pl.DataFrame, block_size: int, engine: str) -> tuple[li
             chains[i]["blocks"].append(h)
             tails.setdefault(h, []).append(i)
         else:  # a prefix reused without a report (or recorded before the listener started)
-            prefix, p = [], parent
-            while p is not None and len(prefix) < MAX_PREFIX_WALK:
+            prefix, p, seen = [], parent, {h}
+            while p is not None and p not in seen and len(prefix) < MAX_PREFIX_WALK:
                 prefix.append(p)
+                seen.add(p)
                 p = parent_of.get(p)
+            num_parent_cycles += p is not None and p in seen  # bad data: a block is its own ancestor
             prefix.reverse()
             num_unreported += 1
             start(h, ts, seq, prefix)
@@ -95,7 +99,8 @@ def rebuilt_rows(events: pl.DataFrame, block_size: int, engine: str) -> tuple[li
     rows = [{"request_id": f"{engine}:{c['seq']}", "seq": i, "num_prompt_tokens": len(c["blocks"]) * block_size + 1,
              "num_output_tokens": 0, "prompt_block_hashes": c["blocks"], "arrival_ns": c["ts"],
              "num_cached_tokens": c["hits"] * block_size} for i, c in enumerate(chains)]
-    return rows, {"num_chains": len(chains), "num_unreported_prefixes": num_unreported}
+    return rows, {"num_chains": len(chains), "num_unreported_prefixes": num_unreported,
+                  "num_parent_cycles": num_parent_cycles}
 
 
 def rebuilt_invocations(trace, engine: str) -> pl.DataFrame:

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
+from kmesh_trace.resources import check_fits, pool_bytes
 
 
 @dataclass(slots=True)
@@ -188,6 +189,9 @@ def pool_capacity(capacity_blocks: int | None, num_usable_blocks: int | None) ->
     if not num_usable_blocks:
         raise NeedsParameterError("the trace does not record the engine's usable blocks (imported traces cannot)",
                                   "capacity_blocks", "N")
+    # A size from the trace's metadata is input too: checked as a flag's would be, before any pool is sized.
+    check_fits(pool_bytes(int(num_usable_blocks)), "--capacity-blocks", "a vLLM pool model",
+               asked_by=f"the trace's num_usable_blocks ({int(num_usable_blocks):,})")
     return int(num_usable_blocks)
 
 

@@ -229,3 +229,22 @@ def test_residency_refuses_a_bucket_it_cannot_use_in_one_sentence(bucket, says, 
     r = cli(["residency", out, "--bucket-s", bucket])
     assert r.exit_code == 1 and r.stderr.startswith("Error: --bucket-s ") and says in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) <= 2
+
+
+def test_parents_that_loop_back_end_the_prefix_walk():
+    """Stores whose recorded parents form a cycle: each unreported prefix stops at the loop (no block twice),
+    so 600 such stores rebuild a few blocks each, not 2^16 (the walk's cap) each."""
+    import polars as pl
+
+    from kmesh_trace.oracle.kv_stream import rebuilt_rows
+
+    events = [("cached", 1, 2), ("cached", 2, 1)] + [("cached", 1000 + i, 1) for i in range(600)]
+    df = pl.DataFrame({"event": [e for e, _, _ in events], "block_hash": [h for _, h, _ in events],
+                       "parent_block_hash": [p for _, _, p in events], "ts_ns": list(range(len(events))),
+                       "seq": list(range(len(events)))}, schema={"event": pl.String, "block_hash": pl.UInt64,
+                       "parent_block_hash": pl.UInt64, "ts_ns": pl.Int64, "seq": pl.Int64})
+    rows, counts = rebuilt_rows(df, 16, "e0")
+    assert counts["num_parent_cycles"] == 600 and counts["num_unreported_prefixes"] == 601
+    assert all(len(r["prompt_block_hashes"]) == len(set(r["prompt_block_hashes"])) for r in rows[1:])
+    assert rows[1]["prompt_block_hashes"] == [2, 1, 1000]
+    assert sum(len(r["prompt_block_hashes"]) for r in rows) == 3 + 600 * 3

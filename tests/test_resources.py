@@ -57,6 +57,23 @@ def test_a_flag_asking_for_more_memory_than_the_machine_has_is_refused_at_once(f
     assert elapsed < 120
 
 
+@pytest.mark.parametrize("command", [["pressure"], ["headroom", "--policies", "vllm"], ["tiers", "--host", "64",
+                                                                                   "--prefill-tokens-per-s", "5000"]])
+def test_a_pool_size_from_the_trace_metadata_is_checked_as_a_flag_is(tmp_path, command):
+    """`num_usable_blocks` is input too: a trace whose metadata names 2e9 blocks is refused in one sentence
+    naming where the size came from and the flag that asks for less, not sized until memory runs out."""
+    rows = fork_tree_rows()
+    with TraceWriter(tmp_path / "t", "fork-tree", {"block_size": BLOCK_SIZE, "num_usable_blocks": HUGE_BLOCKS}) as w:
+        w.write("invocations", {k: [r[k] for r in rows] for k in rows[0]})
+    p, elapsed = _run([command[0], tmp_path / "t", *command[1:]])
+    assert p.returncode == 1, p.stderr
+    errors = [line for line in p.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"Error: the trace's num_usable_blocks ({HUGE_BLOCKS:,}) asks for a vLLM pool model of about"), p.stderr
+    assert "give a smaller --capacity-blocks" in errors[0]
+    assert elapsed < 120
+
+
 def test_the_available_memory_counts_an_address_space_limit():
     code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); "
             "from kmesh_trace.resources import available_memory; print(available_memory())")
