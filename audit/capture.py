@@ -49,6 +49,8 @@ from kmesh_trace.audit.findings import BLOCKING, WARNING, Problem, exit_code
 from kmesh_trace.audit.kv_events import check_kv_events, kv_event_engines
 
 from kmesh_trace import schema
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.kv_groups import groups_from_metadata, touched_blocks_of_hit
 from kmesh_trace.trace import Trace, open_trace
 
 HEADROOM = "headroom"
@@ -158,6 +160,7 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     _check_values(frames, f)
     _check_domains(frames, f)
     touches = _walk_block_events(ev, f)
+    _check_kv_groups(t, ev, f)
     _check_cached_tokens(t, inv, touches, f)
     _check_clocks(t, inv, f)
     lineage = t.frame("lineage")
@@ -411,9 +414,9 @@ def _check_domains(frames: dict, f: _Findings) -> None:
 # ---- block events --------------------------------------------------------------------------
 
 
-def _walk_block_events(ev, f: _Findings) -> dict[tuple[str, str], int]:
-    """Replay each engine's block events in seq order; returns touches per (engine, request)."""
-    touches: dict[tuple[str, str], int] = {}
+def _walk_block_events(ev, f: _Findings) -> dict[tuple[str, str, int], int]:
+    """Replay each engine's block events in seq order; returns touches per (engine, request, KV group)."""
+    touches: dict[tuple[str, str, int], int] = {}
     if ev.height == 0:
         return touches
     ev = ev.sort(["engine", "seq"])
@@ -447,8 +450,9 @@ def _walk_block_events(ev, f: _Findings) -> dict[tuple[str, str], int]:
                 f.add("touch_unallocated", "a touched block was never allocated", where)
             elif block not in state.resident:
                 f.add("touch_uncached", "a touched block holds no cached hash", where)
-            if req is not None and not group:
-                touches[(eng, req)] = touches.get((eng, req), 0) + 1
+            if req is not None:
+                k = (eng, req, group or 0)
+                touches[k] = touches.get(k, 0) + 1
         elif event == "freed":
             if block not in state.allocated or state.ref.get(block, 0) <= 0:
                 f.add("free_unallocated", "a freed block was not allocated (never, or no reference left)", where)
@@ -493,19 +497,54 @@ def _drop(state: _PoolState, block: int) -> None:
 # ---- invocations ---------------------------------------------------------------------------
 
 
-def _check_cached_tokens(t: Trace, inv, touches: dict[tuple[str, str], int], f: _Findings) -> None:
+def _check_cached_tokens(t: Trace, inv, touches: dict[tuple[str, str, int], int], f: _Findings) -> None:
+    """Each request's hit against its touch events, in every KV cache group: a full-attention group
+    touches the hit's blocks; a sliding-window (chunked local) group only those inside the window
+    (chunk) at the hit's end. Mamba groups are not checked (vLLM keeps their state blocks by its own rule)."""
     if inv.height == 0:
         return
+    groups = {}
+    for eng, meta in t.engines.items():
+        try:
+            groups[eng] = groups_from_metadata(meta)
+        except KmeshTraceError:
+            groups[eng] = ()  # reported by the metadata check
     for eng, rid, cached, preempt in inv.select("engine", "request_id", "num_cached_tokens", "num_preemptions").iter_rows():
         if cached is None or preempt:
             continue
-        block_size = t.engines.get(eng, {}).get("block_size")
-        if not block_size:
+        mine = groups.get(eng, ())
+        if not mine:
             continue  # reported as a missing metadata field
-        expected = touches.get((eng, rid), 0) * block_size
-        if cached != expected:
+        for i, group in enumerate(mine):
+            want = touched_blocks_of_hit(group, cached)
+            got = touches.get((eng, rid, i), 0)
+            if want is None or got == want:
+                continue
+            if len(mine) == 1:  # the message of a one-group model: tokens against touches x block size
+                where = f"invocations:{eng}:{rid} ({cached} != {got * group.block_size})"
+            else:
+                where = f"invocations:{eng}:{rid} group {i} ({group.kind}: {got} blocks touched, {want} expected)"
             f.add("cached_tokens_mismatch", "num_cached_tokens disagrees with the request's touch events x block size",
-                  f"invocations:{eng}:{rid} ({cached} != {expected})")
+                  where)
+
+
+def _check_kv_groups(t: Trace, ev, f: _Findings) -> None:
+    """Every kv_group a block event names is one of its engine's KV cache groups."""
+    if ev.height == 0 or "kv_group" not in ev.columns:
+        return
+    import polars as pl
+
+    for eng, meta in t.engines.items():
+        try:
+            n = len(groups_from_metadata(meta)) or 1
+        except KmeshTraceError:
+            continue  # reported by the metadata check
+        bad = ev.filter((pl.col("engine") == eng) & (pl.col("kv_group") >= n))
+        if bad.height:
+            f.add("unknown_kv_group", f"a block event names a KV cache group the engine metadata does not list "
+                  f"({n} group{'s' if n != 1 else ''}: kv_cache_groups)",
+                  [f"block_events:{eng}:{s} kv_group={g}" for s, g in bad.select("seq", "kv_group").head(MAX_LOCATIONS).iter_rows()],
+                  count=bad.height)
 
 
 def _check_clocks(t: Trace, inv, f: _Findings) -> None:
