@@ -152,7 +152,7 @@ class PublisherRecorder:
             "num_malformed_frames": 0, "num_malformed_events": 0, "malformed": [], "epochs": [],
             "num_removed_unseen": 0, "num_touched_blocks": 0, "first_publisher_seq": None, "num_resumes": 0,
             "removal_semantics": removal_semantics(fmt, spec.engine), "removal_semantics_basis": None,
-            "group_specs": {},
+            "group_specs": {}, "num_reported_outside_window": 0,
         }
         if self.stats["removal_semantics"] != "unknown":
             self.stats["removal_semantics_basis"] = f"the source of {spec.engine}"
@@ -269,14 +269,22 @@ class PublisherRecorder:
             return
         self._maybe_block_size(ev)
         self._maybe_group_spec(ev)
+        resident = [self.resident[(ev.medium, ev.group, h)] > 0 for h in ev.hashes]
+        skip = 0
         if ev.origin is not None:  # the publisher says whether the store is a hit
             hit = ev.origin.upper() == "REUSED"
-        else:  # a re-announced prefix: every block already resident, from the first block on
-            hit = ev.parent is None and ev.hashes and all(self.resident[(ev.medium, ev.group, h)] > 0
-                                                          for h in ev.hashes)
+        else:  # a re-announced prefix: from the first block on, resident up to its last block
+            hit = ev.parent is None and bool(ev.hashes) and resident[-1]
+            if hit and not all(resident):
+                # A sliding-window (or chunked-local) group reports its whole hit, but holds only the
+                # blocks at its end: those are the hit's touches; the ones before were never used.
+                skip = len(resident) - next(i for i, r in enumerate(reversed(resident)) if not r)
+                self.stats["num_reported_outside_window"] += skip
         parent = ev.parent
-        for h in ev.hashes:
-            if hit:
+        for i, h in enumerate(ev.hashes):
+            if i < skip:
+                pass
+            elif hit:
                 self.stats["num_touched_blocks"] += 1
                 self._append("touched", ts, h, parent, ev, wall, pseq)
             else:

@@ -324,7 +324,9 @@ METADATA: dict[str, MetadataField] = {
                   "`num_malformed_frames`, publisher restarts (`epochs`), `num_touched_blocks` (hits: only "
                   "requests with kv_cache_report_mode full report them), `removal_semantics` (each_copy: a removal "
                   "is one physical copy, as vLLM <= 0.33 publishes; last_copy; unknown) with `removal_semantics_basis`, "
-                  "and `group_specs` (each KV group's spec kind and window as the stores reported them)."),
+                  "`group_specs` (each KV group's spec kind and window as the stores reported them) and "
+                  "`num_reported_outside_window` (blocks of hit reports before a sliding window's resident "
+                  "end: reported, never touched, not recorded)."),
 }
 
 #: The JSON name of each metadata type, as the docs and `kmesh-trace schema --json` give it.

@@ -87,9 +87,11 @@ def recorded(tmp_path_factory):
         usage = []
         # Eight 200-token prompts, then four of them again (hits), then eight more: 14 blocks a request
         # (7 per group) in a 47-block pool, so the pool evicts.
-        for i in list(range(8)) + [4, 5, 6, 7] + list(range(8, 16)):
+        # The repeats ask vLLM to report their hits (kv_cache_report_mode full).
+        for k, i in enumerate(list(range(8)) + [4, 5, 6, 7] + list(range(8, 16))):
+            xargs = {"kv_cache_report_mode": "full"} if 8 <= k < 12 else {}
             r = client.completions.create(model=str(model), prompt=_prompt(i), max_tokens=8,
-                                          extra_body={"ignore_eos": True})
+                                          extra_body={"ignore_eos": True, "vllm_xargs": xargs})
             usage.append(r.usage.prompt_tokens)
         time.sleep(2)
         listener.send_signal(signal.SIGINT)
@@ -127,6 +129,18 @@ def test_both_recordings_hold_both_groups_and_agree_per_group(recorded):
         assert stored and evicted, group  # stores and, under pressure, removals in each group
         assert stored == cached, group
         assert removed == evicted, group
+
+
+def test_reported_hits_are_the_plugins_touches_per_group(recorded):
+    """vLLM reports a hit in every group as the whole hit prefix; the sliding-window group holds only
+    the blocks at its end (the plugin touches those), and the listener records exactly those."""
+    root = recorded["root"]
+    for group in (0, 1):
+        touched = _hashes(root / "events", "touched", group)
+        assert touched and touched == _hashes(root / "plugin", "touched", group), group
+    with open(next((root / "events" / "engines").glob("*.json"))) as f:
+        kv = json.load(f)["kv_events"]
+    assert kv["num_reported_outside_window"] > 0
 
 
 def test_the_plugin_capture_lists_the_groups_and_passes_the_audit(recorded, cli):
