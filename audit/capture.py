@@ -50,7 +50,7 @@ from kmesh_trace.audit.kv_events import check_kv_events, kv_event_engines
 
 from kmesh_trace import schema
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.kv_groups import groups_from_metadata, touched_blocks_of_hit
+from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid, touched_blocks_of_hit
 from kmesh_trace.trace import Trace, open_trace
 
 HEADROOM = "headroom"
@@ -77,6 +77,8 @@ class CaptureAudit:
     problems: list[Problem] = field(default_factory=list)
     #: engine id -> {source, supports, approximate} for imported partitions.
     imports: dict[str, dict] = field(default_factory=dict)
+    #: engine id -> block events per KV cache group, for captures of hybrid models (`kv_group_counts`).
+    kv_groups: dict[str, list[dict]] = field(default_factory=dict)
 
     @property
     def verdict(self) -> dict[str, dict]:
@@ -97,6 +99,8 @@ class CaptureAudit:
              "problems": [p.to_dict() for p in self.problems]}
         if self.imports:
             d["imports"] = self.imports
+        if self.kv_groups:
+            d["kv_groups"] = self.kv_groups
         return d
 
 
@@ -170,7 +174,7 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     for eng, gaps in f.gaps.items():
         imports[eng]["gaps"] = gaps
     return CaptureAudit(path=str(t.path), engines=sorted(t.engines), rows=rows, problems=f.problems(),
-                        imports=imports)
+                        imports=imports, kv_groups=kv_group_counts(t, ev))
 
 
 # ---- metadata and columns --------------------------------------------------------------------
@@ -526,6 +530,33 @@ def _check_cached_tokens(t: Trace, inv, touches: dict[tuple[str, str, int], int]
                 where = f"invocations:{eng}:{rid} group {i} ({group.kind}: {got} blocks touched, {want} expected)"
             f.add("cached_tokens_mismatch", "num_cached_tokens disagrees with the request's touch events x block size",
                   where)
+
+
+def kv_group_counts(t: Trace, ev) -> dict[str, list[dict]]:
+    """Per hybrid engine (more than one KV cache group, or one that is not full attention), each group's
+    kind and its block events by kind; `freed_while_running`: frees of a request's blocks before its
+    last free of that group (a sliding window moving past them, or a preemption)."""
+    import polars as pl
+
+    out: dict[str, list[dict]] = {}
+    if ev.height == 0:
+        return out
+    for eng, meta in t.engines.items():
+        try:
+            groups = groups_from_metadata(meta)
+        except KmeshTraceError:
+            continue  # reported by the metadata check
+        if not is_hybrid(groups):
+            continue
+        mine = ev.filter(pl.col("engine") == eng)
+        counts = {(g, e): n for g, e, n in mine.group_by("kv_group", "event").len().iter_rows()}
+        frees = mine.filter((pl.col("event") == "freed") & pl.col("request_id").is_not_null())
+        early = dict(frees.with_columns(last=pl.col("ts_ns").max().over("request_id", "kv_group"))
+                     .filter(pl.col("ts_ns") < pl.col("last")).group_by("kv_group").len().iter_rows())
+        out[eng] = [{"group": i, "kind": g.kind, "sliding_window": g.sliding_window,
+                     **{f"num_{e}": counts.get((i, e), 0) for e in ("allocated", "touched", "cached", "freed", "evicted")},
+                     "num_freed_while_running": early.get(i, 0)} for i, g in enumerate(groups)]
+    return out
 
 
 def _check_kv_groups(t: Trace, ev, f: _Findings) -> None:

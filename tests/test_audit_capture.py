@@ -98,6 +98,14 @@ def test_the_window_groups_touches_agree(tmp_path):
     events = ev[:6] + g1 + ev[6:]
     r = audit_capture(write_trace(tmp_path / "t", events=events, meta={**META, "kv_cache_groups": [FULL, SLIDING]}))
     assert summary(r) == []
+    # Block events per group. Each row here has a time of its own (a capture stamps all rows of one pool
+    # call alike), so every free before a request's last one of its group counts as early: r0's first
+    # and r1's first two in group 0, r0's block 4 in group 1.
+    assert r.to_dict()["kv_groups"] == {"e0": [
+        {"group": 0, "kind": "full_attention", "sliding_window": None, "num_allocated": 4, "num_touched": 2,
+         "num_cached": 4, "num_freed": 6, "num_evicted": 1, "num_freed_while_running": 3},
+        {"group": 1, "kind": "sliding_window", "sliding_window": 4, "num_allocated": 2, "num_touched": 1,
+         "num_cached": 2, "num_freed": 3, "num_evicted": 0, "num_freed_while_running": 1}]}
 
 
 def test_a_group_the_metadata_does_not_list(tmp_path):

@@ -130,3 +130,13 @@ def test_audit_finds_nothing_blocking(hybrid_run):
 
     report = audit_capture(trace.path)
     assert [p.code for p in report.problems if p.severity == "blocking"] == []
+    rows = _rows(trace)
+    (groups,) = report.kv_groups.values()
+    for g in groups:
+        for e in ("allocated", "touched", "cached", "freed", "evicted"):
+            assert g[f"num_{e}"] == sum(r["event"] == e and r["kv_group"] == g["group"] for r in rows)
+    # The full-attention group frees only when a request ends; the window frees as it moves: each
+    # 400-token request 8 blocks ((400 + 7 computed - 127) // 32), each 450-token one 10, the one that
+    # hit none (its 8 skipped blocks were never taken: vLLM's null block).
+    assert [g["kind"] for g in groups] == ["sliding_window", "full_attention"]
+    assert [g["num_freed_while_running"] for g in groups] == [8 + 0 + 8 + 3 * 10 + 8, 0]
