@@ -143,3 +143,13 @@ def test_a_bad_window_is_a_malformed_event(vllm_events):
     v = vllm_events
     f = decode_frames(_frames(0, v.KVEventBatch(ts=1.0, events=[_cpu_store(v, [1], 0, "sliding_window", 0)])))
     assert f.num_bad_events == 1 and "kv_cache_spec_sliding_window" in f.error
+
+
+def test_a_033_store_with_lookahead_tokens_decodes(vllm_events):
+    """vLLM 0.33 adds `lookahead_token_ids` to BlockStored (EAGLE lookahead hashing): read past it."""
+    v = vllm_events
+    store = msgspec.to_builtins(v.BlockStored(block_hashes=[4], parent_block_hash=None, token_ids=[0] * 32,
+                                              block_size=32, lora_id=None, medium="GPU", lora_name=None, group_idx=0))
+    store["lookahead_token_ids"] = [[1, 2, 3]]
+    f = decode_frames([b"kv", (0).to_bytes(8, "big"), msgspec.msgpack.encode([1.0, [store], 0])])
+    assert f.error is None and [(e.kind, e.hashes, e.group) for e in f.events] == [("BlockStored", [4], 0)]
