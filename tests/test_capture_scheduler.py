@@ -233,6 +233,20 @@ def test_a_hybrid_models_groups_are_vllms_own_kv_events_per_group(model_dir, tmp
     assert audit["exit_code"] == 0, audit["problems"]
 
 
+def test_the_hold_controller_refuses_a_hybrid_model(model_dir, tmp_path):
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    from kmesh_trace.capture import hold
+    from kmesh_trace.errors import KmeshTraceError
+
+    specs = [SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=32, dtype=torch.float32, sliding_window=48),
+             FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=32, dtype=torch.float32)]
+    e = CapturedScheduler(model_dir, tmp_path / "t", specs=specs)
+    with pytest.raises(KmeshTraceError, match=r"has 2 \(a hybrid model\)"):
+        hold.install(e.s)
+    e.shutdown()
+
+
 def test_an_aborted_request_is_recorded_as_aborted_with_its_first_token(model_dir, tmp_path):
     e = CapturedScheduler(model_dir, tmp_path / "t")
     e.add("kept", list(range(1, 50)), 4)
