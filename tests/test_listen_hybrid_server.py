@@ -157,6 +157,16 @@ def test_the_plugin_capture_lists_the_groups_and_passes_the_audit(recorded, cli)
     assert [p["code"] for p in audit["problems"] if p["severity"] == "blocking"] == []
 
 
+def test_residency_shows_each_group(recorded, cli):
+    root = recorded["root"]
+    r = cli(["residency", root / "events", "--json"])
+    assert r.exit_code == 0, r.stdout
+    by_group = json.loads(r.stdout)["engines"][0]["by_group"]
+    assert [(x["medium"], x["kv_group"], x["num_stored"], x["num_removed"]) for x in by_group] == [
+        ("GPU", g, len(_hashes(root / "plugin", "cached", g)), len(_hashes(root / "plugin", "evicted", g)))
+        for g in (0, 1)]
+
+
 def test_the_listener_knows_vllms_removal_semantics(recorded):
     from kmesh_trace.trace import open_trace
 

@@ -95,5 +95,11 @@ def test_a_hybrid_models_cpu_stores_name_each_groups_spec(model_dir, sock_dir, t
         per_group = dict(t.sql("SELECT kv_group, count(*) FROM block_events WHERE event = 'cached' AND medium = 'CPU' "
                                "GROUP BY ALL").rows())
     assert set(per_group) == {0, 1} and sum(per_group.values()) == stored
+    from kmesh_trace.oracle.residency import residency
+
+    with open_trace(out) as t:
+        (res,) = residency(t)
+    cpu = {x["kv_group"]: x["num_stored"] for x in res.by_group if x["medium"] == "CPU"}
+    assert cpu == per_group
     assert meta["kv_cache_groups"] == [{"kind": "sliding_window", "block_size": BS, "sliding_window": 32},
                                        {"kind": "full_attention", "block_size": BS, "sliding_window": None}]
