@@ -35,16 +35,22 @@ def sock_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _record(model_dir: Path, sock_dir: Path, out: Path, pairs, gpu_blocks: int, cpu_blocks: int, groups=None):
+def _record(model_dir: Path, sock_dir: Path, out: Path, pairs, gpu_blocks: int, cpu_blocks: int, groups=None,
+            capture: Path | None = None):
     """Run `pairs` one after another on the real scheduler, publishing its KV events; record them.
-    Returns the CPU blocks the manager stored and loaded."""
+    With `capture`, the plugin's capture runs too, the connector wrapped in its proxy. Returns the CPU
+    blocks the manager stored and loaded."""
     from vllm.config import KVEventsConfig
 
+    from kmesh_trace.capture import hooks
     from kmesh_trace.capture.listen import Listener, PublisherSpec
 
     ep, rp = f"ipc://{sock_dir}/ev.sock", f"ipc://{sock_dir}/replay.sock"
     real = RealOffload(model_dir, BS, gpu_blocks, cpu_blocks, kv_events_config=KVEventsConfig(
-        enable_kv_cache_events=True, publisher="zmq", endpoint=ep, replay_endpoint=rp, topic="kv"), groups=groups)
+        enable_kv_cache_events=True, publisher="zmq", endpoint=ep, replay_endpoint=rp, topic="kv"), groups=groups,
+        proxy=capture is not None)
+    if capture is not None:
+        hooks.install(real.s, str(capture))  # what the plugin does when the engine core builds its scheduler
     stored = loaded = 0
     for i, (p, o) in enumerate(pairs):
         _, n_loaded, n_stored = real.run(str(i), p, o)
@@ -103,3 +109,53 @@ def test_a_hybrid_models_cpu_stores_name_each_groups_spec(model_dir, sock_dir, t
     assert cpu == per_group
     assert meta["kv_cache_groups"] == [{"kind": "sliding_window", "block_size": BS, "sliding_window": 32},
                                        {"kind": "full_attention", "block_size": BS, "sliding_window": None}]
+
+
+def test_the_transfer_journal_and_the_tier_events_of_one_run(model_dir, sock_dir, tmp_path):
+    """The plugin's capture with its proxy around the connector, and the listener, on one run: the
+    journal's loads are the blocks the manager loaded from the CPU tier, which the tier model predicts
+    exactly; the CPU tier's stores are in the events (the proxy does not read this connector's store
+    plans); the proxy changes nothing (the same loads and stores as unwrapped)."""
+    from kmesh_trace.oracle.stream import RequestBlocks, token_block_hashes
+    from kmesh_trace.oracle.tiers import simple_cpu, simulate_tiers
+    from kmesh_trace.trace import open_trace
+
+    pairs = random_families(3, BS)
+    gpu = pool_for(pairs, BS, 1)
+    stored, loaded = _record(model_dir, sock_dir, tmp_path / "events", pairs, gpu, 48, capture=tmp_path / "plugin")
+    reqs = [RequestBlocks(i, str(i), len(p), len(o), *token_block_hashes(p, o, BS)) for i, (p, o) in enumerate(pairs)]
+    model = simulate_tiers(reqs, simple_cpu(gpu, 48, "host"), block_size=BS, timed=False)
+    assert (stored, loaded) == (70, 26)  # as unwrapped (tests/test_tiers_vllm.py runs it without the proxy)
+    assert int(model.hit_blocks_by_tier["host"].sum()) == loaded and int(model.stores_per_request.sum()) == stored
+    with open_trace(tmp_path / "plugin") as t:
+        journal = t.sql("SELECT direction, status, connector, count(*), sum(num_blocks) FROM transfers GROUP BY ALL").rows()
+    assert journal == [("load", "ok", "SimpleCPUOffloadConnector", 6, loaded)]
+    with open_trace(tmp_path / "events") as t:
+        assert t.sql("SELECT count(*) FROM block_events WHERE medium = 'CPU' AND event = 'cached'").item() == stored
+
+
+def test_the_proxy_refuses_a_hybrid_engine_for_an_inner_connector_without_hma(model_dir, tmp_path):
+    """vLLM refuses such an engine unwrapped too once its hybrid manager is on; unwrapped it turns the
+    manager off by itself, which the proxy (a connector that supports it) cannot: one clear line."""
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+
+    from kmesh_trace.capture.connector import KmeshProxyConnector
+
+    inner = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+             "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "kv")}}
+    cfg = EngineArgs(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, block_size=BS,
+                     enforce_eager=True, kv_transfer_config={
+                         "kv_connector": "KmeshProxyConnector", "kv_connector_module_path": "kmesh_trace.capture.connector",
+                         "kv_role": "kv_both", "kv_connector_extra_config": {"inner": inner}}).create_engine_config()
+    specs = [SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=32, dtype=torch.float16, sliding_window=32),
+             FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=32, dtype=torch.float16)]
+    kv = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec([f"layer.{i}"], s) for i, s in enumerate(specs)])
+    with pytest.raises(ValueError, match="ExampleConnector does not support the hybrid KV cache manager, and this "
+                                         "engine has 2 KV cache groups; start it with --disable-hybrid-kv-cache-manager"):
+        KmeshProxyConnector(cfg, KVConnectorRole.SCHEDULER, kv)
+    one = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=kv.kv_cache_groups[1:])
+    assert KmeshProxyConnector(cfg, KVConnectorRole.SCHEDULER, one).inner.__class__.__name__ == "ExampleConnector"
