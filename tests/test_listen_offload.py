@@ -111,7 +111,7 @@ def test_a_hybrid_models_cpu_stores_name_each_groups_spec(model_dir, sock_dir, t
                                        {"kind": "full_attention", "block_size": BS, "sliding_window": None}]
 
 
-def test_the_transfer_journal_and_the_tier_events_of_one_run(model_dir, sock_dir, tmp_path):
+def test_the_transfer_journal_and_the_tier_events_of_one_run(model_dir, sock_dir, tmp_path, cli):
     """The plugin's capture with its proxy around the connector, and the listener, on one run: the
     journal's loads are the blocks the manager loaded from the CPU tier, which the tier model predicts
     exactly; the CPU tier's stores are in the events (the proxy does not read this connector's store
@@ -132,6 +132,12 @@ def test_the_transfer_journal_and_the_tier_events_of_one_run(model_dir, sock_dir
     assert journal == [("load", "ok", "SimpleCPUOffloadConnector", 6, loaded)]
     with open_trace(tmp_path / "events") as t:
         assert t.sql("SELECT count(*) FROM block_events WHERE medium = 'CPU' AND event = 'cached'").item() == stored
+    # `tiers` prints the measured loads beside its model of the same connector on the captured traffic.
+    r = cli(["tiers", tmp_path / "plugin", "--vllm-connector", "simple-cpu", "--host", "48", "--json"])
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["measured_loads"] == {
+        "connector": "SimpleCPUOffloadConnector", "num_loads": 6, "num_blocks": 26,
+        "modelled_lower_tier_hit_blocks": 26, "difference_blocks": 0}
 
 
 def test_the_proxy_refuses_a_hybrid_engine_for_an_inner_connector_without_hma(model_dir, tmp_path):
