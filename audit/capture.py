@@ -301,6 +301,9 @@ def _check_metadata(t: Trace, f: _Findings) -> None:
                   count=total)
         if meta.get("complete") is False:
             f.add("incomplete_capture", incomplete_note(meta), f"{where}:complete")
+        if meta.get("engine_died"):  # what was recorded until then stands; the run itself did not end as planned
+            f.add("engine_died", f"the engine died under the capture: {meta['engine_died']}; the trace holds what "
+                  "was recorded until then", f"{where}:engine_died", severity=WARNING)
         lookahead = meta.get("hash_lookahead_tokens")
         if isinstance(lookahead, int) and lookahead > 0:
             f.add("lookahead_block_hashes", "each block hash also covers the tokens after its block (vLLM's lookahead "

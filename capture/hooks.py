@@ -144,6 +144,17 @@ def _close_all() -> None:
         close_recorder(rec)
 
 
+def record_death(error: BaseException | None, worker_died: bool = False) -> None:
+    """Mark every open partition of this process `engine_died`: the engine's fatal error, in one line."""
+    stated = "" if error is None else f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}".rstrip(": ")
+    what = ("a worker process died (killed by the OOM killer, kill -9 or a crash) and the engine core stopped"
+            if worker_died else "the engine core stopped on a fatal error")
+    what += f": {stated}" if stated else ""
+    for rec in RECORDERS[:]:
+        if not rec.closed:
+            rec.writer.update_metadata(engine_died=what)
+
+
 def close_recorder(rec: Recorder) -> None:
     """Flush and complete `rec`'s partition, then let go of the engine (idempotent); never raises."""
     try:

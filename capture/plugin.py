@@ -75,6 +75,8 @@ def register() -> bool:
     Request.from_engine_core_request = from_engine_core_request
     if os.environ.get(ENV_DIR):
         _give_engine_cores_time_to_close()
+        _close_before_teardown()
+        _record_engine_death()
     _installed = True
     return True
 
@@ -86,9 +88,13 @@ def _give_engine_cores_time_to_close() -> None:
     `vllm.v1.engine.utils.shutdown(procs, timeout)`: SIGTERM, wait `timeout` (0 unless the server was
     started with `--shutdown-timeout`), then SIGKILL. With a zero wait the engine core is killed while
     it tears down, before its recorder writes the last rows and marks the partition complete. With a
-    capture running, the wait is at least `KMESH_TRACE_SHUTDOWN_GRACE_S` (default 30 s): an engine core
-    that exits sooner ends the wait at once, one that hangs is still killed. Requests are not drained
-    longer: the engine core's own `--shutdown-timeout` still decides that.
+    capture running, the SIGTERM goes out first and the front end waits until each engine core's
+    partition is complete (or the process has exited), at most `KMESH_TRACE_SHUTDOWN_GRACE_S` (default
+    30 s); then vLLM's own shutdown runs with the server's own timeout. The wait ends when the capture
+    is closed, not when the process exits: vLLM's teardown after it (waiting for workers, freeing
+    memory: seconds on a CPU) is not waited for, so a Ctrl-C stops a captured server about as fast as
+    an uncaptured one. Requests are not drained longer: the engine core's own `--shutdown-timeout`
+    still decides that.
     """
     try:
         import vllm.v1.engine.utils as engine_utils
@@ -97,15 +103,112 @@ def _give_engine_cores_time_to_close() -> None:
     orig = getattr(engine_utils, "shutdown", None)
     if orig is None or getattr(orig, "_kmesh_grace", False):
         return
-    from kmesh_trace.capture.env import shutdown_grace_s
 
     @functools.wraps(orig)
     def shutdown(procs, timeout=None):
-        grace = shutdown_grace_s()
-        return orig(procs, timeout=max(5.0 if timeout is None else timeout, grace))
+        try:
+            _stop_and_wait_for_captures(procs)
+        except Exception:  # noqa: BLE001 (vLLM's own shutdown must run whatever happens here)
+            log.exception("kmesh-trace: waiting for the engine cores' captures failed")
+        return orig(procs, timeout=timeout)
 
     shutdown._kmesh_grace = True
     engine_utils.shutdown = shutdown
+
+
+#: Seconds between two looks at the engine cores' partitions while a front end waits for them to close.
+_CLOSE_POLL_S = 0.05
+
+
+def _stop_and_wait_for_captures(procs) -> None:
+    """SIGTERM each live engine-core process, then wait until each has exited or closed every partition
+    it writes (at most the shutdown grace). A process that writes no partition is not waited for."""
+    import json
+    import time
+    from pathlib import Path
+
+    from kmesh_trace.capture.env import shutdown_grace_s
+
+    engines = Path(os.environ[ENV_DIR]) / "engines"
+
+    def open_partitions(pid: int) -> bool:
+        for path in engines.glob("*.json"):
+            try:
+                meta = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(meta, dict) and meta.get("pid") == pid and not meta.get("complete"):
+                return True
+        return False
+
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + shutdown_grace_s()
+    while time.monotonic() < deadline:
+        if not any(p.is_alive() and open_partitions(p.pid) for p in procs):
+            return
+        time.sleep(_CLOSE_POLL_S)
+
+
+def _close_before_teardown() -> None:
+    """In an engine core: close the capture when the engine core starts tearing down, before vLLM
+    waits for its worker processes to exit (seconds), rather than when the scheduler is shut down
+    last. Nothing is scheduled once the teardown starts; requests still in flight are recorded as
+    unfinished, as at any close."""
+    try:
+        from vllm.v1.engine.core import EngineCore
+    except Exception:  # noqa: BLE001 (another vLLM layout: the scheduler's shutdown still closes it)
+        return
+    orig = getattr(EngineCore, "shutdown", None)
+    if orig is None or getattr(orig, "_kmesh_close", False):
+        return
+
+    @functools.wraps(orig)
+    def shutdown(self, *args, **kwargs):
+        rec = getattr(getattr(self, "scheduler", None), "_kmesh_recorder", None)
+        if rec is not None:
+            from kmesh_trace.capture import hooks
+
+            hooks.close_recorder(rec)  # never raises
+        return orig(self, *args, **kwargs)
+
+    shutdown._kmesh_close = True
+    EngineCore.shutdown = shutdown
+
+
+def _record_engine_death() -> None:
+    """In an engine core: when the engine dies of a fatal error, say so in each open partition's metadata.
+
+    vLLM's engine core sends its front end `ENGINE_CORE_DEAD` (`EngineCoreProc._send_engine_dead`) from
+    inside the `except` of its busy loop, e.g. when a worker process was killed (the OOM killer picks
+    the worker that holds the KV cache) and the executor failed. The engine core then still shuts down
+    cleanly, so its partition closes `complete`; `engine_died` keeps the capture from reading as a
+    healthy run. (An engine core killed outright closes nothing: `kmesh-trace capture` says that one.)
+    """
+    try:
+        from vllm.v1.engine.core import EngineCoreProc
+    except Exception:  # noqa: BLE001 (another vLLM layout: the capture itself still runs)
+        return
+    orig = getattr(EngineCoreProc, "_send_engine_dead", None)
+    if orig is None or getattr(orig, "_kmesh_death", False):
+        return
+
+    @functools.wraps(orig)
+    def _send_engine_dead(self, *args, **kwargs):
+        import sys
+
+        try:
+            from kmesh_trace.capture import hooks
+
+            executor = getattr(self, "model_executor", None)
+            hooks.record_death(sys.exc_info()[1], worker_died=bool(getattr(executor, "is_failed", False)))
+        except Exception:  # noqa: BLE001 (the engine's own death notice must go out whatever happens here)
+            log.exception("kmesh-trace: could not record the engine's death")
+        return orig(self, *args, **kwargs)
+
+    _send_engine_dead._kmesh_death = True
+    EngineCoreProc._send_engine_dead = _send_engine_dead
 
 
 def _warn(line: str) -> None:

@@ -293,6 +293,10 @@ METADATA: dict[str, MetadataField] = {
     "num_malformed_lines": MetadataField(int, "lines", "Input lines an importer could not read.", minimum=0),
     "malformed_lines": MetadataField(list, None, "file:line of each malformed input line (first 1000)."),
     "complete": MetadataField(bool, None, "True once the writer closed cleanly; false while writing or after a crash."),
+    "engine_died": MetadataField(str, None, "Captures: how the engine died under the capture, when it did: a fatal error it reported "
+                    "(e.g. a worker process killed by the OOM killer; the partition still closes complete), or, written "
+                    "by `kmesh-trace capture`, an engine process that ended without closing its partition (SIGKILL, "
+                    "the OOM killer, a native crash). Absent for an engine that was stopped."),
     "token_ids_approximate": MetadataField(bool, None, "True when the token ids are not the serving model's (an importer tokenized text itself); every report on the trace says so."),
     "tokenizer": MetadataField(str, None, "How an importer turned text into token ids (e.g. utf-8-bytes, or tokenizers:FILE sha256:...)."),
     "arrival": MetadataField(str, None, "How an importer placed conversations on one time axis (e.g. users:8, stagger:30, as-recorded)."),
@@ -318,6 +322,11 @@ METADATA: dict[str, MetadataField] = {
                         "`kind` (full_attention, sliding_window, chunked_local, mamba, mla), `block_size` (tokens), `num_layers`, "
                         "`page_size_bytes` (one block of one layer), `sliding_window` and `attention_chunk_size` (tokens). "
                         "Absent: one full-attention group of `block_size` (kmesh_trace/kv_groups.py)."),
+    "prefix_cache_retention_interval": MetadataField(int, "tokens", "vLLM's prefix_cache_retention_interval: the blocks a "
+                                        "sliding-window group caches. 0 (also when absent: vLLM's default) the window's tail "
+                                        "before each prompt's last token and before a shared-prefix junction; a positive "
+                                        "interval also before each interval's end; -1 (vLLM's none) every block.",
+                                        minimum=-1),
     "kv_events": MetadataField(dict, None, "KV-events recordings: the publisher (`endpoint`, `replay_endpoint`, `topic`, `format`), "
                   "`hash_kind` (what `block_hash` holds), batches received and replayed, sequence gaps found, batches "
                   "recovered from the replay socket and `num_unrecovered_batches` (lost: the audit names them), "

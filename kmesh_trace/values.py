@@ -122,10 +122,41 @@ def json_text(obj: Any, indent: int | None = 2) -> str:
     so `--json` output is always valid JSON (RFC 8259 has no NaN or Infinity); unknown types as text."""
     import json
 
+    dump = json.dumps if indent is None else _dump_compact_arrays
     try:
-        return json.dumps(obj, indent=indent, default=str, allow_nan=False)
+        return dump(obj, indent=indent, default=str, allow_nan=False)
     except ValueError:  # a non-finite float somewhere: replace it, then dump again
-        return json.dumps(finite_or_null(obj), indent=indent, default=str, allow_nan=False)
+        return dump(finite_or_null(obj), indent=indent, default=str, allow_nan=False)
+
+
+def _dump_compact_arrays(obj: Any, *, indent: int, default, allow_nan: bool, _level: int = 0) -> str:
+    """`json.dumps(obj, indent=indent)`, except that an array of numbers, strings, booleans and nulls is written
+    on one line (a curve's thousand capacities: one line, not a thousand)."""
+    import json
+
+    def scalar(x: Any) -> str:
+        return json.dumps(x, default=default, allow_nan=allow_nan)
+
+    if isinstance(obj, dict):
+        if not obj:
+            return "{}"
+        pad, inner = " " * (indent * _level), " " * (indent * (_level + 1))
+        items = [f"{inner}{json.dumps(k if isinstance(k, str) else json.dumps(k) if k is None or isinstance(k, bool) else str(k))}: "
+                 f"{_dump_compact_arrays(v, indent=indent, default=default, allow_nan=allow_nan, _level=_level + 1)}"
+                 for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(obj, (list, tuple)):
+        if not obj:
+            return "[]"
+        if all(x is None or isinstance(x, (bool, int, float, str)) for x in obj):
+            return "[" + ", ".join(scalar(x) for x in obj) + "]"
+        pad, inner = " " * (indent * _level), " " * (indent * (_level + 1))
+        return "[\n" + ",\n".join(inner + _dump_compact_arrays(v, indent=indent, default=default, allow_nan=allow_nan,
+                                                                _level=_level + 1) for v in obj) + "\n" + pad + "]"
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return scalar(obj)
+    converted = default(obj)  # as json.dumps: an unknown type through `default`
+    return _dump_compact_arrays(converted, indent=indent, default=default, allow_nan=allow_nan, _level=_level)
 
 
 #: The file readers (msgspec), in kmesh_trace.json_files: loaded when first named, so a command's flags parse

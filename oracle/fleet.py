@@ -1,7 +1,8 @@
 """The fleet what-if: N engines, each with its own vLLM block pool, behind a router, against one global pool.
 
 It owns routing (docs/DESIGN.md "Fleet"). Every request of a trace, in arrival order, goes to one of N
-engines, each a `PoolReplay` (the vLLM block-pool model of `kmesh_trace.oracle.blockpool`) of C usable
+engines, each a `PoolReplay` (the vLLM block-pool model of `kmesh_trace.oracle.blockpool`; on a hybrid
+engine's trace a `HybridPoolReplay` of its KV cache groups, `kmesh_trace.oracle.hybrid_pool`) of C usable
 blocks, fed one request at a time so the router sees each engine's cache and load as they are when
 the request arrives. Routing is sequential within a run; runs (policy x N x C) are independent.
 
@@ -107,7 +108,7 @@ _Choose = Callable[[int, RequestBlocks], int]
 class _Fleet:
     def __init__(self, workload: Workload, num_engines: int, capacity_blocks: int):
         self.timed = workload.timed
-        self.replays = [PoolReplay([], workload.block_size, capacity_blocks, None, self.timed) for _ in range(num_engines)]
+        self.replays = [_replay(workload, capacity_blocks) for _ in range(num_engines)]
         self.routed = [0] * num_engines
 
     def loads(self) -> list[int]:
@@ -116,6 +117,16 @@ class _Fleet:
     def least_loaded(self) -> int:
         loads = self.loads()
         return min(range(len(loads)), key=loads.__getitem__)
+
+
+def _replay(workload: Workload, capacity_blocks: int):
+    """One engine's step-by-step replay: the hybrid pool for a hybrid engine's workload (the groups are the
+    trace's), else the single-group pool."""
+    if workload.hybrid:
+        from kmesh_trace.oracle.hybrid_pool import HybridPoolReplay
+
+        return HybridPoolReplay([], workload.groups, capacity_blocks, workload.timed, workload.retention_interval)
+    return PoolReplay([], workload.block_size, capacity_blocks, None, workload.timed)
 
 
 def _round_robin(fleet: _Fleet, workload, overload, edges) -> _Choose:
@@ -226,8 +237,14 @@ def simulate_run(workload: Workload, policy: str, num_engines: int, capacity_blo
     if policy == GLOBAL:
         check_options([], [num_engines], [capacity_blocks], overload)
         reqs = workload.requests
-        pools = [simulate_pool(list(reqs), block_size=workload.block_size, num_usable_blocks=num_engines * capacity_blocks,
-                               timed=workload.timed)]  # compiled (no holds)
+        if workload.hybrid:
+            from kmesh_trace.oracle.hybrid_pool import simulate_hybrid_pool
+
+            pools = [simulate_hybrid_pool(list(reqs), workload.groups, num_usable_blocks=num_engines * capacity_blocks,
+                                          timed=workload.timed, retention_interval=workload.retention_interval)]
+        else:
+            pools = [simulate_pool(list(reqs), block_size=workload.block_size,
+                                   num_usable_blocks=num_engines * capacity_blocks, timed=workload.timed)]  # compiled
         counts = [len(reqs)]
     else:
         routed = route(workload, policy, num_engines, capacity_blocks, overload=overload, edges=edges)

@@ -103,14 +103,17 @@ def headroom(trace, capacities: Sequence[int] | None = None, policies: Sequence[
     """Headroom of an opened trace (`kmesh_trace.trace.open_trace`)."""
     w = Workload.from_trace(trace, engine)
     return headroom_of_requests(w.requests, w.block_size, capacities, policies, num_usable_blocks=w.num_usable_blocks,
-                                simulate=simulate)
+                                simulate=simulate, groups=w.groups, retention_interval=w.retention_interval)
 
 
 def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | None,
                          capacities: Sequence[int] | None = None, policies: Sequence[str] | None = None, *,
-                         num_usable_blocks: int | None = None, simulate: Simulate | None = None) -> HeadroomResult:
+                         num_usable_blocks: int | None = None, simulate: Simulate | None = None,
+                         groups: tuple = (), retention_interval: int | None = 0) -> HeadroomResult:
     """`simulate(points)`, when given, replays the (policy, capacity) points (e.g. as distributed tasks,
-    `kmesh_trace.oracle.tasks.headroom_point`) and returns their results in order."""
+    `kmesh_trace.oracle.tasks.headroom_point`) and returns their results in order. `groups`: the engine's
+    KV cache groups (and vLLM's retention interval); on a hybrid engine each replay is `replay_point`'s
+    (docs/DESIGN.md, "Hybrid models")."""
     block_size = check_block_size(block_size)
     names = list(policies or DEFAULT_POLICIES)
     for name in names:
@@ -118,14 +121,18 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
     caps = [int(c) for c in capacities] if capacities else [pool_capacity(None, num_usable_blocks)]
     if any(c <= 0 for c in caps):
         raise KmeshTraceError("capacities must be positive block counts.")
-    workload = Workload(block_size, requests)
+    workload = Workload(block_size, requests, groups=tuple(groups), retention_interval=retention_interval)
     points = [(name, c) for name in names for c in caps]
     if simulate is not None:
         results = simulate(points)
     else:
-        results = [POLICIES[name].simulate(workload, c) for name, c in points]
+        results = [replay_point(workload, name, c) for name, c in points]
 
     notes: list[str] = []
+    if workload.hybrid:
+        from kmesh_trace.oracle.hybrid_pool import analysis_note
+
+        notes.append(analysis_note(workload.groups))
     captured = bool(requests) and all(r.stock_cached_tokens is not None for r in requests)
     if captured and num_usable_blocks:
         cap = int(num_usable_blocks)
@@ -136,13 +143,31 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
         cap = int(num_usable_blocks) if num_usable_blocks in caps else caps[0]
         if captured:
             notes.append("the capture has engine hit counts but no usable-block count; stock is the vllm model.")
-        stock = _find(results, "vllm", cap) or POLICIES["vllm"].simulate(workload, cap)
+        stock = _find(results, "vllm", cap) or replay_point(workload, "vllm", cap)
         source = "vllm"
-    bound = _find(results, "belady", cap) or POLICIES["belady"].simulate(workload, cap)
+    bound = _find(results, "belady", cap) or replay_point(workload, "belady", cap)
     res = HeadroomResult(block_size, results, stock.prefill_tokens - bound.prefill_tokens, cap, source, stock, notes, bound)
     if (b := res.bracket()) is not None and b["wide"]:
         notes.append(f"the bracket [belady-prefix, belady] is {b['width_tokens']:,} prefill tokens wide at {cap:,} blocks: "
                      "a prefix cache may not reach belady, so the headroom is a range, not a number.")
+    return res
+
+
+def replay_point(workload: Workload, policy: str, capacity: int) -> PolicyResult:
+    """`policy` at `capacity` blocks. On a hybrid engine's workload, the `vllm` policy replays the hybrid
+    pool; every other policy replays the prefix positions at `hybrid_pool.position_capacity` (a position
+    needs a block in every full-attention group; windowed groups are counted free, so a bound stays a
+    bound), reported at the pool's `capacity`."""
+    if not workload.hybrid or policy == "vllm":
+        return POLICIES[policy].simulate(workload, capacity)
+    from kmesh_trace.oracle.hybrid_pool import position_capacity
+
+    positions = position_capacity(workload.groups, capacity)
+    if positions == 0:  # not one position's blocks in every full-attention group: no hit
+        stream = workload.stream
+        return result_of(policy, capacity, stream, np.zeros(stream.num_requests, np.int64), 0)
+    res = POLICIES[policy].simulate(workload, positions)
+    res.capacity_blocks = capacity
     return res
 
 
@@ -248,7 +273,8 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
                              num_usable_blocks=workload.num_usable_blocks, cost=cost, cost_fit=fit, executor=executor,
                              progress=progress, stream=workload.stream if bare else None,
                              stock_tokens=workload.stock_tokens if bare else None, grid=caps,
-                             columns=workload.columns if bare else None)
+                             columns=workload.columns if bare else None, groups=workload.groups,
+                             retention_interval=workload.retention_interval)
         res.note = note
         return res
     simulate = None
@@ -260,6 +286,7 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
         simulate = lambda points: executor.map(  # noqa: E731
             headroom_point, [Task(f"{where}: {p} at {c} blocks", (source, engine, p, c)) for p, c in points])
     result = headroom_of_requests(workload.requests, workload.block_size, caps, names,
-                                  num_usable_blocks=workload.num_usable_blocks, simulate=simulate)
+                                  num_usable_blocks=workload.num_usable_blocks, simulate=simulate,
+                                  groups=workload.groups, retention_interval=workload.retention_interval)
     result.cost, result.note = cost, note
     return result

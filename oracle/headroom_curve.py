@@ -173,9 +173,13 @@ class CurveResult:
 
 
 def grid_capacities(max_capacity: int, extra: Sequence[int] = ()) -> list[int]:
-    """Powers of two from 1 up to the first at or above `max_capacity`, plus `extra`."""
-    caps = {1 << k for k in range(max(int(max_capacity), 1).bit_length() + 1) if (1 << k) < 2 * max(max_capacity, 1)}
-    return sorted(caps | {int(c) for c in extra if c and c > 0})
+    """Powers of two from 1 up to the first at or above `max_capacity`, plus `extra`, and the powers of two
+    below the largest of `extra`: a capture whose curves go flat at 4 blocks in an engine of 8,191 reads
+    1, 2, 4, 8, ..., 4,096, 8,191, with no jump from 4 to 8,191."""
+    extra = {int(c) for c in extra if c and c > 0}
+    top = max(2 * max(int(max_capacity), 1) - 1, max(extra, default=0) - 1)
+    caps = {1 << k for k in range(top.bit_length()) if (1 << k) <= top}
+    return sorted(caps | extra)
 
 
 def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | None, *,
@@ -183,11 +187,13 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
                    cost: PrefillCost | None = None, cost_fit: dict | None = None, grid: Sequence[int] | None = None,
                    processes: int | None = None, progress=None, stream: AccessStream | None = None,
                    stock_tokens: np.ndarray | None = None, executor: Executor | None = None,
-                   columns: RequestColumns | None = None) -> CurveResult:
+                   columns: RequestColumns | None = None, groups: tuple = (),
+                   retention_interval: int | None = 0) -> CurveResult:
     """Curves of `policies` over `requests` (arrival order), or over a bare `stream` (with the engine's
     measured hit tokens per request in `stock_tokens`, when known; `vllm` needs the requests' `columns`
     beside it); see the module docstring. The grid replays run on `executor` (default: `processes`
-    forked workers)."""
+    forked workers). `groups`, `retention_interval`: a hybrid engine's KV cache groups (the `vllm` curve
+    replays its pool; the others replay prefix positions, `headroom.replay_point`)."""
     block_size = check_block_size(block_size)
     if window not in WINDOWS:
         raise KmeshTraceError(f"unknown window {window!r}; the windows are {', '.join(WINDOWS)}.")
@@ -197,7 +203,15 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
     names = [n for n in names if n != "infinite"]  # always reported, as the reference
     if requests is None and columns is None and "vllm" in names:
         raise KmeshTraceError("the vllm policy replays requests, not a bare access stream; build the workload from a trace.")
-    workload = Workload(block_size, requests, stream, _columns=columns)
+    workload = Workload(block_size, requests, stream, _columns=columns, groups=tuple(groups),
+                        retention_interval=retention_interval)
+    # A one-pass curve is over prefix positions; on a hybrid engine a pool of C blocks serves C // n of them
+    # (n full-attention groups), so its steps sit at n times its capacities.
+    per_position = 1
+    if workload.hybrid and any(n != "vllm" for n in names):
+        from kmesh_trace.oracle.hybrid_pool import blocks_per_position
+
+        per_position = blocks_per_position(workload.groups)
     stream = workload.stream
     start = stream.num_requests // 2 if window == "last-half" else 0
     step = progress or (lambda what: None)
@@ -212,7 +226,7 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
     def exact_curve(name: str, hit_curve: HitCurve) -> PolicyCurve:
         """A one-pass curve's steps (and seconds), made as its pass ends: its histograms over every level go."""
         lv, hb = hit_curve.steps()
-        cur = PolicyCurve(name, True, np.concatenate([[0], lv]), np.concatenate([[0], hb]))
+        cur = PolicyCurve(name, True, np.concatenate([[0], lv]) * per_position, np.concatenate([[0], hb]))
         if cost is not None:
             cur.prefill_seconds = float(base.sum()) - hit_curve.saved_seconds(cur.capacities, cost)
         return cur
@@ -231,6 +245,10 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
     inf = infinite_hits(stream)
     res = CurveResult(block_size, window, stream.num_requests - start, int(stream.num_reads[start:].sum()),
                       int(P[start:].sum()), int(inf[start:].sum()), grid, curves, None, cost, cost_fit)
+    if workload.hybrid:
+        from kmesh_trace.oracle.hybrid_pool import analysis_note
+
+        res.notes.append(analysis_note(workload.groups))
 
     # Stock: measured (capture), else the vllm model at the usable blocks.
     if requests is not None:
@@ -267,7 +285,7 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
                 if name in per_request and cap in grid:
                     h = per_request[name][grid.index(cap), start:]
                 else:
-                    h = POLICIES[name].simulate(workload, cap).hit_blocks_per_request[start:]
+                    h = _replay_point(name, workload, cap)[start:]
                 res.ttft[name] = _quantiles(cost.seconds_array(h * block_size, P[start:]))
             res.ttft["no cache"] = _quantiles(base)
     if res.wide_brackets():
@@ -377,7 +395,9 @@ def _curves_then_grid(workload: Workload, start: int, names: list[str], fixed: l
 
 
 def _replay_point(name: str, workload: Workload, cap: int) -> np.ndarray:
-    return POLICIES[name].simulate(workload, cap).hit_blocks_per_request
+    from kmesh_trace.oracle.headroom import replay_point
+
+    return replay_point(workload, name, cap).hit_blocks_per_request
 
 
 def simulate_grid(name: str, workload: Workload, capacities: Sequence[int], processes: int | None = None,

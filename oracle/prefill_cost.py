@@ -177,7 +177,7 @@ class PrefillCost:
             raise KmeshTraceError(
                 f"only {len(y)} invocation(s) have a measured prefill (first-scheduled and first-token times, "
                 f"cached and prompt tokens); a prefill cost fit needs at least {MIN_FIT_POINTS}. Give a "
-                "throughput instead.")
+                "throughput with --prefill-tokens-per-s instead.")
         columns = [e - s, (e * e - s * s) / 2] + ([np.ones_like(y)] if overhead else [])
         coef = _nonnegative_least_squares(np.column_stack(columns), y)
         model = cls(float(coef[0]), float(coef[1]), float(coef[2]) if overhead else 0.0, "fit")
@@ -192,8 +192,8 @@ class PrefillCost:
 
 def usable_fit(trace, engine: str | None = None) -> "tuple[PrefillCost | None, FitReport | None, str | None]":
     """The prefill cost fitted to an opened capture, when the fit is usable: (cost, report, None);
-    else (None, the report or None, why there are no seconds). Imports have no timings: their why
-    says to give a throughput."""
+    else (None, the report or None, why there are no seconds). Every why names --prefill-tokens-per-s,
+    the flag that gives the seconds anyway."""
     no_timings = "an import has no prefill timings; give --prefill-tokens-per-s for seconds"
     if getattr(trace, "invocations_in_memory", None) is not None:  # a public trace read as it is: as its import
         return None, None, no_timings
@@ -202,7 +202,8 @@ def usable_fit(trace, engine: str | None = None) -> "tuple[PrefillCost | None, F
     except KmeshTraceError as e:
         if str(trace.metadata.get("source", "")).startswith("import"):
             return None, None, no_timings
-        return None, None, f"no prefill seconds: {e}"
+        why = f"no prefill seconds: {str(e).rstrip('.')}"
+        return None, None, why if "--prefill-tokens-per-s" in why else f"{why}; give --prefill-tokens-per-s for seconds"
     why = report.why_unusable
     return (None if why else cost), report, why
 
@@ -223,5 +224,6 @@ def _nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
                 full[list(cols)] = c
                 best, best_res = full, res
     if best is None or not (best[:2] > 0).any():
-        raise KmeshTraceError("the measured prefills do not fit a positive per-token cost; give a throughput instead.")
+        raise KmeshTraceError("the measured prefills do not fit a positive per-token cost; give a throughput with "
+                              "--prefill-tokens-per-s instead.")
     return best

@@ -340,6 +340,7 @@ def what_if_trace(trace, *, engine: str | None = None, capacity_blocks: int | No
     else:
         check_has_requests(trace, engine)
         w = Workload.from_trace(trace, engine)
+    w.refuse_hybrid("pressure")
     kwargs.setdefault("lineage", w.lineage(EdgeKind.exact_prefix.value))
     return what_if(w.requests, block_size=w.block_size,
                    num_usable_blocks=pool_capacity(capacity_blocks, w.num_usable_blocks), **kwargs)
@@ -399,6 +400,7 @@ def run(workload: Workload, options: PressureOptions, executor: Executor | None 
     blocks by default), or a PressureSweep; on a remote executor, one task per capacity reads the trace."""
     from kmesh_trace.oracle.tasks import pressure_point, task_source
 
+    workload.refuse_hybrid("pressure")
     executor = executor or InProcess()
     opts = options.what_if_options()
     lineage = lineage_for(workload, opts["edges"])

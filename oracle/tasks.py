@@ -70,10 +70,11 @@ def fleet_run(source, policy: str, num_engines: int, capacity_blocks: int, overl
 
 
 def headroom_point(source, engine: str | None, policy: str, capacity: int):
-    """One policy at one capacity over one engine's requests (`source`: a location, or a Workload)."""
-    from kmesh_trace.oracle.policies import POLICIES
+    """One policy at one capacity over one engine's requests (`source`: a location, or a Workload); on a
+    hybrid engine's trace as `headroom.replay_point` replays it."""
+    from kmesh_trace.oracle.headroom import replay_point
 
-    return POLICIES[policy].simulate(workload_at(source, engine), capacity)
+    return replay_point(workload_at(source, engine), policy, capacity)
 
 
 def pressure_point(source, engine: str | None, capacity: int, options: dict, whole: bool):

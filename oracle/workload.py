@@ -147,6 +147,24 @@ class Workload:
     # (`("families", edges)`), the vllm replay's per-request inputs (`"pool_inputs"`).
     derived: dict = field(default_factory=dict, repr=False)
     _columns: RequestColumns | None = field(default=None, repr=False)  # without requests: the pool model's columns
+    #: The engine's KV cache groups (`kmesh_trace.kv_groups`, from the engine metadata); empty: one
+    #: full-attention group of `block_size` (a trace that states none, a scenario).
+    groups: tuple = ()
+    #: vLLM's prefix_cache_retention_interval (`hybrid_pool.retention_of_metadata`): what a sliding window caches.
+    retention_interval: int | None = 0
+
+    @property
+    def hybrid(self) -> bool:
+        """The engine has several KV cache groups, or one that is not full attention (`kv_groups.is_hybrid`)."""
+        from kmesh_trace.kv_groups import is_hybrid
+
+        return is_hybrid(tuple(self.groups)) if self.groups else False
+
+    def refuse_hybrid(self, analysis: str) -> None:
+        """Refuse, in one sentence, an analysis that models one full-attention group on a hybrid engine's trace."""
+        from kmesh_trace.oracle.hybrid_pool import refuse_hybrid
+
+        refuse_hybrid(self.groups, analysis)
 
     @property
     def columns(self) -> RequestColumns | None:
@@ -209,6 +227,7 @@ class Workload:
             return cls._from_columns(source, in_memory, None if merged else engine, requests)
         import polars as pl
 
+        from kmesh_trace.kv_groups import is_hybrid
         from kmesh_trace.lineage import declared_parents
         from kmesh_trace.oracle.kv_stream import scan_invocations
         from kmesh_trace.oracle.stream import set_declared_parents
@@ -221,22 +240,24 @@ class Workload:
         else:
             block_size, usable = engine_geometry(source, engine)
             order = ["arrival_ns", "seq"]
+        groups, retention = _groups_of(source, engine, merged)
         lf = scan_invocations(source, engine)  # a KV-events recording's are rebuilt from its events
         if engine is not None:
             lf = lf.filter(pl.col("engine") == engine)
         lf = lf.sort(order, nulls_last=True)
         n, where = len(source.engines), location_of(source)
-        if not requests:
+        if not requests and not is_hybrid(groups):  # the hybrid pool model replays RequestBlocks
             flat = _column_stream(lf, block_size)
             if flat is not None:
                 stream, stock, columns = flat
                 return cls(block_size, None, stream, usable, stock, num_partitions=n, engine=engine, location=where,
-                           _columns=columns)
+                           _columns=columns, groups=groups,
+                           retention_interval=retention)
         df = lf.select(*COLUMNS, "engine").collect()
         reqs = requests_from_rows(df.iter_rows(named=True), block_size)
         set_declared_parents(reqs, {child: parent for (_, child), parent in declared_parents(source, engine).items()})
         return cls(block_size, reqs, None, usable, edges=_lineage_edges(source, engine, reqs),
-                   num_partitions=n, engine=engine, location=where)
+                   num_partitions=n, engine=engine, location=where, groups=groups, retention_interval=retention)
 
 
     @classmethod
@@ -266,6 +287,24 @@ class Workload:
         set_declared_parents(reqs, columns.declared_parents)
         return cls(block_size, reqs, None, usable, edges={}, num_partitions=len(source.engines), engine=engine,
                    location=where)
+
+
+def _groups_of(source, engine: str | None, merged: bool) -> tuple:
+    """(KV cache groups, retention interval) of the partition (`kv_groups.groups_from_metadata`,
+    `hybrid_pool.retention_of_metadata`); merged, those every engine shares (engines of different hybrid
+    layouts do not make one fleet)."""
+    from kmesh_trace.errors import KmeshTraceError
+    from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid
+    from kmesh_trace.oracle.hybrid_pool import retention_of_metadata
+
+    if not merged:
+        metas = [source.engines[engine] if engine is not None else source.metadata]
+    else:
+        metas = list(source.engines.values()) or [source.metadata]
+    layouts = {(groups_from_metadata(m), retention_of_metadata(m)) for m in metas}
+    if len(layouts) > 1 and any(is_hybrid(g) for g, _ in layouts):
+        raise KmeshTraceError("the trace's engines have different KV cache groups; analyse each engine with --engine.")
+    return layouts.pop()
 
 
 def _take(values, idx: np.ndarray):

@@ -8,6 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+# Hypothesis keeps its example database (and its other files) in the user's cache, not in the repository
+# tree; an explicit HYPOTHESIS_STORAGE_DIRECTORY wins. Set before any test asks Hypothesis for storage.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kmesh-trace" / "hypothesis"))
+
 
 def datasets_dir() -> Path:
     env = os.environ.get("KMESH_DATASETS")
@@ -29,6 +34,19 @@ def cli():
 
     runner = CliRunner()
     return lambda args: runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def width(monkeypatch):
+    """Set the terminal width every console (and click's help) renders at."""
+    from kmesh_trace.cli import display
+
+    def set_width(columns: int) -> None:
+        monkeypatch.setenv("COLUMNS", str(columns))
+        for console in (display.out, display.err):
+            monkeypatch.setattr(console, "_width", columns)
+
+    return set_width
 
 
 @pytest.fixture(scope="session")

@@ -165,6 +165,16 @@ def test_incomplete_capture(tmp_path):
     assert summary(audit_capture(path)) == [("incomplete_capture", "blocking", 1, ["engines/e0.json:complete"])]
 
 
+def test_an_engine_that_died_under_the_capture_is_a_warning_with_how(tmp_path):
+    """A worker killed under the engine: the partition closed complete, the run did not end as planned."""
+    path = write_trace(tmp_path / "t", meta={**META, "engine_died": "a worker process died"})
+    r = audit_capture(path)
+    assert summary(r) == [("engine_died", "warning", 1, ["engines/e0.json:engine_died"])]
+    assert r.problems[0].message == ("the engine died under the capture: a worker process died; the trace holds "
+                                     "what was recorded until then")
+    assert r.exit_code == 0
+
+
 @pytest.mark.engine
 def test_real_engine_capture_is_fit(tmp_path):
     """A real vLLM engine (in-process, tiny model, a pool small enough to evict) captured by the hook

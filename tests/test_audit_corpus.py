@@ -184,8 +184,8 @@ def test_headroom_without_parent_links(tmp_path):
 def test_cli_json_and_out(golden, tmp_path, cli):
     out = tmp_path / "report.json"
     res = cli(["audit", "corpus", golden, "--json", "--out", out])
-    assert res.exit_code == 3
-    d = json.loads(res.stdout)
+    assert res.exit_code == 3 and res.stdout == ""  # --out: the file, nothing on stdout
+    d = json.loads(out.read_text())
     for key in ("jsonl_files", "nonempty_lines", "parsed_records", "unique_records", "duplicate_records",
                 "malformed_lines", "malformed_by_file", "sources", "lineage", "verdict", "input_sha256"):
         assert key in d

@@ -52,13 +52,14 @@ def test_out_writes_what_json_prints_and_csv_is_the_table(cli, tmp_path):
     args = ["headroom", "--scenario", "fork-tree", "--capacity-blocks", "64,512"]
     printed = json.loads(cli([*args, "--json"]).stdout)
     r = cli([*args, "--out", tmp_path / "h.json"])
-    assert r.exit_code == 0 and "hit_ratio" in r.stdout  # the human table still goes to the terminal
+    assert r.exit_code == 0 and r.stdout == ""  # the file is the output
     assert json.loads((tmp_path / "h.json").read_text()) == printed
     r = cli([*args, "--csv", "--out", tmp_path / "h.csv"])
-    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert r.stdout == ""
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "h.csv").read_text())))
     assert [(x["policy"], int(x["capacity_blocks"]), int(x["hit_tokens"])) for x in rows] == [
         (x["policy"], x["capacity_blocks"], x["hit_tokens"]) for x in printed["results"]]
-    assert (tmp_path / "h.csv").read_text() == r.stdout
+    assert (tmp_path / "h.csv").read_text() == cli([*args, "--csv"]).stdout
     r = cli([*args, "--json", "--csv"])
     assert (r.exit_code, r.stderr) == (1, "Error: give --json or --csv, not both.\n")
     r = cli([*args, "--out", tmp_path / "missing" / "h.json"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -80,24 +81,13 @@ COMMANDS = [
     (["tiers", "{t}", "--sweep-host", "0,256", "--sweep-ssd", "0,1024", "--ssd-gbps", "2",
       "--prefill-tokens-per-s", "5000"], False),
     (["fleet", "{t}", "--engines", "1,2"], False),
+    (["advise", "{t}", "--engines", "2"], False),
     (["audit", "capture", "{t}"], True),
     (["audit", "corpus", "{c}"], True),
     (["export", "perfetto", "{t}", "--out", "{o}/timeline.json"], False),
     (["schema"], False),
     (["replay", "probe", "--routes", "host"], False),
 ]
-
-
-@pytest.fixture
-def width(monkeypatch):
-    """Set the terminal width every console (and click's help) renders at."""
-
-    def set_width(columns: int) -> None:
-        monkeypatch.setenv("COLUMNS", str(columns))
-        for console in (display.out, display.err):
-            monkeypatch.setattr(console, "_width", columns)
-
-    return set_width
 
 
 def _run(cli, args, tmp_path, tag=""):
@@ -186,7 +176,46 @@ def test_short_headers_come_with_a_legend_and_a_wide_table_becomes_records():
     narrow = render(30, True)
     assert narrow[2] == "┃ a     ┃      b ┃"
     assert " ".join(narrow[6:]) == "(a = a_rather_long_header, b = another_long_header)"
-    assert render(40, False) == ["t", "-[ record 1 ]-", "a_rather_long_header  value", "another_long_header   12,345"]
+    narrow = render(40, False)
+    assert narrow[:4] == ["t", "-[ record 1 ]-", "a_rather_long_header  value", "another_long_header   12,345"]
+    assert " ".join(narrow[4:]) == ("(one record per row: the table needs 41 columns, the terminal has 40; a wider "
+                                    "terminal, COLUMNS=41, or --json shows it whole)")
+    # Without the box's rules the table fits where the boxed one did not.
+    assert render(41, False) == ["t", "a_rather_long_header  another_long_header", "value                              12,345"]
+
+
+def _families_table() -> display.Table:
+    """The shape of `lineage`'s families table on an agentic import (weka): nine columns."""
+    t = display.Table("families (largest first)")
+    short = {"requests": "reqs", "max fan-out": "fan-out", "shared p50": "shared"}
+    for h in ("family", "requests", "edges", "roots", "max fan-out", "depth", "gap p50 (s)", "shared p50", "agents"):
+        t.add_column(h, justify="left" if h == "family" else "right", short=short.get(h))
+    t.add_row("trace_0277", "53", "52", "1", "4", "17", "4.64", "709", "4")
+    t.add_row("trace_0504", "3", "2", "1", "1", "2", "1,531.56", "1,827.50", "0")
+    return t
+
+
+def test_a_nine_column_table_stays_a_table_at_80_columns():
+    import io
+
+    buf = io.StringIO()
+    display.SafeConsole(file=buf, width=80).print(_families_table())
+    assert [line.rstrip() for line in buf.getvalue().splitlines()] == [
+        "families (largest first)",
+        "family      reqs  edges  roots  fan-out  depth  gap p50 (s)    shared  agents",
+        "trace_0277    53     52      1        4     17         4.64       709       4",
+        "trace_0504     3      2      1        1      2     1,531.56  1,827.50       0",
+        "(reqs = requests, fan-out = max fan-out, shared = shared p50)",
+    ]
+
+
+@pytest.mark.parametrize("args", [["lineage", "{t}"], ["audit", "corpus", "{c}"], ["audit", "capture", "{t}"],
+                                  ["tiers", "{t}", "--sweep-host", "0,256", "--sweep-ssd", "0,1024", "--ssd-gbps", "2",
+                                   "--prefill-tokens-per-s", "5000"]])
+def test_analysis_tables_stay_tables_at_80_columns(cli, tmp_path, width, args):
+    width(80)
+    text = _run(cli, args, tmp_path)
+    assert "-[ record" not in text and "one record per row" not in text, text
 
 
 def test_no_command_module_builds_rich_tables_or_markup_itself():
@@ -202,3 +231,29 @@ def test_no_command_module_builds_rich_tables_or_markup_itself():
                 pytest.fail(f"{path.name} imports rich.table; build tables with kmesh_trace.cli.display.Table")
             if isinstance(node, ast.keyword) and node.arg == "markup" and getattr(node.value, "value", None) is True:
                 pytest.fail(f"{path.name} passes markup=True")
+
+
+#: Every analysis command with `--out` (from COMMANDS, the ones that take it).
+OUT_COMMANDS = [a for a, _ in COMMANDS if a[0] in ("info", "lineage", "headroom", "pressure", "tiers", "fleet")
+                or a[:2] in (["audit", "capture"], ["audit", "corpus"])]
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["human", "json"])
+@pytest.mark.parametrize("args", OUT_COMMANDS, ids=[" ".join(a[:2]) for a in OUT_COMMANDS])
+def test_out_writes_the_file_and_nothing_on_stdout(cli, tmp_path, args, as_json):
+    t, c = _trace(tmp_path / "t"), _corpus(tmp_path / "corpus")
+    target = tmp_path / "result.json"
+    r = cli([a.format(t=t, c=c, o=tmp_path) for a in args] + ["--out", target] + (["--json"] if as_json else []))
+    assert r.exit_code in (0, 3), r.stderr[-2000:]
+    assert r.stdout == ""
+    assert f"wrote {target}" in r.stderr
+    assert isinstance(json.loads(target.read_text()), dict)
+
+
+@pytest.mark.parametrize("command", sorted(_commands(app)), ids=lambda c: " ".join(c))
+def test_help_has_no_list_type_labels_and_no_double_space_before_brackets(cli, width, command):
+    width(100)
+    r = cli([*command, "--help"])
+    assert r.exit_code == 0
+    assert "<list[" not in r.stdout
+    assert not re.search(r"\S  \[(default|required)", r.stdout), r.stdout

@@ -310,3 +310,13 @@ def test_headroom_refuses_a_capacity_beyond_int32(cli):
     r = cli(["headroom", "--scenario", "fork-tree", "--capacity-blocks", "99999999999999999999999"])
     assert (r.exit_code, r.stderr) == (1, "Error: --capacity-blocks values must be at most 2,147,483,647 "
                                           "(got '99999999999999999999999').\n")
+
+
+def test_report_given_a_public_trace_names_the_import_that_makes_one(cli, tmp_path):
+    src = tmp_path / "conversation_trace.jsonl"
+    src.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 8, "hash_ids": [1, 2]}\n')
+    r = cli(["report", src, "--out", tmp_path / "r.html"])
+    assert (r.exit_code, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: {src} is mooncake input, not a trace directory: `report` reads a trace; import it "
+                        f"first with `kmesh-trace import mooncake {src} --out TRACE`, then `kmesh-trace report TRACE`.\n")
+    assert not (tmp_path / "r.html").exists()

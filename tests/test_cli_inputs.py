@@ -69,15 +69,23 @@ def test_a_trace_directory_opens_as_itself(tmp_path):
 
 
 @pytest.mark.parametrize("content, why", [
-    ('{"prompt": "hello"}\n', "first record is not Mooncake, Bailian or weka"),
-    ("not json at all\n", "first record is not Mooncake, Bailian or weka"),
-    ("", "first record is not Mooncake, Bailian or weka"),
+    ('{"text": "hello"}\n', "first record is not Mooncake, Bailian, weka or request-dataset input"),
+    ("not json at all\n", "first record is not Mooncake, Bailian, weka or request-dataset input"),
+    ("", "first record is not Mooncake, Bailian, weka or request-dataset input"),
 ])
 def test_other_files_are_one_sentence(tmp_path, content, why):
     p = tmp_path / "x.jsonl"
     p.write_text(content)
     with pytest.raises(InputFormatError, match=why):
         sniff(p)
+
+
+@pytest.mark.parametrize("content", ['{"prompt": "hello"}\n', '{"messages": [{"role": "user", "content": "hi"}]}\n',
+                                     '{"custom_id": "1", "body": {"messages": []}}\n'])
+def test_request_datasets_are_recognised(tmp_path, content):
+    p = tmp_path / "x.jsonl"
+    p.write_text(content)
+    assert sniff(p) == "requests"
 
 
 def test_missing_path_and_empty_directory(tmp_path):

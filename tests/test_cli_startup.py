@@ -263,3 +263,18 @@ def test_a_path_that_is_no_trace_is_refused_before_the_columnar_libraries_load(t
             "            assert x.code == 1, x.code\n"
             "    assert 'Error:' in e.getvalue(), e.getvalue()\n")
     assert _imported_after(code) & {"polars", "pyarrow", "duckdb"} == set()
+
+
+def test_version_prints_the_installed_version_with_and_without_typer():
+    from importlib.metadata import version
+
+    from kmesh_trace.cli import app
+
+    expected = f"kmesh-trace {version('kmesh-trace')}\n"
+    fast = subprocess.run([sys.executable, "-c", "import sys; from kmesh_trace.cli import main\n"
+                           "sys.argv = ['kmesh-trace', '--version']; main()"], capture_output=True, text=True)
+    assert (fast.returncode, fast.stdout, fast.stderr) == (0, expected, "")
+    from typer.testing import CliRunner
+
+    r = CliRunner().invoke(app, ["--version"])  # the root group (typer), as `kmesh-trace --version info` runs
+    assert (r.exit_code, r.stdout) == (0, expected)

@@ -123,3 +123,24 @@ def test_demo_page_opens_in_chromium_with_the_reports_numbers(demo, tmp_path):
     assert {r["arm"]: r["hit_tokens"] for r in dom.records("pressure-arms")} == {
         arm: report["pressure"]["arms"][arm]["hit_tokens"] for arm in ("stock", "held")}
     assert dom.records("lineage-summary")[0]["num_edges"] == report["workload"]["num_children"]
+
+
+def test_the_demo_ends_with_the_exact_next_commands(tmp_path):
+    """Not on PATH (a fresh `make demo`): every command names the executable by its real path, and the
+    activate script beside it; on PATH: plain `kmesh-trace`."""
+    from kmesh_trace.cli.demo import SERVE, next_steps
+
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    exe = bin_dir / "kmesh-trace"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    (bin_dir / "activate").write_text("")
+    lines = next_steps("demo-out/report.html", "demo-out/trace", argv0=str(exe), path="/usr/bin")
+    assert lines[2] == f"  kmesh-trace is not on PATH: run it as {exe}, or `source {bin_dir / 'activate'}` first"
+    assert f"  {exe} capture --out my-trace -- {SERVE}" in lines
+    assert f"  {exe} report my-trace --out my-report.html" in lines
+    assert any(line.startswith("  open demo-out/report.html") for line in lines)
+    on_path = next_steps("p.html", "t", argv0=str(exe), path=str(bin_dir))
+    assert "  kmesh-trace report my-trace --out my-report.html" in on_path
+    assert not any("not on PATH" in line for line in on_path)

@@ -155,9 +155,8 @@ def test_cli_fleet_json_out_and_plot(cli, tmp_path):
     trace = write_fleet_trace(tmp_path / "t")
     r = cli(["fleet", trace, "--engines", "2,3", "--capacity-blocks", "8,16", "--routing", "round-robin,family",
              "--json", "--out", tmp_path / "f.json", "--plot", tmp_path / "f.svg"])
-    assert r.exit_code == 0, r.stderr
-    d = json.loads(r.stdout)
-    assert d == json.loads((tmp_path / "f.json").read_text())
+    assert r.exit_code == 0 and r.stdout == "", r.stderr  # --out: the file, nothing on stdout
+    d = json.loads((tmp_path / "f.json").read_text())
     assert (d["num_requests"], d["timed"], d["load"], d["family_source"]) == (60, True, "running requests", "declared")
     assert [(p["num_engines"], p["capacity_blocks"], [x["policy"] for x in p["runs"]]) for p in d["points"]] == [
         (n, c, ["round-robin", "family", "global"]) for n in (2, 3) for c in (8, 16)]

@@ -22,6 +22,9 @@ COST = PrefillCost(1e-4, 1e-8, 1e-3)
 def test_grid_is_powers_of_two_past_the_depth_plus_the_stock_capacity():
     assert grid_capacities(256, [300]) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]
     assert grid_capacities(257) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    # A stock capacity far beyond where the curves go flat: powers of two up to it, no jump.
+    assert grid_capacities(4, [8191]) == [1 << k for k in range(13)] + [8191]
+    assert grid_capacities(4, [8192]) == [1 << k for k in range(14)]
 
 
 @pytest.mark.parametrize("window", ["all", "last-half"])

@@ -121,7 +121,8 @@ def test_import_cli(tmp_path, cli):
     assert r.exit_code == 1 and r.stderr == f"Error: {tmp_path / 'missing.jsonl'} is not a readable file.\n"
     r = cli(["import", "nosuch", tmp_path / "g.jsonl", "--out", tmp_path / "t3"])
     assert r.exit_code == 1
-    assert r.stderr == ("Error: Invalid value for 'FORMAT': Value error, 'nosuch' is not one of 'mooncake', 'bailian', 'weka', 'lmcache-agent'. "
+    assert r.stderr == ("Error: Invalid value for 'FORMAT': Value error, 'nosuch' is not one of 'mooncake', 'bailian', 'weka', 'lmcache-agent', "
+                        "'requests'. "
                         "(see 'kmesh-trace import --help')\n")
 
 

@@ -341,6 +341,12 @@ def test_reported_hits_are_touched_and_rebuild_one_chain_per_request(sock_dir, t
         assert r.exit_code == 0, r.stdout + r.stderr
     r = cli(["pressure", out])  # retention needs requests and lineage
     assert r.exit_code == 1 and r.stderr.startswith(f"Error: engine {eid} is a KV-events recording: it has no requests")
+    r = cli(["advise", out, "--json"])  # the ladder without the holds rung, which says why
+    assert r.exit_code == 0, r.stdout + r.stderr
+    d = json.loads(r.stdout)
+    assert {x["rung"]: x["hit_tokens"] for x in d["ladder"]}["stock"] == 96
+    holds = next(u for u in d["unanswered"] if u["what"] == "family holds")
+    assert holds["why"].startswith(f"engine {eid} is a KV-events recording: it has no requests")
 
 
 def test_without_hits_the_stream_analyses_refuse_in_one_sentence_and_residency_runs(sock_dir, tmp_path, cli):
@@ -448,3 +454,36 @@ def test_live_view_draws_rates_and_ratios_per_engine(vllm_events, sock_dir, tmp_
         assert text in stderr
     meta = _meta(tmp_path / "t")
     assert meta["complete"] is True and meta["kv_events"]["num_touched_blocks"] > 0
+
+
+def test_the_blocking_finding_of_a_kv_events_recording_says_that_exit_3_is_by_design():
+    from kmesh_trace.audit.kv_events import NO_REQUESTS
+
+    assert NO_REQUESTS.endswith("This finding blocks by design, so `audit capture` exits 3 on every KV-events "
+                                "recording; `kmesh-trace residency` summarises one")
+
+
+def test_the_live_view_of_two_publishers_is_a_table_at_120_columns():
+    """Each publisher's partition is named after its endpoint (long, as an ipc:// path under a private
+    directory is): at 120 columns the ten columns stay one table."""
+    import io
+    from types import SimpleNamespace
+
+    from kmesh_trace.cli.display import SafeConsole
+    from kmesh_trace.cli.listen import live_table
+
+    def recorder(eid):
+        stats = {"num_touched_blocks": 1234, "num_unrecovered_batches": 0, "num_malformed_frames": 0,
+                 "num_malformed_events": 0}
+        rates = {"stored_per_s": 1234.5, "evicted_per_s": 987.6, "stock_hit_ratio": 0.4321,
+                 "lru_hit_ratio": {"1x": 0.4, "2x": 0.5, "4x": 0.6}}
+        return SimpleNamespace(engine_id=eid, stats=stats, live=SimpleNamespace(take_rates=lambda: rates, models=[1]))
+
+    listener = SimpleNamespace(recorders=[recorder("kv-ipc-run-user-1000-tmp.x1y2z3-kv-events.sock"),
+                                          recorder("kv-tcp-10.0.0.12-5557")])
+    buf = io.StringIO()
+    SafeConsole(file=buf, width=120).print(live_table(listener, True))
+    text = buf.getvalue()
+    assert "-[ record" not in text
+    assert [line.split()[0] for line in text.splitlines()[2:4]] == ["kv-ipc-run-user-1000-tmp.x1y2z3-kv-events.sock",
+                                                                     "kv-tcp-10.0.0.12-5557"]

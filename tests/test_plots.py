@@ -43,3 +43,44 @@ def test_only_png_and_svg_are_drawn(tmp_path, name):
     with pytest.raises(KmeshTraceError, match="give a .png or .svg file"):
         plot_pressure_sweep([], tmp_path / name, 16)
     assert list(tmp_path.iterdir()) == []
+
+
+def _drawn(monkeypatch, draw):
+    """The figure `draw()` makes, kept (drawn) before the plot module closes it."""
+    from kmesh_trace.apps import plots
+
+    kept = []
+    real = plots._save
+
+    def keep(fig, path):
+        fig.canvas.draw()
+        kept.append((fig, [(a, a.get_window_extent(), a.get_legend()) for a in fig.axes]))
+        return real(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    draw()
+    return kept[0]
+
+
+def test_headroom_plots_keep_legends_off_the_data_ticks_at_the_capacities_and_one_colour_per_policy(
+        tmp_path, monkeypatch):
+    from matplotlib.colors import to_hex
+
+    from kmesh_trace.apps.plots import POLICY_COLORS, plot_headroom_curve
+    from kmesh_trace.oracle.headroom_curve import headroom_curve
+
+    res = headroom_of_requests(fork_tree_requests(), 16, [64, 128, 256, 512], ["lru", "belady"])
+    fig, axes = _drawn(monkeypatch, lambda: plot_headroom(res, tmp_path / "h.png"))
+    (ax, box, legend), = axes
+    assert legend.get_window_extent().x0 >= box.x1  # right of the axes, over no line or point
+    assert list(ax.get_xticks()) == [64, 128, 256, 512]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["64", "128", "256", "512"]
+    colours = {line.get_label(): to_hex(line.get_color()) for line in ax.get_lines()}
+    assert colours["lru"] == to_hex(POLICY_COLORS["lru"]) and colours["belady"] == to_hex(POLICY_COLORS["belady"])
+    curve = headroom_curve(fork_tree_requests(), 16, policies=["belady", "lru"])  # the other order
+    fig, axes = _drawn(monkeypatch, lambda: plot_headroom_curve(curve, tmp_path / "c.png"))
+    (ax, box, legend), = axes
+    assert legend.get_window_extent().x0 >= box.x1
+    assert {line.get_label(): to_hex(line.get_color()) for line in ax.get_lines()
+            if line.get_label() in ("lru (exact)", "belady (exact)")} == {
+        "lru (exact)": colours["lru"], "belady (exact)": colours["belady"]}

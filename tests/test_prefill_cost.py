@@ -92,3 +92,19 @@ def test_fit_reads_a_recorded_capture_and_skips_rows_without_a_measured_prefill(
         (1.5e-4, 4e-8, 2e-3), rel=1e-4)  # nanosecond rounding of the recorded times
     assert any(s > 0 for s, _, _, _ in rep.points)  # prefills that started from a cached prefix
     assert json.loads(json.dumps({"model": m.to_json(), "fit": rep.to_json()}))["fit"]["n"] == 30
+
+
+def test_every_reason_for_no_prefill_seconds_names_the_flag_that_gives_them(tmp_path):
+    """A capture with too few measured prefills to fit: the reason says what to pass."""
+    from kmesh_trace.oracle.prefill_cost import MIN_FIT_POINTS, usable_fit
+    from kmesh_trace.trace import open_trace
+    from kmesh_trace.writer import TraceWriter
+
+    rows = [{"request_id": f"r{i}", "seq": i, "num_prompt_tokens": 100, "num_cached_tokens": 0, "arrival_ns": i,
+             "first_scheduled_ns": i, "first_token_ns": i + 1_000_000, "status": "finished"} for i in range(2)]
+    with TraceWriter(tmp_path / "t", "e0", {"block_size": 32, "num_usable_blocks": 64}) as w:
+        w.write("invocations", {k: [r[k] for r in rows] for k in rows[0]})
+    with open_trace(tmp_path / "t") as trace:
+        cost, _, why = usable_fit(trace)
+    assert cost is None and why.startswith("no prefill seconds: only 2 invocation(s) have a measured prefill")
+    assert why.endswith(f"needs at least {MIN_FIT_POINTS}. Give a throughput with --prefill-tokens-per-s instead")

@@ -1,5 +1,5 @@
 """Figures of analysis results: the headroom hit-ratio curves, the retention-pressure capacity sweep, the
-host x SSD tier sweep, the shape of a trace's lineage and the fleet routing sweep.
+host x SSD tier sweep, the shape of a trace's lineage, the fleet routing sweep and the advise ladder.
 
 Rendering, not analysis: the analyses in kmesh_trace.oracle return result objects
 and this module draws them (matplotlib, Agg backend, imported only when a plot is drawn). Every figure
@@ -36,6 +36,50 @@ def _look(k: int) -> dict:
     return dict(_LOOKS[k % len(_LOOKS)], markersize=6 - (k % len(_LOOKS)) * 0.6)
 
 
+#: One colour and one look per policy, the same in every figure (headroom.png, the report page's curve):
+#: a policy keeps its colour wherever it is drawn, whatever else is drawn beside it.
+POLICY_COLORS = {"lru": "tab:blue", "vllm": "tab:orange", "belady-prefix": "tab:green", "belady": "tab:purple",
+                 "stock": "black", "infinite": "grey", "fifo": "tab:brown", "lfu": "tab:pink", "arc": "tab:olive",
+                 "s3fifo": "tab:cyan", "family-hold": "tab:red"}
+_OTHER_COLORS = ("tab:red", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+
+
+def policy_style(name: str, k: int) -> dict:
+    """The look (marker, dashes) and colour of policy `name`, the `k`-th line of its figure: fixed for the
+    named policies, by position for any other."""
+    base = name.split(" ")[0]
+    known = list(POLICY_COLORS)
+    i = known.index(base) if base in known else len(known) + k
+    return dict(_look(i), color=POLICY_COLORS.get(base, _OTHER_COLORS[k % len(_OTHER_COLORS)]))
+
+
+def _legend_outside(ax) -> None:
+    """The legend beside the axes, right of the plot: never over a line or a point."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+
+
+#: At most this many capacity ticks; more measured capacities are labelled at powers of two.
+MAX_CAPACITY_TICKS = 10
+
+
+def _capacity_ticks(ax, capacities: Sequence[int], log: bool) -> None:
+    """X ticks at the measured capacities (their own numbers, not 2^k), or, with more of them than fit,
+    at the powers of two between the smallest and the largest."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    caps = sorted({int(c) for c in capacities if c and c > 0})
+    if not caps:
+        return
+    if len(caps) > MAX_CAPACITY_TICKS and log:
+        lo, hi = caps[0].bit_length() - 1, caps[-1].bit_length()
+        step = max(1, -(-(hi - lo) // MAX_CAPACITY_TICKS))
+        caps = [1 << k for k in range(lo, hi + 1, step) if caps[0] <= (1 << k) <= caps[-1] * 2]
+    ax.xaxis.set_major_locator(FixedLocator(caps))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{int(round(x)):,}"))
+    ax.tick_params(axis="x", labelrotation=45 if len(caps) > 5 else 0)
+
+
 def same_lines(series: dict[str, Sequence[float]]) -> list[str]:
     """"b = a here" for each series equal at every point to an earlier one (the plot note that says why a
     line seems missing)."""
@@ -50,8 +94,9 @@ def same_lines(series: dict[str, Sequence[float]]) -> list[str]:
 
 
 def _note(ax, notes: list[str]) -> None:
+    """The notes below the legend, right of the axes (off the data, as the legend)."""
     if notes:
-        ax.text(0.01, 0.99, "; ".join(notes), transform=ax.transAxes, ha="left", va="top", fontsize=8,
+        ax.text(1.01, 0.0, "\n".join(notes), transform=ax.transAxes, ha="left", va="bottom", fontsize=8,
                 bbox=dict(boxstyle="round", facecolor="white", edgecolor="#999", alpha=0.9))
 
 
@@ -67,24 +112,26 @@ def plot_headroom(result: "HeadroomResult", path: str | Path) -> Path:
     """Hit ratio against capacity, one line per policy (stock from a capture as one point)."""
     path = check_plot_path(path)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     series = {}
     for k, name in enumerate(dict.fromkeys(r.policy for r in result.results)):
         rows = sorted((r for r in result.results if r.policy == name), key=lambda r: r.capacity_blocks)
         series[name] = [r.hit_ratio for r in rows]
-        ax.plot([r.capacity_blocks for r in rows], series[name], label=name, **_look(k))
+        ax.plot([r.capacity_blocks for r in rows], series[name], label=name, **policy_style(name, k))
     _note(ax, same_lines(series))
     if result.stock is not None and result.stock_source == "capture":
         ax.scatter([result.stock.capacity_blocks], [result.stock.hit_ratio], marker="*", s=160, color="black",
                    zorder=5, label="stock (capture)")
     caps = [r.capacity_blocks for r in result.results]
-    if caps and max(caps) >= 8 * min(caps):  # capacities usually double: equal steps on a log axis
+    log = bool(caps) and max(caps) >= 8 * min(caps)  # capacities usually double: equal steps on a log axis
+    if log:
         ax.set_xscale("log", base=2)
+    _capacity_ticks(ax, caps, log)
     ax.set_xlabel(f"capacity (blocks of {result.block_size} tokens)")
     ax.set_ylabel("hit ratio (hit block reads / block reads)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend()
+    _legend_outside(ax)
     title = "Prefix-cache hit ratio by policy"
     if result.headroom_tokens is not None:
         title += f" (headroom {result.headroom_tokens:,} tokens at {result.headroom_capacity_blocks:,} blocks)"
@@ -97,16 +144,17 @@ def plot_headroom_curve(result: "CurveResult", path: str | Path) -> Path:
     as a dashed line and stock as a star."""
     path = check_plot_path(path)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     n = max(result.num_reads, 1)
     top = max(result.grid[-1], 2)
     for k, (name, cur) in enumerate(result.curves.items()):
         caps, hits = cur.capacities, cur.hit_blocks
-        look = _look(k)
+        look = policy_style(name, k)
         if cur.exact:
             x = [max(int(c), 1) for c in caps] + [top]
-            (line,) = ax.step(x, [h / n for h in hits] + [hits[-1] / n], where="post", linestyle=look["linestyle"])
-            ax.plot(result.grid, cur.at(result.grid) / n, color=line.get_color(), label=f"{name} (exact)",
+            ax.step(x, [h / n for h in hits] + [hits[-1] / n], where="post", linestyle=look["linestyle"],
+                    color=look["color"])
+            ax.plot(result.grid, cur.at(result.grid) / n, label=f"{name} (exact)",
                     **dict(look, linestyle="none"))  # markers at the grid, so coinciding steps stay apart
         else:
             ax.plot(caps, hits / n, label=name, **look)
@@ -122,11 +170,12 @@ def plot_headroom_curve(result: "CurveResult", path: str | Path) -> Path:
         ax.axvline(result.stock["capacity_blocks"], color="black", linewidth=0.6, linestyle=":")
     ax.set_xscale("log", base=2)
     ax.set_xlim(1, top)
+    _capacity_ticks(ax, list(result.grid), True)
     ax.set_xlabel(f"capacity (blocks of {result.block_size} tokens)")
     ax.set_ylabel("hit ratio (hit block reads / block reads)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    _legend_outside(ax)
     ax.set_title(f"Prefix-cache hit ratio at every capacity (window: {result.window})", fontsize=10)
     return _save(fig, path)
 
@@ -136,21 +185,23 @@ def plot_pressure_sweep(points: Sequence["SweepPoint"], path: str | Path, block_
     path = check_plot_path(path)
     plt = _pyplot()
     caps = [p.capacity_blocks for p in points]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     series = {"net cached tokens": [p.net_cached_tokens for p in points],
               "saved child tokens": [p.saved_child_tokens for p in points],
               "- displaced hit tokens": [-p.displaced_hit_tokens for p in points]}
     for k, (name, ys) in enumerate(series.items()):
         ax.plot(caps, ys, label=name, **_look(k))
     ax.axhline(0, color="grey", linewidth=0.8)
-    if caps and min(caps) > 0 and max(caps) >= 8 * min(caps):
+    log = bool(caps) and min(caps) > 0 and max(caps) >= 8 * min(caps)
+    if log:
         ax.set_xscale("log", base=2)
+    _capacity_ticks(ax, caps, log)
     _note(ax, same_lines(series))
     ax.set_xlabel(f"pool capacity (usable {block_size}-token blocks)")
     ax.set_ylabel("tokens (held - stock)")
     ax.set_title("Family holds: tokens gained (+) or lost (-) against stock, by capacity", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    _legend_outside(ax)
     return _save(fig, path)
 
 
@@ -242,14 +293,43 @@ def plot_fleet(result: "FleetResult", path: str | Path) -> Path:
             else:
                 ax.plot(xs, ys, label=run.policy, **_look(k))
         _note(ax, same_lines(series))
-        if len(xs) > 1 and max(xs) >= 8 * min(xs):
+        log = len(xs) > 1 and max(xs) >= 8 * min(xs)
+        if log:
             ax.set_xscale("log", base=2)
+        _capacity_ticks(ax, xs, log)
         ax.set_xlabel(f"capacity per engine (blocks of {result.block_size} tokens)" if by_caps else "engines")
         ax.set_title(f"{n} engines" if by_caps else f"{caps[0]:,} blocks per engine", fontsize=10)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("hit ratio (hit block reads / block reads)")
-    axes[0][0].legend(fontsize=8)
+    _legend_outside(axes[0][-1])
     fig.suptitle("Fleet routing against one global pool of engines x capacity", fontsize=11)
+    return _save(fig, path)
+
+
+def plot_ladder(advice: dict, path: str | Path) -> Path:
+    """The advise ladder (`kmesh_trace.apps.advise.Advice.to_dict()`): each rung's token hit ratio as a bar, the
+    bound and the recommendation's target as vertical lines, the recommended rung hatched."""
+    path = check_plot_path(path)
+    plt = _pyplot()
+    rungs = advice["ladder"]
+    rec = advice["recommendation"]
+    fig, ax = plt.subplots(figsize=(7.5, 0.42 * len(rungs) + 2.2))
+    ys = list(range(len(rungs)))[::-1]
+    for y, r in zip(ys, rungs):
+        chosen = r["rung"] == rec["rung"]
+        ax.barh(y, r["token_hit_ratio"], color="#7a9cc6" if not chosen else "#e0a040", edgecolor="black",
+                hatch="//" if chosen else None)
+        ax.text(r["token_hit_ratio"], y, f" {r['token_hit_ratio']:.1%}", va="center", fontsize=8)
+    bound = next(r for r in rungs if r["rung"] == "bound")["token_hit_ratio"]
+    ax.axvline(bound, color="black", linestyle="--", label=f"bound {bound:.1%}")
+    ax.axvline(rec["target_token_hit_ratio"], color="#b04030", linestyle=":",
+               label=f"within {rec['within_pct']:g}% of the bound")
+    ax.set_yticks(ys, [r["rung"] for r in rungs])
+    ax.set_xlabel("token hit ratio (hit prompt tokens / prompt tokens)")
+    ax.set_xlim(0, min(1.0, max(r["token_hit_ratio"] for r in rungs) * 1.18 + 0.02))
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: never over a bar
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(f"Ladder at {advice['capacity_blocks']:,} blocks; recommended: {rec['rung']} (hatched)", fontsize=10)
     return _save(fig, path)
 
 

@@ -1,6 +1,7 @@
 """`kmesh-trace report`: one self-contained HTML page about a trace, for people to open and pass around.
 
-The page is the analyses' front page: each section runs the same public functions as one CLI command
+The page is the analyses' front page. It leads with the answer (`kmesh-trace advise`: the ladder, its
+verdict and the recommendation); then each section runs the same public functions as one CLI command
 does by default (the headroom curve, the pressure tradeoff along the capacity axis, the lineage
 statistics, the tiers sweep, the fleet what-if), shows its numbers as tables and inline SVG plots
 drawn by kmesh_trace.apps.plots, defines its terms in a "how to read this" box, and names the command
@@ -222,6 +223,35 @@ def terms(*names: str) -> list[tuple[str, str]]:
 
 
 # ---- sections ------------------------------------------------------------------------------------
+
+
+def advise_section(ctx: ReportContext) -> Section:
+    """The answer first: the `advise` ladder of the trace with its verdict, a plot, and the recommendation."""
+    from kmesh_trace.apps.advise import AdviseOptions, advise
+    from kmesh_trace.apps.plots import plot_ladder
+
+    options = AdviseOptions(capacity_blocks=ctx.capacities[0] if ctx.capacities else None)
+    d = advise(ctx.trace, options, source_arg=ctx.trace_arg, engine=ctx.engine).to_dict()
+    keys = ["rung", "label", "token_hit_ratio", "hit_ratio", "prefill_tokens", "prefill_s", "capacity_blocks",
+            "capacity_bytes"]
+    rec = d["recommendation"]
+    body = [paragraph(d["verdict"]),
+            howto([("rung", "one configuration: infinite (a cache that never evicts), bound (Belady at the pool), "
+                            "stock (the engine as captured), modelled (the vllm pool model), holds (family holds), "
+                            "host-50/90/99 (a host tier reaching that share of what lower tiers can add), ssd (the "
+                            "90% host tier plus an SSD tier), fleet-best / fleet-global (N engines)."),
+                   ("token hit ratio", "hit prompt tokens / prompt tokens, as vLLM counts prefix-cache hits."),
+                   ("recommendation", f"the cheapest rung within {rec['within_pct']:g}% of the bound's hit tokens "
+                                      "(hatched in the plot), as the settings that realise it."),
+                   ("reproduce", "each rung's numbers are in the --json output of the command in its row.")]),
+            svg(lambda p: plot_ladder(d, p)),
+            table(["rung", "what", "token hit", "block hit", "prefill tokens", "prefill s", "blocks", "bytes"],
+                  [[r[k] for k in keys] for r in d["ladder"]], id="advise-ladder", keys=keys),
+            paragraph(f"Recommendation: {rec['label']}: {rec['how']}.")]
+    body += [paragraph(f"Not answered here: {u['what']}: {u['why']}; answer with {u['answer']}.")
+             for u in d["unanswered"]]
+    flag = f" --capacity-blocks {options.capacity_blocks}" if options.capacity_blocks else ""
+    return Section("Advice", f"kmesh-trace advise {ctx.trace_arg}{flag}{ctx.engine_flag()} --json", d, body)
 
 
 def capture_section(ctx: ReportContext) -> Section:
@@ -464,6 +494,7 @@ def tiers_section(ctx: ReportContext) -> Section:
     from kmesh_trace.oracle import tiers as tm
     from kmesh_trace.apps.plots import plot_tier_sweep
 
+    ctx.workload.refuse_hybrid("tiers")
     block_size, usable = ctx.geometry
     gpu, where = ctx.pool_blocks()
     kvbpt, _ = tc.kv_bytes_per_token(ctx.meta, None, None)
@@ -545,6 +576,7 @@ def fleet_section(ctx: ReportContext) -> Section | None:
 
 #: The page's sections, in order: id -> builder. One line per section.
 SECTIONS: dict[str, Callable[[ReportContext], Section | None]] = {
+    "advise": advise_section,
     "capture": capture_section,
     "audit": audit_section,
     "headroom": headroom_section,
@@ -556,7 +588,7 @@ SECTIONS: dict[str, Callable[[ReportContext], Section | None]] = {
 
 
 #: For a section that cannot run: the command it reproduces (its hint names that command's option).
-_SECTION_COMMAND = {"headroom": "headroom", "pressure": "pressure", "lineage": "lineage", "tiers": "tiers",
+_SECTION_COMMAND = {"advise": "advise", "headroom": "headroom", "pressure": "pressure", "lineage": "lineage", "tiers": "tiers",
                     "fleet": "fleet", "audit": "audit capture", "capture": "info"}
 
 

@@ -19,6 +19,9 @@ _APP_SETTINGS = dict(name="kmesh-trace", no_args_is_help=True,
 #: each summary is the command's own). `kmesh-trace --help` reads only this table; a command imports its
 #: module and builds its parameters only when it runs (or shows its own --help).
 COMMANDS = (
+    ("advise", "kmesh_trace.cli.advise", "The answer in one place: the hit-ratio ladder from the infinite cache to "
+                                         "what the engine reached, with holds, host/SSD tiers and N engines, and "
+                                         "the smallest configuration within --within percent of the bound"),
     ("schema", "kmesh_trace.cli.core", "Show the trace schema: every table and column with type, unit and meaning"),
     ("info", "kmesh_trace.cli.core", "Tables, row counts and engine metadata of a trace"),
     ("sql", "kmesh_trace.cli.core", "Query a trace with DuckDB SQL (read-only, confined to the trace directory, "
@@ -92,6 +95,11 @@ def main() -> None:
             except BrokenPipeError:  # `kmesh-trace --help | head`: quiet, as a command's output
                 _silence_stdout()
                 sys.exit(1)
+            sys.exit(0)
+        if sys.argv[1:] == ["--version"]:  # without typer, as the root's help
+            from kmesh_trace.cli.root_help import version_line
+
+            sys.stdout.write(version_line())
             sys.exit(0)
         from kmesh_trace.cli.group import run
 

@@ -43,10 +43,15 @@ def _finish(problems: list[Problem], code: int) -> None:
 
 def _problems_table(problems: list[Problem]) -> Table:
     t = Table(title="problems", title_justify="left")
-    for h in ("severity", "code", "count", "what", "first locations"):
-        t.add_column(h, overflow="fold")
+    # The first locations go under the table: a location (a file path and line) is one long word, and in a
+    # column beside the message it would not fit 80 columns as a table.
+    for h, short in (("severity", None), ("code", None), ("count", None), ("what", None)):
+        t.add_column(h, justify="right" if h == "count" else "left", short=short)
     for p in problems:
-        t.add_row(p.severity, p.code, f"{p.count:,}", p.message, ", ".join(p.locations[:3]))
+        t.add_row(p.severity, p.code, f"{p.count:,}", p.message)
+    located = [f"{p.code} at {', '.join(p.locations[:3])}" for p in problems if p.locations]
+    if located:
+        t.caption = "first locations:\n" + "\n".join(located)
     return t
 
 
@@ -78,15 +83,23 @@ def _render_corpus(r: dict, problems: list[Problem]) -> None:
               f"({r['unique_records']:,} unique, {r['duplicate_records']:,} duplicate copies, "
               f"{r['near_duplicate_records']:,} near-duplicates), {r['malformed_lines']:,} malformed lines",
               markup=False, highlight=False)
+    # Two tables, so that each fits 80 columns: the counts per source, then the keys and labels (long lists).
     t = Table(title="sources", title_justify="left")
-    for h in ("source", "files", "empty", "bytes", "records", "malformed", "keys", "time unit", "edges (pairs)", "labels"):
-        t.add_column(h, justify="right" if h in ("files", "empty", "bytes", "records", "malformed") else "left", overflow="fold")
+    short = {"records": "recs", "malformed": "bad", "edges (pairs)": "edges"}  # at 80 columns, with a legend
+    for h in ("source", "files", "empty", "bytes", "records", "malformed", "time unit", "edges (pairs)"):
+        t.add_column(h, justify="right" if h in ("files", "empty", "bytes", "records", "malformed") else "left",
+                     short=short.get(h))
+    kt = Table(title="source keys and labels", title_justify="left")
+    for h in ("source", "keys", "labels"):
+        kt.add_column(h)
     for name, s in r["sources"].items():
         e = s["content_edges"]
         t.add_row(name, str(s["jsonl_files"]), str(len(s["empty_files"])), f"{s['bytes']:,}", f"{s['parsed_records']:,}",
-                  f"{s['malformed_lines']:,}", ", ".join(s["fields"]), s["timestamp_unit"] or "",
-                  f"{e['pairs_with_edge']} ({e['pairs']})" if e else "", ", ".join(sorted(s["labels"])))
+                  f"{s['malformed_lines']:,}", s["timestamp_unit"] or "",
+                  f"{e['pairs_with_edge']} ({e['pairs']})" if e else "")
+        kt.add_row(name, ", ".join(s["fields"]), ", ".join(sorted(s["labels"])))
     out.print(t)
+    out.print(kt)
     ev = Table(title="lineage evidence (records carrying it)", title_justify="left")
     for h in ("evidence", "records", "of", "fields recognised"):
         ev.add_column(h, overflow="fold")

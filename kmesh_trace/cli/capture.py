@@ -42,7 +42,11 @@ def capture_cmd(
 ) -> None:
     """Run COMMAND with the vLLM capture hook enabled, writing a trace to --out.
 
-    Exit codes: COMMAND's own exit status when it ran (128 + N when signal N killed it); 1 when it could not be started."""
+    Prints one line (stderr) when each engine's capture starts, and one when an engine dies under it.
+
+    Exit codes: COMMAND's own exit status when it ran (128 + N when signal N killed it); 3 when it exited
+    0 but an engine died under it (its worker or its own process killed, e.g. by the OOM killer); 1 when
+    it could not be started."""
     from kmesh_trace.capture.env import ENV_DIR, ENV_FLUSH_S, ENV_MAX_EVENTS
     from kmesh_trace.capture.config import check_knob, config_from_env, hold_config_from_env
     from kmesh_trace.capture.version import unsupported_reason
@@ -65,9 +69,15 @@ def capture_cmd(
     reason = unsupported_reason()
     if reason is not None:
         err.print(f"warning: {reason}", markup=False, highlight=False)
+    from kmesh_trace.cli.capture_watch import EngineWatch
+    from kmesh_trace.writer import ENGINES_DIR
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    rc, signals, outputs = _run(command, env)
-    summary = _summary(out_dir, command, rc, signals)
+    say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    with EngineWatch(out_dir / ENGINES_DIR, say) as watch:
+        rc, signals, outputs = _run(command, env)
+    died = watch.finish()
+    summary = _summary(out_dir, command, rc, signals, died)
     if not summary["engines"]:
         summary["server_error"] = server_error_line(outputs)
     if summary_path is not None:
@@ -80,6 +90,12 @@ def capture_cmd(
         _report(summary)
     if rc != 0:
         raise typer.Exit(rc if rc > 0 else 128 - rc)  # killed by signal N: the shell's 128 + N
+    if died:
+        raise typer.Exit(ENGINE_DIED_EXIT)
+
+
+#: The exit status of a command that exited 0 while an engine died under it.
+ENGINE_DIED_EXIT = 3
 
 
 #: Bytes of the command's output kept per stream (it is passed through as it comes) to name its error.
@@ -176,7 +192,7 @@ def _report(summary: dict) -> None:
         say(f"engine {eid}: {rows.get('invocations', 0):,} invocations, {rows.get('block_events', 0):,} block events, "
             f"{rows.get('transfers', 0):,} transfers, {e['declared_edges']:,} declared edges "
             f"({e['dangling_declared_edges']:,} dangling), {e['exact_prefix_edges']:,} exact-prefix edges; "
-            f"dropped {e['num_dropped_events']:,}; {'complete' if e['complete'] else 'INCOMPLETE (see: kmesh-trace audit capture)'}")
+            f"dropped {e['num_dropped_events']:,}; {_verdict(e)}")
     if not summary["engines"]:
         if summary["exit_code"] != 0 and summary.get("server_error"):
             say(f"no engine was captured: the command exited with {summary['exit_code']} before an engine started; "
@@ -189,7 +205,13 @@ def _report(summary: dict) -> None:
     say(f"trace: {summary['trace']}")
 
 
-def _summary(out_dir: Path, command: list[str], rc: int, signals: list[str]) -> dict:
+def _verdict(e: dict) -> str:
+    if e["died"]:
+        return f"DIED under the capture: {e['died']}. The trace holds what was recorded until then"
+    return "complete" if e["complete"] else "INCOMPLETE (see: kmesh-trace audit capture)"
+
+
+def _summary(out_dir: Path, command: list[str], rc: int, signals: list[str], died: dict[str, str]) -> dict:
     from kmesh_trace.trace import open_trace
     from kmesh_trace.writer import MARKER
 
@@ -214,6 +236,7 @@ def _summary(out_dir: Path, command: list[str], rc: int, signals: list[str]) -> 
                     "exact_prefix_edges": n.get("exact_prefix_edges", 0),
                     "num_dropped_events": sum(v for v in (meta.get("num_dropped_events") or {}).values() if isinstance(v, int)),
                     "complete": bool(meta.get("complete")),
+                    "died": died.get(eid),
                     "pid": meta.get("pid"),
                     "engine_index": meta.get("engine_index"),
                 }

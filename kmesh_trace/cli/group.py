@@ -15,11 +15,18 @@ import typer.main
 from typer import _click
 from typer.core import TyperGroup
 
-from kmesh_trace.cli import _APP_SETTINGS, COMMANDS, DEBUG_ENV, EXIT_INTERRUPTED, _silence_stdout, coercion
+from kmesh_trace.cli import _APP_SETTINGS, COMMANDS, DEBUG_ENV, EXIT_INTERRUPTED, _silence_stdout, coercion, help_text
+from kmesh_trace.cli.root_help import VERSION_HELP, version_line
 
 
 class _Interrupted(Exception):
     """Ctrl-C inside a command; typer would turn a bare KeyboardInterrupt into a silent exit 130."""
+
+
+def _print_version(ctx, _param, value) -> None:
+    if value and not ctx.resilient_parsing:
+        sys.stdout.write(version_line())
+        ctx.exit(0)
 
 
 class _Group(TyperGroup):
@@ -29,6 +36,16 @@ class _Group(TyperGroup):
     Ctrl-C: `Error: interrupted.`, exit 130. A closed output pipe (`... | head`): quiet. Any other
     exception is a bug: one line naming it and where to report it, exit 1 (the traceback with
     KMESH_TRACE_DEBUG=1). Help and the commands' own exit codes pass through unchanged."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from typer._click.decorators import option
+        from typer._coercion import bool_flag_type_descriptor
+
+        # As typer makes the --help option (typer._click.decorators.help_option): a flag that acts and exits.
+        option(["--version"], is_flag=True, expose_value=False, is_eager=True, help=VERSION_HELP,
+               callback=_print_version, required=False, type_descriptor=bool_flag_type_descriptor())(self)
+        self.params.insert(0, self.params.pop())
 
     def list_commands(self, ctx) -> list[str]:
         return list(self.commands)  # names only: a lazy group builds nothing to list them
@@ -50,6 +67,7 @@ class _Group(TyperGroup):
         name, command, rest = super().resolve_command(ctx, args)
         if command is not None:
             coercion.install(command, ctx)
+            help_text.install(command)
         return name, command, rest
 
     def invoke(self, ctx):

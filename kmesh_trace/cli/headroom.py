@@ -120,7 +120,7 @@ def _emit(res, plot, output, render_human) -> None:
         from kmesh_trace.apps.plots import plot_headroom, plot_headroom_curve
 
         (plot_headroom_curve if hasattr(res, "curves") else plot_headroom)(res, plot)
-        err.print(f"wrote {plot}")
+        err.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
     for note in res.notes:
         err.print(f"note: {note}")
     emit(output, res.to_dict(), rows=res.rows(), render=render_human)

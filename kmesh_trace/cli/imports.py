@@ -20,6 +20,7 @@ class ImportFormat(str, Enum):
     bailian = "bailian"
     weka = "weka"
     lmcache_agent = "lmcache-agent"
+    requests = "requests"
 
 
 #: Formats whose SRC is a directory (of conversation files, or of sources of JSONL files).
@@ -33,16 +34,18 @@ def register(app: typer.Typer) -> None:
 
 @handles_errors
 def import_cmd(
-    fmt: ImportFormat = typer.Argument(..., metavar="FORMAT", help="Input format: mooncake, bailian, weka or lmcache-agent."),
+    fmt: ImportFormat = typer.Argument(..., metavar="FORMAT", help="Input format: mooncake, bailian, weka, lmcache-agent "
+                                       "or requests (OpenAI-compatible JSONL, ShareGPT, vllm bench custom)."),
     src: Path = typer.Argument(..., help="The JSONL file to import (weka, lmcache-agent: the directory)."),
     out_dir: Path = typer.Option(..., "--out", help="Trace directory to write (created if missing)."),
     engine_id: str = typer.Option(None, "--engine-id", parser=identifier, help="Engine partition name (default: import-FORMAT)."),
     arrival: str = typer.Option(None, "--arrival", help="weka: when each conversation starts: as-recorded, "
                                 "stagger:SECONDS or users:N (default users:8; see docs/IMPORT.md)."),
-    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="lmcache-agent: a tokenizer.json (needs the "
-                                             "tokenizers package); default: UTF-8 bytes."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", parser=bounded_int(1, MAX_BLOCKS), help="lmcache-agent: tokens per block "
-                                             "(default 64 for UTF-8 bytes, 16 with --tokenizer)."),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="lmcache-agent, requests: a tokenizer.json, or "
+                                             "(requests) its directory with tokenizer_config.json and the chat "
+                                             "template (needs the tokenizers package); default: UTF-8 bytes."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", parser=bounded_int(1, MAX_BLOCKS), help="lmcache-agent, requests: tokens per "
+                                             "block (default 64 for UTF-8 bytes, 16 with --tokenizer)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable summary."),
 ) -> None:
     """Import a public trace (Mooncake, Bailian, kv-cache-tester agentic conversations, LMCache agent traces) into a trace directory.
@@ -57,8 +60,9 @@ def import_cmd(
     check_out_not_in_input(out_dir, [src])
     if arrival is not None and fmt is not ImportFormat.weka:
         raise KmeshTraceError("--arrival applies to weka imports only.")
-    if (tokenizer is not None or block_size is not None) and fmt is not ImportFormat.lmcache_agent:
-        raise KmeshTraceError("--tokenizer and --block-size apply to lmcache-agent imports only.")
+    if (tokenizer is not None or block_size is not None) and fmt not in (ImportFormat.lmcache_agent,
+                                                                         ImportFormat.requests):
+        raise KmeshTraceError("--tokenizer and --block-size apply to lmcache-agent and requests imports only.")
     kwargs = {}
     if fmt is ImportFormat.weka:
         from kmesh_trace.datasets.importers.weka import DEFAULT_ARRIVAL, Arrival, conversation_files
@@ -72,6 +76,8 @@ def import_cmd(
         kwargs.update(tokenizer=tokenizer, block_size=block_size)
         total = jsonl_bytes(walk(src))
     else:
+        if fmt is ImportFormat.requests:
+            kwargs.update(tokenizer=tokenizer, block_size=block_size)
         total = src.stat().st_size
     engine_id = engine_id or f"import-{fmt.value}"
     if (out_dir / "invocations" / f"engine={engine_id}").exists():

@@ -41,7 +41,7 @@ _SNIFF_BYTES = 1 << 20
 
 
 def importer(fmt: str) -> Callable:
-    """The import function of format `fmt` (mooncake, bailian, weka, lmcache-agent)."""
+    """The import function of format `fmt` (mooncake, bailian, weka, lmcache-agent, requests)."""
     if fmt == "weka":
         from kmesh_trace.datasets.importers.weka import import_weka
 
@@ -58,6 +58,10 @@ def importer(fmt: str) -> Callable:
         from kmesh_trace.datasets.importers.bailian import import_bailian
 
         return import_bailian
+    if fmt == "requests":
+        from kmesh_trace.datasets.importers.requests import import_requests
+
+        return import_requests
     raise InputFormatError(f"unknown input format {fmt!r}.")
 
 
@@ -75,6 +79,8 @@ def sniff(path: Path) -> str | None:
     if not path.is_file():
         raise InputFormatError(f"{path} does not exist." if not path.exists() else f"{path} is not a readable file.")
     record = _first_record(path)
+    from kmesh_trace.datasets.importers.request_shapes import is_request_record, is_sharegpt
+
     if isinstance(record, dict):
         keys = set(record)
         if {"requests", "block_size"} <= keys:
@@ -82,8 +88,10 @@ def sniff(path: Path) -> str | None:
         for fmt, fields in _RECORD_FIELDS:
             if fields <= keys:
                 return fmt
-    raise InputFormatError(f"{path} is not a trace directory, and its first record is not Mooncake, Bailian or weka "
-                           "input; `kmesh-trace import FORMAT` names the format of other inputs.")
+    if is_request_record(record) or is_sharegpt(record):
+        return "requests"
+    raise InputFormatError(f"{path} is not a trace directory, and its first record is not Mooncake, Bailian, weka "
+                           "or request-dataset input; `kmesh-trace import FORMAT` names the format of other inputs.")
 
 
 def _first_record(path: Path) -> object:
@@ -105,15 +113,16 @@ def _first_record(path: Path) -> object:
 
 
 def imported(path: Path, fmt: str, *, on_import: Callable[[str], None] | None = None,
-             until_exit: bool = False) -> tuple[str, Path]:
-    """(the temporary directory, the trace in it) of public trace `path` imported as `fmt`; the directory is
-    removed at the process's exit when `until_exit`, else it is the caller's to remove."""
+             until_exit: bool = False, import_options: dict | None = None) -> tuple[str, Path]:
+    """(the temporary directory, the trace in it) of public trace `path` imported as `fmt` (with the importer's
+    `import_options`, e.g. a request dataset's tokenizer); the directory is removed at the process's exit when
+    `until_exit`, else it is the caller's to remove."""
     d = tempfile.mkdtemp(prefix="kmesh-trace-input-")
     if until_exit:
         atexit.register(shutil.rmtree, d, ignore_errors=True)
     out = Path(d) / "trace"
     try:
-        report = importer(fmt)(path, out, engine_id=f"import-{fmt}")
+        report = importer(fmt)(path, out, engine_id=f"import-{fmt}", **(import_options or {}))
         _check_read(report, path, fmt)
     except BaseException:
         shutil.rmtree(d, ignore_errors=True)
@@ -246,7 +255,7 @@ def _weka_in_memory(path: Path, engine_id: str):
 
 @contextmanager
 def open_as_trace(path: str | Path, *, on_import: Callable[[str], None] | None = None, until_exit: bool = False,
-                  **open_options) -> Iterator:
+                  import_options: dict | None = None, **open_options) -> Iterator:
     """An opened `Trace` of `path`: the trace directory itself, or a public trace imported into a temporary
     one, removed when the block ends (`until_exit`: when the process ends, so that tasks started after
     the block, on Ray, can still read it). `on_import(line)` hears what was imported; `open_options`
@@ -261,7 +270,7 @@ def open_as_trace(path: str | Path, *, on_import: Callable[[str], None] | None =
         with open_trace(path, **open_options) as t:
             yield t
         return
-    d, out = imported(path, fmt, on_import=on_import, until_exit=until_exit)
+    d, out = imported(path, fmt, on_import=on_import, until_exit=until_exit, import_options=import_options)
     try:
         with open_trace(out, **open_options) as t:
             yield t

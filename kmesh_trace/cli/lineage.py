@@ -46,7 +46,7 @@ def lineage_cmd(
     d = rep.to_dict()
     if plot is not None:
         plot_lineage(rep, plot)
-        err.print(f"wrote {plot}", markup=False, highlight=False)
+        err.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
     for n in rep.notes:
         if n != note:
             err.print(f"note: {n}", markup=False, highlight=False)

@@ -150,9 +150,11 @@ def live_table(listener, take: bool | None):
     from kmesh_trace.cli.display import Table
 
     table = Table(title="kmesh-trace listen", title_justify="left")
+    # Short headers where an engine's name (its endpoint, an ipc:// path) leaves no room at 120 columns.
+    short = {"evicted/s": "evict/s", "touched": "hits", "stock hit": "stock", "gaps lost": "lost", "malformed": "bad"}
     for col in ("engine", "stored/s", "evicted/s", "touched", "stock hit", "LRU 1x", "LRU 2x", "LRU 4x", "gaps lost",
                 "malformed"):
-        table.add_column(col, justify="left" if col == "engine" else "right")
+        table.add_column(col, justify="left" if col == "engine" else "right", short=short.get(col))
     for rec in listener.recorders:
         r = rec.live.take_rates() if take else {"stored_per_s": 0.0, "evicted_per_s": 0.0, "stock_hit_ratio": None,
                                                 "lru_hit_ratio": {}}

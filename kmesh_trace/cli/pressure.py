@@ -106,7 +106,7 @@ def pressure_cmd(
     if options.is_sweep:
         if plot is not None:
             plot_pressure_sweep(res.points, plot, w.block_size)
-            err.print(f"wrote {plot}")
+            err.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
         return emit(output, res.to_dict(), rows=res.rows(), render=lambda: _render_sweep(res.to_dict()))
     d = res.to_dict(per_request=per_request)
     emit(output, d, rows=d["holds"], render=lambda: _render(d))

@@ -41,9 +41,25 @@ def report_cmd(
     from kmesh_trace.apps.report import write_report
 
     caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
+    _refuse_a_public_trace(trace)
     check_out_file(out_file, "--out")
     check_out_not_in_input(out_file, [trace])  # a page written over a part would destroy the trace
     data = write_report(trace, out_file, capacities=caps, engine=engine, trace_arg=str(trace))
-    err.print(f"wrote {out_file}", markup=False, highlight=False)
+    err.print(f"wrote {out_file}", markup=False, highlight=False, soft_wrap=True)
     if as_json:
         print_json(data)
+
+
+def _refuse_a_public_trace(path: Path) -> None:
+    """A public trace (a Mooncake or Bailian JSONL file, a weka or LMCache agent directory) that the analyses
+    read as it is: the page reads a trace directory, so say how to make one."""
+    from kmesh_trace.cli.inputs import sniff
+    from kmesh_trace.errors import InputFormatError, KmeshTraceError
+
+    try:
+        fmt = sniff(path)
+    except InputFormatError:
+        return  # neither: opening it as a trace says why
+    if fmt is not None:
+        raise KmeshTraceError(f"{path} is {fmt} input, not a trace directory: `report` reads a trace; import it first "
+                              f"with `kmesh-trace import {fmt} {path} --out TRACE`, then `kmesh-trace report TRACE`.")

@@ -8,7 +8,19 @@ import shutil
 import textwrap
 
 USAGE = "[OPTIONS] COMMAND [ARGS]..."
-OPTIONS = (("--help", "Show this message and exit."),)
+VERSION_HELP = "Show the version and exit."
+OPTIONS = (("--version", VERSION_HELP), ("--help", "Show this message and exit."))
+
+
+def version_line() -> str:
+    """`kmesh-trace --version`: the installed distribution's version (the source tree's when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("kmesh-trace")
+    except PackageNotFoundError:
+        from kmesh_trace import __version__ as v
+    return f"kmesh-trace {v}\n"
 
 
 def _wrap(text: str, width: int, initial: str = "", subsequent: str = "") -> list[str]:

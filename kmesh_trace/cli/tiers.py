@@ -103,7 +103,7 @@ def tiers_cmd(
             from kmesh_trace.apps.plots import plot_tier_sweep
 
             plot_tier_sweep(report.sweep, plot, report.head["block_size"])
-            err.print(f"wrote {plot}")
+            err.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
         if journal is not None:
             report.journal = _write_journal(report.results[-1], journal, journal_max_restores, report.head["trace"])
     d = report.to_dict()

@@ -282,22 +282,27 @@ static inline int64_t kp_heap_pop(int64_t *hk, int64_t *hi, int64_t size)
 /* The pool                                                                                          */
 /* ------------------------------------------------------------------------------------------------ */
 
-static inline void kp_link_after(kp_engine *e, int64_t left, int64_t blk)
+/* a doubly linked list over block ids (nxt / prv): blk goes right after left; blk leaves its list */
+static inline void kp_list_link_after(kp_ix *nxt, kp_ix *prv, int64_t left, int64_t blk)
 {
-    int64_t right = e->nxt[left];
-    e->prv[blk] = left;
-    e->nxt[blk] = right;
-    e->nxt[left] = blk;
-    e->prv[right] = blk;
+    int64_t right = nxt[left];
+    prv[blk] = left;
+    nxt[blk] = right;
+    nxt[left] = blk;
+    prv[right] = blk;
 }
 
-static inline void kp_unlink(kp_engine *e, int64_t blk)
+static inline void kp_list_unlink(kp_ix *nxt, kp_ix *prv, int64_t blk)
 {
-    e->nxt[e->prv[blk]] = e->nxt[blk];
-    e->prv[e->nxt[blk]] = e->prv[blk];
-    e->prv[blk] = -1;
-    e->nxt[blk] = -1;
+    nxt[prv[blk]] = nxt[blk];
+    prv[nxt[blk]] = prv[blk];
+    prv[blk] = -1;
+    nxt[blk] = -1;
 }
+
+static inline void kp_link_after(kp_engine *e, int64_t left, int64_t blk) { kp_list_link_after(e->nxt, e->prv, left, blk); }
+
+static inline void kp_unlink(kp_engine *e, int64_t blk) { kp_list_unlink(e->nxt, e->prv, blk); }
 
 /* The prefix lookup of hashes obj[a:a + max_hit]: hit blocks into seq[:nh]; returns nh, *ev how many of
  * them sit in the free queue. */

@@ -1,11 +1,16 @@
 """`vllm`: the stock engine's cache, by wrapping the vLLM V1 block-pool model of
-`kmesh_trace.oracle.blockpool` (its docstring says what it copies from vLLM, rule by rule).
+`kmesh_trace.oracle.blockpool` (its docstring says what it copies from vLLM, rule by rule), or, for a
+hybrid engine's workload (several KV cache groups), `kmesh_trace.oracle.hybrid_pool`.
 
 Hits are vLLM's: a prefix lookup that stops at the first miss, over blocks that survived the free
 queue's eviction order, with running requests' blocks pinned; capacity is the pool's usable blocks.
+On a hybrid workload a hit is the prefix every group serves, and the capacity is the one pool all
+groups share (native/kernels/hybrid_pool.c, tested equal to its reference and to vLLM's manager).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.policies.base import PolicyResult, Workload, result_of
@@ -21,6 +26,15 @@ class VLLM:
         assert capacity_blocks is not None
         if workload.columns is None:
             raise KmeshTraceError("the vllm policy replays requests, not a bare access stream; build the workload from a trace.")
+        if workload.hybrid:
+            from kmesh_trace.oracle.hybrid_pool import simulate_hybrid_pool
+
+            if workload.requests is None:
+                raise KmeshTraceError("the hybrid vllm pool model replays requests; build the workload with them.")
+            res = simulate_hybrid_pool(list(workload.requests), workload.groups, num_usable_blocks=int(capacity_blocks),
+                                       timed=workload.timed, retention_interval=workload.retention_interval)
+            return result_of(self.name, capacity_blocks, workload.stream, np.asarray(res.hit_blocks, np.int64),
+                             res.total_evictions)
         from kmesh_trace.oracle.blockpool import pool_hits
 
         hits, evictions = pool_hits(workload.requests, block_size=workload.block_size,

@@ -114,6 +114,7 @@ class TiersInput:
 
             check_has_requests(t)
         w = Workload.from_trace(t, engine)
+        w.refuse_hybrid("tiers")
         meta = t.engines[engine] if engine is not None else t.metadata
         return cls(list(w.requests), w.block_size, w.num_usable_blocks, name, meta, t,
                    None if in_memory else w.location, engine)

@@ -1,0 +1,540 @@
+"""`kmesh-trace advise`: the sizing ladder of one trace, and the smallest configuration that gets within a
+stated share of the bound.
+
+`advise(source, options)` runs the analyses each rung comes from, as their commands run them, and returns an
+`Advice` (`to_dict` is the JSON of `kmesh-trace advise`). A rung is one configuration: its token hit ratio,
+block hit ratio, prefill tokens, prefill seconds (when a cost is known), capacity in blocks and bytes, and the
+exact command whose `--json` output holds its numbers (`command`, at the key path `at`):
+
+- `infinite`, `bound` (Belady at the pool), `modelled` (the `vllm` pool model), `stock` (the engine as
+  captured, when the trace has the engine's hit counts): one `headroom` run at the pool capacity;
+- `holds`: `pressure`'s held arm (family holds), when the trace has families (declared, else inferred
+  exact-prefix edges);
+- `host-50`, `host-90`, `host-99`: a host (CPU) tier below the pool, at the smallest swept size that reaches
+  50/90/99% of what lower tiers can add (`tiers --sweep-host`; the largest swept size holds every block the
+  trace reads, so its gain is all that tiers can add); `ssd`: the 90% host tier plus the smallest SSD tier that
+  reaches 99% (`tiers --sweep-host H --sweep-ssd ...`);
+- `fleet-best`, `fleet-global`: N engines of the pool's size, the best routing policy and the global pool
+  of N x the pool (`fleet`), when the trace has several engines or `--engines N` is given.
+
+Prefill seconds come from `--prefill-tokens-per-s`, else the capture's own timing fit
+(`kmesh_trace.oracle.prefill_cost`): shown with its r2 and its median relative error as the error bar, and
+withheld (tokens only, with the reason) when the fit is not usable. Tier rungs' seconds exclude restore time.
+
+The recommendation is the first of the candidate configurations, cheapest first (as configured, family
+holds, host tiers by size, host + SSD), whose hit tokens reach (100 - within)% of the bound's, spelled as the
+settings that realise it (`SETTINGS`: every vLLM flag and LMCache key named here is checked by the tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.options import flags, option
+
+__all__ = ["AdviseOptions", "Advice", "Rung", "advise", "VLLM_FLAGS", "LMCACHE_KEYS", "PREFILL_RATES", "PrefillRate"]
+
+#: Tier fractions: the share of what lower tiers can add that each host rung reaches.
+TIER_FRACTIONS = (0.5, 0.9, 0.99)
+
+#: vLLM 0.32 engine arguments the recommendations name (tests/test_advise.py parses each with
+#: vllm.engine.arg_utils.EngineArgs.add_cli_args on a FlexibleArgumentParser). --kv-offloading-size is in GiB
+#: (vllm/config/cache.py: "Size of the KV cache offloading buffer in GiB"); the native backend offloads to CPU.
+VLLM_FLAGS = ("--kv-offloading-size", "--kv-offloading-backend", "--kv-transfer-config")
+#: LMCache configuration keys the recommendations name, as LMCache documents them
+#: (https://docs.lmcache.ai/api_reference/configurations.html, "General Configurations"): local_cpu (true/false),
+#: max_local_cpu_size (GB), local_disk ("file:///path/to/cache"), max_local_disk_size (GB), chunk_size (tokens).
+LMCACHE_KEYS = ("chunk_size", "local_cpu", "max_local_cpu_size", "local_disk", "max_local_disk_size")
+#: The capture plugin's family hold controller (docs/CAPTURE.md, "The family hold controller").
+HOLD_ENV = "KMESH_HOLD"
+
+@dataclass(frozen=True)
+class PrefillRate:
+    """A measured prefill cost of one model geometry on one GPU, and the command or publication it comes from."""
+
+    key: str  # what --prefill-rate names
+    model: str
+    gpu: str
+    tokens_per_s: float  # at position 0
+    attention_factor: float  # extra cost of a token per earlier position, as a fraction of its position-0 cost
+    seconds_per_request: float
+    source: str
+
+    def cost(self):
+        from kmesh_trace.oracle.prefill_cost import PrefillCost
+
+        return PrefillCost.from_throughput(self.tokens_per_s, attention_factor=self.attention_factor,
+                                           seconds_per_request=self.seconds_per_request)
+
+
+#: Measured prefill rates. Only rows whose source can be cited: a command run here, or a published figure.
+#: A rate without a source would make every second a guess, so the table stays short.
+PREFILL_RATES: tuple[PrefillRate, ...] = (
+    PrefillRate("llama3-8b-shape/h200/pytorch", "Llama-3-8B geometry, random bf16 weights", "NVIDIA H200",
+                39061.0, 3.537e-5, 0.001348,
+                "benchmarks/prefill_rate.py (plain PyTorch 2.11 bf16 forward with SDPA, not vLLM) on one H200, "
+                "prompts of 512..32768 tokens from position 0, 5 timed runs each; fitted with "
+                "PrefillCost.fit_points, r2 0.99999. A serving engine batches and schedules: treat it as the "
+                "GPU's compute rate for this geometry, not as vLLM's."),
+)
+PREFILL_RATE_KEYS = tuple(r.key for r in PREFILL_RATES)
+
+
+@dataclass(frozen=True)
+class AdviseOptions:
+    """What `kmesh-trace advise` is asked (its flags name the fields: `kmesh_trace.oracle.options`)."""
+
+    capacity_blocks: int | None = option("--capacity-blocks")  # the pool (default: the trace's usable blocks)
+    engines: int | None = option("--engines")  # fleet size (default: the trace's engines, when several)
+    within: float = option("--within", 5.0)  # percent of the bound's hit tokens
+    prefill_tokens_per_s: float | None = option("--prefill-tokens-per-s")  # default: the capture's fit
+    prefill_rate: str | None = option("--prefill-rate")  # a PREFILL_RATES key
+    kv_bytes_per_token: int | None = option("--kv-bytes-per-token")
+    model_config: Any = option("--model-config")
+
+    def check(self) -> None:
+        if not 0 <= self.within < 100:
+            raise KmeshTraceError(f"--within must be a percentage in [0, 100), not {self.within:g}.")
+        if self.prefill_rate is not None and self.prefill_rate not in PREFILL_RATE_KEYS:
+            raise KmeshTraceError(f"unknown --prefill-rate {self.prefill_rate!r}; the measured rates are: "
+                                  f"{', '.join(PREFILL_RATE_KEYS)}.")
+        if self.prefill_rate is not None and self.prefill_tokens_per_s is not None:
+            raise KmeshTraceError("give --prefill-tokens-per-s or --prefill-rate, not both.")
+
+
+@dataclass
+class Rung:
+    """One configuration of the ladder."""
+
+    rung: str
+    label: str  # what it is, in a few words
+    hit_tokens: int
+    num_prompt_tokens: int
+    hit_blocks: int | None
+    num_reads: int
+    capacity_blocks: int
+    command: str  # the command whose --json output holds this rung's numbers
+    at: str  # where in that output
+    hit_tokens_per_request: np.ndarray | None = None  # for seconds
+    prompt_tokens_per_request: np.ndarray | None = None
+    prefill_s: float | None = None
+    prefill_s_error: float | None = None
+    capacity_bytes: int | None = None
+    detail: dict = field(default_factory=dict)  # the rung's own sizes (gpu/host/ssd blocks, engines)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.num_prompt_tokens - self.hit_tokens
+
+    @property
+    def token_hit_ratio(self) -> float:
+        return self.hit_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
+
+    @property
+    def hit_ratio(self) -> float | None:
+        if self.hit_blocks is None:
+            return None
+        return self.hit_blocks / self.num_reads if self.num_reads else 0.0
+
+    def to_dict(self) -> dict:
+        return {"rung": self.rung, "label": self.label, "token_hit_ratio": self.token_hit_ratio,
+                "hit_ratio": self.hit_ratio, "hit_tokens": self.hit_tokens, "prefill_tokens": self.prefill_tokens,
+                "prefill_s": self.prefill_s, "prefill_s_error": self.prefill_s_error,
+                "capacity_blocks": self.capacity_blocks, "capacity_bytes": self.capacity_bytes,
+                **self.detail, "command": self.command, "at": self.at}
+
+
+@dataclass
+class Advice:
+    source: str
+    block_size: int
+    num_requests: int
+    num_prompt_tokens: int
+    capacity_blocks: int
+    capacity_source: str
+    kv_bytes_per_token: int | None
+    rungs: list[Rung]
+    within: float
+    prefill: dict  # where seconds come from: source, fit quality, or why there are none
+    unanswered: list[dict] = field(default_factory=list)  # {"what", "why", "answer"}
+    recommendation: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def rung(self, name: str) -> Rung | None:
+        return next((r for r in self.rungs if r.rung == name), None)
+
+    @property
+    def verdict(self) -> str:
+        """The answer in one sentence."""
+        rec = self.recommendation
+        bound = self.rung("bound")
+        base = self.rung("stock") or self.rung("modelled")
+        what = "as captured" if base.rung == "stock" else "as modelled"
+        head = (f"The engine {what} reuses {base.token_hit_ratio:.1%} of prompt tokens; the bound at "
+                f"{blocks(self.capacity_blocks)} is {bound.token_hit_ratio:.1%}")
+        if rec["rung"] == base.rung or rec["rung"] in ("stock", "modelled"):
+            return head + f": already within {self.within:g}% of it, so change nothing."
+        if not rec["reaches"]:
+            return head + f"; nothing tried gets within {self.within:g}% of it: the best is {rec['label']}."
+        return head + f"; adding {rec['label']} gets within {self.within:g}% of it."
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "verdict": self.verdict, "block_size": self.block_size,
+                "num_requests": self.num_requests, "num_prompt_tokens": self.num_prompt_tokens,
+                "capacity_blocks": self.capacity_blocks, "capacity_source": self.capacity_source,
+                "kv_bytes_per_token": self.kv_bytes_per_token, "within_pct": self.within, "prefill": self.prefill,
+                "ladder": [r.to_dict() for r in self.rungs], "recommendation": self.recommendation,
+                "unanswered": self.unanswered, "notes": self.notes}
+
+
+def blocks(n: int) -> str:
+    """`n` blocks, in words."""
+    return f"{n:,} block" + ("" if n == 1 else "s")
+
+
+# ---- the run -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Context:
+    source: Any  # an opened Trace or a PublicInput
+    source_arg: str
+    engine: str | None
+    options: AdviseOptions
+    workload: Any
+    capacity: int
+    kvbpt: int | None
+    cost: Any  # PrefillCost or None
+    error: float | None  # the fit's median relative error
+
+    def command(self, name: str, text: str) -> str:
+        engine = f" --engine {self.engine}" if self.engine else ""
+        return f"kmesh-trace {name} {_quoted(self.source_arg)}{text}{engine} --json"
+
+    def nbytes(self, blocks: int) -> int | None:
+        return blocks * self.workload.block_size * self.kvbpt if self.kvbpt else None
+
+    def seconds(self, rung: Rung) -> None:
+        if self.cost is None or rung.hit_tokens_per_request is None:
+            return
+        rung.prefill_s = float(self.cost.seconds_array(rung.hit_tokens_per_request,
+                                                        rung.prompt_tokens_per_request).sum())
+        if self.error is not None:
+            rung.prefill_s_error = rung.prefill_s * self.error
+
+
+def _quoted(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | None = None,
+           progress: Callable[[str], None] | None = None) -> Advice:
+    """The ladder of `source` (an opened trace or a public trace read into memory) as `options` ask."""
+    from kmesh_trace.oracle import tier_costs as tc
+    from kmesh_trace.oracle.workload import Workload
+
+    options.check()
+    step = progress or (lambda what: None)
+    w = Workload.from_trace(source, engine)
+    meta = source.engines[engine] if engine is not None else source.metadata
+    kvbpt, _ = tc.kv_bytes_per_token(meta, options.kv_bytes_per_token, options.model_config)
+    unanswered: list[dict] = []
+    notes: list[str] = []
+    if meta.get("token_ids_approximate"):
+        notes.append(f"the token ids are approximate ({meta.get('tokenizer') or 'an importer'}'s, not the serving "
+                     "model's): block counts and ratios are estimates")
+    capacity, capacity_source = _pool(w, options, step)
+    if options.capacity_blocks is None and not w.num_usable_blocks:
+        unanswered.append({"what": "the engine's pool size", "why": "the trace does not record usable blocks (an "
+                           f"import); the ladder uses {capacity:,} blocks ({capacity_source})",
+                           "answer": "--capacity-blocks N (or a capture: kmesh-trace capture)"})
+    cost, prefill = _prefill(source, engine, options)
+    if cost is None:
+        unanswered.append({"what": "prefill seconds", "why": _why_no_seconds(prefill["why"]),
+                           "answer": "--prefill-tokens-per-s R, --prefill-rate KEY (a measured rate), or a capture "
+                                     "with timings (kmesh-trace capture)"})
+    ctx = _Context(source, source_arg, engine, options, w, capacity, kvbpt, cost,
+                   prefill.get("median_relative_error") if prefill.get("source") == "fit" else None)
+    rungs: list[Rung] = []
+    step("headroom")
+    rungs += _headroom_rungs(ctx)
+    if not any(r.rung == "stock" for r in rungs):
+        unanswered.append({"what": "the engine as captured (stock)", "why": "the trace has no engine hit counts "
+                           "(an import, or a recording without them)", "answer": "a capture (kmesh-trace capture)"})
+    step("pressure")
+    holds, why = _holds_rung(ctx)
+    if holds is not None:
+        rungs.append(holds)
+    else:
+        unanswered.append({"what": "family holds", "why": why,
+                           "answer": "requests that declare kmesh_parent/kmesh_children, captured (kmesh-trace capture)"})
+    step("tiers")
+    tiers, why = _tier_rungs(ctx)
+    rungs += tiers
+    if why:
+        notes.append(why)
+    n = options.engines or (len(source.engines) if len(source.engines) > 1 else None)
+    if n is not None:
+        step("fleet")
+        rungs += _fleet_rungs(ctx, n)
+        if len(source.engines) > 1:
+            notes.append(f"the fleet rungs route every engine's requests ({len(source.engines)} engines); the other "
+                         f"rungs are engine {engine}'s")
+    else:
+        unanswered.append({"what": "routing over several engines", "why": "the trace has one engine",
+                           "answer": "--engines N"})
+    for r in rungs:
+        ctx.seconds(r)
+        if r.capacity_bytes is None:
+            r.capacity_bytes = ctx.nbytes(r.capacity_blocks)
+    if kvbpt is None:
+        unanswered.append({"what": "capacities in bytes", "why": "no KV bytes per token (the trace's engine "
+                           "metadata has no model geometry)", "answer": "--kv-bytes-per-token B or --model-config FILE"})
+    advice = Advice(source_arg, w.block_size, w.stream.num_requests, int(w.stream.num_prompt_tokens.sum()), capacity,
+                    capacity_source, kvbpt, rungs, options.within, prefill, unanswered, notes=notes)
+    advice.recommendation = _recommend(advice, ctx)
+    return advice
+
+
+def _why_no_seconds(why: str | None) -> str:
+    """The prefill fit's reason, without its advice (the ladder names the flag itself)."""
+    text = str(why or "no prefill timings").removeprefix("no prefill seconds: ")
+    return text.split("; give")[0].split(". Give")[0].rstrip(".")
+
+
+def _pool(w, options: AdviseOptions, step) -> tuple[int, str]:
+    """The pool capacity of the ladder: the user's, the engine's usable blocks, else (an import) the smallest
+    capacity at which LRU reaches half the infinite cache's hits (as the report chooses), raised to the largest
+    request's blocks (prompt + output) when that is larger: an engine serves its longest request."""
+    if options.capacity_blocks is not None:
+        return int(options.capacity_blocks), "--capacity-blocks"
+    if w.num_usable_blocks:
+        return int(w.num_usable_blocks), "the engine's usable blocks"
+    from kmesh_trace.oracle.headroom_curve import headroom_curve
+
+    step("choosing a pool size")
+    curve = headroom_curve(w.requests, w.block_size, policies=["lru"])
+    half = curve.capacity_for_fraction()["lru"]["0.5"] or 0  # 0: nothing repeats, so no cache size helps
+    bs = w.block_size
+    longest = max(-(-(r.num_prompt_tokens + (r.num_output_tokens or 0)) // bs) for r in w.requests)
+    if longest >= half:
+        return int(longest), "no pool size recorded: the blocks of the longest request (prompt + output)"
+    return int(half), "no pool size recorded: the capacity at which LRU reaches half the infinite cache's hits"
+
+
+def _prefill(source, engine, options: AdviseOptions):
+    """(cost or None, what the JSON says about it)."""
+    from kmesh_trace.oracle.headroom import fitted_prefill
+    from kmesh_trace.oracle.prefill_cost import PrefillCost
+
+    if options.prefill_tokens_per_s is not None:
+        cost = PrefillCost.from_throughput(options.prefill_tokens_per_s)
+        return cost, {"source": "throughput", "tokens_per_s": options.prefill_tokens_per_s, "why": None}
+    if options.prefill_rate is not None:
+        row = next(r for r in PREFILL_RATES if r.key == options.prefill_rate)
+        return row.cost(), {"source": "table", "key": row.key, "model": row.model, "gpu": row.gpu,
+                            "tokens_per_s": row.tokens_per_s, "cited": row.source, "why": None}
+    f = fitted_prefill(source, engine)
+    d: dict = {"source": "fit" if f.cost is not None else None, "why": f.why}
+    if f.fit is not None:
+        d.update(n=f.fit.n, r2=f.fit.r2, median_relative_error=f.fit.median_relative_error, usable=f.fit.usable)
+    return f.cost, d
+
+
+def _headroom_rungs(ctx: _Context) -> list[Rung]:
+    from kmesh_trace.oracle import headroom as hr
+
+    w = ctx.workload
+    opts = hr.HeadroomOptions(capacities=(ctx.capacity,), policies=("infinite", "vllm", "belady"))
+    res = hr.run(w, opts)
+    command = ctx.command("headroom", flags(opts))
+    reads = int(w.stream.num_reads.sum())
+    names = {"infinite": ("infinite", "infinite cache"), "belady": ("bound", "Belady bound at the pool"),
+             "vllm": ("modelled", "vLLM pool model"), "stock": ("stock", "the engine as captured")}
+    out = []
+    results = list(res.results) + ([res.stock] if res.stock_source == "capture" else [])
+    for k, r in enumerate(results):
+        rung, label = names[r.policy]
+        cap = w.stream.num_objects if r.policy == "infinite" else ctx.capacity  # infinite: every distinct block
+        out.append(Rung(rung, label, r.hit_tokens, int(r.num_prompt_tokens.sum()), r.hit_blocks, reads, int(cap),
+                        command, f"results[{k}]", r.hit_tokens_per_request, r.num_prompt_tokens))
+    order = ["infinite", "bound", "stock", "modelled"]
+    return sorted(out, key=lambda r: order.index(r.rung))
+
+
+def _holds_rung(ctx: _Context) -> tuple[Rung | None, str | None]:
+    """`pressure`'s held arm at the pool, when the trace has families; else (None, why not)."""
+    from kmesh_trace.oracle import pressure as pr
+
+    w = ctx.workload
+    try:
+        pr.check_has_requests(ctx.source, ctx.engine)
+    except KmeshTraceError as e:
+        return None, str(e)
+    if any(r.parent_index is not None for r in w.requests):
+        edges = pr.PressureEdges.declared
+    elif pr.lineage_for(w, "inferred") or pr.infer_exact_prefix_edges(list(w.requests), w.block_size):
+        edges = pr.PressureEdges.inferred
+    else:
+        return None, ("the trace has no families: no declared parents, and no request's prompt extends an earlier "
+                      "request's whole prompt")
+    opts = pr.PressureOptions(edges, (ctx.capacity,))
+    res = pr.run(w, opts)
+    held = res.held
+    label = "family holds" + (" (inferred families)" if edges == pr.PressureEdges.inferred else "")
+    return Rung("holds", label, held.total_hit_tokens, int(sum(held.num_prompt_tokens)), held.total_hit_blocks,
+                int(w.stream.num_reads.sum()), ctx.capacity, ctx.command("pressure", flags(opts)), "arms.held",
+                np.asarray(held.hit_tokens, np.int64), np.asarray(held.num_prompt_tokens, np.int64),
+                detail={"net_cached_tokens": res.net_cached_tokens, "edges": edges.value}), None
+
+
+def _tier_sizes(capacity: int, distinct: int) -> list[int]:
+    """Lower-tier sizes to sweep: doubling from a quarter of the pool, up to every distinct block the trace reads
+    (the largest: a tier that holds everything, hence all that tiers can add)."""
+    sizes, s = [], max(capacity // 4, 1)
+    while s < distinct:
+        sizes.append(s)
+        s *= 2
+    return sizes + [max(distinct, 1)]
+
+
+def _tier_rungs(ctx: _Context) -> tuple[list[Rung], str | None]:
+    from kmesh_trace.oracle import tiers as tm
+
+    w = ctx.workload
+    o = ctx.options
+    meta = ctx.source.engines[ctx.engine] if ctx.engine is not None else ctx.source.metadata
+    src = tm.TiersInput(list(w.requests), w.block_size, w.num_usable_blocks, ctx.source_arg, meta, ctx.source,
+                        None, ctx.engine)
+    sizes = _tier_sizes(ctx.capacity, w.stream.num_objects)
+    common = dict(capacity_blocks=ctx.capacity, kv_bytes_per_token=o.kv_bytes_per_token, model_config=o.model_config,
+                  prefill_tokens_per_s=o.prefill_tokens_per_s)
+    host_opts = tm.TiersOptions(**common, sweep_host=",".join(map(str, [0] + sizes)))
+    host = tm.run(src, host_opts).sweep
+    results = [row[0] for row in host.results]
+    h0, hmax = results[0].hit_tokens, results[-1].hit_tokens
+    if hmax <= h0:
+        return [], (f"lower tiers add nothing at {blocks(ctx.capacity)}: a tier holding every block the trace "
+                    "reads hits no more than the pool alone")
+    reads = int(w.stream.num_reads.sum())
+    command = ctx.command("tiers", flags(host_opts))
+
+    def rung(name: str, label: str, r, cmd: str, at: str, host_blocks: int, ssd_blocks: int) -> Rung:
+        return Rung(name, label, r.hit_tokens, int(np.sum(r.pool.num_prompt_tokens)), int(r.hit_blocks.sum()),
+                    reads, ctx.capacity + host_blocks + ssd_blocks, cmd, at, r.hit_tokens_per_request,
+                    np.asarray(r.pool.num_prompt_tokens, np.int64),
+                    detail={"gpu_blocks": ctx.capacity, "host_blocks": host_blocks, "ssd_blocks": ssd_blocks,
+                            "share_of_tier_gain": (r.hit_tokens - h0) / (hmax - h0)})
+
+    out, h90 = [], None
+    for f in TIER_FRACTIONS:
+        i = next(k for k, r in enumerate(results) if r.hit_tokens >= h0 + f * (hmax - h0))
+        size = ([0] + sizes)[i]
+        if f == 0.9:
+            h90 = (i, size)
+        out.append(rung(f"host-{round(f * 100)}", f"a {_size(ctx, size)} host tier", results[i], command,
+                        f"sweep.configurations[{i}]", size, 0))
+    i90, size90 = h90
+    if results[i90].hit_tokens >= h0 + 0.99 * (hmax - h0):
+        return out, "no SSD rung: the 90% host tier already reaches 99% of what lower tiers can add"
+    ssd_opts = tm.TiersOptions(**common, sweep_host=str(size90), sweep_ssd=",".join(map(str, [0] + sizes)))
+    ssd = tm.run(src, ssd_opts).sweep
+    row = ssd.results[0]
+    j = next((k for k, r in enumerate(row) if r.hit_tokens >= h0 + 0.99 * (hmax - h0)), len(row) - 1)
+    ssd_size = ([0] + sizes)[j]
+    out.append(rung("ssd", f"a {_size(ctx, size90)} host + {_size(ctx, ssd_size)} SSD tier", row[j],
+                    ctx.command("tiers", flags(ssd_opts)), f"sweep.configurations[{j}]", size90, ssd_size))
+    return out, None
+
+
+def _size(ctx: _Context, num_blocks: int) -> str:
+    b = ctx.nbytes(num_blocks)
+    if b is None:
+        return f"{num_blocks:,}-block"
+    return f"{b / 2**40:,.2f} TiB" if b >= 2**40 else f"{b / 2**30:,.2f} GiB"
+
+
+def _fleet_rungs(ctx: _Context, n: int) -> list[Rung]:
+    from kmesh_trace.oracle import fleet
+
+    opts = fleet.FleetOptions(None if ctx.options.engines is None else (n,), (ctx.capacity,))
+    res = fleet.run(ctx.source, opts)
+    d = res.to_dict()
+    runs = d["points"][0]["runs"]
+    command = ctx.command("fleet", flags(opts)).replace(f" --engine {ctx.engine}", "")  # fleet routes every engine
+    routed = [(k, r) for k, r in enumerate(runs) if r["policy"] != fleet.GLOBAL]
+    k, best = min(routed, key=lambda kr: (kr[1]["prefill_tokens"], kr[0]))
+    g = next((k, r) for k, r in enumerate(runs) if r["policy"] == fleet.GLOBAL)
+    num_reads = res.points[0].runs[0].num_reads
+    out = []
+    for name, label, (idx, r) in (("fleet-best", f"{n} engines, {best['policy']} routing", (k, best)),
+                                  ("fleet-global", f"{n} engines sharing one global pool", g)):
+        out.append(Rung(name, label, r["hit_tokens"], r["hit_tokens"] + r["prefill_tokens"], r["hit_blocks"],
+                        num_reads, n * ctx.capacity, command, f"points[0].runs[{idx}]",
+                        detail={"num_engines": n, "policy": r["policy"]}))
+    return out
+
+
+# ---- the recommendation --------------------------------------------------------------------------
+
+
+def _gb(nbytes: int, unit: int) -> str:
+    """A size in `unit` bytes, rounded up to two decimals (never below what the ladder sized)."""
+    return f"{np.ceil(nbytes / unit * 100) / 100:.2f}"
+
+
+def _settings(rung: Rung, ctx: _Context) -> tuple[list[dict], str]:
+    """The settings that realise `rung`, and one line that says how."""
+    if rung.rung in ("stock", "modelled"):
+        return [], "keep the engine as it is (automatic prefix caching on, vLLM's default)"
+    if rung.rung == "holds":
+        return ([{"tool": "kmesh-trace capture plugin", "env": HOLD_ENV, "value": "1"}],
+                f"{HOLD_ENV}=1 in each engine's environment (the capture plugin's hold controller; requests declare "
+                "kmesh_parent / kmesh_children)")
+    host, ssd = rung.detail.get("host_blocks", 0), rung.detail.get("ssd_blocks", 0)
+    hb, sb = ctx.nbytes(host), ctx.nbytes(ssd)
+    if hb is None:
+        return [], (f"a host tier of {host:,} blocks" + (f" and an SSD tier of {ssd:,} blocks" if ssd else "")
+                    + "; give --kv-bytes-per-token or --model-config for the sizes in GiB")
+    if not ssd:
+        gib = _gb(hb, 2**30)
+        return ([{"tool": "vllm", "flag": "--kv-offloading-size", "value": gib},
+                 {"tool": "vllm", "flag": "--kv-offloading-backend", "value": "native"},
+                 {"tool": "lmcache", "key": "local_cpu", "value": True},
+                 {"tool": "lmcache", "key": "max_local_cpu_size", "value": float(_gb(hb, 10**9))}],
+                f"vllm serve ... --kv-offloading-size {gib} --kv-offloading-backend native (or LMCache: local_cpu: "
+                f"true, max_local_cpu_size: {_gb(hb, 10**9)})")
+    connector = '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
+    return ([{"tool": "vllm", "flag": "--kv-transfer-config", "value": connector},
+             {"tool": "lmcache", "key": "local_cpu", "value": True},
+             {"tool": "lmcache", "key": "max_local_cpu_size", "value": float(_gb(hb, 10**9))},
+             {"tool": "lmcache", "key": "local_disk", "value": "file:///PATH/TO/SSD/CACHE"},
+             {"tool": "lmcache", "key": "max_local_disk_size", "value": float(_gb(sb, 10**9))}],
+            f"vllm serve ... --kv-transfer-config '{connector}' with LMCache: local_cpu: true, max_local_cpu_size: "
+            f"{_gb(hb, 10**9)}, local_disk: file:///PATH/TO/SSD/CACHE, max_local_disk_size: {_gb(sb, 10**9)}")
+
+
+def _recommend(advice: Advice, ctx: _Context) -> dict:
+    """The first candidate, cheapest first, within `within`% of the bound's hit tokens; else the best one."""
+    bound = advice.rung("bound")
+    target = bound.hit_tokens * (1 - advice.within / 100)
+    base = advice.rung("stock") or advice.rung("modelled")
+    names = [base.rung, "holds", "host-50", "host-90", "host-99", "ssd"]
+    cands = [r for r in (advice.rung(n) for n in names) if r is not None]
+    pick = next((r for r in cands if r.hit_tokens >= target), None)
+    reaches = pick is not None
+    if pick is None:
+        pick = max(cands, key=lambda r: (r.hit_tokens, -cands.index(r)))
+    settings, how = _settings(pick, ctx)
+    label = "the engine as it is" if pick.rung in ("stock", "modelled") else pick.label
+    return {"rung": pick.rung, "label": label, "reaches": reaches, "within_pct": advice.within,
+            "target_hit_tokens": int(np.ceil(target)),
+            "target_token_hit_ratio": target / bound.num_prompt_tokens if bound.num_prompt_tokens else 0.0,
+            "token_hit_ratio": pick.token_hit_ratio, "capacity_blocks": pick.capacity_blocks,
+            "capacity_bytes": pick.capacity_bytes, "settings": settings, "how": how, "command": pick.command}

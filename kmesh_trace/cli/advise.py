@@ -1,0 +1,169 @@
+"""`advise`: the sizing ladder of a trace on one screen, the verdict first (`kmesh_trace.apps.advise`)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kmesh_trace.cli.common import (
+    Output,
+    Table,
+    check_plot_option,
+    emit,
+    err,
+    handles_errors,
+    open_input,
+    out,
+    output_options,
+)
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.values import MAX_BLOCKS, bounded_int, finite_float
+
+#: The human output's width: one screen of a terminal.
+WIDTH = 80
+
+
+def register(app: typer.Typer) -> None:
+    app.command("advise")(advise_cmd)
+
+
+@handles_errors
+@output_options()
+def advise_cmd(
+    trace: Path = typer.Argument(..., help="Trace directory (a capture, a KV-events recording, an import), a "
+                                           "Mooncake/Bailian JSONL file, weka or lmcache-agent directory, or a request "
+                                           "dataset (OpenAI-compatible JSONL, ShareGPT JSON, vllm bench custom JSONL)."),
+    capacity_blocks: Optional[int] = typer.Option(None, "--capacity-blocks", parser=bounded_int(1, MAX_BLOCKS),
+                                                  help="The engine's pool in blocks (default: the trace's usable "
+                                                       "blocks; an import: where LRU reaches half the infinite "
+                                                       "cache's hits)."),
+    engines: Optional[int] = typer.Option(None, "--engines", parser=bounded_int(1, 4096),
+                                          help="Add the fleet rungs for N engines of the pool's size (default: the "
+                                               "trace's engines, when it has several)."),
+    within: float = typer.Option(5.0, "--within", parser=finite_float(0, 100),
+                                 help="Recommend the smallest configuration within this percent of the bound."),
+    tokens_per_s: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True),
+                                                 help="Prefill throughput, for seconds (default: fitted to a "
+                                                      "capture's measured prefills)."),
+    prefill_rate: Optional[str] = typer.Option(None, "--prefill-rate",
+                                               help="A measured prefill rate by its key, for seconds: "
+                                                    "llama3-8b-shape/h200/pytorch (kmesh_trace.apps.advise."
+                                                    "PREFILL_RATES says where each comes from)."),
+    kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", parser=bounded_int(1, 1 << 40),
+                                           help="KV bytes per token, for sizes in bytes (default: the capture's "
+                                                "engine metadata)."),
+    model_config: Optional[Path] = typer.Option(None, "--model-config",
+                                                help="Hugging Face config.json giving the KV bytes per token."),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="A request dataset's tokenizer: tokenizer.json, or "
+                                             "its directory with tokenizer_config.json and the chat template (default: "
+                                             "UTF-8 bytes, approximate)."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", parser=bounded_int(1, MAX_BLOCKS),
+                                             help="A request dataset's tokens per block (default 16 with --tokenizer, "
+                                                  "64 for UTF-8 bytes)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the ladder to FILE.png or FILE.svg."),
+    output: Output = None,
+) -> None:
+    """The answer in one place: the hit-ratio ladder from the infinite cache to what the engine reached, with
+    holds, host/SSD tiers and N engines, and the smallest configuration within --within percent of the bound."""
+    from kmesh_trace.apps.advise import AdviseOptions, advise
+
+    options = AdviseOptions(capacity_blocks, engines, within, tokens_per_s, prefill_rate, kv_bytes, model_config)
+    options.check()
+    check_plot_option(plot, [trace, model_config])
+    import_options = None
+    if tokenizer is not None or block_size is not None:
+        from kmesh_trace.cli.inputs import sniff
+
+        if sniff(trace) != "requests":
+            raise KmeshTraceError("--tokenizer and --block-size apply to a request dataset (OpenAI-compatible JSONL, "
+                                  "ShareGPT, vllm bench custom).")
+        import_options = {"tokenizer": tokenizer, "block_size": block_size}
+    with open_input(trace, None, engine, False, direct=True, import_options=import_options) as (t, _):
+        with err.status("advise") as status:
+            advice = advise(t, options, source_arg=str(trace), engine=engine,
+                            progress=lambda what: status.update(f"advise: {what}"))
+    for note in advice.notes:
+        err.print(f"note: {note}", markup=False, highlight=False)
+    d = advice.to_dict()
+    if plot is not None:
+        from kmesh_trace.apps.plots import plot_ladder
+
+        plot_ladder(d, plot)
+        err.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
+    emit(output, d, render=lambda: render(d))
+
+
+def _wrap(text: str, indent: str = "") -> str:
+    return "\n".join(textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent or "  ",
+                                   break_on_hyphens=False, break_long_words=False))
+
+
+def _size(nbytes) -> str:
+    if nbytes is None:
+        return "-"
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:,.1f} {unit}"
+    return f"{nbytes / 2**10:,.1f} KiB"
+
+
+def _count(n: int) -> str:
+    """A token count in at most 7 characters: exact below ten million, else in millions."""
+    return f"{n:,}" if n < 10**7 else f"{n / 1e6:,.1f}M"
+
+
+def _seconds(r: dict) -> str:
+    s = r["prefill_s"]
+    if s is None:
+        return "-"
+    text = f"{s:,.0f}" if s >= 100 else f"{s:,.2f}"
+    if r["prefill_s_error"] is None or not s:
+        return text
+    return f"{text}±{r['prefill_s_error'] / s:.0%}"
+
+
+def lines(d: dict) -> list:
+    """The human output, from the JSON: the verdict, the ladder, the recommendation, what the trace could not
+    answer. Items are strings (lines) or a `Table`."""
+    from kmesh_trace.apps.advise import blocks
+
+    items: list = [_wrap(d["verdict"]), ""]
+    t = Table(title=f"ladder: {d['num_requests']:,} requests, {d['block_size']}-token blocks, pool "
+                    f"{blocks(d['capacity_blocks'])}", title_justify="left")
+    for h in ("rung", "tok_hit", "prefill", "prefill_s", "blocks", "size"):
+        t.add_column(h, justify="left" if h == "rung" else "right")
+    for r in d["ladder"]:
+        t.add_row(r["rung"], f"{r['token_hit_ratio']:.1%}", _count(r["prefill_tokens"]), _seconds(r),
+                  f"{r['capacity_blocks']:,}", _size(r["capacity_bytes"]))
+    items.append(t)
+    p = d["prefill"]
+    if p.get("source") == "fit":
+        items.append(_wrap(f"prefill_s: fitted to {p['n']:,} measured prefills, r2 {p['r2']:.3f}; ± is the fit's "
+                           "median relative error per request"))
+    elif p.get("source") == "throughput":
+        items.append(_wrap(f"prefill_s: at {p['tokens_per_s']:,g} prefill tokens/s (given)"))
+    elif p.get("source") == "table":
+        items.append(_wrap(f"prefill_s: the measured rate {p['key']} ({p['model']} on {p['gpu']}, "
+                           f"{p['tokens_per_s']:,.0f} tokens/s at position 0; its source: --json, key prefill.cited)"))
+    rec = d["recommendation"]
+    items += ["", _wrap(f"recommendation ({'within' if rec['reaches'] else 'not within'} {rec['within_pct']:g}% of "
+                        f"the bound): {rec['label']}"), _wrap(rec["how"], "  ")]
+    if d["unanswered"]:
+        items += ["", "the trace could not answer:"]
+        items += [_wrap(f"- {u['what']}: {u['why']}; answer with {u['answer']}.", "    ").replace("    - ", "  - ", 1)
+                  for u in d["unanswered"]]
+    items += ["", _wrap("tok_hit: hit prompt tokens / prompt tokens; prefill: prompt tokens computed. --json adds "
+                        "the block hit ratio and each rung's reproducing command (key `command`).")]
+    return items
+
+
+def render(d: dict) -> None:
+    for item in lines(d):
+        if isinstance(item, str):
+            out.print(item, markup=False, highlight=False, soft_wrap=True)
+        else:
+            out.print(item)

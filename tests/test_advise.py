@@ -1,0 +1,280 @@
+"""`kmesh-trace advise`: the ladder's invariants on random traces, every rung equal to its reproducing
+command's own --json output (both run through the CLI), seconds from a given throughput, one screen at 80
+columns, and recommendations that name only flags vLLM's own argument parser accepts."""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+
+import pytest
+
+from capture_traces import write_trace
+from kmesh_trace.apps.advise import LMCACHE_KEYS, PREFILL_RATES, VLLM_FLAGS
+
+BLOCK = 512
+
+
+def _mooncake(path, seed: int, num_requests: int = 40):
+    """A random Mooncake-format file: conversations whose turns extend the previous turn's blocks, shared
+    system-prompt blocks, and one-off requests; partial last blocks."""
+    rng = random.Random(seed)
+    next_id, convs, lines = 0, [], []
+    system = list(range(3))
+    next_id = 3
+    for k in range(num_requests):
+        if convs and rng.random() < 0.5:
+            c = rng.randrange(len(convs))
+            ids = convs[c] + list(range(next_id, next_id + rng.randrange(1, 4)))
+            convs[c] = ids
+        else:
+            ids = (system[:rng.randrange(0, 4)]) + list(range(next_id, next_id + rng.randrange(1, 6)))
+            if rng.random() < 0.6:
+                convs.append(ids)
+        next_id = max(next_id, max(ids) + 1)
+        n = len(ids) * BLOCK - rng.randrange(0, BLOCK)
+        lines.append(json.dumps({"timestamp": k * 100, "input_length": n, "output_length": rng.randrange(1, 300),
+                                 "hash_ids": ids}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _json(cli, args) -> dict:
+    r = cli(args)
+    assert r.exit_code == 0, (args, r.stdout[-2000:], r.stderr[-2000:])
+    return json.loads(r.stdout)
+
+
+def _at(d, path: str):
+    """The value at a rung's `at` path (`results[2]`, `arms.held`, `points[0].runs[1]`)."""
+    for part in path.split("."):
+        name, _, rest = part.partition("[")
+        d = d[name]
+        while rest:
+            idx, _, rest = rest.partition("]")
+            d = d[int(idx)]
+            rest = rest.lstrip("[")
+    return d
+
+
+def _hits_of(row: dict) -> int:
+    return row["hit_tokens"]
+
+
+def _prefill_of(row: dict) -> int:
+    return row["prefill_tokens"] if "prefill_tokens" in row else row["recomputed_tokens"]
+
+
+def _check_rungs_against_commands(cli, d: dict) -> None:
+    outputs: dict[str, dict] = {}
+    for r in d["ladder"]:
+        argv = shlex.split(r["command"])
+        assert argv[0] == "kmesh-trace" and argv[-1] == "--json", r["command"]
+        if r["command"] not in outputs:
+            outputs[r["command"]] = _json(cli, argv[1:])
+        row = _at(outputs[r["command"]], r["at"])
+        assert (_hits_of(row), _prefill_of(row)) == (r["hit_tokens"], r["prefill_tokens"]), (r["rung"], row)
+        if "hit_ratio" in row and r["hit_ratio"] is not None:
+            assert row["hit_ratio"] == pytest.approx(r["hit_ratio"], rel=1e-12), r["rung"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ladder_invariants_and_every_rung_is_its_commands_output(cli, tmp_path, seed):
+    trace = _mooncake(tmp_path / f"m{seed}.jsonl", seed)
+    d = _json(cli, ["advise", trace, "--engines", "2", "--json"])
+    rung = {r["rung"]: r for r in d["ladder"]}
+    assert {"infinite", "bound", "modelled", "fleet-best", "fleet-global"} <= set(rung)
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]  # no pool recorded: the longest fits
+    assert d["capacity_blocks"] >= max(-(-(r["input_length"] + r["output_length"]) // BLOCK) for r in rows)
+    hits = {k: v["hit_tokens"] for k, v in rung.items()}
+    assert hits["infinite"] >= hits["bound"] >= hits["modelled"]
+    tiers = [k for k in ("host-50", "host-90", "host-99", "ssd") if k in rung]
+    for a, b in zip(tiers, tiers[1:]):
+        assert hits[a] <= hits[b], (a, b)
+    for k in tiers:  # a lower tier never lowers the hit ratio, and never beats a cache that keeps everything
+        assert hits["modelled"] <= hits[k] <= hits["infinite"], k
+        assert rung[k]["token_hit_ratio"] >= rung["modelled"]["token_hit_ratio"]
+    assert hits["fleet-global"] >= 0 and rung["fleet-global"]["capacity_blocks"] == 2 * d["capacity_blocks"]
+    for r in d["ladder"]:  # the names the issue gives, every rung
+        assert {"rung", "token_hit_ratio", "hit_ratio", "prefill_tokens", "prefill_s", "capacity_blocks",
+                "capacity_bytes", "command"} <= set(r)
+        assert r["prefill_tokens"] == d["num_prompt_tokens"] - r["hit_tokens"] or r["rung"].startswith("fleet")
+    _check_rungs_against_commands(cli, d)
+    rec = d["recommendation"]
+    target = rec["target_hit_tokens"]
+    order = [n for n in ("modelled", "holds", "host-50", "host-90", "host-99", "ssd") if n in rung]
+    if rec["reaches"]:  # the first candidate, cheapest first, that reaches (100 - within)% of the bound
+        assert rung[rec["rung"]]["hit_tokens"] >= target
+        assert all(hits[n] < target for n in order[:order.index(rec["rung"])])
+    else:
+        assert all(hits[n] < target for n in order)
+
+
+def test_a_capture_has_its_stock_rung_and_each_rung_matches(cli, tmp_path):
+    trace = write_trace(tmp_path / "t")
+    d = _json(cli, ["advise", trace, "--json"])
+    rung = {r["rung"]: r for r in d["ladder"]}
+    assert rung["stock"]["hit_tokens"] == 8  # the engine's own count: r1 hit r0's two blocks
+    assert rung["stock"]["capacity_blocks"] == 8 and d["capacity_source"] == "the engine's usable blocks"
+    _check_rungs_against_commands(cli, d)
+
+
+def test_seconds_from_a_given_throughput(cli, tmp_path):
+    trace = _mooncake(tmp_path / "m.jsonl", 7)
+    d = _json(cli, ["advise", trace, "--prefill-tokens-per-s", "4000", "--json"])
+    assert d["prefill"]["source"] == "throughput"
+    for r in d["ladder"]:
+        if r["rung"].startswith("fleet"):
+            assert r["prefill_s"] is None  # routed pools keep no per-request hits
+        else:  # no attention factor, no per-request cost: seconds are tokens over the rate
+            assert r["prefill_s"] == pytest.approx(r["prefill_tokens"] / 4000, rel=1e-12), r["rung"]
+            assert r["prefill_s_error"] is None
+
+
+def test_without_timings_there_are_no_seconds_and_it_says_why(cli, tmp_path):
+    trace = _mooncake(tmp_path / "m.jsonl", 3)
+    d = _json(cli, ["advise", trace, "--json"])
+    assert all(r["prefill_s"] is None for r in d["ladder"])
+    whats = [u["what"] for u in d["unanswered"]]
+    assert "prefill seconds" in whats and "the engine's pool size" in whats and "routing over several engines" in whats
+    assert next(u for u in d["unanswered"] if u["what"] == "prefill seconds")["answer"].startswith(
+        "--prefill-tokens-per-s")
+
+
+@pytest.mark.parametrize("args", [["--engines", "2", "--prefill-tokens-per-s", "4000"], ["--kv-bytes-per-token", "4096"]])
+def test_human_output_is_one_screen_of_80_columns_verdict_first(cli, tmp_path, width, args):
+    width(80)
+    trace = _mooncake(tmp_path / "m.jsonl", 1)
+    r = cli(["advise", trace, *args])
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("The engine as modelled reuses "), lines[0]
+    assert max(map(len, lines)) <= 80, max(lines, key=len)
+    assert "…" not in r.stdout
+    assert len(lines) <= 50  # one screen
+
+
+def _vllm_parser():
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return EngineArgs.add_cli_args(FlexibleArgumentParser())
+
+
+def test_every_vllm_flag_named_exists_in_vllms_parser():
+    parser = _vllm_parser()
+    known = {s for a in parser._actions for s in a.option_strings}
+    assert set(VLLM_FLAGS) <= known, set(VLLM_FLAGS) - known
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_recommended_settings_parse(cli, tmp_path, seed):
+    """A recommended host or SSD tier's vLLM flags, with their values, as vLLM's own parser reads them; its LMCache
+    keys are among those LMCache documents."""
+    parser = _vllm_parser()
+    trace = _mooncake(tmp_path / "m.jsonl", seed)
+    d = _json(cli, ["advise", trace, "--kv-bytes-per-token", "131072", "--within", "0", "--json"])
+    rec = d["recommendation"]
+    settings = rec["settings"]
+    argv = [x for s in settings if s["tool"] == "vllm" for x in (s["flag"], str(s["value"]))]
+    ns = parser.parse_args(argv)
+    if rec["rung"].startswith("host"):
+        assert ns.kv_offloading_backend == "native"
+        gib = ns.kv_offloading_size
+        assert gib * 2**30 >= rec["capacity_bytes"] - d["capacity_blocks"] * BLOCK * 131072  # never undersized
+    if rec["rung"] == "ssd":
+        assert json.loads(argv[1])["kv_connector"] == "LMCacheConnectorV1"
+    assert {s["key"] for s in settings if s["tool"] == "lmcache"} <= set(LMCACHE_KEYS)
+
+
+def test_every_measured_rate_cites_its_source_and_prices_a_ladder(cli, tmp_path):
+    for row in PREFILL_RATES:
+        assert row.model and row.gpu and row.tokens_per_s > 0 and row.source
+    row = PREFILL_RATES[0]
+    trace = _mooncake(tmp_path / "m.jsonl", 2)
+    d = _json(cli, ["advise", trace, "--prefill-rate", row.key, "--json"])
+    assert d["prefill"]["source"] == "table" and d["prefill"]["cited"] == row.source
+    cost = row.cost()
+    bound = next(r for r in d["ladder"] if r["rung"] == "bound")
+    assert bound["prefill_s"] > cost.seconds_per_token * bound["prefill_tokens"]  # position and request terms add
+    r = cli(["advise", trace, "--prefill-rate", "nope"])
+    assert r.exit_code == 1 and r.stderr.startswith("Error: unknown --prefill-rate 'nope'; the measured rates are: ")
+
+
+def test_the_report_leads_with_the_ladder(cli, tmp_path):
+    from kmesh_trace.apps.report import write_report
+
+    trace = write_trace(tmp_path / "t")
+    data = write_report(trace, tmp_path / "r.html", trace_arg=str(trace))
+    assert next(iter(data)) == "advise"
+    page = (tmp_path / "r.html").read_text()
+    assert page.index('id="advise-ladder"') < page.index('id="capture-tables"')
+    d = _json(cli, ["advise", trace, "--json"])
+    assert data["advise"]["ladder"] == d["ladder"] and data["advise"]["verdict"] == d["verdict"]
+
+
+def _timed_capture(path, computed_ns):
+    """The clean capture with each request's first-scheduled -> first-token interval set to `computed_ns`."""
+    from capture_traces import clean_invocations
+
+    rows = clean_invocations()
+    for r, ns in zip(rows, computed_ns):
+        r["first_token_ns"] = r["first_scheduled_ns"] + ns
+    return write_trace(path, invocations=rows)
+
+
+def test_seconds_from_the_captures_own_fit_with_its_error_bar(cli, tmp_path):
+    # 1 us per computed token (r0 computes 8, r1 4 of its 12, r2 8): the fit explains every measured prefill.
+    trace = _timed_capture(tmp_path / "t", [8_000, 4_000, 8_000])
+    d = _json(cli, ["advise", trace, "--json"])
+    p = d["prefill"]
+    assert p["source"] == "fit" and p["n"] == 3 and p["r2"] == pytest.approx(1.0)
+    stock = next(r for r in d["ladder"] if r["rung"] == "stock")
+    assert stock["prefill_s"] == pytest.approx(20e-6, rel=1e-9)  # the measured prefills, as the fit predicts them
+    for r in d["ladder"]:
+        if r["prefill_s"] is not None:
+            assert r["prefill_s_error"] == pytest.approx(r["prefill_s"] * p["median_relative_error"], abs=1e-15)
+    assert "prefill seconds" not in [u["what"] for u in d["unanswered"]]
+
+
+def test_below_the_fit_threshold_only_tokens_and_why(cli, tmp_path):
+    trace = _timed_capture(tmp_path / "t", [2_000, 90_000, 1_000])  # the 4-token prefill took longest: no fit
+    d = _json(cli, ["advise", trace, "--json"])
+    assert d["prefill"]["source"] is None and d["prefill"]["usable"] is False
+    assert all(r["prefill_s"] is None for r in d["ladder"])
+    why = next(u for u in d["unanswered"] if u["what"] == "prefill seconds")["why"]
+    assert why.startswith("the prefill cost fitted to 3 measured prefills is not usable (r2 ")
+
+
+def test_an_ssd_rungs_settings_parse_and_name_documented_keys():
+    """The host + SSD settings (LMCache behind vLLM's connector flag), as vLLM's parser reads the flag."""
+    from types import SimpleNamespace
+
+    from kmesh_trace.apps.advise import AdviseOptions, Rung, _Context, _settings
+
+    parser = _vllm_parser()
+    ctx = _Context(None, "t", None, AdviseOptions(), SimpleNamespace(block_size=16), 100, 2048, None, None)
+    rung = Rung("ssd", "x", 0, 1, 0, 1, 100 + 64 + 512, "c", "a", detail={"host_blocks": 64, "ssd_blocks": 512})
+    settings, how = _settings(rung, ctx)
+    (flag,) = [s for s in settings if s["tool"] == "vllm"]
+    ns = parser.parse_args([flag["flag"], flag["value"]])
+    assert ns.kv_transfer_config.kv_connector == "LMCacheConnectorV1" and ns.kv_transfer_config.kv_role == "kv_both"
+    keys = {s["key"]: s["value"] for s in settings if s["tool"] == "lmcache"}
+    assert set(keys) <= set(LMCACHE_KEYS) and keys["local_cpu"] is True
+    assert keys["max_local_cpu_size"] == 0.01 and keys["max_local_disk_size"] == 0.02  # GB, rounded up
+    assert "LMCacheConnectorV1" in how
+
+
+def test_the_mooncake_conversation_trace(cli, shared_datasets):
+    """Public data: the ladder of Mooncake's conversation trace, every rung its command's own output."""
+    src = shared_datasets / "mooncake" / "conversation_trace.jsonl"
+    if not src.is_file():
+        pytest.skip(f"{src} is absent")
+    d = _json(cli, ["advise", src, "--json"])
+    rung = {r["rung"]: r for r in d["ladder"]}
+    assert d["num_requests"] == 12_031 and d["block_size"] == 512
+    assert rung["infinite"]["hit_tokens"] >= rung["bound"]["hit_tokens"] >= rung["modelled"]["hit_tokens"]
+    assert {"holds", "host-50", "host-90", "host-99"} <= set(rung)
+    _check_rungs_against_commands(cli, d)
