@@ -17,11 +17,8 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,7 +26,7 @@ import pytest
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-from test_listen_server import KMESH, START_TIMEOUT_S, _free_port  # noqa: E402 (tests/ is on sys.path)
+from test_listen_server import KMESH, start_captured_server, wait_healthy  # noqa: E402 (tests/ is on sys.path)
 
 pytestmark = pytest.mark.engine
 NUM_GPU_BLOCKS = 48
@@ -46,39 +43,11 @@ def recorded(tmp_path_factory):
     root = tmp_path_factory.mktemp("listen_hybrid")
     sock_dir = Path(tempfile.mkdtemp(prefix="kvh", dir="/tmp"))  # ipc paths must stay short
     model = write_tiny_model(root / "model", TINY_GEMMA3)
-    port = _free_port()
-    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{sock_dir}/ev.sock",
-              "replay_endpoint": f"ipc://{sock_dir}/replay.sock", "topic": "kv"}
-    cmd = [KMESH, "capture", "--out", str(root / "plugin"), "--", sys.executable, "-m",
-           "vllm.entrypoints.openai.api_server", "--model", str(model), "--load-format", "dummy",
-           "--skip-tokenizer-init", "--block-size", "32", "--enable-prefix-caching", "--max-model-len", "512",
-           "--num-gpu-blocks-override", str(NUM_GPU_BLOCKS), "--kv-cache-memory-bytes", str(64 << 20),
-           "--enforce-eager", "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port),
-           "--kv-events-config", json.dumps(events)]
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "KMESH_TRACE_FLUSH_S": "0.5"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    log = open(root / "server.log", "w")
-    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    server, url, log, tail = start_captured_server(root, model, sock_dir, NUM_GPU_BLOCKS)
     listener = None
 
-    def tail() -> str:
-        log.flush()
-        return (root / "server.log").read_text()[-4000:]
-
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"the server exited with {server.returncode}:\n{tail()}")
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the server did not start within {START_TIMEOUT_S} s:\n{tail()}")
-                time.sleep(0.5)
+        wait_healthy(server, url, tail)
         listener = subprocess.Popen([KMESH, "listen", url, "--out", str(root / "events"), "--flush-s", "0.5"],
                                     stdout=open(root / "listener.out", "w"), stderr=open(root / "listener.err", "w"),
                                     start_new_session=True)
