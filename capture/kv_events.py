@@ -25,8 +25,12 @@ Events, read off the engines' sources (`vllm/distributed/kv_events.py` of vLLM 0
   in the trace's uint64 `block_hash` (`signed_hash` turns one back).
 
 `decode_frames` never raises on bad input: it returns a `Frame` whose `error` says what was wrong
-(the listener counts it) and keeps every event it could read. Imports only msgspec (vLLM and SGLang
-both depend on it) and the standard library, like the rest of the capture side.
+(the listener counts it) and keeps every event it could read. Every value is checked here, at the
+typed boundary, against what the trace can hold (`_WIRE_BOUNDS`: a rank, block size or group
+outside it, a batch time that is not a finite wall-clock time in int64 nanoseconds) so that a bad
+value is a counted malformed event or frame, never a failed write or an unreadable trace. Imports
+only msgspec (vLLM and SGLang both depend on it), the standard library and the schema, like the rest
+of the capture side.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+
+from kmesh_trace.schema import MAX_BLOCK_SIZE
 
 FORMATS = ("vllm-map", "vllm-array", "sglang")
 #: What `block_hash` holds, per format (recorded in the partition's metadata as `hash_kind`).
@@ -47,6 +53,13 @@ HASH_KINDS = {
 STORED, REMOVED, CLEARED = "BlockStored", "BlockRemoved", "AllBlocksCleared"
 END_SEQ = -1
 _U64 = (1 << 64) - 1
+#: The least and greatest value of each integer from the wire: what a trace column or metadata field
+#: holds (`kv_group` is int32; a rank is a metadata index) and what an engine can mean (a block of
+#: more than 2^20 tokens is no engine's).
+_WIRE_BOUNDS = {"rank": (0, (1 << 31) - 1), "group_idx": (0, (1 << 31) - 1), "block_size": (1, MAX_BLOCK_SIZE)}
+#: Batch times: wall-clock seconds whose nanoseconds fit int64 (`wall_publish_ns`) with room for the
+#: listener's clock mapping (the year 2261).
+_MAX_TS_S = 9.2e9
 _SGLANG_MEDIA = {"CPU_PINNED", "DISK", "EXTERNAL"}
 # Positional field order of the older array-like vLLM events (after the tag).
 _ARRAY_FIELDS = {
@@ -90,6 +103,7 @@ class Frame:
     error: str | None = None  # why the frame (or some of its events) could not be read
     num_bad_events: int = 0
     is_end: bool = False  # the replay socket's end marker
+    digest: int = 0  # of the payload: tells a repeated batch from a new one at the same seq
 
 
 def signed_hash(value: int) -> int:
@@ -116,6 +130,9 @@ def _opt_int(value: Any, name: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} is {type(value).__name__}, not an integer")
+    lo, hi = _WIRE_BOUNDS.get(name, (None, None))
+    if lo is not None and not lo <= value <= hi:
+        raise ValueError(f"{name} {value} is outside {lo}..{hi}")
     return value
 
 
@@ -216,17 +233,27 @@ def decode_frames(frames: list[bytes]) -> Frame:
         return Frame(seq, is_end=True)
     if seq < 0:
         return Frame(None, error=f"sequence number {seq} is negative")
+    frame = _decode_batch(seq, payload)
+    frame.digest = hash(payload)
+    return frame
+
+
+def _decode_batch(seq: int, payload: bytes) -> Frame:
     try:
         batch = msgspec.msgpack.decode(payload)
-    except (msgspec.DecodeError, ValueError) as e:
+    except (msgspec.DecodeError, ValueError, RecursionError) as e:
         return Frame(seq, error=f"the payload is not msgpack ({e})")
     if not isinstance(batch, (list, tuple)) or not 2 <= len(batch) <= 3:
         return Frame(seq, error="the payload is not a batch [ts, events, rank]")
     ts, raw_events = batch[0], batch[1]
-    rank = batch[2] if len(batch) == 3 else None
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not isinstance(raw_events, (list, tuple)) \
-            or (rank is not None and (isinstance(rank, bool) or not isinstance(rank, int))):
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not isinstance(raw_events, (list, tuple)):
         return Frame(seq, error="the payload is not a batch [ts, events, rank]")
+    if not 0 <= ts <= _MAX_TS_S:  # NaN fails both comparisons
+        return Frame(seq, error=f"the batch time {ts!r} is not a wall-clock time in seconds")
+    try:
+        rank = _opt_int(batch[2] if len(batch) == 3 else None, "rank")
+    except (TypeError, ValueError) as e:
+        return Frame(seq, error=f"the batch's rank is unusable ({e})")
     out = Frame(seq, float(ts), rank)
     formats = set()
     for raw in raw_events:

@@ -12,14 +12,27 @@ marks each partition complete; after SIGKILL every part written stays readable.
 
 Nothing is lost silently. Each publisher numbers its batches; a gap is filled from its replay
 socket (ROUTER: send a start seq, receive the buffered batches and an end marker), and what the
-replay no longer holds is counted (`kv_events.num_unrecovered_batches`, with the ranges). A
-publisher whose seq goes back (it restarted) starts a new epoch, not a gap. A listener restarted on
-the same `--out` resumes each partition (new parts, its seq and residency continue) and catches up
-from the replay buffer: batches after the last one written, or stamped later (a new epoch).
+replay no longer holds is counted (`kv_events.num_unrecovered_batches`, with the ranges). Every
+message received ends in exactly one place (the sequence state machine, `PublisherRecorder.classify`):
+recorded (in order, after its gap is filled, or late: a batch counted lost that arrives after all,
+taken off the lost count); counted as a duplicate (a seq recorded before with the same payload); the
+first batch of a new epoch (a seq that goes back with another payload: the publisher restarted,
+whatever its clock says); or counted as malformed. A listener restarted on the same `--out` resumes
+each partition (new parts, its seq and residency continue) and catches up from the replay buffer:
+batches after the last one written when the buffer still holds that one unchanged, else the
+restarted publisher's batches as a new epoch.
+
+Everything that comes in is bounded: a message over `MAX_MESSAGE_BYTES` is refused by ZeroMQ (its
+seq becomes a gap, filled or counted), the receive queue holds `RECEIVE_QUEUE` messages (beyond it
+the publisher drops them: a gap again), a gap costs the batches the replay returns (at most
+`MAX_REPLAY_BATCHES`, never a walk over the missing seqs), and one replay request has one deadline
+for its whole answer. Stopping (SIGINT, SIGTERM, `--duration`) takes at most `STOP_BUDGET_S` to
+record what was already received, then counts whatever is still queued as lost at stop.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -31,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kmesh_trace import schema
@@ -44,9 +58,26 @@ log = logging.getLogger("kmesh_trace.listen")
 
 DEFAULT_FLUSH_S = 1.0
 DEFAULT_MAX_BUFFERED_EVENTS = 524288
+#: One replay request's whole answer must arrive within this (it does not restart per message).
 REPLAY_TIMEOUT_S = 5.0
+#: ZMQ_MAXMSGSIZE of every socket: larger messages are refused (no engine step publishes 8 MiB).
+MAX_MESSAGE_BYTES = 8 << 20
+#: ZMQ_RCVHWM of the subscriptions: messages queued before the listener reads them.
+RECEIVE_QUEUE = 1000
+#: Batches one replay request may return (vLLM buffers 10,000 steps by default).
+MAX_REPLAY_BATCHES = 100_000
+#: Stopping: time to record what was received, then to count what is still queued.
+STOP_BUDGET_S = 0.15
+COUNT_BUDGET_S = 0.1
+#: Stopping: the subscription is drained once nothing has arrived for this long.
+QUIET_S = 0.02
+#: The longest a poll waits, so that a stop request is seen promptly.
+POLL_SLICE_S = 0.05
 #: Unrecovered seq ranges and malformed-frame reasons kept in the metadata (all are counted).
 MAX_LISTED = 100
+#: Payload digests of the latest batches (duplicates vs restarts) and lost ranges a late batch may fill.
+RECENT_WINDOW = 16384
+MAX_OPEN_GAPS = 4096
 _COLUMNS = ("seq", "ts_ns", "event", "block_hash", "parent_block_hash", "kv_group", "medium", "session_id",
             "wall_publish_ns", "publisher_seq", "locality", "ownership", "cache_salt", "origin")
 schema.BLOCK_EVENTS.select(*_COLUMNS)
@@ -86,6 +117,34 @@ def _ipc_identity(endpoint: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _partition_metadata(root: Path, engine_id: str) -> dict | None:
+    """An existing partition's metadata (None: there is none); one sentence when it cannot be read."""
+    path = root / ENGINES_DIR / f"{engine_id}.json"
+    if not path.exists():
+        return None
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise KmeshTraceError(f"cannot resume {engine_id}: {path} is not readable JSON ({e}); move the trace aside "
+                              "or give another --out.") from None
+    if not isinstance(meta, dict):
+        raise KmeshTraceError(f"cannot resume {engine_id}: {path} is not a JSON object; move the trace aside or "
+                              "give another --out.")
+    return meta
+
+
+def partition_id(root: Path, endpoint: str, taken: set[str] = frozenset()) -> str:
+    """The partition of `endpoint` under `root`: its readable name (`PublisherSpec.engine_id`) unless another
+    endpoint has it (here, or `taken` in this run; `ipc:///W/a/b.sock` and `ipc:///W/a-b.sock` read
+    alike), then that name with a digest of the endpoint, so that two publishers never merge."""
+    base = PublisherSpec(endpoint).engine_id
+    meta = _partition_metadata(root, base)
+    owner = ((meta or {}).get("kv_events") or {}).get("endpoint") if isinstance(meta, dict) else None
+    if base not in taken and (meta is None or owner in (None, endpoint)):
+        return base
+    return f"{base}-{hashlib.sha256(endpoint.encode()).hexdigest()[:10]}"
+
+
 def _read_last_rows(writer_root: Path, engine_id: str) -> tuple[int, dict | None, Counter, int]:
     """(rows in the partition, the last row, the residency its events leave, touched rows) of an existing
     partition, from its parts: a resumed listener continues from what is on disk, not from metadata that
@@ -100,13 +159,22 @@ def _read_last_rows(writer_root: Path, engine_id: str) -> tuple[int, dict | None
         except Exception as e:  # noqa: BLE001 (a damaged part: resuming would build on unknown rows)
             raise KmeshTraceError(f"cannot resume {engine_id}: its part {p} is unreadable ({e}); move the trace "
                                   "aside or give another --out.") from None
-        rows = t.to_pylist()
-        n += len(rows)
-        for r in rows:
-            _apply_residency(resident, r["event"], r["medium"], r["kv_group"], r["block_hash"])
-            touched += r["event"] == "touched"
-            if last is None or r["seq"] > last["seq"]:
-                last = r
+        n += t.num_rows
+        if not t.num_rows:
+            continue
+        # Column by column (a dict per row costs ~300 B each on a recording of millions of rows).
+        events = t.column("event").to_pylist()
+        for ev, medium, group, h in zip(events, t.column("medium").to_pylist(), t.column("kv_group").to_pylist(),
+                                        t.column("block_hash").to_pylist()):
+            _apply_residency(resident, ev, medium, group, h)
+        touched += events.count("touched")
+        i = pc.index(t.column("seq"), pc.max(t.column("seq"))).as_py()
+        row = {c: t.column(c)[i].as_py() for c in cols}
+        if last is None or row["seq"] > last["seq"]:
+            last = row
+    if last is not None and (last["publisher_seq"] is None or last["wall_publish_ns"] is None):
+        raise KmeshTraceError(f"cannot resume {engine_id}: its last row has no publisher_seq or wall_publish_ns; "
+                              "move the trace aside or give another --out.")
     return n, last, resident, touched
 
 
@@ -133,17 +201,17 @@ class PublisherRecorder:
     """One publisher's partition: sequence tracking, rows, the writer."""
 
     def __init__(self, out_dir: str | os.PathLike, spec: PublisherSpec, *, flush_interval_s: float = DEFAULT_FLUSH_S,
-                 max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS):
+                 max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS, engine_id: str | None = None):
         self.spec = spec
         self.flush_interval_s = flush_interval_s
         self.capacity = max_buffered_events
         root = Path(out_dir)
-        meta_path = root / ENGINES_DIR / f"{spec.engine_id}.json"
-        old = json.loads(meta_path.read_text()) if meta_path.exists() else None
+        engine_id = partition_id(root, spec.endpoint) if engine_id is None else engine_id
+        old = _partition_metadata(root, engine_id)
         if old is not None and not schema.is_kv_events(old):
-            raise KmeshTraceError(f"{meta_path} is a partition of another source ({old.get('source')}); "
-                                  "give the listener another --out.")
-        n_rows, last, self.resident, n_touched = _read_last_rows(root, spec.engine_id) if old else (0, None, Counter(), 0)
+            raise KmeshTraceError(f"{root / ENGINES_DIR / engine_id}.json is a partition of another source "
+                                  f"({old.get('source')}); give the listener another --out.")
+        n_rows, last, self.resident, n_touched = _read_last_rows(root, engine_id) if old else (0, None, Counter(), 0)
         fmt = spec.format or (old or {}).get("kv_events", {}).get("format")
         self.stats: dict[str, Any] = {
             "endpoint": spec.endpoint, "replay_endpoint": spec.replay_endpoint, "topic": spec.topic, "format": fmt,
@@ -151,6 +219,7 @@ class PublisherRecorder:
             "num_missing_batches": 0, "num_recovered_batches": 0, "num_unrecovered_batches": 0, "unrecovered": [],
             "num_malformed_frames": 0, "num_malformed_events": 0, "malformed": [], "epochs": [],
             "num_removed_unseen": 0, "num_touched_blocks": 0, "first_publisher_seq": None, "num_resumes": 0,
+            "num_duplicate_batches": 0, "num_late_batches": 0, "num_unread_at_stop": 0,
             "removal_semantics": removal_semantics(fmt, spec.engine), "removal_semantics_basis": None,
             "group_specs": {}, "num_reported_outside_window": 0,
         }
@@ -172,13 +241,17 @@ class PublisherRecorder:
             if spec.host:
                 metadata["host"] = spec.host
         source = schema.KV_EVENTS_SOURCE + (fmt.split("-")[0] if fmt else "unknown")
-        self.writer = TraceWriter(root, engine_id=spec.engine_id, metadata=metadata,
+        self.writer = TraceWriter(root, engine_id=engine_id, metadata=metadata,
                                   source=old.get("source", source) if old else source)
         self.writer.num_rows["block_events"] = n_rows
         self.next_row_seq = 0 if last is None else last["seq"] + 1
         # Sequence state: the next batch seq expected, and the last batch's wall time (epochs, duplicates).
         self.expected: int | None = None if last is None else last["publisher_seq"] + 1
         self.last_wall_ns: int | None = None if last is None else last["wall_publish_ns"]
+        # A resumed partition's last batch, (seq, wall ns): the replay buffer tells whether it is the same run.
+        self.resumed_at: tuple[int, int] | None = None if last is None else (last["publisher_seq"], self.last_wall_ns)
+        self.recent: dict[int, int] = {}  # seq -> payload digest of the latest batches of this epoch
+        self.lost: list[list[int]] = [list(r) for r in self.stats["unrecovered"][:MAX_OPEN_GAPS]]
         self.rows: dict[str, list] = {c: [] for c in _COLUMNS}
         self.num_dropped = 0
         self.live = LiveStats(spec.num_usable_blocks or self.writer.metadata.get("num_usable_blocks"))
@@ -188,7 +261,7 @@ class PublisherRecorder:
     def engine_id(self) -> str:
         return self.writer.engine_id
 
-    # ---- frames -------------------------------------------------------------------------------
+    # ---- frames: the sequence state machine ---------------------------------------------------
 
     def count_malformed(self, frame: Frame) -> None:
         if frame.ts is not None:  # the batch was read; some of its events were not
@@ -198,36 +271,52 @@ class PublisherRecorder:
         if len(self.stats["malformed"]) < MAX_LISTED:
             self.stats["malformed"].append(f"seq {frame.seq}: {frame.error}")
 
-    def is_duplicate(self, frame: Frame) -> bool:
-        """Already recorded: a seq before the expected one, stamped no later than the last batch."""
+    def classify(self, frame: Frame) -> str:
+        """Where a message with a readable seq goes: `next` (record it, first filling any gap before it),
+        `duplicate` (recorded before: the same seq and payload), `late` (a seq counted lost, arriving
+        after all), `epoch` (the seq went back with another payload: the publisher restarted) or
+        `stale` (an unreadable payload at a seq already passed: counted malformed)."""
         if self.expected is None or frame.seq >= self.expected:
-            return False
-        if frame.ts is None:  # unreadable: it cannot open an epoch, so it is taken as a repeat (and counted)
-            return True
-        return self.last_wall_ns is not None and int(frame.ts * 1e9) <= self.last_wall_ns
+            return "next"
+        if self.recent.get(frame.seq) == frame.digest:
+            return "duplicate"
+        if frame.ts is None:  # unreadable: it cannot open an epoch
+            return "stale"
+        if frame.seq not in self.recent and self._lost_range(frame.seq) is not None:
+            return "late"
+        return "epoch"
 
-    def starts_epoch(self, frame: Frame) -> bool:
-        return self.expected is not None and frame.seq < self.expected and not self.is_duplicate(frame)
+    def _lost_range(self, seq: int) -> int | None:
+        for i, (epoch, first, last) in enumerate(self.lost):
+            if epoch == self.epoch_index and first <= seq <= last:
+                return i
+        return None
 
-    def open_epoch(self, frame: Frame) -> None:
-        """The publisher (re)started: its seq counts from 0 again."""
+    def open_epoch(self, frame: Frame, *, restart: bool = True) -> None:
+        """The publisher (re)started: its seq counts from 0 again (`restart` False: the first batch seen)."""
         self.stats["epochs"].append({"epoch": len(self.stats["epochs"]), "first_publisher_seq": frame.seq,
                                      "wall_ns": int(frame.ts * 1e9) if frame.ts is not None else None,
                                      "first_row_seq": self.next_row_seq})
-        if self.expected is not None:
+        if restart:
+            self.recent.clear()
             self.expected = 0
 
-    def record(self, frame: Frame, *, replayed: bool = False) -> None:
-        """Rows for one in-order batch (the caller filled any gap before it)."""
+    def record(self, frame: Frame, *, replayed: bool = False, late: bool = False) -> None:
+        """Rows for one batch: in order (the caller filled any gap before it), or `late` (it fills a
+        seq counted lost; the sequence does not move)."""
         if frame.error:
             self.count_malformed(frame)
-        if frame.ts is None:  # nothing readable beyond its seq: it still advances the sequence
+        if frame.ts is not None and not self.stats["epochs"]:
+            self.open_epoch(frame, restart=False)
+        self._remember(frame)
+        if late:
+            self._unlose(frame.seq)
+        else:
             self.expected = frame.seq + 1
+        if frame.ts is None:  # nothing readable beyond its seq: it only advanced the sequence
             return
         if self.stats["first_publisher_seq"] is None:
             self.stats["first_publisher_seq"] = frame.seq
-        if self.expected is None and not self.stats["epochs"]:
-            self.open_epoch(frame)
         if frame.format and not self.stats["format"]:
             self._set_format(frame.format)
         if frame.rank is not None and self.writer.metadata.get("engine_index") is None:
@@ -238,8 +327,23 @@ class PublisherRecorder:
         ts = self.writer.metadata["mono_anchor_ns"] + (wall - self.writer.metadata["wall_anchor_ns"])
         for ev in frame.events:
             self._rows_of(ev, ts, wall, frame.seq)
-        self.expected = frame.seq + 1
-        self.last_wall_ns = wall
+        if not late:
+            self.last_wall_ns = wall
+
+    def _remember(self, frame: Frame) -> None:
+        self.recent[frame.seq] = frame.digest
+        if len(self.recent) > RECENT_WINDOW:
+            del self.recent[next(iter(self.recent))]
+
+    def _unlose(self, seq: int) -> None:
+        """A batch counted lost arrived: it is lost no more."""
+        i = self._lost_range(seq)
+        epoch, first, last = self.lost.pop(i)
+        self.lost[i:i] = [[epoch, a, b] for a, b in ((first, seq - 1), (seq + 1, last)) if a <= b]
+        del self.lost[MAX_OPEN_GAPS:]
+        self.stats["num_unrecovered_batches"] -= 1
+        self.stats["num_late_batches"] += 1
+        self.stats["unrecovered"] = [list(r) for r in self.lost[:MAX_LISTED]]
 
     def _set_format(self, fmt: str) -> None:
         self.stats["format"] = fmt
@@ -333,8 +437,9 @@ class PublisherRecorder:
 
     def count_unrecovered(self, first: int, last: int) -> None:
         self.stats["num_unrecovered_batches"] += last - first + 1
-        if len(self.stats["unrecovered"]) < MAX_LISTED:
-            self.stats["unrecovered"].append([self.epoch_index, first, last])
+        if len(self.lost) < MAX_OPEN_GAPS:
+            self.lost.append([self.epoch_index, first, last])
+            self.stats["unrecovered"] = [list(r) for r in self.lost[:MAX_LISTED]]
 
     @property
     def epoch_index(self) -> int:
@@ -381,24 +486,35 @@ class Listener:
 
         if not specs:
             raise KmeshTraceError("no publisher to listen to.")
-        ids = [s.engine_id for s in specs]
-        if len(set(ids)) != len(ids):
+        endpoints = [s.endpoint for s in specs]
+        if len(set(endpoints)) != len(endpoints):
             raise KmeshTraceError("the same publisher endpoint is given twice.")
+        ids: list[str] = []
+        for s in specs:
+            ids.append(partition_id(Path(out_dir), s.endpoint, set(ids)))
         self.zmq = zmq
         self.ctx = zmq.Context()
         self.flush_interval_s = flush_interval_s
         self.replay_timeout_s = replay_timeout_s
         self.recorders = [PublisherRecorder(out_dir, s, flush_interval_s=flush_interval_s,
-                                            max_buffered_events=max_buffered_events) for s in specs]
+                                            max_buffered_events=max_buffered_events, engine_id=eid)
+                          for s, eid in zip(specs, ids)]
         self.subs = [self._subscribe(rec) for rec in self.recorders]
         self._ipc_ids = [_ipc_identity(rec.spec.endpoint) for rec in self.recorders]
         self.stop = threading.Event()
 
+    def _socket(self, kind):
+        zmq = self.zmq
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)  # beyond it the publisher drops: a gap, filled or counted
+        sock.setsockopt(zmq.IPV6, 1)  # tcp://[::1]:P and IPv6 host names connect, IPv4 ones as before
+        return sock
+
     def _subscribe(self, rec: PublisherRecorder):
         zmq = self.zmq
-        sub = self.ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.RCVHWM, 0)  # never drop on our side: the publisher's HWM and replay bound it
-        sub.setsockopt(zmq.LINGER, 0)
+        sub = self._socket(zmq.SUB)
         sub.setsockopt_string(zmq.SUBSCRIBE, rec.spec.topic)
         if rec.spec.bind:  # the engine was given a concrete tcp address, so it connects: we bind it
             sub.bind(rec.spec.endpoint)
@@ -423,96 +539,141 @@ class Listener:
 
     # ---- replay -------------------------------------------------------------------------------
 
-    def replay(self, rec: PublisherRecorder, start: int) -> list[Frame] | None:
-        """Batches from `start` on that the publisher still buffers (None: no replay socket or no answer)."""
+    def replay(self, rec: PublisherRecorder, first: int, last: int | None, on_frame: Callable[[Frame], None], *,
+               deadline: float | None = None, at_stop: bool = False) -> bool:
+        """Hand `on_frame` the batches from seq `first` (to `last`) the publisher still buffers, in seq
+        order, at most `MAX_REPLAY_BATCHES`; the whole answer within `replay_timeout_s` (or `deadline`).
+        A stop request ends it, unless `at_stop` (the stop's own budget is `deadline`). True if the
+        replay socket ended its answer (or gave everything asked for)."""
         zmq = self.zmq
         if not rec.spec.replay_endpoint:
-            return None
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
+            return False
+        limit = MAX_REPLAY_BATCHES if last is None else min(last - first + 1, MAX_REPLAY_BATCHES)
+        end = time.monotonic() + self.replay_timeout_s
+        end = end if deadline is None else min(end, deadline)
+        sock = self._socket(zmq.DEALER)
         try:
             sock.connect(rec.spec.replay_endpoint)
-            sock.send_multipart([b"", start.to_bytes(8, "big")])
-            out: list[Frame] = []
-            deadline = time.monotonic() + self.replay_timeout_s
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not sock.poll(int(left * 1000)):
-                    log.warning("kmesh-trace listen: the replay socket of %s did not answer in %.0f s",
-                                rec.engine_id, self.replay_timeout_s)
-                    return out or None
+            sock.send_multipart([b"", first.to_bytes(8, "big")])
+            n, after = 0, first
+            while n < limit:
+                left = end - time.monotonic()
+                if (self.stop.is_set() and not at_stop) or left <= 0:
+                    if left <= 0:
+                        log.warning("kmesh-trace listen: the replay socket of %s did not answer in time",
+                                    rec.engine_id)
+                    return False
+                if not sock.poll(int(min(left, POLL_SLICE_S) * 1000) + 1):
+                    continue
                 frames = sock.recv_multipart()
                 frame = decode_frames(frames[1:] if frames and frames[0] == b"" else frames)
                 if frame.is_end:
-                    return out
+                    return True
                 if frame.seq is None:
                     rec.count_malformed(frame)
                     continue
-                out.append(frame)
-                deadline = time.monotonic() + self.replay_timeout_s
+                if frame.seq < after:  # before what was asked, or out of order: a copy of no use here
+                    rec.stats["num_duplicate_batches"] += 1
+                    continue
+                if last is not None and frame.seq > last:  # a copy of what is received live
+                    return True
+                n, after = n + 1, frame.seq + 1
+                on_frame(frame)
+            return True
         finally:
             sock.close()
 
-    def catch_up(self, rec: PublisherRecorder) -> None:
-        """At start: what the publisher buffered before we subscribed (a fresh trace: from 0; a resumed
-        one: every batch after the last written, or stamped after it, i.e. a restarted publisher's)."""
+    def catch_up(self, rec: PublisherRecorder, *, deadline: float | None = None) -> None:
+        """At start: what the publisher buffered before we subscribed. A fresh trace: from 0. A resumed one:
+        after its last batch when the buffer still holds that batch unchanged (the same run), else the
+        restarted publisher's batches from 0, as a new epoch."""
         if not rec.spec.replay_endpoint:
             return
-        frames = self.replay(rec, 0)
-        for f in frames or []:
-            if rec.expected is not None and rec.is_duplicate(f):
-                continue
-            self._in_order(rec, f, replayed=True)
+        if rec.resumed_at is None:
+            self.replay(rec, 0, None, lambda f: self._in_order(rec, f, replayed=True), deadline=deadline)
+            return
+        seq, wall = rec.resumed_at
+        rec.resumed_at = None
+        verdict: list[str] = []
+
+        def resumed(f: Frame) -> None:
+            if not verdict:  # the first batch of the answer says whose buffer this is
+                same = f.seq > seq or (f.seq == seq and f.ts is not None and int(f.ts * 1e9) == wall)
+                verdict.append("same" if same else "restarted")
+                if f.seq == seq and same:
+                    return  # the batch already written last
+            if verdict[0] == "same":
+                self._in_order(rec, f, replayed=True)
+
+        self.replay(rec, seq, None, resumed, deadline=deadline)
+        if verdict != ["same"]:  # nothing at or after our last batch, or another batch there: it restarted
+            started: list[bool] = []
+
+            def restarted(f: Frame) -> None:
+                if not started:
+                    rec.open_epoch(f)
+                    started.append(True)
+                self._in_order(rec, f, replayed=True)
+
+            self.replay(rec, 0, None, restarted, deadline=deadline)
 
     def _in_order(self, rec: PublisherRecorder, frame: Frame, *, replayed: bool = False) -> None:
-        """Record `frame`, first filling a gap before it from the replay socket."""
-        if rec.expected is not None and frame.seq > rec.expected:
-            first, last = rec.expected, frame.seq - 1
-            rec.stats["num_gaps"] += 1
-            rec.stats["num_missing_batches"] += last - first + 1
-            got = {f.seq: f for f in (self.replay(rec, first) or []) if first <= f.seq <= last}
-            rec.stats["num_recovered_batches"] += len(got)
-            missing_from = None
-            for s in range(first, last + 1):
-                f = got.get(s)
-                if f is None:
-                    missing_from = s if missing_from is None else missing_from
-                    continue
-                if missing_from is not None:
-                    rec.count_unrecovered(missing_from, s - 1)
-                    missing_from = None
-                rec.record(f, replayed=True)
-            if missing_from is not None:
-                rec.count_unrecovered(missing_from, last)
-            rec.record(frame, replayed=replayed)
-        elif rec.starts_epoch(frame):
-            # A restarted publisher: a new epoch from seq 0; batches of it we missed are a gap.
-            rec.open_epoch(frame)
-            self._in_order(rec, frame, replayed=replayed)
+        """Put one message with a readable seq where it belongs (`PublisherRecorder.classify`)."""
+        kind = rec.classify(frame)
+        if kind == "duplicate":
+            rec.stats["num_duplicate_batches"] += 1
+        elif kind == "stale":
+            rec.count_malformed(frame)
+        elif kind == "late":
+            rec.record(frame, replayed=replayed, late=True)
         else:
+            if kind == "epoch":
+                rec.open_epoch(frame)
+            if rec.expected is not None and frame.seq > rec.expected:
+                self._fill_gap(rec, rec.expected, frame.seq - 1)
             rec.record(frame, replayed=replayed)
+
+    def _fill_gap(self, rec: PublisherRecorder, first: int, last: int) -> None:
+        """Seqs `first`..`last` were missed: record what the replay socket still holds, count the rest. The
+        cost is the batches returned, never the size of the gap."""
+        rec.stats["num_gaps"] += 1
+        rec.stats["num_missing_batches"] += last - first + 1
+        nxt = [first]
+
+        def got(f: Frame) -> None:
+            if f.seq > nxt[0]:
+                rec.count_unrecovered(nxt[0], f.seq - 1)
+            rec.stats["num_recovered_batches"] += 1
+            rec.record(f, replayed=True)
+            nxt[0] = f.seq + 1
+
+        self.replay(rec, first, last, got)
+        if nxt[0] <= last:
+            rec.count_unrecovered(nxt[0], last)
+        rec.expected = last + 1
 
     # ---- the loop -----------------------------------------------------------------------------
 
     def run(self, *, on_tick: Callable[[], None] | None = None, tick_s: float | None = None,
             duration_s: float | None = None) -> None:
-        """Record until `stop` is set (or `duration_s` passed), then close every partition."""
+        """Record until `stop` is set (or `duration_s` passed), then drain and close every partition."""
         zmq = self.zmq
+        start = time.monotonic()
+        end = None if duration_s is None else start + duration_s
         try:
             for rec in self.recorders:
-                self.catch_up(rec)
+                self.catch_up(rec, deadline=end)
             poller, by_sock = self._poller()
-            start = time.monotonic()
-            next_flush = start + self.flush_interval_s
+            next_flush = time.monotonic() + self.flush_interval_s
             next_tick = start + tick_s if tick_s else None
             while not self.stop.is_set():
                 now = time.monotonic()
-                if duration_s is not None and now - start >= duration_s:
+                if end is not None and now >= end:
                     break
-                wait = next_flush - now if next_tick is None else min(next_flush, next_tick) - now
-                for sock, _ in poller.poll(max(int(wait * 1000), 0) if wait > 0 else 0):
+                wake = min(t for t in (next_flush, next_tick, end) if t is not None)
+                for sock, _ in poller.poll(int(max(min(wake - now, POLL_SLICE_S), 0) * 1000)):
                     rec = by_sock[sock]
-                    while True:  # drain what is queued, within the flush deadline
+                    while not self.stop.is_set():  # drain what is queued, within the flush deadline
                         try:
                             frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
@@ -532,22 +693,38 @@ class Listener:
                     next_tick = now + tick_s
         finally:
             try:
-                for rec in self.recorders:  # what the subscription had not delivered yet
-                    self.catch_up_tail(rec)
+                self.drain()
             finally:
                 self.close()
 
-    def catch_up_tail(self, rec: PublisherRecorder) -> None:
-        """At the end: batches published after the last one received (short wait: the engine may be gone)."""
-        if not rec.spec.replay_endpoint or rec.expected is None:
-            return
-        saved, self.replay_timeout_s = self.replay_timeout_s, min(self.replay_timeout_s, 1.0)
-        try:
-            for f in self.replay(rec, rec.expected) or []:
-                if f.seq >= rec.expected and not rec.is_duplicate(f):
-                    self._in_order(rec, f, replayed=True)
-        finally:
-            self.replay_timeout_s = saved
+
+    def drain(self) -> None:
+        """At the stop: what the subscriptions had queued or still had in flight is recorded
+        within `STOP_BUDGET_S` (then what the replay buffer holds beyond it), and what arrives after
+        that is counted lost at stop (its seqs as unrecovered) for `COUNT_BUDGET_S` more."""
+        deadline = time.monotonic() + STOP_BUDGET_S  # (no unsubscribing: a SUB drops queued messages then)
+        for sub, rec in zip(self.subs, self.recorders):
+            unread: list[bytes] = []
+            while time.monotonic() < deadline + COUNT_BUDGET_S and sub.poll(int(QUIET_S * 1000)):
+                frames = sub.recv_multipart()
+                if time.monotonic() < deadline and not unread:
+                    self._on_live(rec, frames)
+                else:
+                    unread.append(frames[1] if len(frames) == 3 else b"")
+            if unread:
+                self._count_unread(rec, unread)
+            elif rec.spec.replay_endpoint and rec.expected is not None and time.monotonic() < deadline:
+                self.replay(rec, rec.expected, None, lambda f: self._in_order(rec, f, replayed=True),
+                            deadline=deadline, at_stop=True)
+
+    def _count_unread(self, rec: PublisherRecorder, seqs: list[bytes]) -> None:
+        """Messages received at the stop with no time left to record them: counted, their seqs lost."""
+        rec.stats["num_unread_at_stop"] += len(seqs)
+        valid = [int.from_bytes(b, "big", signed=True) for b in seqs if len(b) == 8]
+        top = max((s for s in valid if s >= 0), default=None)
+        if rec.expected is not None and top is not None and top >= rec.expected:
+            rec.count_unrecovered(rec.expected, top)
+            rec.expected = top + 1
 
     def _poller(self):
         zmq = self.zmq
@@ -558,12 +735,10 @@ class Listener:
 
     def _on_live(self, rec: PublisherRecorder, frames: list[bytes]) -> None:
         frame = decode_frames(frames)
-        if frame.seq is None:
+        if frame.seq is None or frame.is_end:  # the end marker belongs to replay answers only
+            if frame.is_end:
+                frame = Frame(None, error="a live message carries the replay end marker (seq -1)")
             rec.count_malformed(frame)
-            return
-        if rec.is_duplicate(frame):
-            if frame.error:
-                rec.count_malformed(frame)
             return
         self._in_order(rec, frame)
 

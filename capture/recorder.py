@@ -60,6 +60,7 @@ class Recorder:
         self._buffers = (self.invocations, self.block_events, self.transfers)
         self.block_expander = BlockEventExpander()  # the pool wrappers install one that knows their pool
         self.num_lineage_dropped = 0
+        self.num_bad_declarations = 0  # requests whose kmesh_children is not a count (capture/rows.py)
         # Hot-path state, touched only by the engine thread.
         self.seq = 0  # next block event seq (advances for dropped events too, leaving a visible gap)
         self.step = 0  # scheduler iterations so far
@@ -228,6 +229,8 @@ class Recorder:
         fields: dict[str, Any] = {}
         if dropped != {k: v for k, v in self.writer.metadata["num_dropped_events"].items() if k in dropped}:
             fields["num_dropped_events"] = {**self.writer.metadata["num_dropped_events"], **dropped}
+        if self.num_bad_declarations != self.writer.metadata.get("num_bad_declarations", 0):
+            fields["num_bad_declarations"] = self.num_bad_declarations
         if num_arrivals is not None:
             fields["last_flush"] = {"wall_ns": time.time_ns(), "num_arrivals": num_arrivals,
                                     "rows": dict(self.writer.num_rows)}

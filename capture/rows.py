@@ -160,12 +160,26 @@ class BlockEventExpander:
 
 # ---- what the caller declared -------------------------------------------------------------------
 
+#: The most children a request may declare (`invocations.num_expected_children` is int32).
+MAX_CHILDREN = (1 << 31) - 1
+
+
 def _as_int(value) -> int | None:
-    # Callers declare through JSON (vllm_xargs); a value that is not a count is ignored, never raised.
-    try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
+    """A declared count: an integer (or its decimal digits) in 0..MAX_CHILDREN; anything else is None, never
+    raised (callers declare through JSON, vllm_xargs) and counted by `bad_declaration`."""
+    if isinstance(value, str) and value.isdigit() and len(value) <= 10:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CHILDREN:
         return None
+    return value
+
+
+def bad_declaration(request) -> str | None:
+    """Why the request's `kmesh_children` cannot be read as a count (then it is recorded as null), or None."""
+    value = extra_args(request).get(schema.XARG_CHILDREN)
+    if value is None or _as_int(value) is not None:
+        return None
+    return f"{schema.XARG_CHILDREN} {str(value)[:40]!r} is not a count from 0 to {MAX_CHILDREN}"
 
 
 def extra_args(request) -> dict:

@@ -20,12 +20,15 @@ from kmesh_trace.capture.rows import (
     STATUS,
     BlockEventExpander,
     RequestState,
+    bad_declaration,
     caller_id_of,
     group_of,
     invocation_row,
 )
 
 log = logging.getLogger("kmesh_trace.capture")
+#: Requests with a bad declaration logged one by one (all are counted).
+MAX_WARNED = 10
 
 
 # ---- block pool ----------------------------------------------------------------------------------
@@ -240,6 +243,12 @@ def install_scheduler(rec: Recorder, scheduler, close) -> None:
             rec.num_arrivals += 1
             rec.live[request.request_id] = request
             arrivals.append((request.request_id, caller_id_of(request)))
+            problem = bad_declaration(request)
+            if problem:
+                rec.num_bad_declarations += 1
+                if rec.num_bad_declarations <= MAX_WARNED:
+                    log.warning("kmesh-trace: request %s: %s; recorded as null (counted in num_bad_declarations)",
+                                request.request_id, problem)
         return orig_add(request)
 
     def schedule(*args, **kwargs):

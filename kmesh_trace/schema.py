@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 SCHEMA_VERSION = "1.0"
+#: The largest block size (tokens) any source may give a trace: no engine's block is larger, and it keeps
+#: every token count built from blocks (blocks x block size, summed over a trace) inside int64.
+MAX_BLOCK_SIZE = 1 << 20
 SCHEMA_MAJOR = int(SCHEMA_VERSION.split(".")[0])
 #: Key under which every Parquet part records the schema version it was written with.
 VERSION_KEY = b"kmesh_trace.schema_version"
@@ -291,6 +294,8 @@ METADATA: dict[str, MetadataField] = {
     "capture_config": MetadataField(dict, None, "Options the capture or import ran with."),
     "num_dropped_events": MetadataField(dict, "events", "Events per table that could not be recorded (must be zero for a complete trace)."),
     "num_malformed_lines": MetadataField(int, "lines", "Input lines an importer could not read.", minimum=0),
+    "num_bad_declarations": MetadataField(int, "requests", "Requests whose declared `kmesh_children` was not a count "
+                                          "(recorded as null; the capture logs the first few).", minimum=0),
     "malformed_lines": MetadataField(list, None, "file:line of each malformed input line (first 1000)."),
     "complete": MetadataField(bool, None, "True once the writer closed cleanly; false while writing or after a crash."),
     "engine_died": MetadataField(str, None, "Captures: how the engine died under the capture, when it did: a fatal error it reported "
@@ -330,7 +335,9 @@ METADATA: dict[str, MetadataField] = {
     "kv_events": MetadataField(dict, None, "KV-events recordings: the publisher (`endpoint`, `replay_endpoint`, `topic`, `format`), "
                   "`hash_kind` (what `block_hash` holds), batches received and replayed, sequence gaps found, batches "
                   "recovered from the replay socket and `num_unrecovered_batches` (lost: the audit names them), "
-                  "`num_malformed_frames`, publisher restarts (`epochs`), `num_touched_blocks` (hits: only "
+                  "`num_malformed_frames`, publisher restarts (`epochs`), `num_duplicate_batches` (received again), "
+                  "`num_late_batches` (counted lost, then received), `num_unread_at_stop` (received at the stop with "
+                  "no time left to record them; counted lost), `num_touched_blocks` (hits: only "
                   "requests with kv_cache_report_mode full report them), `removal_semantics` (each_copy: a removal "
                   "is one physical copy, as vLLM <= 0.33 publishes; last_copy; unknown) with `removal_semantics_basis`, "
                   "`group_specs` (each KV group's spec kind and window as the stores reported them) and "

@@ -95,6 +95,9 @@ class Trace(EngineMetadata):
             if not inside(self.path, meta_path):
                 raise CorruptTraceError(f"{meta_path} lies outside the trace (a symbolic link to "
                                         f"{os.path.realpath(meta_path)}); a trace reads only its own files.")
+            if not meta_path.is_file():  # a FIFO or a device would block the read, deaf to Ctrl-C
+                raise CorruptTraceError(f"{meta_path} is not a regular file; a trace holds only regular files: "
+                                        "move it out of the trace.")
             meta = _read_json_object(meta_path)
             schema.check_version(meta.get("schema_version"), str(meta_path))
             if not isinstance(meta.get("engine_id"), str):
@@ -160,6 +163,10 @@ class Trace(EngineMetadata):
             if not inside(self.path, p):
                 self._problem("part_outside_trace", p, f"{p} lies outside the trace (a symbolic link to "
                               f"{os.path.realpath(p)}); a trace reads only its own files: move the link out of it.")
+                continue
+            if not p.is_file():  # a FIFO or a device would block the read, deaf to Ctrl-C
+                self._problem("damaged_part", p, f"{p} is not a regular file; move it out of the trace to read "
+                              "the rest.")
                 continue
             try:
                 footer = pq.read_metadata(p)

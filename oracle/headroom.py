@@ -21,7 +21,7 @@ prompt block hash the trace lists (an import's partial last block included) is o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -190,6 +190,13 @@ class HeadroomOptions:
     window: str = option("--window", "all")
     tokens_per_s: float | None = option("--prefill-tokens-per-s")  # None: fitted to a capture's prefills
     attention_factor: float = option("--attention-factor", 0.0)
+    sample: float | None = option("--sample")  # a spatial sample of the block ids (oracle/sampled_curve.py)
+    partitions: int | None = option("--partitions")  # k partitions of the block ids, simulated apart and merged
+    memory_budget_gib: float | None = option("--memory-budget")  # what the exact curves may take (None: half the room)
+
+    @property
+    def sampled(self) -> bool:
+        return self.sample is not None or self.partitions is not None
 
     @property
     def wants_curve(self) -> bool:
@@ -208,6 +215,10 @@ class HeadroomOptions:
 
         if self.curve and self.capacities is not None:
             raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
+        if self.sample is not None and self.partitions is not None:
+            raise KmeshTraceError("--sample and --partitions are two ways of splitting the block ids; give one.")
+        if self.sampled and not self.wants_curve:
+            raise KmeshTraceError("--sample and --partitions make a curve; drop --capacity-blocks or add --window.")
         if self.capacities is None:
             return
         if self.policies is None or "vllm" in self.policies:
@@ -217,9 +228,9 @@ class HeadroomOptions:
 
     def check_executor(self, executor: Executor) -> None:
         """A remote executor distributes the replays at given capacities only (a curve is one pass each)."""
-        if self.wants_curve and executor.remote:
-            raise KmeshTraceError("--ray distributes the replays at given capacities; add --capacity-blocks "
-                                  "(without --window).")
+        if self.wants_curve and executor.remote and self.partitions is None:
+            raise KmeshTraceError("--ray distributes the replays at given capacities, or a curve's --partitions; add "
+                                  "--capacity-blocks (without --window) or --partitions.")
 
     def prefill_cost(self) -> PrefillCost | None:
         if self.tokens_per_s is None:
@@ -267,6 +278,18 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
     names = list(options.policies) if options.policies is not None else None
     caps = list(options.capacities) if options.capacities is not None else None
     options.check_executor(executor)
+    if options.sampled and options.sample != 1 and workload.hybrid:
+        raise KmeshTraceError("--sample and --partitions cover engines with one full-attention KV cache group; this "
+                              "engine is hybrid (its pool serves prefix positions across groups): drop them.")
+    exact = options.sample == 1 or workload.hybrid  # the whole stream: the exact curve, whatever the budget
+    if exact:
+        options = replace(options, sample=None)
+    elif options.wants_curve and (options.sampled or executor.remote):
+        return _sampled(workload, options, names, caps, executor, note)
+    budget = None if options.memory_budget_gib is None else int(options.memory_budget_gib * 2**30)
+    rate = auto_sample_rate(len(workload.stream), budget) if options.wants_curve and not exact else None
+    if rate is not None:
+        return _sampled(workload, replace(options, sample=rate), names, caps, executor, note, auto=True)
     if options.wants_curve:  # a window: the curve's result, at the given capacities if any
         bare = workload.requests is None
         res = headroom_curve(workload.requests, workload.block_size, policies=names, window=options.window,
@@ -290,3 +313,50 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
                                   groups=workload.groups, retention_interval=workload.retention_interval)
     result.cost, result.note = cost, note
     return result
+
+
+# ---- a sampled or partitioned curve, and when the exact one would not fit ------------------------------
+
+#: Bytes per access the exact curves take beyond the stream, which is built (14 B an access) before this is
+#: decided: the lru and belady kernels side by side (their own peaks 6.6-10.9 and 2.6-4.4 B an access in the
+#: curve scaling series of benchmarks/README.md) with the grid replays beside them. Measured whole, `headroom`
+#: on 10 M agentic reads peaks at 29.6 B a read with or without `--sample` (the stream's build is the peak).
+EXACT_CURVE_BYTES_PER_ACCESS = 16
+#: The rates `auto_sample_rate` picks from, largest first (those whose error benchmarks/ measured).
+AUTO_RATES = (0.1, 0.01, 0.001)
+
+
+def auto_sample_rate(num_accesses: int, budget: int | None) -> float | None:
+    """None when the exact curves of `num_accesses` fit `budget` bytes (None: half the memory available
+    here, `resources.check_fits`'s rule), else the largest of AUTO_RATES whose sample fits."""
+    from kmesh_trace.resources import MEMORY_FRACTION, available_memory
+
+    if budget is None:
+        room = available_memory()
+        if room is None:
+            return None
+        budget = int(room * MEMORY_FRACTION)
+    need = num_accesses * EXACT_CURVE_BYTES_PER_ACCESS
+    if need <= budget:
+        return None
+    return next((r for r in AUTO_RATES if need * r <= budget), AUTO_RATES[-1])
+
+
+def _sampled(workload: Workload, options: HeadroomOptions, names, caps, executor: Executor, note, *, auto=False):
+    from kmesh_trace.oracle.sampled_curve import SAMPLED_POLICIES, partitioned_curve, sampled_curve
+
+    if auto:  # policies the sample cannot replay are left out, and said so
+        names = [n for n in names or SAMPLED_POLICIES if n in SAMPLED_POLICIES]
+    if options.partitions is not None:
+        res = partitioned_curve(workload, options.partitions, policies=names, window=options.window, grid=caps,
+                                executor=executor)
+    else:
+        res = sampled_curve(workload.stream, options.sample, policies=names, window=options.window,
+                            num_usable_blocks=workload.num_usable_blocks, grid=caps)
+    if auto:
+        need = len(workload.stream) * EXACT_CURVE_BYTES_PER_ACCESS
+        res.sampling["why"] = (f"the exact curves of {len(workload.stream):,} accesses would take about "
+                               f"{need / 2**30:,.1f} GiB beyond the stream, over the memory budget; --sample 1 "
+                               "forces them")
+    res.note = note
+    return res

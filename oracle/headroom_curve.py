@@ -80,10 +80,16 @@ class CurveResult:
     ttft: dict[str, dict] = field(default_factory=dict)  # policy -> prefill-seconds quantiles at stock capacity
     notes: list[str] = field(default_factory=list)
     note: str | None = None  # what a reader must know about the trace (approximate token ids)
+    sampling: dict | None = None  # a sampled or partitioned curve (oracle/sampled_curve.py): how, and its error
 
     def rows(self) -> list[dict]:
-        """One row per grid capacity: the table and the CSV."""
-        return self.along_grid()
+        """One row per grid capacity: the table and the CSV (a sampled curve's rows say how it was sampled)."""
+        rows = self.along_grid()
+        if self.sampling is not None:
+            how = (f"shards {self.sampling['rate']:g}" if self.sampling["method"] == "shards"
+                   else f"partitions {self.sampling['partitions']}")
+            rows = [{**row, "sampled": how} for row in rows]
+        return rows
 
     def prefill_tokens(self, hit_blocks) -> np.ndarray:
         return self.num_prompt_tokens - np.asarray(hit_blocks, np.int64) * self.block_size
@@ -167,6 +173,8 @@ class CurveResult:
             d["ttft_estimate_seconds"] = self.ttft
         if self.note:
             d["note"] = self.note
+        if self.sampling is not None:
+            d["sampled"] = self.sampling
         if self.cost is None and self.cost_fit is not None:  # fitted, but not usable: say so in the JSON too
             d["prefill_cost_fit"] = self.cost_fit
         return d

@@ -58,6 +58,11 @@ class Residency:
                 "hits_recorded": self.hits_recorded, **({"by_group": self.by_group} if self.by_group else {})}
 
 
+#: The shortest eviction-rate bucket, and the most buckets one recording is cut into.
+MIN_BUCKET_S = 1e-3
+MAX_BUCKETS = 1_000_000
+
+
 def residency(trace, engine: str | None = None, bucket_s: float | None = None) -> list[Residency]:
     """Residency of each chosen KV-events partition (all of them when `engine` is None)."""
     engines = [engine] if engine is not None else sorted(trace.engines)
@@ -68,8 +73,9 @@ def residency(trace, engine: str | None = None, bucket_s: float | None = None) -
     if not kv:
         raise KmeshTraceError("residency reads KV-events recordings (`kmesh-trace listen`); this trace has none "
                               f"({', '.join(engines)} {'is' if len(engines) == 1 else 'are'} not).")
-    if bucket_s is not None and not bucket_s > 0:
-        raise KmeshTraceError(f"--bucket-s must be > 0 seconds, not {bucket_s}.")
+    if bucket_s is not None and not MIN_BUCKET_S <= bucket_s < float("inf"):  # NaN fails too
+        raise KmeshTraceError(f"--bucket-s must be a finite number of seconds, at least {MIN_BUCKET_S:g}, "
+                              f"not {bucket_s:g}.")
     cols = ("seq", "event", "block_hash", "kv_group", "medium", "wall_publish_ns", "ts_ns")
     frames = (trace.scan("block_events").filter(pl.col("engine").is_in(kv)).select("engine", *cols)
               .sort("engine", "seq").collect())
@@ -82,6 +88,9 @@ def _one(engine: str, ev: pl.DataFrame, bucket_s: float | None) -> Residency:
     t0 = t[0] if t else 0
     span = (t[-1] - t0) / 1e9 if t else 0.0
     bucket = bucket_s or max(span / 10, 1.0)
+    if span / bucket > MAX_BUCKETS:
+        raise KmeshTraceError(f"--bucket-s {bucket:g} cuts {engine}'s {span:,.0f} s into more than {MAX_BUCKETS:,} "
+                              "buckets; give a larger one.")
     res = Residency(engine, span, bucket)
     stored_at: dict[tuple, deque] = defaultdict(deque)
     removed_at: dict[tuple, int] = {}

@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from kmesh_trace.oracle.fleet import FleetRun, simulate_run
 
-__all__ = ["fleet_run", "headroom_point", "pressure_point", "tiers_point", "load_at", "task_source", "workload_at"]
+__all__ = ["fleet_run", "headroom_point", "pressure_point", "tiers_point", "load_at", "stream_at", "task_source",
+           "workload_at"]
 
 _LOADED: dict[tuple, tuple[tuple, Any]] = {}
 
@@ -51,6 +52,19 @@ def workload_at(source, engine: str | None = None, *, merged: bool = False):
     engines = None if engine is None else (engine,)
     return load_at(str(source), engines, "merged" if merged else "one",
                    lambda parts: Workload.from_trace(parts, None if merged else engine, merged=merged))
+
+
+def stream_at(source, engine: str | None = None):
+    """The access stream of `source` (a loaded Workload, or a trace location read once per worker as
+    `workload_at` reads it, but without a RequestBlocks per invocation where the trace lets: the columns
+    flattened, as the curves' own workload is built)."""
+    from kmesh_trace.oracle.workload import Workload
+
+    if isinstance(source, Workload):
+        return source.stream
+    engines = None if engine is None else (engine,)
+    return load_at(str(source), engines, "stream",
+                   lambda parts: Workload.from_trace(parts, engine, requests=False)).stream
 
 
 def task_source(workload, executor):

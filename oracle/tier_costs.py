@@ -174,6 +174,9 @@ def parse_capacity(text: str, block_bytes: int | None, what: str) -> int:
     if not m:
         raise KmeshTraceError(f"{what} must be a block count or a size such as 40GiB (got {text!r}).")
     num, unit = m.group(1), m.group(2)
+    if len(num.split(".")[0].lstrip("0")) > 24:  # beyond any pool (and beyond a float: 10^400 GiB is inf)
+        raise KmeshTraceError(f"{what} must be at most {MAX_TIER_BLOCKS:,} blocks (got a number of "
+                              f"{len(num.split('.')[0].lstrip('0')):,} digits).")
     if unit is None:
         if "." in num:
             raise KmeshTraceError(f"{what} in blocks must be a whole number (got {text!r}).")

@@ -6,12 +6,16 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from typer.testing import CliRunner
 
 # Hypothesis keeps its example database (and its other files) in the user's cache, not in the repository
 # tree; an explicit HYPOTHESIS_STORAGE_DIRECTORY wins. Set before any test asks Hypothesis for storage.
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(
     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kmesh-trace" / "hypothesis"))
+# Hypothesis keeps no example database (none in the tree) and runs few examples unless a test asks for more.
+settings.register_profile("kmesh", database=None, max_examples=50, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kmesh"))
 
 
 def datasets_dir() -> Path:

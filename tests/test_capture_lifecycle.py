@@ -24,8 +24,10 @@ from kmesh_trace.capture.session import capture_in_process
 from vllm_kv_manager import BS, USABLE, kv_manager  # tests/ is on sys.path
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import Request, RequestStatus
+
+init_none_hash(sha256)  # vLLM's engine does this at start; run alone, this module must too
 
 
 class Scheduler:
@@ -216,3 +218,21 @@ def test_proxy_records_a_transfer_opened_again_before_it_finished(proxy):
     hooks.close_recorder(rec)  # the second is still open at close: incomplete too
     written = pq.read_table(rec.writer.partition_dir("transfers")).to_pylist()
     assert [(r["status"], r["start_ns"] == first[2]) for r in written] == [("incomplete", True), ("incomplete", False)]
+
+
+def test_a_declared_child_count_that_is_not_a_count_is_null_and_counted(tmp_path):
+    import json
+
+    from kmesh_trace.trace import open_trace
+
+    e = Engine()
+    with capture_in_process(tmp_path / "t", flush_interval_s=60):
+        hooks.install(e.sched, str(tmp_path / "t"))
+        for rid, children in [("a", "three"), ("b", 3), ("c", "4"), ("d", 1 << 40), ("e", -1), ("f", True),
+                              ("g", None)]:
+            e.run(rid, list(range(1, 41)), kmesh_family="f", kmesh_children=children)
+    (meta,) = (tmp_path / "t" / "engines").glob("*.json")
+    assert json.loads(meta.read_text())["num_bad_declarations"] == 4  # three, 2^40, -1, true
+    with open_trace(tmp_path / "t") as t:
+        got = t.sql("SELECT request_id, num_expected_children FROM invocations ORDER BY request_id").rows()
+    assert got == [("a", None), ("b", 3), ("c", 4), ("d", None), ("e", None), ("f", None), ("g", None)]

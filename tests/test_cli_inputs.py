@@ -138,3 +138,40 @@ def test_headroom_reads_the_mooncake_file_as_its_import(tmp_path, cli, shared_da
     direct, imported = cli(["headroom", str(src), *args]), cli(["headroom", str(tmp_path / "imported"), *args])
     assert direct.exit_code == imported.exit_code == 0, direct.stderr
     assert json.loads(direct.stdout) == json.loads(imported.stdout)
+
+
+def _agent_line(i: int) -> str:
+    return json.dumps({"timestamp": 1_760_000_000 + i, "session_id": "s", "input": "x" * (i + 1), "output": "y"}) + "\n"
+
+
+def test_a_directory_of_other_programs_jsonl_is_not_an_agent_corpus(tmp_path, cli):
+    d = tmp_path / "tmp"
+    (d / "app").mkdir(parents=True)
+    (d / "app" / "events.jsonl").write_text('{"level": "info", "msg": "started", "ts": 1}\n')
+    (d / "agent.jsonl").write_text(_agent_line(0) + _agent_line(1))
+    r = cli(["headroom", d])
+    assert r.exit_code == 1
+    assert r.stderr.strip() == (f"Error: {d} holds .jsonl files that are not LMCache agent traces (1 of 2, e.g. "
+                                "app/events.jsonl: no input and timestamp or output in its first record); give a "
+                                "directory of one format.")
+    (d / "app" / "events.jsonl").unlink()
+    (d / "blank.jsonl").write_text("\n")  # blank: no format either way
+    assert sniff(d) == "lmcache-agent"
+
+
+def test_a_directory_above_a_trace_names_the_trace(tmp_path, cli):
+    from kmesh_trace.datasets.workloads.fork_tree import write_fork_tree
+
+    write_fork_tree(tmp_path / "demo-out" / "trace")
+    (tmp_path / "demo-out" / "summary.json").write_text('{"headroom": 1}')
+    r = cli(["headroom", tmp_path / "demo-out"])
+    assert r.exit_code == 1
+    assert r.stderr.strip() == (f"Error: {tmp_path / 'demo-out'} is not a trace directory, but "
+                                f"{tmp_path / 'demo-out' / 'trace'} is: give that.")
+
+
+def test_a_directory_of_json_files_that_are_not_conversations_is_refused(tmp_path):
+    (tmp_path / "a.json").write_text('{"id": "a", "block_size": 4, "hash_id_scope": "local", "requests": []}')
+    (tmp_path / "package.json").write_text('{"name": "x", "version": "1.0.0"}')
+    with pytest.raises(InputFormatError, match=r"not weka conversations \(1 of 2, e.g. package.json\)"):
+        sniff(tmp_path)

@@ -200,3 +200,19 @@ def test_the_compiled_chain_hashes_equal_hashlib():
                for _ in range(rng.randint(0, 40))]
         assert chain_hashes(ids) == chain_hashes_plain(ids)
     assert chain_hashes([]) == []
+
+
+@pytest.mark.parametrize("extra", ['"x": NaN', '"x": Infinity', '"x": 1' + "0" * 5000, '"x": [[[[[[[[1]]]]]]]]'])
+def test_direct_reading_and_import_keep_and_count_the_same_lines(tmp_path, cli, extra):
+    """One decision for both paths: a value in a field neither reads (NaN, a 5,000-digit number) makes
+    the line malformed for `headroom FILE` and for `import` + `headroom` alike, or for neither."""
+    good = [json.dumps({"timestamp": i, "input_length": 100, "output_length": 3, "hash_ids": [i]}) for i in range(3)]
+    odd = '{"timestamp": 9, "input_length": 100, "output_length": 3, "hash_ids": [9], ' + extra + "}"
+    src = write_lines(tmp_path / "m.jsonl", good[:2] + [odd] + good[2:])
+    direct = cli(["headroom", src, "--json"])
+    assert cli(["import", "mooncake", src, "--out", tmp_path / "t"]).exit_code == 0
+    imported = cli(["headroom", tmp_path / "t", "--json"])
+    assert direct.exit_code == imported.exit_code == 0, direct.stderr + imported.stderr
+    d, i = json.loads(direct.stdout), json.loads(imported.stdout)
+    assert (d["num_requests"], d["num_prompt_tokens"]) == (i["num_requests"], i["num_prompt_tokens"])
+    assert open_trace(tmp_path / "t").metadata["num_malformed_lines"] == 4 - d["num_requests"]

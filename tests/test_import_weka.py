@@ -334,3 +334,20 @@ def test_fast_path_doubts_go_the_plain_way(tmp_path, text):
     d.mkdir()
     (d / "a.json").write_text(text)
     assert_fast_equals_plain(tmp_path, d)
+
+
+def test_sizes_beyond_what_int64_sums_hold_are_malformed_not_negative_tokens(tmp_path, cli):
+    d = tmp_path / "in"
+    d.mkdir()
+    write(d, "a.json", conv("a", [req(0, 2)]))
+    huge = 1 << 62  # 2 blocks of 2^62 tokens: 2^63 prefill tokens, -2^63 in int64
+    write(d, "b.json", {**conv("b", [{**req(1, 2), "in": 2 * huge}]), "block_size": huge})
+    write(d, "c.json", conv("c", [{**req(2, 1), "in": (1 << 40) + 1, "hash_ids": [9]}], block_size=4))
+    rep = import_weka(d, tmp_path / "t")
+    assert rep.num_invocations == 1 and rep.num_malformed_files == 1
+    assert rep.malformed_lines[0] == f"b.json: block_size {huge} is above 1048576, larger than any engine's block"
+    assert any("field in is out of range (above 4294967296)" in m for m in rep.malformed_lines)
+    r = cli(["headroom", d, "--json"])
+    assert r.exit_code == 0, r.stdout
+    got = json.loads(r.stdout)
+    assert (got["block_size"], got["num_requests"], got["num_prompt_tokens"]) == (4, 1, 8)

@@ -394,31 +394,14 @@ def test_live_view_rates_and_lru_model_are_bounded():
 
 
 def test_a_sglang_server_is_discovered_from_its_server_info():
-    import http.server
-    import threading
-
     from kmesh_trace.capture.sources import discover
+    from kv_wire import http_server  # tests/ is on sys.path
 
     info = {"version": "0.5.23", "model_path": "m", "kv_events": {
         "publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557, "topic": "kv", "block_size": 16,
         "dp_size": 2, "replay_endpoint_port_base": 5560}}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps(info).encode() if self.path == "/server_info" else b""
-            self.send_response(200 if body else 404)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    srv = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        specs = discover(f"http://127.0.0.1:{srv.server_port}")
-    finally:
-        srv.shutdown()
+    with http_server({"/server_info": info}) as url:
+        specs = discover(url)
     assert [(s.endpoint, s.replay_endpoint, s.rank, s.format, s.block_size, s.engine, s.topic) for s in specs] == [
         ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5560", 0, "sglang", 16, "sglang 0.5.23", "kv"),
         ("tcp://127.0.0.1:5558", "tcp://127.0.0.1:5561", 1, "sglang", 16, "sglang 0.5.23", "kv")]

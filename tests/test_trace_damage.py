@@ -4,6 +4,7 @@ in one line, and the audit reports the damage as blocking findings (issue 18, cl
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pyarrow as pa
@@ -88,13 +89,18 @@ def damage(root, kind):
             i = t.schema.get_field_index("request_id")
             return t.set_column(i, t.schema.field(i), pa.array([None] + t["request_id"].to_pylist()[1:], pa.string()))
         _rewrite(root, nulls)
+    elif kind in ("fifo_part", "fifo_engine_metadata"):  # a read would block forever, deaf to Ctrl-C
+        p = p if kind == "fifo_part" else root / "engines" / "e0.json"
+        p.unlink()
+        os.mkfifo(p)
     else:
         raise AssertionError(kind)
     return p
 
 
 KINDS = ["wrong_table", "wrong_type", "missing_column", "extra_column", "flipped_footer", "non_utf8_part_metadata",
-         "non_utf8_engine_metadata", "metadata_wrong_type", "duplicate_part", "required_nulls"]
+         "non_utf8_engine_metadata", "metadata_wrong_type", "duplicate_part", "required_nulls", "fifo_part",
+         "fifo_engine_metadata"]
 
 
 def test_clean_trace_opens_without_problems(tmp_path):

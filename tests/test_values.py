@@ -453,3 +453,11 @@ def test_a_tier_capacity_beyond_int64_blocks_is_one_error():
         parse_capacity("99999999999999999999", None, "--host")
     with pytest.raises(KmeshTraceError, match="at most"):
         parse_capacity("999999999999999999999TiB", 16, "--host")
+
+
+@pytest.mark.parametrize("text", ["9" * 5000, "9" * 400 + "GiB", "1" + "0" * 400 + ".5TB"])
+def test_a_capacity_of_hundreds_of_digits_is_one_error(text):
+    from kmesh_trace.oracle.tier_costs import parse_capacity
+
+    with pytest.raises(KmeshTraceError, match="must be at most"):
+        parse_capacity(text, 16, "--capacity")

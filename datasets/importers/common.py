@@ -84,6 +84,9 @@ def _records(path: Path, name: str, report: ImportReport, on_bytes) -> Iterator[
 MAX_INT64 = (1 << 63) - 1
 #: Largest |time| in nanoseconds an int64 column holds.
 MAX_NS = MAX_INT64
+#: The most tokens one request may declare (input or output): far beyond any context window, and small
+#: enough that the token sums of 2^31 requests stay inside int64 (a larger value is the record's error).
+MAX_TOKENS = 1 << 32
 
 
 def require_int(rec: dict, key: str, *, minimum: int = 0, maximum: int = MAX_INT64) -> int:

@@ -212,8 +212,10 @@ def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "impor
         counts = _line_counts(data)
         table = _fast_table(data) if counts is not None else None
         num_lines, num_blank = counts or (0, 0)
-        # Arrow must have read one record per non-blank line; anything else goes the plain way.
-        if table is not None and table.num_rows == num_lines - num_blank:
+        # Arrow must have read one record per non-blank line, and the direct path (`read_mooncake`) must
+        # take the file whole too (Arrow alone also reads NaN or a 5,000-digit number in a field it
+        # ignores); anything else goes the plain way, where both paths keep and count the same lines.
+        if table is not None and table.num_rows == num_lines - num_blank and _read_whole(src, data, counts):
             for start in range(0, table.num_rows, ROWS_PER_PART):
                 writer.write("invocations", table.slice(start, ROWS_PER_PART))
             report.num_lines, report.num_blank_lines = num_lines, num_blank
@@ -231,6 +233,14 @@ def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "impor
     writer.update_metadata(num_malformed_lines=report.num_malformed_lines, malformed_lines=report.malformed_lines)
     writer.close()
     return report
+
+
+def _read_whole(src: Path, data: bytes, counts: tuple[int, int]) -> bool:
+    """Whether `read_mooncake`'s fast readers take every line of the file (the one decision both the direct
+    path and the import make before trusting a fast reader)."""
+    from kmesh_trace.datasets.importers.mooncake_lines import read_lines
+
+    return read_lines(src) is not None or _decoded_columns(data, counts[0] - counts[1]) is not None
 
 
 def read_mooncake(src: str | Path, *, engine_id: str = "import-mooncake", fast: bool = True) -> tuple[_Columns, ImportReport]:

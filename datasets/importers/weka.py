@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 import numpy as np
 
-from kmesh_trace.datasets.importers.common import ImportReport, RecordError, require_hash_list, require_int, require_number
+from kmesh_trace.datasets.importers.common import (MAX_TOKENS, ImportReport, RecordError, require_hash_list, require_int,
+                                                  require_number)
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
 from kmesh_trace import schema
 from kmesh_trace.native.kernels import I64, I32, P, declare, ptr
@@ -332,8 +333,8 @@ class _FileReader:
                 if typ == "subagent":
                     self._subagent(e, thread, where, float(t))
                     continue
-                n_in = require_int(e, "in", minimum=1)
-                n_out = require_int(e, "out") if e.get("out") is not None else None
+                n_in = require_int(e, "in", minimum=1, maximum=MAX_TOKENS)
+                n_out = require_int(e, "out", maximum=MAX_TOKENS) if e.get("out") is not None else None
                 hashes, start, n_ids = self._ids(e.get("hash_ids"))
                 if n_ids != n_in // self.block_size:
                     raise RecordError(f"hash_ids has {n_ids} entries but in {n_in} // block_size "
@@ -771,6 +772,8 @@ def _check_file(conv: Any, block_size: int | None, families: set[str]) -> str | 
     bs = conv.get("block_size")
     if type(bs) is not int or bs <= 0:
         return "field block_size missing or not a positive integer"
+    if bs > schema.MAX_BLOCK_SIZE:
+        return f"block_size {bs} is above {schema.MAX_BLOCK_SIZE}, larger than any engine's block"
     if block_size is not None and bs != block_size:
         return f"block_size {bs} differs from the {block_size} of the files before it (one trace, one block size)"
     if conv.get("hash_id_scope") not in (None, "local", "global"):

@@ -147,6 +147,8 @@ def plot_headroom_curve(result: "CurveResult", path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     n = max(result.num_reads, 1)
     top = max(result.grid[-1], 2)
+    sampling = getattr(result, "sampling", None)  # a sampled or merged curve says so in its legend and title
+    how = "exact" if sampling is None else ("sampled" if sampling["method"] == "shards" else "merged")
     for k, (name, cur) in enumerate(result.curves.items()):
         caps, hits = cur.capacities, cur.hit_blocks
         look = policy_style(name, k)
@@ -154,7 +156,7 @@ def plot_headroom_curve(result: "CurveResult", path: str | Path) -> Path:
             x = [max(int(c), 1) for c in caps] + [top]
             ax.step(x, [h / n for h in hits] + [hits[-1] / n], where="post", linestyle=look["linestyle"],
                     color=look["color"])
-            ax.plot(result.grid, cur.at(result.grid) / n, label=f"{name} (exact)",
+            ax.plot(result.grid, cur.at(result.grid) / n, label=f"{name} ({how})",
                     **dict(look, linestyle="none"))  # markers at the grid, so coinciding steps stay apart
         else:
             ax.plot(caps, hits / n, label=name, **look)
@@ -176,7 +178,9 @@ def plot_headroom_curve(result: "CurveResult", path: str | Path) -> Path:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     _legend_outside(ax)
-    ax.set_title(f"Prefix-cache hit ratio at every capacity (window: {result.window})", fontsize=10)
+    what = "" if sampling is None else (f", sampled at {sampling['rate']:g}" if how == "sampled"
+                                        else f", {sampling['partitions']} partitions merged")
+    ax.set_title(f"Prefix-cache hit ratio at every capacity (window: {result.window}{what})", fontsize=10)
     return _save(fig, path)
 
 

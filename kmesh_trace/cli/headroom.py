@@ -3,6 +3,7 @@ capacities or (`--curve`, the default without --capacity-blocks) along the whole
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
@@ -75,6 +76,15 @@ def headroom_cmd(
     allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="Analyse a capture that never closed "
                                           "(complete: false) with a warning, instead of refusing."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write hit ratio against capacity to FILE.png or FILE.svg."),
+    sample: Optional[float] = typer.Option(
+        None, "--sample", parser=finite_float(0, 1, lo_open=True), help="Curve from a spatial sample of the block "
+        "ids at RATE (SHARDS; e.g. 0.01), labelled with its measured error; 1: exact (also above the memory budget)."),
+    partitions: Optional[int] = typer.Option(
+        None, "--partitions", parser=bounded_int(1, 4096), help="Curve from K partitions of the block ids, each a "
+        "cache of C / K, merged (Ray tasks with --ray): exact for the infinite cache, error-bounded below."),
+    memory_budget: Optional[float] = typer.Option(
+        None, "--memory-budget", parser=finite_float(0, lo_open=True), help="GiB the exact curves may take beyond "
+        "the stream; above it the curve is sampled, and says so (default: half the memory available)."),
     ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
     output: Output = None,
 ) -> None:
@@ -91,7 +101,7 @@ def headroom_cmd(
     if curve and capacity is not None:  # capacities in bytes: known once the trace is open
         raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
     options = hr.HeadroomOptions(None if caps is None else tuple(caps), names, curve, window.value, tokens_per_s,
-                                 attention_factor)
+                                 attention_factor, sample, partitions, memory_budget)
     check_plot_option(plot, [trace, model_config])  # a bad --plot must fail before the replays, not after them
     check_ray_option(ray)
     options.check()
@@ -162,10 +172,37 @@ def _fitted(trace, engine):
     return fitted
 
 
+def sampled_label(sampling: dict) -> list[str]:
+    """The lines that say a curve is sampled, how, and its error: measured at its rate on the benchmark's
+    stream, and on this stream at the infinite cache (the one capacity known exactly here)."""
+    if sampling["method"] == "partitions":
+        how = f"merged from {sampling['partitions']} partitions of the block ids, each a cache of C / {sampling['partitions']}"
+    else:
+        how = (f"sampled: {sampling['rate']:.3g} of the block ids (SHARDS; {sampling['num_sampled_accesses']:,} of "
+               f"{sampling['num_accesses']:,} accesses)")
+    bound = sampling.get("error_bound")
+    if bound is None:
+        err_line = "error: not measured at this setting (benchmarks/sampled_curve_bench.py measures it)"
+    else:
+        at = f"rate {bound['rate']:g}" if "rate" in bound else f"{bound['partitions']} partitions"
+        err_line = (f"error: max |delta hit ratio| measured at {at}: lru {bound['lru']:.4f}, belady "
+                    f"{bound['belady']:.4f}, belady-prefix {bound['belady-prefix']:.4f}, on {bound['stream']}")
+    inf = sampling["infinite_check"]
+    lines = [how, err_line, f"infinite cache here: {inf['sampled_hit_ratio']:.4f} against {inf['exact_hit_ratio']:.4f} "
+                            f"exact (delta {inf['delta']:+.4f})"]
+    if "why" in sampling:
+        lines.insert(0, sampling["why"])
+    return [part for line in lines for part in textwrap.wrap(line, 80, subsequent_indent="  ")]  # 80 columns
+
+
 def _render_curve(res, block_size, window, cost) -> None:
     rows = res.along_grid()
     pols = list(res.curves)
-    rt = Table(title=f"hit ratio by capacity ({block_size}-token blocks, window: {window}, "
+    if res.sampling is not None:
+        for line in sampled_label(res.sampling):
+            out.print(line, markup=False, highlight=False)
+    kind = "" if res.sampling is None else ("SAMPLED " if res.sampling["method"] == "shards" else "MERGED ")
+    rt = Table(title=f"{kind}hit ratio by capacity ({block_size}-token blocks, window: {window}, "
                          f"{res.num_requests:,} requests)", title_justify="left")
     rt.add_column("capacity_blocks", justify="right", short="blocks")  # short: at 80 columns, with a legend
     for p in pols:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import re
 from array import array
 import shutil
 import tempfile
@@ -70,12 +71,10 @@ def sniff(path: Path) -> str | None:
     if path.is_dir():
         if (path / TRACE_MARKER).is_file() or (path / "engines").is_dir():  # kmesh_trace.writer's MARKER, ENGINES_DIR
             return None
-        if any(p.suffix.lower() == ".json" and p.is_file() for p in path.iterdir()):
-            return "weka"
-        if any(p.suffix.lower() == ".jsonl" for p in path.glob("*/*.jsonl")) or any(path.glob("*.jsonl")):
-            return "lmcache-agent"
-        raise InputFormatError(f"{path} is neither a trace directory nor a directory of conversations (weka: .json "
-                               "files) or agent traces (lmcache-agent: .jsonl files).")
+        inner = sorted(p for p in path.iterdir() if p.is_dir() and (p / TRACE_MARKER).is_file())
+        if inner:
+            raise InputFormatError(f"{path} is not a trace directory, but {inner[0]} is: give that.")
+        return _directory_format(path)
     if not path.is_file():
         raise InputFormatError(f"{path} does not exist." if not path.exists() else f"{path} is not a readable file.")
     record = _first_record(path)
@@ -92,6 +91,60 @@ def sniff(path: Path) -> str | None:
         return "requests"
     raise InputFormatError(f"{path} is not a trace directory, and its first record is not Mooncake, Bailian, weka "
                            "or request-dataset input; `kmesh-trace import FORMAT` names the format of other inputs.")
+
+
+#: A record's keys as a JSON object's head shows them (the first line may be longer than what is read).
+_KEY = re.compile(rb'"([A-Za-z_][A-Za-z0-9_]{0,63})"\s*:')
+#: Bytes of each file's head a directory's format is judged by.
+_HEAD_BYTES = 1 << 16
+
+
+def _head_keys(path: Path) -> set[str] | None:
+    """The keys the first record of a JSON or JSONL file shows in its first `_HEAD_BYTES` (empty when the
+    file does not start with a JSON object; None when it is blank: no format either way)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(_HEAD_BYTES).lstrip(b"\xef\xbb\xbf").lstrip()
+    except OSError:
+        return set()
+    if not head:
+        return None
+    return {m.decode() for m in _KEY.findall(head)} if head.startswith(b"{") else set()
+
+
+def _unlike(files: list[Path], *wanted: set[str], keyless_ok: bool = False) -> list[Path]:
+    """The files whose first record shows none of the keys of one of the `wanted` sets (`keyless_ok`: a
+    file that shows no key at all, e.g. truncated, is left to the importer, which counts it)."""
+    out = []
+    for p in files:
+        keys = _head_keys(p)
+        if keys is not None and not (keyless_ok and not keys) and not all(keys & w for w in wanted):
+            out.append(p)
+    return out
+
+
+def _directory_format(path: Path) -> str:
+    """weka (.json conversations) or lmcache-agent (.jsonl agent traces, here or one level down), when every
+    such file looks like one; else one sentence naming a file that does not."""
+    from kmesh_trace.audit.fields import INPUT_KEYS, OUTPUT_KEYS
+
+    weka = sorted(p for p in path.iterdir() if p.suffix.lower() == ".json" and p.is_file())
+    if weka:
+        others = _unlike(weka, {"requests", "block_size", "hash_id_scope"}, keyless_ok=True)
+        if others:
+            raise InputFormatError(f"{path} holds .json files that are not weka conversations ({len(others)} of "
+                                   f"{len(weka)}, e.g. {others[0].name}); give a directory of one format.")
+        return "weka"
+    agent = sorted(p for p in (*path.glob("*.jsonl"), *path.glob("*/*.jsonl")) if p.is_file())
+    if agent:
+        others = _unlike(agent, set(INPUT_KEYS), {*OUTPUT_KEYS, "timestamp"})
+        if others:
+            raise InputFormatError(f"{path} holds .jsonl files that are not LMCache agent traces ({len(others)} of "
+                                   f"{len(agent)}, e.g. {others[0].relative_to(path)}: no input and timestamp or "
+                                   "output in its first record); give a directory of one format.")
+        return "lmcache-agent"
+    raise InputFormatError(f"{path} is neither a trace directory nor a directory of conversations (weka: .json "
+                           "files) or agent traces (lmcache-agent: .jsonl files).")
 
 
 def _first_record(path: Path) -> object:

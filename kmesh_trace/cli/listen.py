@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from kmesh_trace.cli.common import check_out_dir, err, fail, handles_errors, print_json
+from kmesh_trace.schema import MAX_BLOCK_SIZE
 
 FORMAT_CHOICES = ("auto", "vllm-map", "vllm-array", "sglang")
 
@@ -24,7 +25,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _specs(sources: list[str], replay: list[str], topic: str, fmt: str, block_size: int | None,
-           num_blocks: int | None, bind: bool = False):
+           num_blocks: int | None, bind: bool = False, allow_remote: bool = False):
+    from kmesh_trace.capture.endpoints import check_bind, check_endpoint, split_tcp, url_host
     from kmesh_trace.capture.listen import PublisherSpec
     from kmesh_trace.capture.sources import discover
 
@@ -33,21 +35,26 @@ def _specs(sources: list[str], replay: list[str], topic: str, fmt: str, block_si
         if not s.startswith(("tcp://", "ipc://")):
             fail(f"{s} is not a source: give a publisher endpoint (tcp://HOST:PORT, ipc://PATH) or an engine "
                  "server's URL (http://HOST:PORT).")
+        check_endpoint(s, "publisher endpoint")
     if len(replay) > len(endpoints):
         fail(f"{len(replay)} --replay-endpoint for {len(endpoints)} publisher endpoint(s); give at most one per "
              "endpoint, in the same order (a server URL announces its own).")
     for r in replay:
-        if not r.startswith(("tcp://", "ipc://")):
-            fail(f"--replay-endpoint {r} is not a tcp:// or ipc:// endpoint.")
-    specs = []
+        check_endpoint(r, "--replay-endpoint")
+    specs, named = [], {}
     for s in sources:
         if s in endpoints:
             i = endpoints.index(s)
             specs.append(PublisherSpec(s, replay[i] if i < len(replay) else None, topic))
+            named[s] = split_tcp(s)[0] if s.startswith("tcp://") else None
         else:
-            specs += discover(s)
+            for spec in discover(s, allow_remote=allow_remote):
+                specs.append(spec)
+                named[spec.endpoint] = url_host(s)
     for spec in specs:
         spec.bind = bind and spec.endpoint.startswith("tcp://")
+        if spec.bind:
+            check_bind(spec.endpoint, named.get(spec.endpoint))
         spec.format = spec.format if fmt == "auto" else fmt
         spec.block_size = block_size or spec.block_size
         spec.num_usable_blocks = num_blocks or spec.num_usable_blocks
@@ -62,12 +69,14 @@ def listen_cmd(
     replay: list[str] = typer.Option([], "--replay-endpoint", help="Replay endpoint of each publisher endpoint, in order."),
     topic: str = typer.Option("", "--topic", help="Topic the publishers were given (for endpoints; a URL announces it)."),
     fmt: str = typer.Option("auto", "--format", help=f"Event format: {', '.join(FORMAT_CHOICES)} (auto detects it)."),
-    block_size: int = typer.Option(None, "--block-size", min=1, help="Tokens per block (default: what the server or "
+    block_size: int = typer.Option(None, "--block-size", min=1, max=MAX_BLOCK_SIZE, help="Tokens per block (default: what the server or "
                                    "the events say)."),
     num_blocks: int = typer.Option(None, "--num-blocks", min=1, help="The engine's usable KV blocks (default: what the "
                                    "server's /metrics says); the analyses and --live's LRU model need it."),
     bind: bool = typer.Option(False, "--bind", help="Bind the tcp:// endpoints instead of connecting: for engines "
                               "given a concrete address (tcp://HOST:PORT), which then connect to the listener."),
+    allow_remote: bool = typer.Option(False, "--allow-remote", help="Connect to publishers a server on a loopback URL "
+                                      "announces on other hosts (refused by default)."),
     flush_s: float = typer.Option(1.0, "--flush-s", help="Write a Parquet part at least this often (seconds, > 0)."),
     max_buffered_events: int = typer.Option(524288, "--max-buffered-events", min=1,
                                             help="Block events held between writes per publisher; more are counted as dropped."),
@@ -91,7 +100,7 @@ def listen_cmd(
     if not flush_s > 0 or not live_s > 0 or (duration_s is not None and not duration_s > 0):
         fail("--flush-s, --live-interval and --duration must be > 0 seconds.")
     out_dir = check_out_dir(out_dir, "--out").resolve()
-    specs = _specs(sources, replay, topic, fmt, block_size, num_blocks, bind)
+    specs = _specs(sources, replay, topic, fmt, block_size, num_blocks, bind, allow_remote)
     listener = Listener(out_dir, specs, flush_interval_s=flush_s, max_buffered_events=max_buffered_events)
     signals: list[str] = []
 
@@ -122,10 +131,27 @@ def listen_cmd(
         for eid, e in summary["publishers"].items():
             err.print(f"publisher {e['endpoint']} ({eid}): {e['num_batches']:,} batches, {e['rows']:,} block events "
                       f"({e['num_touched_blocks']:,} touched), gaps {e['num_gaps']:,} ({e['num_recovered_batches']:,} "
-                      f"batches recovered, {e['num_unrecovered_batches']:,} lost), malformed "
+                      f"batches recovered, {e['num_unrecovered_batches']:,} lost, {e['num_unread_at_stop']:,} of them unread at "
+                      f"the stop), {e['num_duplicate_batches']:,} duplicates, malformed "
                       f"{e['num_malformed_frames']:,} frames / {e['num_malformed_events']:,} events; "
                       f"{'complete' if e['complete'] else 'INCOMPLETE'}", markup=False, highlight=False, soft_wrap=True)
         err.print(f"trace: {out_dir}", markup=False, highlight=False)
+    _maybe_exit_now()
+
+
+def _maybe_exit_now() -> None:
+    """Run as the program, end as soon as the trace is closed and the summary written: tearing down the
+    interpreter after a long recording (every object it made) takes longer than the one second a
+    stopped recording is allowed. In-process callers (tests, notebooks) simply return."""
+    import os
+    import sys
+
+    from kmesh_trace import cli
+
+    if getattr(sys.modules.get("__main__"), "main", None) is cli.main:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def summarize(out_dir: Path, listener, signals: list[str]) -> dict:
@@ -136,7 +162,8 @@ def summarize(out_dir: Path, listener, signals: list[str]) -> dict:
             "endpoint": rec.spec.endpoint, "format": st["format"], "rows": rec.writer.num_rows["block_events"],
             **{k: st[k] for k in ("num_batches", "num_replayed_batches", "num_gaps", "num_recovered_batches",
                                   "num_unrecovered_batches", "num_malformed_frames", "num_malformed_events",
-                                  "num_touched_blocks")},
+                                  "num_touched_blocks", "num_duplicate_batches", "num_late_batches",
+                                  "num_unread_at_stop")},
             "num_epochs": len(st["epochs"]), "complete": bool(rec.writer.metadata.get("complete"))}
     return {"trace": str(out_dir), "signals": signals, "publishers": pubs}
 
