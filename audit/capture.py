@@ -49,6 +49,8 @@ from kmesh_trace.audit.findings import BLOCKING, WARNING, Problem, exit_code
 from kmesh_trace.audit.kv_events import check_kv_events, kv_event_engines
 
 from kmesh_trace import schema
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid, touched_blocks_of_hit
 from kmesh_trace.trace import Trace, open_trace
 
 HEADROOM = "headroom"
@@ -75,6 +77,8 @@ class CaptureAudit:
     problems: list[Problem] = field(default_factory=list)
     #: engine id -> {source, supports, approximate} for imported partitions.
     imports: dict[str, dict] = field(default_factory=dict)
+    #: engine id -> block events per KV cache group, for captures of hybrid models (`kv_group_counts`).
+    kv_groups: dict[str, list[dict]] = field(default_factory=dict)
 
     @property
     def verdict(self) -> dict[str, dict]:
@@ -95,6 +99,8 @@ class CaptureAudit:
              "problems": [p.to_dict() for p in self.problems]}
         if self.imports:
             d["imports"] = self.imports
+        if self.kv_groups:
+            d["kv_groups"] = self.kv_groups
         return d
 
 
@@ -158,6 +164,7 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     _check_values(frames, f)
     _check_domains(frames, f)
     touches = _walk_block_events(ev, f)
+    _check_kv_groups(t, ev, f)
     _check_cached_tokens(t, inv, touches, f)
     _check_clocks(t, inv, f)
     lineage = t.frame("lineage")
@@ -167,7 +174,7 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     for eng, gaps in f.gaps.items():
         imports[eng]["gaps"] = gaps
     return CaptureAudit(path=str(t.path), engines=sorted(t.engines), rows=rows, problems=f.problems(),
-                        imports=imports)
+                        imports=imports, kv_groups=kv_group_counts(t, ev))
 
 
 # ---- metadata and columns --------------------------------------------------------------------
@@ -414,9 +421,9 @@ def _check_domains(frames: dict, f: _Findings) -> None:
 # ---- block events --------------------------------------------------------------------------
 
 
-def _walk_block_events(ev, f: _Findings) -> dict[tuple[str, str], int]:
-    """Replay each engine's block events in seq order; returns touches per (engine, request)."""
-    touches: dict[tuple[str, str], int] = {}
+def _walk_block_events(ev, f: _Findings) -> dict[tuple[str, str, int], int]:
+    """Replay each engine's block events in seq order; returns touches per (engine, request, KV group)."""
+    touches: dict[tuple[str, str, int], int] = {}
     if ev.height == 0:
         return touches
     ev = ev.sort(["engine", "seq"])
@@ -450,8 +457,9 @@ def _walk_block_events(ev, f: _Findings) -> dict[tuple[str, str], int]:
                 f.add("touch_unallocated", "a touched block was never allocated", where)
             elif block not in state.resident:
                 f.add("touch_uncached", "a touched block holds no cached hash", where)
-            if req is not None and not group:
-                touches[(eng, req)] = touches.get((eng, req), 0) + 1
+            if req is not None:
+                k = (eng, req, group or 0)
+                touches[k] = touches.get(k, 0) + 1
         elif event == "freed":
             if block not in state.allocated or state.ref.get(block, 0) <= 0:
                 f.add("free_unallocated", "a freed block was not allocated (never, or no reference left)", where)
@@ -496,19 +504,81 @@ def _drop(state: _PoolState, block: int) -> None:
 # ---- invocations ---------------------------------------------------------------------------
 
 
-def _check_cached_tokens(t: Trace, inv, touches: dict[tuple[str, str], int], f: _Findings) -> None:
+def _check_cached_tokens(t: Trace, inv, touches: dict[tuple[str, str, int], int], f: _Findings) -> None:
+    """Each request's hit against its touch events, in every KV cache group: a full-attention group
+    touches the hit's blocks; a sliding-window (chunked local) group only those inside the window
+    (chunk) at the hit's end. Mamba groups are not checked (vLLM keeps their state blocks by its own rule)."""
     if inv.height == 0:
         return
+    groups = {}
+    for eng, meta in t.engines.items():
+        try:
+            groups[eng] = groups_from_metadata(meta)
+        except KmeshTraceError:
+            groups[eng] = ()  # reported by the metadata check
     for eng, rid, cached, preempt in inv.select("engine", "request_id", "num_cached_tokens", "num_preemptions").iter_rows():
         if cached is None or preempt:
             continue
-        block_size = t.engines.get(eng, {}).get("block_size")
-        if not block_size:
+        mine = groups.get(eng, ())
+        if not mine:
             continue  # reported as a missing metadata field
-        expected = touches.get((eng, rid), 0) * block_size
-        if cached != expected:
+        for i, group in enumerate(mine):
+            want = touched_blocks_of_hit(group, cached)
+            got = touches.get((eng, rid, i), 0)
+            if want is None or got == want:
+                continue
+            if len(mine) == 1:  # the message of a one-group model: tokens against touches x block size
+                where = f"invocations:{eng}:{rid} ({cached} != {got * group.block_size})"
+            else:
+                where = f"invocations:{eng}:{rid} group {i} ({group.kind}: {got} blocks touched, {want} expected)"
             f.add("cached_tokens_mismatch", "num_cached_tokens disagrees with the request's touch events x block size",
-                  f"invocations:{eng}:{rid} ({cached} != {expected})")
+                  where)
+
+
+def kv_group_counts(t: Trace, ev) -> dict[str, list[dict]]:
+    """Per hybrid engine (more than one KV cache group, or one that is not full attention), each group's
+    kind and its block events by kind; `freed_while_running`: frees of a request's blocks before its
+    last free of that group (a sliding window moving past them, or a preemption)."""
+    import polars as pl
+
+    out: dict[str, list[dict]] = {}
+    if ev.height == 0:
+        return out
+    for eng, meta in t.engines.items():
+        try:
+            groups = groups_from_metadata(meta)
+        except KmeshTraceError:
+            continue  # reported by the metadata check
+        if not is_hybrid(groups):
+            continue
+        mine = ev.filter(pl.col("engine") == eng)
+        counts = {(g, e): n for g, e, n in mine.group_by("kv_group", "event").len().iter_rows()}
+        frees = mine.filter((pl.col("event") == "freed") & pl.col("request_id").is_not_null())
+        early = dict(frees.with_columns(last=pl.col("ts_ns").max().over("request_id", "kv_group"))
+                     .filter(pl.col("ts_ns") < pl.col("last")).group_by("kv_group").len().iter_rows())
+        out[eng] = [{"group": i, "kind": g.kind, "sliding_window": g.sliding_window,
+                     **{f"num_{e}": counts.get((i, e), 0) for e in ("allocated", "touched", "cached", "freed", "evicted")},
+                     "num_freed_while_running": early.get(i, 0)} for i, g in enumerate(groups)]
+    return out
+
+
+def _check_kv_groups(t: Trace, ev, f: _Findings) -> None:
+    """Every kv_group a block event names is one of its engine's KV cache groups."""
+    if ev.height == 0 or "kv_group" not in ev.columns:
+        return
+    import polars as pl
+
+    for eng, meta in t.engines.items():
+        try:
+            n = len(groups_from_metadata(meta)) or 1
+        except KmeshTraceError:
+            continue  # reported by the metadata check
+        bad = ev.filter((pl.col("engine") == eng) & (pl.col("kv_group") >= n))
+        if bad.height:
+            f.add("unknown_kv_group", f"a block event names a KV cache group the engine metadata does not list "
+                  f"({n} group{'s' if n != 1 else ''}: kv_cache_groups)",
+                  [f"block_events:{eng}:{s} kv_group={g}" for s, g in bad.select("seq", "kv_group").head(MAX_LOCATIONS).iter_rows()],
+                  count=bad.height)
 
 
 def _check_clocks(t: Trace, inv, f: _Findings) -> None:

@@ -36,6 +36,8 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
+    SupportsHMA,
+    supports_hma,
 )
 
 INNER_KEY = "inner"
@@ -65,13 +67,27 @@ def _bytes_per_block(kv_cache_config) -> int | None:
     return total // int(kv_cache_config.num_blocks) if total else None
 
 
-class KmeshProxyConnector(KVConnectorBase_V1):
-    """Forwards to the inner connector; records loads and stores into the running capture."""
+class KmeshProxyConnector(KVConnectorBase_V1, SupportsHMA):
+    """Forwards to the inner connector; records loads and stores into the running capture.
+
+    vLLM asks a connector's class whether it supports the hybrid KV cache manager (`SupportsHMA`)
+    before it builds one, and calls `request_finished_all_groups` on one that does, `request_finished`
+    on one that does not. The proxy says yes, so that vLLM keeps its hybrid manager and calls an HMA
+    inner connector exactly as it would unwrapped; a finished request reaches an inner connector
+    without HMA through its own `request_finished` (what vLLM calls on it). Such an inner connector
+    cannot serve more than one KV cache group: the proxy refuses that engine, as vLLM refuses it
+    unwrapped once its hybrid manager is on (`--disable-hybrid-kv-cache-manager` turns it off)."""
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         temp = inner_config(vllm_config)
         inner_cls = KVConnectorFactory.get_connector_class(temp.kv_transfer_config)
+        self._inner_hma = supports_hma(inner_cls)
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or ()
+        if not self._inner_hma and len(groups) > 1:
+            raise ValueError(f"KmeshProxyConnector: the inner connector {inner_cls.__name__} does not support "
+                             f"the hybrid KV cache manager, and this engine has {len(groups)} KV cache groups; "
+                             "start it with --disable-hybrid-kv-cache-manager.")
         self._inner = inner_cls(temp, role, kv_cache_config)
         self._inner_name = type(self._inner).__name__
         self._block_size = int(vllm_config.cache_config.block_size)
@@ -217,12 +233,21 @@ class KmeshProxyConnector(KVConnectorBase_V1):
             if key in batch:
                 batch.remove(key)
 
+    def request_finished_all_groups(self, request, block_ids):
+        if self._inner_hma:
+            return self._finished(request, self._inner.request_finished_all_groups(request, block_ids),
+                                  max((len(b) for b in block_ids), default=0))
+        return self.request_finished(request, block_ids[0])
+
     def request_finished(self, request, block_ids):
-        delay, params = self._inner.request_finished(request, block_ids)
+        return self._finished(request, self._inner.request_finished(request, block_ids), len(block_ids))
+
+    def _finished(self, request, ret, num_blocks: int):
+        delay, params = ret
         # A request matched but never allocated (aborted, or finished first) ends here too.
         self._async_load.pop(request.request_id, None)
         if delay and self._recorder() is not None and (request.request_id, "store") not in self._open:
-            self._open_transfer(request.request_id, "store", len(block_ids) * self._block_size, sync=False)
+            self._open_transfer(request.request_id, "store", num_blocks * self._block_size, sync=False)
         return delay, params
 
     # ---- everything else: forwarded ----------------------------------------------------------

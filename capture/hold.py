@@ -37,6 +37,7 @@ from kmesh_trace.capture.attach import Attachments
 from kmesh_trace.capture.env import hold_enabled  # noqa: F401 (re-exported)
 from kmesh_trace.capture.hooks import recorder_of
 from kmesh_trace.capture.rows import caller_id_of, declared
+from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.holds import hold_status
 from kmesh_trace.lineage import ParentResolver, names_of
 
@@ -274,5 +275,12 @@ class HoldController:
 
 
 def install(scheduler, config: HoldConfig | None = None) -> HoldController:
-    """Start holding family ancestors in `scheduler`'s engine; install after the capture hooks."""
+    """Start holding family ancestors in `scheduler`'s engine; install after the capture hooks.
+
+    A hybrid model (more than one KV cache group) is refused: a hold keeps one group's blocks, and a
+    prefix hit needs every group's."""
+    groups = getattr(getattr(scheduler, "kv_cache_config", None), "kv_cache_groups", None) or ()
+    if len(groups) > 1:
+        raise KmeshTraceError(f"the family hold controller holds one KV cache group's blocks, and this engine has "
+                              f"{len(groups)} (a hybrid model).")
     return HoldController(scheduler, config).install()

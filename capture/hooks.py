@@ -21,6 +21,7 @@ from kmesh_trace.capture.recorder import Recorder
 from kmesh_trace.capture.rows import unfinished_row
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.kv_groups import group_of_vllm
 
 log = logging.getLogger("kmesh_trace.capture")
 
@@ -44,7 +45,21 @@ def engine_metadata(scheduler) -> dict[str, Any]:
         # vLLM >= 0.33 with EAGLE: each block hash also covers the next N tokens (0: plain prefix hashes).
         "hash_lookahead_tokens": int(getattr(pool, "num_hash_lookahead_tokens", 0) or 0),
         **model_geometry(scheduler.kv_cache_config, cfg.cache_config),
+        **kv_cache_groups(scheduler.kv_cache_config),
     }
+
+
+def kv_cache_groups(kv_cache_config) -> dict[str, Any]:
+    """`{"kv_cache_groups": [...]}`: every KV cache group the engine allocated, in vLLM's order
+    (`block_events.kv_group` indexes the list); empty when a group's spec is of a kind not modelled
+    (its rows still name the group; the audit reports the trace's groups as unknown)."""
+    groups = [group_of_vllm(g) for g in kv_cache_config.kv_cache_groups]
+    unknown = [type(g.kv_cache_spec).__name__ for g, mine in zip(kv_cache_config.kv_cache_groups, groups) if mine is None]
+    if unknown:
+        log.warning("kmesh-trace: KV cache group spec(s) %s are not modelled; kv_cache_groups is left out",
+                    ", ".join(unknown))
+        return {}
+    return {"kv_cache_groups": [g.to_json() for g in groups]}
 
 
 def model_geometry(kv_cache_config, cache_config=None) -> dict[str, Any]:
@@ -89,6 +104,8 @@ def install(scheduler, out_dir: str, config: dict[str, Any] | None = None) -> Re
         single_group = 0 if len(groups) == 1 else None
         wrappers.install_pool(rec, pool, single_group)
         wrappers.install_manager(rec, mgr)
+        if single_group is None:
+            wrappers.install_group_managers(rec, mgr.coordinator.single_type_managers)
         wrappers.install_scheduler(rec, scheduler, close_recorder)
         scheduler._kmesh_recorder = rec
         RECORDERS.append(rec)

@@ -9,11 +9,18 @@ with the same three frames and ends with an empty topic, seq -1 and an empty pay
 Events, read off the engines' sources (`vllm/distributed/kv_events.py` of vLLM 0.32 and 0.33,
 `sglang/srt/disaggregation/kv_events.py` of SGLang 0.5.23):
 - `vllm-map` (vLLM since mid-2026): tagged maps, `type` = BlockStored / BlockRemoved / AllBlocksCleared,
-  defaults omitted. vLLM always sends `group_idx` (its KV cache group) in stores and removals.
+  defaults omitted. vLLM always sends `group_idx` (its KV cache group) in stores and removals; an
+  offloading tier's stores also carry `kv_cache_spec_kind` and `kv_cache_spec_sliding_window` (the
+  group's spec), `locality` (LOCAL / REMOTE) and `ownership` (a secondary tier's owner); stores carry
+  the request's `session_id`; 0.33 adds `lookahead_token_ids` (ignored: `hash_lookahead_tokens` in
+  the plugin capture's metadata says what it means). `origin` (NEW / REUSED on a store) is read
+  when a publisher sends it. A removal is one physical copy (vLLM <= 0.33 frees a block at a time:
+  a hash stored in two blocks is removed twice): `removal_semantics` says so in the metadata.
   Hashes are u64 (the low 64 bits of the block's SHA-256), or the whole hash as bytes when
   `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0` (their low 64 bits are kept, the same value).
 - `vllm-array` (older vLLM): each event a positional array whose first element is the tag.
-- `sglang`: tagged maps without `group_idx` (`cache_salt`, `session_id`, `lora_name` when set);
+- `sglang`: tagged maps without `group_idx` (`cache_salt`, `session_id`, `lora_name` when set; `medium`
+  on stores and removals);
   media GPU and CPU_PINNED; hashes are **signed** int64, kept as their two's-complement bit pattern
   in the trace's uint64 `block_hash` (`signed_hash` turns one back).
 
@@ -76,6 +83,12 @@ class Event:
     medium: str | None = None
     group: int | None = None
     session_id: str | None = None
+    locality: str | None = None  # LOCAL or REMOTE relative to the publisher (vLLM offloading tiers)
+    ownership: str | None = None  # the secondary tier that owns the copy (vLLM offloading tiers)
+    cache_salt: str | None = None  # SGLang: the salt that namespaces the hashes
+    origin: str | None = None  # NEW or REUSED: what a store reports, when the publisher says
+    spec_kind: str | None = None  # the group's KV cache spec kind (vLLM offloading tiers' stores)
+    sliding_window: int | None = None  # the group's window in tokens, with spec_kind sliding_window
 
 
 @dataclass(slots=True)
@@ -161,7 +174,8 @@ def decode_event(raw: Any) -> tuple[Event, str]:
     values = [_hash(h) for h in hashes]
     if any(isinstance(h, int) and not isinstance(h, bool) and h < 0 for h in hashes):
         fmt = fmt or "sglang"  # vLLM's hashes are unsigned
-    ev = Event(kind, values, medium=_opt_str(f.get("medium"), "medium"), group=_opt_int(f.get("group_idx"), "group_idx"))
+    ev = Event(kind, values, medium=_opt_str(f.get("medium"), "medium"), group=_opt_int(f.get("group_idx"), "group_idx"),
+               locality=_opt_str(f.get("locality"), "locality"), ownership=_opt_str(f.get("ownership"), "ownership"))
     if kind == STORED:
         parent = f.get("parent_block_hash")
         ev.parent = None if parent is None else _hash(parent)
@@ -171,7 +185,40 @@ def decode_event(raw: Any) -> tuple[Event, str]:
             raise TypeError(f"BlockStored.token_ids is {type(tokens).__name__}, not a list")
         ev.num_tokens = None if tokens is None else len(tokens)
         ev.session_id = _opt_str(f.get("session_id"), "session_id")
+        ev.cache_salt = _opt_str(f.get("cache_salt"), "cache_salt")
+        ev.origin = _opt_str(f.get("origin"), "origin")
+        ev.spec_kind = _opt_str(f.get("kv_cache_spec_kind"), "kv_cache_spec_kind")
+        window = _opt_int(f.get("kv_cache_spec_sliding_window"), "kv_cache_spec_sliding_window")
+        if window is not None and window < 1:
+            raise ValueError(f"kv_cache_spec_sliding_window {window} is not a window in tokens")
+        ev.sliding_window = window
     return ev, fmt
+
+
+#: vLLM's `KVCacheSpecKind` values (a store's `kv_cache_spec_kind`) -> kmesh_trace.kv_groups kinds.
+SPEC_KINDS = {
+    "full_attention": "full_attention",
+    "sink_full_attention": "full_attention",
+    "mla_attention": "mla",
+    "sliding_window": "sliding_window",
+    "sliding_window_mla": "sliding_window",
+    "chunked_local_attention": "chunked_local",
+    "mamba": "mamba",
+}
+#: Engine versions whose removal semantics were read off their sources: every BlockRemoved is one
+#: physical copy leaving its tier (a hash held by two blocks is removed twice).
+EACH_COPY_VERSIONS = {"vllm": ((0, 0), (0, 33))}
+
+
+def removal_semantics(fmt: str | None, engine: str | None) -> str:
+    """`each_copy` when the publisher's engine and version are ones whose sources say so, else `unknown`."""
+    name, _, version = (engine or "").partition(" ")
+    bounds = EACH_COPY_VERSIONS.get(name or (fmt or "").split("-")[0])
+    try:
+        v = tuple(int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return "unknown"
+    return "each_copy" if bounds is not None and len(v) == 2 and bounds[0] <= v <= bounds[1] else "unknown"
 
 
 def decode_frames(frames: list[bytes]) -> Frame:

@@ -48,7 +48,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kmesh_trace import schema
-from kmesh_trace.capture.kv_events import CLEARED, HASH_KINDS, REMOVED, Event, Frame, decode_frames
+from kmesh_trace.capture.kv_events import (CLEARED, HASH_KINDS, REMOVED, SPEC_KINDS, Event, Frame, decode_frames,
+                                           removal_semantics)
 from kmesh_trace.capture.live_stats import LiveStats
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.writer import ENGINES_DIR, TraceWriter
@@ -78,7 +79,7 @@ MAX_LISTED = 100
 RECENT_WINDOW = 16384
 MAX_OPEN_GAPS = 4096
 _COLUMNS = ("seq", "ts_ns", "event", "block_hash", "parent_block_hash", "kv_group", "medium", "session_id",
-            "wall_publish_ns", "publisher_seq")
+            "wall_publish_ns", "publisher_seq", "locality", "ownership", "cache_salt", "origin")
 schema.BLOCK_EVENTS.select(*_COLUMNS)
 
 
@@ -219,7 +220,11 @@ class PublisherRecorder:
             "num_malformed_frames": 0, "num_malformed_events": 0, "malformed": [], "epochs": [],
             "num_removed_unseen": 0, "num_touched_blocks": 0, "first_publisher_seq": None, "num_resumes": 0,
             "num_duplicate_batches": 0, "num_late_batches": 0, "num_unread_at_stop": 0,
+            "removal_semantics": removal_semantics(fmt, spec.engine), "removal_semantics_basis": None,
+            "group_specs": {}, "num_reported_outside_window": 0,
         }
+        if self.stats["removal_semantics"] != "unknown":
+            self.stats["removal_semantics_basis"] = f"the source of {spec.engine}"
         if old is not None:
             self.stats.update({k: v for k, v in (old.get("kv_events") or {}).items()
                                if k in self.stats and k not in ("endpoint", "replay_endpoint", "topic")})
@@ -343,6 +348,10 @@ class PublisherRecorder:
     def _set_format(self, fmt: str) -> None:
         self.stats["format"] = fmt
         self.stats["hash_kind"] = HASH_KINDS[fmt]
+        if self.stats["removal_semantics"] == "unknown" and self.spec.engine:
+            self.stats["removal_semantics"] = removal_semantics(fmt, self.spec.engine)
+            if self.stats["removal_semantics"] != "unknown":
+                self.stats["removal_semantics_basis"] = f"the source of {self.spec.engine}"
         engine = fmt.split("-")[0]
         self.writer.metadata["source"] = schema.KV_EVENTS_SOURCE + engine
         if not self.writer.metadata.get("engine"):
@@ -351,25 +360,61 @@ class PublisherRecorder:
     def _rows_of(self, ev: Event, ts: int, wall: int, pseq: int) -> None:
         if ev.kind == CLEARED:
             _apply_residency(self.resident, "cleared", None, None, None)
-            self._append("cleared", ts, None, None, None, None, None, wall, pseq)
+            self._append("cleared", ts, None, None, ev, wall, pseq)
             return
         if ev.kind == REMOVED:
             for h in ev.hashes:
+                if self.resident[(ev.medium, ev.group, h)] > 1 and self.stats["removal_semantics"] == "unknown":
+                    self.stats["removal_semantics"] = "each_copy"
+                    self.stats["removal_semantics_basis"] = "observed: a removal left another copy of its hash resident"
                 if not _apply_residency(self.resident, "evicted", ev.medium, ev.group, h):
                     self.stats["num_removed_unseen"] += 1
-                self._append("evicted", ts, h, None, ev.group, ev.medium, None, wall, pseq)
+                self._append("evicted", ts, h, None, ev, wall, pseq)
             return
         self._maybe_block_size(ev)
-        hit = ev.parent is None and ev.hashes and all(self.resident[(ev.medium, ev.group, h)] > 0 for h in ev.hashes)
+        self._maybe_group_spec(ev)
+        resident = [self.resident[(ev.medium, ev.group, h)] > 0 for h in ev.hashes]
+        skip = 0
+        if ev.origin is not None:  # the publisher says whether the store is a hit
+            hit = ev.origin.upper() == "REUSED"
+        else:  # a re-announced prefix: from the first block on, resident up to its last block
+            hit = ev.parent is None and bool(ev.hashes) and resident[-1]
+            if hit and not all(resident):
+                # A sliding-window (or chunked-local) group reports its whole hit, but holds only the
+                # blocks at its end: those are the hit's touches; the ones before were never used.
+                skip = len(resident) - next(i for i, r in enumerate(reversed(resident)) if not r)
+                self.stats["num_reported_outside_window"] += skip
         parent = ev.parent
-        for h in ev.hashes:
-            if hit:
+        for i, h in enumerate(ev.hashes):
+            if i < skip:
+                pass
+            elif hit:
                 self.stats["num_touched_blocks"] += 1
-                self._append("touched", ts, h, parent, ev.group, ev.medium, ev.session_id, wall, pseq)
+                self._append("touched", ts, h, parent, ev, wall, pseq)
             else:
                 _apply_residency(self.resident, "cached", ev.medium, ev.group, h)
-                self._append("cached", ts, h, parent, ev.group, ev.medium, ev.session_id, wall, pseq)
+                self._append("cached", ts, h, parent, ev, wall, pseq)
             parent = h
+
+    def _maybe_group_spec(self, ev: Event) -> None:
+        """A store naming its group's spec (vLLM's offloading tiers): kept in `kv_events.group_specs`, and
+        once every group 0..N is known, the partition's `kv_cache_groups`."""
+        if ev.spec_kind is None or ev.group is None:
+            return
+        specs = self.stats["group_specs"]
+        key = str(ev.group)
+        if key in specs:
+            return
+        specs[key] = {"kind": ev.spec_kind, "sliding_window": ev.sliding_window, "block_size": ev.block_size}
+        groups = []
+        for i in range(len(specs)):
+            g = specs.get(str(i))
+            kind = SPEC_KINDS.get(g["kind"]) if g else None
+            if kind is None or not g["block_size"] or (kind == "sliding_window" and not g["sliding_window"]):
+                return  # a group not seen yet, or one not modelled
+            groups.append({"kind": kind, "block_size": g["block_size"],
+                           "sliding_window": g["sliding_window"] if kind == "sliding_window" else None})
+        self.writer.metadata["kv_cache_groups"] = groups
 
     def _maybe_block_size(self, ev: Event) -> None:
         """The block size, when neither the user nor discovery gave it: the largest a store reports
@@ -378,14 +423,15 @@ class PublisherRecorder:
         if size and not self.spec.block_size and size > (self.writer.metadata.get("block_size") or 0):
             self.writer.metadata["block_size"] = size
 
-    def _append(self, event, ts, h, parent, group, medium, session, wall, pseq) -> None:
-        self.live.on_row(event, h, medium)
+    def _append(self, event, ts, h, parent, ev: Event, wall, pseq) -> None:
+        self.live.on_row(event, h, ev.medium)
         rows = self.rows
         if len(rows["seq"]) >= self.capacity:
             self.num_dropped += 1
             self.next_row_seq += 1  # a visible gap, as the plugin leaves one
             return
-        for col, v in zip(_COLUMNS, (self.next_row_seq, ts, event, h, parent, group, medium, session, wall, pseq)):
+        for col, v in zip(_COLUMNS, (self.next_row_seq, ts, event, h, parent, ev.group, ev.medium, ev.session_id, wall,
+                                     pseq, ev.locality, ev.ownership, ev.cache_salt, ev.origin)):
             rows[col].append(v)
         self.next_row_seq += 1
 

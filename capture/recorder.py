@@ -65,6 +65,7 @@ class Recorder:
         self.seq = 0  # next block event seq (advances for dropped events too, leaving a visible gap)
         self.step = 0  # scheduler iterations so far
         self.ctx_req: str | None = None  # request the engine is acting for
+        self.ctx_group: int | None = None  # KV cache group whose manager is calling the pool (hybrid engines)
         # What a pool touch / free records as: the hold controller's references are held / released.
         self.touch_event = "touched"
         self.free_event = "freed"
@@ -104,6 +105,19 @@ class Recorder:
             return fn(*args, **kwargs)
         finally:
             self.ctx_req = prev
+
+    def in_group(self, group: int, fn: Callable) -> Callable:
+        """`fn`, recording every pool event it causes for KV cache group `group` (a hybrid engine's
+        per-group manager calls the one shared pool)."""
+        def call(*args, **kwargs):
+            prev = self.ctx_group
+            self.ctx_group = group
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.ctx_group = prev
+
+        return call
 
     def act_as(self, event: str, request_id: str | None, fn: Callable, *args):
         """`act_for`, with the touches and frees `fn` makes recorded as `event` (the hold controller's

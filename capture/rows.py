@@ -101,6 +101,9 @@ class BlockEventExpander:
     def __init__(self, pool=None, multi_group: bool = False):
         self.pool = pool
         self.multi_group = multi_group
+        # Hybrid engines: each block's group as of its last allocation, for a free whose caller did
+        # not name one (vLLM's scheduler frees every group's blocks of a request in one call).
+        self.block_group: dict[int, int] = {}
         self.expected = 0  # next engine seq
         self.next_seq = 0  # next seq written
 
@@ -112,6 +115,7 @@ class BlockEventExpander:
         append = out.append
         pool = self.pool
         multi = self.multi_group
+        block_group = self.block_group
         for r in batch:
             tag = r[0]
             if type(tag) is not str:  # a row already (its seq is the engine's)
@@ -134,6 +138,8 @@ class BlockEventExpander:
                         s += 1
                     append((s, ts, step, "allocated", b.block_id, 1, None, None, req, free, group))
                     s += 1
+                    if multi:
+                        block_group[b.block_id] = group
             else:
                 _, _, _, ts, step, req, free, event, blocks, refs, keys, edge, delta, group = r
                 for b, rc, key in zip(blocks, refs, keys):
@@ -141,8 +147,12 @@ class BlockEventExpander:
                         continue  # the pool does not count these (vLLM's own rule)
                     if rc == edge:
                         free += delta
-                    append((s, ts, step, event, b.block_id, rc, key, None, req, free,
-                            group_of(key) if multi and key is not None else group))
+                    if multi:
+                        g = group_of(key) if key is not None else group if group is not None else \
+                            block_group.get(b.block_id)
+                    else:
+                        g = group
+                    append((s, ts, step, event, b.block_id, rc, key, None, req, free, g))
                     s += 1
             self.next_seq = s
         return out

@@ -94,7 +94,8 @@ def install_pool(rec: Recorder, pool, single_group: int | None) -> None:
         s = rec.seq
         rec.seq = s + n
         if buf.num_events_in - buf.num_events_out + n <= cap:
-            rows.append((ALLOCATED, s, n, mono(), rec.step, rec.ctx_req, free, ret, keys, single_group))
+            rows.append((ALLOCATED, s, n, mono(), rec.step, rec.ctx_req, free, ret, keys,
+                         rec.ctx_group if multi else single_group))
             buf.num_events_in += n
         else:
             lost = n + (sum(k is not None for k in keys) if keys is not None else 0)
@@ -108,7 +109,8 @@ def install_pool(rec: Recorder, pool, single_group: int | None) -> None:
         rec.seq = s + n
         if buf.num_events_in - buf.num_events_out + n <= cap:
             rows.append((REF_CHANGE, s, n, mono(), rec.step, rec.ctx_req, free, event, blocks,
-                         [b.ref_cnt for b in blocks], [b._block_hash for b in blocks], edge, delta, single_group))
+                         [b.ref_cnt for b in blocks], [b._block_hash for b in blocks], edge, delta,
+                         rec.ctx_group if multi else single_group))
             buf.num_events_in += n
         else:
             lost = sum(1 for b in blocks if not (b.is_null or (b.pool is not None and b.pool is not pool)))
@@ -163,6 +165,24 @@ def install_pool(rec: Recorder, pool, single_group: int | None) -> None:
                                   "touch": touch, "free_blocks": free_blocks, "cache_full_blocks": cache_full_blocks,
                                   "reset_prefix_cache": reset_prefix_cache})
     pool._kmesh_recorder = rec
+
+
+# ---- the per-group managers of a hybrid engine (which group a pool call is for) ------------------
+
+#: Methods of vLLM's single-type managers that call into the block pool.
+GROUP_MANAGER_METHODS = ("allocate_new_blocks", "allocate_external_computed_blocks", "add_local_computed_blocks",
+                         "free", "remove_skipped_blocks", "cache_blocks")
+
+
+def install_group_managers(rec: Recorder, managers) -> None:
+    """Each KV cache group's manager (vLLM's `coordinator.single_type_managers`, one per group):
+    the pool calls it makes are recorded for its group (`Recorder.ctx_group`): allocations and
+    frees of blocks without a hash, which name no group themselves, and the sliding-window blocks
+    it frees as the window moves (`remove_skipped_blocks`)."""
+    for m in managers:
+        group = int(m.kv_cache_group_id)
+        rec.attachments.attach(m, {name: rec.in_group(group, getattr(m, name))
+                                   for name in GROUP_MANAGER_METHODS if hasattr(m, name)})
 
 
 # ---- KV cache manager (request context, first scheduling) -----------------------------------------

@@ -127,3 +127,23 @@ def group_of_vllm(group: Any) -> KVCacheGroup | None:
         sliding_window=int(spec.sliding_window) if kind == SLIDING_WINDOW else None,
         attention_chunk_size=int(spec.attention_chunk_size) if kind == CHUNKED_LOCAL else None,
     )
+
+
+def num_skipped_tokens(group: KVCacheGroup, num_computed_tokens: int) -> int:
+    """Leading tokens of a request's first `num_computed_tokens` that `group` no longer needs (vLLM's
+    `get_num_skipped_tokens`): none for full attention and MLA; those before the window (sliding
+    window W: all but the last W - 1); those before the current chunk (chunked local)."""
+    if group.kind == SLIDING_WINDOW:
+        return max(0, num_computed_tokens - group.sliding_window + 1)
+    if group.kind == CHUNKED_LOCAL:
+        return num_computed_tokens // group.attention_chunk_size * group.attention_chunk_size
+    return 0
+
+
+def touched_blocks_of_hit(group: KVCacheGroup, num_hit_tokens: int) -> int | None:
+    """Blocks of `group` a prefix hit of `num_hit_tokens` touches (vLLM's `add_local_computed_blocks`:
+    the hit's blocks but those skipped, which become the null block); None for Mamba, whose state
+    blocks vLLM keeps by its own rule."""
+    if group.kind == MAMBA:
+        return None
+    return num_hit_tokens // group.block_size - num_skipped_tokens(group, num_hit_tokens) // group.block_size

@@ -236,6 +236,10 @@ BLOCK_EVENTS = Table(
         _c("session_id", "string", None, True, "Session the engine's KV event names for the store or reuse report (attribution only); KV-events recordings only."),
         _c("wall_publish_ns", "int64", "ns", True, "Wall-clock time (Unix epoch) the publisher stamped on the event's batch; KV-events recordings only (`ts_ns` is this time on the listener's monotonic clock)."),
         _c("publisher_seq", "int64", None, True, "Sequence number of the publisher's batch that carried the event (restarts at 0 when the publisher restarts); KV-events recordings only."),
+        _c("locality", "string", None, True, "LOCAL or REMOTE: where the copy is relative to the publisher (vLLM offloading tiers); KV-events recordings only."),
+        _c("ownership", "string", None, True, "The secondary offloading tier that owns the copy, as the publisher names it; KV-events recordings only."),
+        _c("cache_salt", "string", None, True, "The salt that namespaces the block's hash (SGLang); KV-events recordings only."),
+        _c("origin", "string", None, True, "NEW (computed) or REUSED (a prefix hit re-announced), when the publisher says which; KV-events recordings only."),
     ),
 )
 
@@ -333,8 +337,12 @@ METADATA: dict[str, MetadataField] = {
                   "recovered from the replay socket and `num_unrecovered_batches` (lost: the audit names them), "
                   "`num_malformed_frames`, publisher restarts (`epochs`), `num_duplicate_batches` (received again), "
                   "`num_late_batches` (counted lost, then received), `num_unread_at_stop` (received at the stop with "
-                  "no time left to record them; counted lost) and `num_touched_blocks` (hits: only "
-                  "requests with kv_cache_report_mode full report them)."),
+                  "no time left to record them; counted lost), `num_touched_blocks` (hits: only "
+                  "requests with kv_cache_report_mode full report them), `removal_semantics` (each_copy: a removal "
+                  "is one physical copy, as vLLM <= 0.33 publishes; last_copy; unknown) with `removal_semantics_basis`, "
+                  "`group_specs` (each KV group's spec kind and window as the stores reported them) and "
+                  "`num_reported_outside_window` (blocks of hit reports before a sliding window's resident "
+                  "end: reported, never touched, not recorded)."),
 }
 
 #: The JSON name of each metadata type, as the docs and `kmesh-trace schema --json` give it.

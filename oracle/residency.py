@@ -16,7 +16,7 @@ are matched first in, first out.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,12 +48,14 @@ class Residency:
     num_touched: int = 0
     num_removed_unseen: int = 0
     hits_recorded: bool = False
+    #: a recording of more than one KV cache group: each (medium, group)'s stores, removals, lifetimes
+    by_group: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"engine": self.engine, "span_s": self.span_s, "bucket_s": self.bucket_s, "media": self.media,
                 "eviction_rate": self.buckets, "movement": self.movement, "num_cleared": self.num_cleared,
                 "num_touched_blocks": self.num_touched, "num_removed_unseen": self.num_removed_unseen,
-                "hits_recorded": self.hits_recorded}
+                "hits_recorded": self.hits_recorded, **({"by_group": self.by_group} if self.by_group else {})}
 
 
 #: The shortest eviction-rate bucket, and the most buckets one recording is cut into.
@@ -97,6 +99,7 @@ def _one(engine: str, ev: pl.DataFrame, bucket_s: float | None) -> Residency:
     lifetimes: dict[str, list] = defaultdict(list)
     gaps: dict[str, list] = defaultdict(list)
     counts: dict[str, dict] = defaultdict(lambda: {"num_stored": 0, "num_removed": 0, "num_restored": 0})
+    per_group: dict[tuple, dict] = defaultdict(lambda: {"num_stored": 0, "num_removed": 0, "lifetimes": []})
     buckets: dict[int, dict] = defaultdict(lambda: {"num_stored": 0, "num_evicted": 0})
     move = {"gpu_to_lower": 0, "lower_to_gpu": 0, "gpu_evicted_kept_lower": 0}
     cols = ("event", "block_hash", "kv_group", "medium")
@@ -117,6 +120,7 @@ def _one(engine: str, ev: pl.DataFrame, bucket_s: float | None) -> Residency:
             c = counts[medium]
             c["num_stored"] += 1
             b["num_stored"] += 1
+            per_group[(medium, group)]["num_stored"] += 1
             if key in removed_at:
                 c["num_restored"] += 1
                 gaps[medium].append((now - removed_at.pop(key)) / 1e9)
@@ -132,11 +136,14 @@ def _one(engine: str, ev: pl.DataFrame, bucket_s: float | None) -> Residency:
         elif event == "evicted":
             counts[medium]["num_removed"] += 1
             b["num_evicted"] += 1
+            g = per_group[(medium, group)]
+            g["num_removed"] += 1
             q = stored_at.get(key)
             if not q:
                 res.num_removed_unseen += 1
             else:
                 lifetimes[medium].append((now - q.popleft()) / 1e9)
+                g["lifetimes"].append(lifetimes[medium][-1])
                 if not q:
                     del stored_at[key]
             removed_at[key] = now
@@ -151,6 +158,11 @@ def _one(engine: str, ev: pl.DataFrame, bucket_s: float | None) -> Residency:
     for medium in sorted(set(counts) | set(still)):
         res.media[medium] = {**counts[medium], "num_still_resident": still[medium],
                              "lifetime_s": _dist(lifetimes[medium]), "reuse_gap_s": _dist(gaps[medium])}
+    if len({g for _, g in per_group}) > 1:
+        left = Counter((m, g) for (m, g, _), q in stored_at.items() for _ in q)
+        res.by_group = [{"medium": m, "kv_group": g, "num_stored": v["num_stored"], "num_removed": v["num_removed"],
+                         "num_still_resident": left[(m, g)], "lifetime_s": _dist(v["lifetimes"])}
+                        for (m, g), v in sorted(per_group.items(), key=lambda kv: (kv[0][0], kv[0][1] is None, kv[0][1] or 0))]
     res.buckets = [{"start_s": k * bucket, **v} for k, v in sorted(buckets.items())]
     res.movement = move
     res.hits_recorded = res.num_touched > 0

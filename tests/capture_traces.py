@@ -63,7 +63,7 @@ def write_trace(path, events=None, invocations=None, meta=None, dropped=0, linea
     cols = {k: [e.get(k) for e in events] for k in ("event", "block_id", "ref_cnt", "block_hash", "request_id")}
     cols["seq"] = list(range(len(events)))
     cols["ts_ns"] = [e.get("ts_ns", 100 + 10 * i) for i, e in enumerate(events)]
-    cols["kv_group"] = [None if e["event"] == "cleared" else 0 for e in events]
+    cols["kv_group"] = [e.get("kv_group", None if e["event"] == "cleared" else 0) for e in events]
     invocations = clean_invocations() if invocations is None else invocations
     with TraceWriter(path, engine_id="e0", metadata=dict(META if meta is None else meta)) as w:
         w.write("invocations", {k: [r.get(k) for r in invocations] for k in invocations[0]})

@@ -72,6 +72,50 @@ def test_cached_token_mismatch(tmp_path):
     assert r.exit_code == 3
 
 
+SLIDING = {"kind": "sliding_window", "block_size": 4, "sliding_window": 4}
+FULL = {"kind": "full_attention", "block_size": 4}
+
+
+def test_hits_are_checked_in_every_kv_group(tmp_path):
+    """r1's 8-token hit: the full group touches 2 blocks; a sliding window of 4 tokens keeps only the
+    block of the hit's last 3 tokens (8 // 4 - (8 - 4 + 1) // 4 = 1), and here touched none."""
+    meta = {**META, "kv_cache_groups": [FULL, SLIDING]}
+    r = audit_capture(write_trace(tmp_path / "t", meta=meta))
+    assert summary(r) == [("cached_tokens_mismatch", "blocking", 1,
+                           ["invocations:e0:r1 group 1 (sliding_window: 0 blocks touched, 1 expected)"])]
+
+
+def test_the_window_groups_touches_agree(tmp_path):
+    ev = clean_events()
+    g1 = [{"event": "allocated", "block_id": 4, "ref_cnt": 1, "request_id": "r0", "kv_group": 1},
+          {"event": "allocated", "block_id": 5, "ref_cnt": 1, "request_id": "r0", "kv_group": 1},
+          {"event": "cached", "block_id": 4, "ref_cnt": 1, "block_hash": 101, "request_id": "r0", "kv_group": 1},
+          {"event": "cached", "block_id": 5, "ref_cnt": 1, "block_hash": 102, "request_id": "r0", "kv_group": 1},
+          {"event": "freed", "block_id": 4, "ref_cnt": 0, "block_hash": 101, "request_id": "r0", "kv_group": 1},
+          {"event": "freed", "block_id": 5, "ref_cnt": 0, "block_hash": 102, "request_id": "r0", "kv_group": 1},
+          {"event": "touched", "block_id": 5, "ref_cnt": 1, "block_hash": 102, "request_id": "r1", "kv_group": 1},
+          {"event": "freed", "block_id": 5, "ref_cnt": 0, "block_hash": 102, "request_id": "r1", "kv_group": 1}]
+    events = ev[:6] + g1 + ev[6:]
+    r = audit_capture(write_trace(tmp_path / "t", events=events, meta={**META, "kv_cache_groups": [FULL, SLIDING]}))
+    assert summary(r) == []
+    # Block events per group. Each row here has a time of its own (a capture stamps all rows of one pool
+    # call alike), so every free before a request's last one of its group counts as early: r0's first
+    # and r1's first two in group 0, r0's block 4 in group 1.
+    assert r.to_dict()["kv_groups"] == {"e0": [
+        {"group": 0, "kind": "full_attention", "sliding_window": None, "num_allocated": 4, "num_touched": 2,
+         "num_cached": 4, "num_freed": 6, "num_evicted": 1, "num_freed_while_running": 3},
+        {"group": 1, "kind": "sliding_window", "sliding_window": 4, "num_allocated": 2, "num_touched": 1,
+         "num_cached": 2, "num_freed": 3, "num_evicted": 0, "num_freed_while_running": 1}]}
+
+
+def test_a_group_the_metadata_does_not_list(tmp_path):
+    events = _edit(clean_events(), 16, kv_group=2)
+    r = audit_capture(write_trace(tmp_path / "t", events=events, meta={**META, "kv_cache_groups": [FULL, SLIDING]}))
+    assert ("unknown_kv_group", "blocking", 1, ["block_events:e0:16 kv_group=2"]) in summary(r)
+    r = audit_capture(write_trace(tmp_path / "u", events=_edit(clean_events(), 16, kv_group=1)))
+    assert ("unknown_kv_group", "blocking", 1, ["block_events:e0:16 kv_group=1"]) in summary(r)
+
+
 def test_preempted_request_is_not_compared(tmp_path):
     inv = clean_invocations()
     inv[1]["num_cached_tokens"] = 4

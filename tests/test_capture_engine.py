@@ -108,26 +108,33 @@ class KVEventListener:
 def family_run(tmp_path_factory):
     """(trace, RequestOutputs, vLLM KV events) of the family workload, captured in-process."""
     pytest.importorskip("vllm")
+    tmp = tmp_path_factory.mktemp("capture_family")
+    trace, (outs, (stopped, grown)), events = captured_with_kv_events(
+        tmp, write_model(tmp / "model"), lambda llm: (family_workload(llm), status_workload(llm)))
+    return trace, outs, events, (stopped, grown)
+
+
+def captured_with_kv_events(tmp: Path, model_dir: Path, workload, **llm_kwargs):
+    """(trace, workload(llm), vLLM's own KV events): an in-process engine captured while it publishes
+    its KV events over ZMQ `ipc://` (a listener subscribed before the workload)."""
     from kmesh_trace.capture.session import capture_in_process
     from vllm.config import KVEventsConfig
 
     from kmesh_trace.trace import open_trace
 
-    tmp = tmp_path_factory.mktemp("capture_family")
     engine_env(multiprocess=False)
     endpoint = f"ipc://{tmp}/kv-events"
     with capture_in_process(tmp / "trace") as session:
-        llm = make_llm(write_model(tmp / "model"), kv_events_config=KVEventsConfig(
-            enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint, topic=""))
+        llm = make_llm(model_dir, kv_events_config=KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint, topic=""), **llm_kwargs)
         listener = KVEventListener(endpoint)
         time.sleep(0.5)  # let the subscription reach the publisher before the first event
-        outs = family_workload(llm)
-        stopped, grown = status_workload(llm)
+        result = workload(llm)
         events = listener.drain()
         listener.close()
     llm.llm_engine.engine_core.shutdown()
     assert len(session.engine_ids) == 1
-    return open_trace(tmp / "trace"), outs, events, (stopped, grown)
+    return open_trace(tmp / "trace"), result, events
 
 
 def _by_caller(trace):

@@ -66,7 +66,7 @@ class Events:
 class CapturedScheduler:
     """A real vLLM scheduler over `num_blocks` physical blocks (one is the null block), captured into `out`."""
 
-    def __init__(self, model_dir, out, num_blocks: int = 24, scheduler_cls=vllm_sched.Scheduler):
+    def __init__(self, model_dir, out, num_blocks: int = 24, scheduler_cls=vllm_sched.Scheduler, specs=None):
         mc = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=MAX_LEN, dtype="float32", seed=0)
         sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=MAX_LEN, max_model_len=MAX_LEN,
                              is_encoder_decoder=False)
@@ -74,9 +74,9 @@ class CapturedScheduler:
         cc.num_gpu_blocks = num_blocks
         vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
                         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"))
+        specs = specs or [FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=32, dtype=torch.float32)]
         kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-            KVCacheGroupSpec(["layer.0"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=32,
-                                                            dtype=torch.float32))])
+            KVCacheGroupSpec([f"layer.{i}"], spec) for i, spec in enumerate(specs)])
         self.s = scheduler_cls(vllm_config=vc, kv_cache_config=kv, block_size=BS,
                                structured_output_manager=StructuredOutputManager(vc))
         self.published = Events()
@@ -189,6 +189,62 @@ def test_cached_and_evicted_hashes_are_vllms_own_kv_events(model_dir, tmp_path, 
     assert hits["c1"] >= 4 * BS and hits["late"] == 0  # a family hit; then the strangers evicted the family
     audit = _audit(cli, tmp_path / "t")
     assert audit["exit_code"] == 0, audit["problems"]
+
+
+def test_a_hybrid_models_groups_are_vllms_own_kv_events_per_group(model_dir, tmp_path, cli):
+    """Sliding window (48 tokens) + full attention, two groups in one pool: every block event names
+    its group, the stores and removals of each group are vLLM's events of that `group_idx`, in order,
+    hits equal the scheduler's and the per-group hit audit passes."""
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    from kmesh_trace.trace import open_trace
+
+    specs = [SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=32, dtype=torch.float32, sliding_window=48),
+             FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=32, dtype=torch.float32)]
+    e = CapturedScheduler(model_dir, tmp_path / "t", num_blocks=24, specs=specs)
+    base = list(range(1, 97))  # 6 full blocks
+    e.add("p", base, 20)
+    e.run()
+    e.add("c1", base + list(e.reqs["p"].output_token_ids) + [501] * 9, 3)
+    e.run()
+    for i in range(3):  # strangers: 2 x 5 blocks each in a 23-block pool
+        e.add(f"s{i}", [1000 + 100 * i + k for k in range(70)], 2)
+        e.run()
+    e.add("late", base + [503] * 3, 1)
+    e.run()
+    e.shutdown()
+
+    def by_group(kind):
+        return {g: [h if isinstance(h, int) else int.from_bytes(h[-8:], "big")
+                    for ev in e.published.events if isinstance(ev, kind) and ev.group_idx == g for h in ev.block_hashes]
+                for g in (0, 1)}
+
+    stored, removed = by_group(BlockStored), by_group(BlockRemoved)
+    with open_trace(tmp_path / "t") as t:
+        assert t.metadata["kv_cache_groups"][0]["kind"] == "sliding_window"
+        assert t.sql("SELECT count(*) FROM block_events WHERE kv_group IS NULL").item() == 0
+        for g in (0, 1):
+            q = "SELECT block_hash FROM block_events WHERE event = '{}' AND kv_group = {} ORDER BY seq"
+            assert t.sql(q.format("cached", g)).to_series().to_list() == stored[g] != []
+            assert t.sql(q.format("evicted", g)).to_series().to_list() == removed[g] != []
+        hits = dict(t.sql("SELECT request_id, num_cached_tokens FROM invocations").iter_rows())
+    assert hits == {rid: e.hit_tokens[rid] for rid in e.reqs} and hits["c1"] > 0
+    audit = _audit(cli, tmp_path / "t")
+    assert audit["exit_code"] == 0, audit["problems"]
+
+
+def test_the_hold_controller_refuses_a_hybrid_model(model_dir, tmp_path):
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    from kmesh_trace.capture import hold
+    from kmesh_trace.errors import KmeshTraceError
+
+    specs = [SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=32, dtype=torch.float32, sliding_window=48),
+             FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=32, dtype=torch.float32)]
+    e = CapturedScheduler(model_dir, tmp_path / "t", specs=specs)
+    with pytest.raises(KmeshTraceError, match=r"has 2 \(a hybrid model\)"):
+        hold.install(e.s)
+    e.shutdown()
 
 
 def test_an_aborted_request_is_recorded_as_aborted_with_its_first_token(model_dir, tmp_path):

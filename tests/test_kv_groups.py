@@ -43,3 +43,15 @@ def test_vllm_specs_map_to_groups():
     g_swa = group_of_vllm(KVCacheGroupSpec(["l0", "l2"], swa))
     assert g_full == KVCacheGroup(FULL, 32, 2, full.page_size_bytes)
     assert g_swa == KVCacheGroup(SLIDING_WINDOW, 32, 2, swa.page_size_bytes, sliding_window=128)
+
+
+def test_touched_blocks_of_a_hit_per_kind():
+    from kmesh_trace.kv_groups import CHUNKED_LOCAL, MAMBA, touched_blocks_of_hit
+
+    assert touched_blocks_of_hit(KVCacheGroup(FULL, 32), 576) == 18
+    # window 128, block 32: (576 - 127) // 32 = 14 blocks skipped, 4 touched; a short hit keeps all
+    assert touched_blocks_of_hit(KVCacheGroup(SLIDING_WINDOW, 32, sliding_window=128), 576) == 4
+    assert touched_blocks_of_hit(KVCacheGroup(SLIDING_WINDOW, 32, sliding_window=128), 96) == 3
+    # chunks of 64 tokens: a 160-token hit keeps the current chunk's one full block (tokens 128..159)
+    assert touched_blocks_of_hit(KVCacheGroup(CHUNKED_LOCAL, 32, attention_chunk_size=64), 160) == 1
+    assert touched_blocks_of_hit(KVCacheGroup(MAMBA, 32), 160) is None

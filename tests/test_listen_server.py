@@ -46,20 +46,16 @@ def _prompt(i: int) -> list[int]:
     return [1 + (i * 37 + j) % 1000 for j in range(100)]  # 3 full 32-token blocks, distinct per i
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    from kmesh_trace.apps.tiny_engine import write_tiny_model
-
-    root = tmp_path_factory.mktemp("listen")
-    sock_dir = Path(tempfile.mkdtemp(prefix="kv", dir="/tmp"))  # ipc paths must stay short
-    model = write_tiny_model(root / "model")
+def start_captured_server(root: Path, model: Path, sock_dir: Path, num_gpu_blocks: int):
+    """The OpenAI API server on the tiny model at `model`, under `kmesh-trace capture --out root/plugin`,
+    publishing its KV events on ipc:// endpoints in `sock_dir`: (process, url, log file, tail of the log)."""
     port = _free_port()
     events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{sock_dir}/ev.sock",
               "replay_endpoint": f"ipc://{sock_dir}/replay.sock", "topic": "kv"}
     cmd = [KMESH, "capture", "--out", str(root / "plugin"), "--", sys.executable, "-m",
            "vllm.entrypoints.openai.api_server", "--model", str(model), "--load-format", "dummy",
            "--skip-tokenizer-init", "--block-size", "32", "--enable-prefix-caching", "--max-model-len", "512",
-           "--num-gpu-blocks-override", str(NUM_GPU_BLOCKS), "--kv-cache-memory-bytes", str(64 << 20),
+           "--num-gpu-blocks-override", str(num_gpu_blocks), "--kv-cache-memory-bytes", str(64 << 20),
            "--enforce-eager", "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port),
            "--kv-events-config", json.dumps(events)]
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -67,12 +63,38 @@ def recorded(tmp_path_factory):
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     log = open(root / "server.log", "w")
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    listeners: list[subprocess.Popen] = []
-    url = f"http://127.0.0.1:{port}"
 
     def tail() -> str:
         log.flush()
         return (root / "server.log").read_text()[-4000:]
+
+    return server, f"http://127.0.0.1:{port}", log, tail
+
+
+def wait_healthy(server: subprocess.Popen, url: str, tail) -> None:
+    """Until the server answers /health; fails the test if it exits or takes longer than START_TIMEOUT_S."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if server.poll() is not None:
+            pytest.fail(f"the server exited with {server.returncode}:\n{tail()}")
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2)
+            return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the server did not start within {START_TIMEOUT_S} s:\n{tail()}")
+            time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    from kmesh_trace.apps.tiny_engine import write_tiny_model
+
+    root = tmp_path_factory.mktemp("listen")
+    sock_dir = Path(tempfile.mkdtemp(prefix="kv", dir="/tmp"))  # ipc paths must stay short
+    model = write_tiny_model(root / "model")
+    server, url, log, tail = start_captured_server(root, model, sock_dir, NUM_GPU_BLOCKS)
+    listeners: list[subprocess.Popen] = []
 
     def listen(name: str) -> subprocess.Popen:
         p = subprocess.Popen([KMESH, "listen", url, "--out", str(root / "events"), "--flush-s", "0.5"],
@@ -82,17 +104,7 @@ def recorded(tmp_path_factory):
         return p
 
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"the server exited with {server.returncode}:\n{tail()}")
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the server did not start within {START_TIMEOUT_S} s:\n{tail()}")
-                time.sleep(0.5)
+        wait_healthy(server, url, tail)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
 
         def send(i: int, full: bool) -> None:

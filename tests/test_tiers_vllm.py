@@ -42,10 +42,21 @@ from kmesh_trace.apps.tiny_engine import cpu_engine_env, write_tiny_model  # noq
 init_none_hash(sha256)
 
 
+def _connector(inner: dict, proxy: bool) -> dict:
+    if not proxy:
+        return inner
+    return {"kv_connector": "KmeshProxyConnector", "kv_connector_module_path": "kmesh_trace.capture.connector",
+            "kv_role": "kv_both", "kv_connector_extra_config": {"inner": inner}}
+
+
 class RealOffload:
     """vLLM's scheduler with SimpleCPUOffloadConnector: `gpu_blocks` usable GPU blocks, `cpu_blocks` usable CPU blocks."""
 
-    def __init__(self, model_dir: Path, block_size: int, gpu_blocks: int, cpu_blocks: int, backend: str = "cpu"):
+    def __init__(self, model_dir: Path, block_size: int, gpu_blocks: int, cpu_blocks: int, backend: str = "cpu",
+                 kv_events_config=None, groups=None, proxy: bool = False):
+        """`kv_events_config`: the scheduler publishes its KV events (GPU and the CPU tier's) as an engine does;
+        `groups`: KV cache specs, one group of one layer each (default: one full-attention group); `proxy`:
+        the connector is kmesh-trace's proxy around it (what a captured engine configures)."""
         cpu_engine_env()
         page = 2 * block_size * 1 * 32 * 2  # K and V of one fp16 KV head of 32 dims, per block
         n = gpu_blocks + 1  # vLLM's null block
@@ -55,14 +66,15 @@ class RealOffload:
                          disk_capacity_bytes=(cpu_blocks + 1) * page)
         cfg = EngineArgs(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, enable_prefix_caching=True,
                          block_size=block_size, max_model_len=4096, max_num_batched_tokens=4096, enforce_eager=True,
-                         kv_transfer_config={"kv_connector": "SimpleCPUOffloadConnector", "kv_role": "kv_both",
-                                             "kv_connector_extra_config": extra},
-                         ).create_engine_config()
+                         kv_transfer_config=_connector({"kv_connector": "SimpleCPUOffloadConnector", "kv_role": "kv_both",
+                                                        "kv_connector_extra_config": extra}, proxy),
+                         kv_events_config=kv_events_config).create_engine_config()
         cfg.cache_config.num_gpu_blocks = n
-        kv = KVCacheConfig(num_blocks=n, kv_cache_tensors=[KVCacheTensor(size=n * page, layers=["layer.0"], layer_stride=0,
-                                                                          block_stride=page)],
-                           kv_cache_groups=[KVCacheGroupSpec(["layer.0"], FullAttentionSpec(
-                               block_size=block_size, num_kv_heads=1, head_size=32, dtype=torch.float16))])
+        specs = groups or [FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=32, dtype=torch.float16)]
+        layers = [f"layer.{i}" for i in range(len(specs))]
+        kv = KVCacheConfig(num_blocks=n, kv_cache_tensors=[KVCacheTensor(size=n * page, layers=[layer], layer_stride=0,
+                                                                          block_stride=page) for layer in layers],
+                           kv_cache_groups=[KVCacheGroupSpec([layer], spec) for layer, spec in zip(layers, specs)])
         self.s = Scheduler(cfg, kv, StructuredOutputManager(cfg), block_size=block_size)
         assert self.s.connector is not None
         self.hasher = get_request_block_hasher(block_size, sha256)

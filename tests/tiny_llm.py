@@ -32,9 +32,10 @@ def make_llm(model_dir: Path, **kwargs):
     from kmesh_trace.apps.tiny_engine import vllm_kernel_scan_guard
 
     with vllm_kernel_scan_guard():  # other test modules may have loaded numba already
-        return LLM(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, enable_prefix_caching=True,
-                   block_size=BLOCK, num_gpu_blocks_override=NUM_BLOCKS, kv_cache_memory_bytes=64 << 20,
-                   max_model_len=MAX_LEN, enforce_eager=True, disable_log_stats=True, **kwargs)
+        return LLM(**{"model": str(model_dir), "load_format": "dummy", "skip_tokenizer_init": True,
+                      "enable_prefix_caching": True, "block_size": BLOCK, "num_gpu_blocks_override": NUM_BLOCKS,
+                      "kv_cache_memory_bytes": 64 << 20, "max_model_len": MAX_LEN, "enforce_eager": True,
+                      "disable_log_stats": True, **kwargs})
 
 
 def params(max_tokens: int = 8, **extra):

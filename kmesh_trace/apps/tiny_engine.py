@@ -42,11 +42,39 @@ TINY_QWEN2 = {
 }
 
 
-def write_tiny_model(directory: str | Path) -> Path:
-    """Write the tiny model's config.json (the only file a dummy-weight load needs)."""
+#: A tiny hybrid model: Gemma 3's text model with two sliding-window (128 tokens) and two
+#: full-attention layers, i.e. two KV cache groups (vLLM's hybrid KV cache manager).
+TINY_GEMMA3 = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    "query_pre_attn_scalar": 32,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+
+
+def write_tiny_model(directory: str | Path, config: dict | None = None) -> Path:
+    """Write the tiny model's config.json (the only file a dummy-weight load needs); `config` picks
+    another tiny model (e.g. TINY_GEMMA3)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(TINY_QWEN2, indent=2))
+    (d / "config.json").write_text(json.dumps(config or TINY_QWEN2, indent=2))
     return d
 
 

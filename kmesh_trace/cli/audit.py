@@ -157,6 +157,18 @@ def _render_capture(result) -> None:
         if imp.get("gaps"):
             out.print(f"what an import never holds (inherent, not problems): {'; '.join(imp['gaps'])}",
                       markup=False, highlight=False)
+    for eng, groups in result.kv_groups.items():
+        gt = Table(title=f"KV cache groups of {eng}: block events", title_justify="left")
+        for h in ("group", "kind", "alloc", "touched", "cached", "freed", "early", "evicted"):
+            gt.add_column(h, justify="left" if h == "kind" else "right")
+        for g in groups:
+            kind = f"window {g['sliding_window']}" if g["sliding_window"] else g["kind"]
+            gt.add_row(str(g["group"]), kind, *(f"{g[k]:,}" for k in ("num_allocated", "num_touched", "num_cached",
+                                                                        "num_freed", "num_freed_while_running",
+                                                                        "num_evicted")))
+        out.print(gt)
+        out.print("early: freed before the request's last free of that group (a sliding window moved past "
+                  "the blocks, or a preemption)", markup=False, highlight=False)
     if result.problems:
         out.print(_problems_table(result.problems))
 

@@ -56,6 +56,15 @@ def _render(d: dict) -> None:
                       _f(x["lifetime_s"]["p50"]), _f(x["lifetime_s"]["p95"]), f"{x['num_restored']:,}",
                       _f(x["reuse_gap_s"]["p50"]), _f(x["reuse_gap_s"]["p95"]))
         out.print(t)
+        if e.get("by_group"):
+            g = Table(title="residency by medium and KV group", title_justify="left")
+            for h in ("medium", "group", "stored", "removed", "still resident", "lifetime p50 (s)", "lifetime p95 (s)"):
+                g.add_column(h, justify="left" if h == "medium" else "right")
+            for x in e["by_group"]:
+                g.add_row(x["medium"], "-" if x["kv_group"] is None else str(x["kv_group"]), f"{x['num_stored']:,}",
+                          f"{x['num_removed']:,}", f"{x['num_still_resident']:,}", _f(x["lifetime_s"]["p50"]),
+                          _f(x["lifetime_s"]["p95"]))
+            out.print(g)
         r = Table(title=f"stores and evictions per {e['bucket_s']:g} s", title_justify="left")
         for h in ("from (s)", "stored", "evicted", "evicted/s"):
             r.add_column(h, justify="right")

@@ -235,7 +235,29 @@ def run(source: TiersInput, options: TiersOptions, executor=None) -> TiersReport
     if tiers:
         results.append(simulate_tiers(source.requests, base, **kw))
     notes.extend(dict.fromkeys(n for r in results for n in r.notes))
+    measured = measured_loads(source)
+    if measured is not None and tiers:
+        modelled = int(sum(results[-1].hit_blocks_by_tier[t.name].sum() for t in tiers))
+        head["measured_loads"] = {**measured, "modelled_lower_tier_hit_blocks": modelled,
+                                  "difference_blocks": modelled - measured["num_blocks"]}
+        notes.append(f"measured: {measured['num_blocks']:,} blocks loaded by {measured['connector']} in "
+                     f"{measured['num_loads']:,} loads (the capture's transfers); modelled: {modelled:,} lower-tier "
+                     f"hit blocks; difference {modelled - measured['num_blocks']:+,} blocks")
     return TiersReport(head, results, None, notes)
+
+
+def measured_loads(source: TiersInput) -> dict | None:
+    """What the capture's proxy connector recorded loading into the engine (transfers, direction load,
+    status ok): {connector, num_loads, num_blocks}; None without such transfers."""
+    t = source.trace
+    counts = getattr(t, "row_counts", None)  # a public trace read into memory has no tables
+    if counts is None or not hasattr(t, "sql") or not counts().get("transfers"):
+        return None
+    where = "direction = 'load' AND status = 'ok'" + (f" AND engine = '{source.engine}'" if source.engine else "")
+    rows = t.sql(f"SELECT string_agg(DISTINCT connector, ', '), count(*), sum(num_blocks) FROM transfers "
+                 f"WHERE {where}").rows()
+    conn, n, blocks = rows[0]
+    return {"connector": conn, "num_loads": int(n), "num_blocks": int(blocks or 0)} if n else None
 
 
 def _run_configs(source: TiersInput, configs: list[TierConfig], kw: dict, executor) -> list[TierResult]:
