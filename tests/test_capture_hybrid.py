@@ -39,7 +39,7 @@ def hybrid_workload(llm) -> list:
 def hybrid_run(tmp_path_factory):
     """(trace, RequestOutputs, vLLM's own KV events) of the hybrid workload, captured in-process."""
     pytest.importorskip("vllm")
-    from test_capture_engine import captured_with_kv_events
+    from capture_runs import captured_with_kv_events
 
     from kmesh_trace.apps.tiny_engine import TINY_GEMMA3, write_tiny_model
 

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from kmesh_trace.capture.kv_events import decode_frames, removal_semantics, signed_hash
-from test_listen import (BlockRemoved, BlockStored, SgKVEventBatch, _frames, _listener, _meta,  # noqa: F401
+from kv_event_frames import (BlockRemoved, BlockStored, SgKVEventBatch, _frames, _listener, _meta,  # noqa: F401
                          _rows, sock_dir, vllm_events)
 
 NEW_COLUMNS = ("kv_group", "medium", "locality", "ownership", "session_id", "cache_salt", "origin")

@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-from test_listen_server import KMESH, start_captured_server, wait_healthy  # noqa: E402 (tests/ is on sys.path)
+from listen_servers import KMESH, start_captured_server, wait_healthy  # noqa: E402 (tests/ is on sys.path)
 
 pytestmark = pytest.mark.engine
 NUM_GPU_BLOCKS = 48

