@@ -42,7 +42,8 @@ def import_cmd(
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="lmcache-agent: a tokenizer.json (needs the "
                                              "tokenizers package); default: UTF-8 bytes."),
     block_size: Optional[int] = typer.Option(None, "--block-size", parser=bounded_int(1, MAX_BLOCKS), help="lmcache-agent: tokens per block "
-                                             "(default 64 for UTF-8 bytes, 16 with --tokenizer)."),
+                                             "(default 64 for UTF-8 bytes, 16 with --tokenizer); mooncake: tokens "
+                                             "per hash id (default 512)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable summary."),
 ) -> None:
     """Import a public trace (Mooncake, Bailian, kv-cache-tester agentic conversations, LMCache agent traces) into a trace directory.
@@ -57,8 +58,10 @@ def import_cmd(
     check_out_not_in_input(out_dir, [src])
     if arrival is not None and fmt is not ImportFormat.weka:
         raise KmeshTraceError("--arrival applies to weka imports only.")
-    if (tokenizer is not None or block_size is not None) and fmt is not ImportFormat.lmcache_agent:
-        raise KmeshTraceError("--tokenizer and --block-size apply to lmcache-agent imports only.")
+    if tokenizer is not None and fmt is not ImportFormat.lmcache_agent:
+        raise KmeshTraceError("--tokenizer applies to lmcache-agent imports only.")
+    if block_size is not None and fmt not in (ImportFormat.lmcache_agent, ImportFormat.mooncake):
+        raise KmeshTraceError("--block-size applies to lmcache-agent and mooncake imports only.")
     kwargs = {}
     if fmt is ImportFormat.weka:
         from kmesh_trace.datasets.importers.weka import DEFAULT_ARRIVAL, Arrival, conversation_files
@@ -72,6 +75,8 @@ def import_cmd(
         kwargs.update(tokenizer=tokenizer, block_size=block_size)
         total = jsonl_bytes(walk(src))
     else:
+        if block_size is not None:
+            kwargs["block_size"] = block_size
         total = src.stat().st_size
     engine_id = engine_id or f"import-{fmt.value}"
     if (out_dir / "invocations" / f"engine={engine_id}").exists():
