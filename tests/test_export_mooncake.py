@@ -131,3 +131,17 @@ def test_token_ids_need_a_capture(tmp_path, cli):
     assert r.exit_code == 1
     assert "Error: the trace has no prompt token ids" in r.stdout + r.stderr
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_import_block_size_is_for_mooncake_and_lmcache_agent_only(tmp_path, cli):
+    src = tmp_path / "b.jsonl"
+    src.write_text('{"chat_id": 1, "parent_chat_id": -1, "timestamp": 0, "input_length": 16, "output_length": 1, '
+                   '"type": "text", "turn": 1, "hash_ids": [1]}\n')
+    r = cli(["import", "bailian", src, "--out", tmp_path / "t", "--block-size", "16"])
+    assert r.exit_code == 1
+    assert "--block-size applies to lmcache-agent and mooncake imports only." in r.stdout + r.stderr
+    m = tmp_path / "m.jsonl"
+    m.write_text(_lines([{"timestamp": 0, "input_length": 40, "output_length": 1, "hash_ids": [7, 8, 9]}]))
+    assert cli(["import", "mooncake", m, "--out", tmp_path / "a"]).exit_code == 1  # 3 ids: not 512-token blocks
+    r = cli(["import", "mooncake", m, "--out", tmp_path / "b", "--block-size", "16", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["num_invocations"] == 1
