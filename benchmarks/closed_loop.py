@@ -308,27 +308,31 @@ def main() -> int:
     return 0
 
 
+def _cell(d: dict) -> str:
+    """hit ratio (hit tokens) / prefill tokens"""
+    prompt = d["hit_tokens"] + d["prefill_tokens"]
+    return f"{d['hit_tokens'] / prompt:.4f} ({d['hit_tokens']:,}) / {d['prefill_tokens']:,}"
+
+
+def _err(e) -> str:
+    return "n/a" if not e else f"{e[0]:+,}" + ("" if e[1] is None else f" ({e[1]:+.2%})")
+
+
 def table(results: list[dict]) -> str:
-    lines = ["| trace | GPU blocks | offload | requests sent/recorded | predicted hit / prefill | measured hit / prefill "
-             "| hit error (rel) | model on the capture | blocks agreeing | preemptions | peak running |",
-             "|" + "---|" * 11]
+    lines = ["| trace | GPU blocks | CPU offload | requests sent / recorded | predicted: hit ratio (hit tokens) / "
+             "prefill tokens | measured | hit error (rel.) | prefill error (rel.) | model on the capture | blocks "
+             "agreeing | preemptions | peak running |", "|" + "---|" * 12]
     for r in results:
+        p = r.get("predicted")
         if "unavailable" in r:
-            p = r.get("predicted") or {}
-            ph = f"{p['hit_tokens']:,} / {p['prefill_tokens']:,}" if p else ""
             lines.append(f"| {r['trace']} | {r['capacity_blocks']} | {r['offload_gib']} GiB ({r.get('host_blocks')} "
-                         f"blocks) | not run | {ph} | unavailable | | | | | |")
+                         f"blocks) | not run | {_cell(p) if p else ''} | unavailable | | | | | | |")
             continue
-        p, m, c = r["predicted"], r["measured"], r["model_on_capture"]
-        he = r.get("hit_error")
-        err = f"{he[0]:+,} ({he[1]:+.1%})" if he and he[1] is not None else (f"{he[0]:+,}" if he else "n/a")
-        b = r["blocks"]
-        blk = f"{b['both'] + b['neither']:,}/{b['num_blocks']:,}"
-        ph = "n/a" if p["hit_tokens"] is None else f"{p['hit_tokens']:,} / {p['prefill_tokens']:,}"
+        m, c, b = r["measured"], r["model_on_capture"], r["blocks"]
         lines.append(f"| {r['trace']} | {r['capacity_blocks']} | {r['offload_gib'] or 'no'} | "
-                     f"{r['aiperf']['records']}/{m['requests']} | {ph} | {m['hit_tokens']:,} / {m['prefill_tokens']:,} | "
-                     f"{err} | {c['hit_tokens']:,} / {c['prefill_tokens']:,} | {blk} | {m['preemptions']} | "
-                     f"{m['peak_running']} |")
+                     f"{r['aiperf']['records']} / {m['requests']} | {_cell(p)} | {_cell(m)} | {_err(r.get('hit_error'))} | "
+                     f"{_err(r.get('prefill_error'))} | {_cell(c)} | {b['both'] + b['neither']:,} / {b['num_blocks']:,} | "
+                     f"{m['preemptions']} | {m['peak_running']} |")
     return "\n".join(lines)
 
 

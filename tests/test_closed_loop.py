@@ -29,7 +29,7 @@ LINES = [
     ([0, 1, 2, 6, 7], 160),
     (list(range(8, 20)), 384),
     (list(range(20, 31)), 352),
-    ([0, 1, 2, 3], 129),
+    ([0, 1, 2, 3, 4], 129),
     (list(range(8, 20)), 384),
     ([20, 21, 31], 90),
 ]
@@ -76,10 +76,12 @@ def test_predicted_and_measured_hits_agree_block_by_block(served):
         c = compare_blocks(lines, engine_ids, t, pred)
         measured = [n // BLOCK for n, in t.sql("SELECT num_cached_tokens FROM invocations ORDER BY seq").iter_rows()]
     assert measured == pred
-    assert pred == [0, 3, 0, 0, 0, 0, 0]  # line 4 and 5 find their prefixes evicted by lines 2 and 3
+    # Line 4 finds line 0's prefix evicted by line 3; line 5 repeats line 2, whose first 7 blocks survived (at most
+    # 11 could hit: the last prompt token is always computed); line 6 extends line 3's first two blocks.
+    assert pred == [0, 3, 0, 0, 0, 7, 2]
     full = sum(n // BLOCK for _, n in LINES)
     assert (c.num_matched, c.num_misaligned, c.num_blocks) == (7, 0, full)
-    assert (c.both, c.predicted_only, c.measured_only, c.neither) == (3, 0, 0, full - 3)
+    assert (c.both, c.predicted_only, c.measured_only, c.neither) == (12, 0, 0, full - 12)
     # Both ways, one to one: every hash id of a full block is one vLLM block hash.
     distinct = {h for ids, n in LINES for h in ids[:n // BLOCK]}
     assert set(c.id_to_block) == distinct

@@ -71,7 +71,8 @@ def compare_blocks(lines: Sequence[dict], engine_request_ids: Sequence[str | Non
     `engine_request_ids[i]` of the capture `trace` (None: the line was not served), with the model's predicted
     hit blocks of line i (`PoolResult.hit_blocks` of the export read back)."""
     if not (len(lines) == len(engine_request_ids) == len(predicted_hit_blocks)):
-        raise KmeshTraceError("compare_blocks needs one engine request id and one prediction per line.")
+        raise KmeshTraceError(f"compare_blocks needs one engine request id and one prediction per line: {len(lines)} "
+                              f"lines, {len(engine_request_ids)} request ids, {len(predicted_hit_blocks)} predictions.")
     bs = trace.block_size
     if bs is None:
         raise KmeshTraceError("the capture records no block size.")
