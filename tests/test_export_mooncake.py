@@ -145,3 +145,18 @@ def test_import_block_size_is_for_mooncake_and_lmcache_agent_only(tmp_path, cli)
     assert cli(["import", "mooncake", m, "--out", tmp_path / "a"]).exit_code == 1  # 3 ids: not 512-token blocks
     r = cli(["import", "mooncake", m, "--out", tmp_path / "b", "--block-size", "16", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["num_invocations"] == 1
+
+
+@pytest.mark.shared_data
+def test_weka_import_export_import_gives_the_same_headroom(tmp_path, cli, shared_datasets):
+    src = shared_datasets / "weka-claude-code" / "trace_0001.json"
+    assert cli(["import", "weka", src, "--out", tmp_path / "w"]).exit_code == 0
+    r = cli(["export", "mooncake", tmp_path / "w", "--out", tmp_path / "w.jsonl", "--block-tokens", "64", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["hash_source"] == "listed"
+    assert cli(["import", "mooncake", tmp_path / "w.jsonl", "--block-size", "64", "--out", tmp_path / "back"]).exit_code == 0
+    r1 = cli(["headroom", tmp_path / "w", "--capacity-blocks", "256,1024,2048", "--json"])
+    r2 = cli(["headroom", tmp_path / "back", "--capacity-blocks", "256,1024,2048", "--json"])
+    before, after = json.loads(r1.stdout)["results"], json.loads(r2.stdout)["results"]
+    assert [(x["policy"], x["capacity_blocks"], x["hit_tokens"], x["prefill_tokens"]) for x in before] == \
+        [(x["policy"], x["capacity_blocks"], x["hit_tokens"], x["prefill_tokens"]) for x in after]
+    assert {x["hit_tokens"] for x in before if x["policy"] == "vllm"} == {0, 3023040}
