@@ -24,6 +24,7 @@ install aiperf==0.13.0`):
 
     .venv/bin/python benchmarks/closed_loop.py --aiperf /tmp/aiperf-venv/bin/aiperf [--traces mooncake,weka] \\
         [--capacities 96,256] [--offload-gib 0.002] [--requests 40] [--json]
+    .venv/bin/python benchmarks/closed_loop.py --aiperf ... --token-replay CAPTURE --requests 8   # exact ids
 """
 
 from __future__ import annotations
@@ -213,6 +214,32 @@ def host_blocks_of(log: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def token_replay(aiperf: str, root: Path, model: Path, capture: Path, n: int, max_model_len: int) -> dict:
+    """Exact replay: the first `n` requests of `capture` exported with their token ids (`--token-ids`, sent as
+    `extra.prompt`), replayed, and each recorded prompt compared with the exported one."""
+    from kmesh_trace.apps.closed_loop import aiperf_engine_ids
+    from kmesh_trace.trace import open_trace
+
+    root.mkdir(parents=True, exist_ok=True)
+    run([KMESH, "export", "mooncake", str(capture), "--out", str(root / "full.jsonl"), "--block-tokens", str(BLOCK),
+         "--token-ids", "--ignore-eos"])
+    lines = [json.loads(x) for x in open(root / "full.jsonl")][:n]
+    (root / "export.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    handle, port, why = start_server(root, model, 256, max_model_len, None)
+    if handle is None:
+        return {"unavailable": why}
+    try:
+        a = replay(aiperf, root, root / "export.jsonl", port, model.parent / "hf")
+    finally:
+        stop_server(handle)
+    records = [json.loads(x) for p in (root / "aiperf").rglob("profile_export.jsonl") for x in open(p)]
+    with open_trace(root / "capture", strict=False) as t:
+        ids = aiperf_engine_ids(records, t)
+        prompts = {r: p for r, p in t.frame("invocations").select("request_id", "prompt_token_ids").iter_rows()}
+    exact = sum(rid is not None and list(prompts[rid]) == x["extra"]["prompt"] for rid, x in zip(ids, lines))
+    return {"lines": len(lines), "aiperf": a, "recorded": len(prompts), "exact_prompts": exact}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--aiperf", default=shutil.which("aiperf"))
@@ -224,6 +251,8 @@ def main() -> int:
     ap.add_argument("--max-input", type=int, default=2048)
     ap.add_argument("--max-output", type=int, default=4)
     ap.add_argument("--weka-span-s", type=float, default=40.0, help="the weka slice's schedule, squeezed")
+    ap.add_argument("--token-replay", type=Path, default=None, metavar="CAPTURE",
+                    help="instead: replay the first --requests requests of CAPTURE with their exact token ids")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -239,6 +268,11 @@ def main() -> int:
         model.mkdir()
         (model / "config.json").write_text(json.dumps({**TINY_QWEN2, "max_position_embeddings": 16384}))
         build_tokenizer(model, root / "hf")
+    if args.token_replay:
+        res = token_replay(args.aiperf, root / "token-replay", model, args.token_replay, args.requests,
+                           args.max_input + args.max_output + BLOCK)
+        print(json.dumps(res, indent=2))
+        return 0
     caps = [int(c) for c in args.capacities.split(",")]
     configs = [(c, None) for c in caps]
     if args.offload_gib:
