@@ -114,6 +114,10 @@ def test_live_aiperf_replay_records_every_exported_request(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     (row,) = json.loads(p.stdout)["results"]
     assert (row["requests"], row["aiperf"]["records"], row["aiperf"]["errors"], row["measured"]["requests"]) == (8, 8, 0, 8)
-    assert row["blocks"]["num_matched"] == 8
-    assert row["blocks"]["num_blocks"] == sum(json.loads(x)["input_length"] // 32
-                                              for x in open(tmp_path / "mooncake" / "export.jsonl"))
+    b = row["blocks"]
+    assert b["num_matched"] == 8
+    # Every line is compared block by block unless the server's tokenisation of aiperf's text moved its length
+    # (the script's BPE is trained on the repository's docs: some vocabularies drift, see benchmarks/README.md).
+    full = [json.loads(x)["input_length"] // 32 for x in open(tmp_path / "mooncake" / "export.jsonl")]
+    assert b["num_misaligned"] > 0 or b["num_blocks"] == sum(full)
+    assert b["num_misaligned"] == 0 or b["num_blocks"] < sum(full)

@@ -81,7 +81,8 @@ def compare_blocks(lines: Sequence[dict], engine_request_ids: Sequence[str | Non
     wanted = {rid for rid in engine_request_ids if rid is not None}
     unknown = wanted - inv.keys()
     if unknown:
-        raise KmeshTraceError(f"{len(unknown)} engine request ids are not in the capture (first: {sorted(unknown)[0]!r}).")
+        raise KmeshTraceError(f"{len(unknown)} engine request ids are not in the capture (first: "
+                              f"{sorted(unknown)[0]!r}).")
     blocks = engine_prompt_blocks(trace, wanted)
     c = BlockComparison(bs, len(lines))
     for i, (line, rid, pred) in enumerate(zip(lines, engine_request_ids, predicted_hit_blocks)):

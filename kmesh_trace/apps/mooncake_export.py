@@ -80,11 +80,13 @@ def _hash_source(reqs: Sequence[RequestBlocks], trace_block: int, block_tokens: 
         "or a multiple of it.")
 
 
-def request_hash_ids(r: RequestBlocks, source: str, trace_block: int, block_tokens: int, number: _Numbering) -> list[int]:
+def request_hash_ids(r: RequestBlocks, source: str, trace_block: int, block_tokens: int,
+                     number: _Numbering) -> list[int]:
     """The hash ids of one request's prompt: ceil(prompt tokens / block_tokens) of them."""
     n_ids = -(-r.num_prompt_tokens // block_tokens)
     if source == "listed":
-        return [int(h) for h in r.prompt_hashes[:n_ids]] + [number(("tail", r.index, k)) for k in range(len(r.prompt_hashes), n_ids)]
+        tail = [number(("tail", r.index, k)) for k in range(len(r.prompt_hashes), n_ids)]
+        return [int(h) for h in r.prompt_hashes[:n_ids]] + tail
     if source == "tokens":
         return [number(h) for h in chain_block_hashes(r.prompt_token_ids, block_tokens, n_ids)]
     if source == "split":  # sub-block j of listed block k: one id per (chained hash, j)
@@ -116,7 +118,8 @@ def mooncake_records(reqs: Sequence[RequestBlocks], trace_block: int, *, block_t
         raise KmeshTraceError(f"{len(missing)} requests have no arrival time (first: {missing[0]!r}); Mooncake lines "
                               "need one each.")
     # Listed hashes are kept; the ids of tails they do not cover start above the largest.
-    number = _Numbering(1 + max((int(h) for r in reqs for h in r.prompt_hashes), default=-1) if source == "listed" else 0)
+    first = 1 + max((int(h) for r in reqs for h in r.prompt_hashes), default=-1) if source == "listed" else 0
+    number = _Numbering(first)
     t0 = min((r.arrival_ns for r in reqs), default=0)
     for i, r in enumerate(reqs):
         rec: dict[str, Any] = {"timestamp": _timestamp(r.arrival_ns - t0), "input_length": r.num_prompt_tokens,
