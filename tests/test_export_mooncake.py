@@ -129,8 +129,22 @@ def test_token_ids_need_a_capture(tmp_path, cli):
     cli(["import", "mooncake", src, "--out", tmp_path / "t"])
     r = cli(["export", "mooncake", tmp_path / "t", "--out", tmp_path / "x.jsonl", "--token-ids"])
     assert r.exit_code == 1
-    assert "Error: the trace has no prompt token ids" in r.stdout + r.stderr
+    assert "Error: the trace has no prompt token ids (only block hashes); give --vocab-size" in r.stdout + r.stderr
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_token_ids_synthesised_from_hash_ids_share_exactly_the_shared_blocks(tmp_path, cli):
+    src = tmp_path / "m.jsonl"
+    src.write_text(_lines(MOONCAKE))
+    cli(["import", "mooncake", src, "--out", tmp_path / "t"])
+    r = cli(["export", "mooncake", tmp_path / "t", "--out", tmp_path / "x.jsonl", "--token-ids", "--vocab-size", "50"])
+    assert r.exit_code == 0, r.stdout
+    lines = [json.loads(x) for x in open(tmp_path / "x.jsonl")]
+    p = [x["extra"]["prompt"] for x in lines]
+    assert [len(x) for x in p] == [x["input_length"] for x in lines]
+    assert all(2 <= t < 50 for x in p for t in x)
+    assert p[0][:1024] == p[2][:1024] and p[0][1024:1100] != p[2][1024:1100]  # ids 0, 1 shared; 2 vs 4
+    assert p[1][:512] == p[0][:512] and p[1][512:600] != p[0][512:600]  # id 0 shared; 3 vs 1
 
 
 def test_import_block_size_is_for_mooncake_and_lmcache_agent_only(tmp_path, cli):

@@ -19,7 +19,7 @@ Optional fields, for aiperf 0.13's loader (`aiperf/dataset/loader/models.py`, `M
 `session_id` (the request's family, with `sessions`), and `extra`, which aiperf merges into the request body
 at dispatch: `extra.prompt` carries the exact prompt token ids (`token_ids`; vLLM's `/v1/completions` takes
 a list of ids as the prompt, so the engine sees the recorded tokens instead of text aiperf synthesises from
-the hash ids), and `extra.ignore_eos` (`ignore_eos`; a model with dummy weights would otherwise stop early).
+the hash ids; a trace with only hashes gets ids synthesised from them, `synthetic_tokens`), and `extra.ignore_eos` (`ignore_eos`; a model with dummy weights would otherwise stop early).
 No field names a line's request: aiperf sends its own `X-Request-Id`, which vLLM takes as the request id
 (`kmesh_trace.apps.closed_loop` matches a capture of the replay through aiperf's records instead).
 """
@@ -106,13 +106,29 @@ def _timestamp(ns: int) -> int | float:
     return ns // 1_000_000 if ns % 1_000_000 == 0 else round(ns / 1_000_000, 3)
 
 
+def synthetic_tokens(hash_ids: Sequence[int], n: int, block_tokens: int, vocab_size: int) -> list[int]:
+    """Token ids for a prompt of `n` tokens given only its hash ids: each id one fixed pseudo-random run of
+    `block_tokens` ids in [2, vocab_size) (0 and 1 left to bos and eos), the same wherever the id appears, so
+    equal ids are equal tokens and equal prefixes stay equal."""
+    import numpy as np
+
+    out: list[int] = []
+    for h in hash_ids:
+        out += np.random.default_rng(int(h)).integers(2, vocab_size, block_tokens).tolist()
+    return out[:n]
+
+
 def mooncake_records(reqs: Sequence[RequestBlocks], trace_block: int, *, block_tokens: int = DEFAULT_BLOCK_TOKENS,
-                     sessions: bool = False, token_ids: bool = False,
+                     sessions: bool = False, token_ids: bool = False, vocab_size: int | None = None,
                      ignore_eos: bool = False, summary: ExportSummary | None = None) -> Iterator[dict[str, Any]]:
-    """The Mooncake records of `reqs` (in arrival order, as `Workload.from_trace` gives them)."""
+    """The Mooncake records of `reqs` (in arrival order, as `Workload.from_trace` gives them). `token_ids` on a
+    trace with only block hashes synthesises the ids from the hash ids (`synthetic_tokens`, needs `vocab_size`)."""
     source = _hash_source(reqs, trace_block, block_tokens)
-    if token_ids and source != "tokens":
-        raise KmeshTraceError("the trace has no prompt token ids (only block hashes); export it without --token-ids.")
+    if token_ids and source != "tokens" and not vocab_size:
+        raise KmeshTraceError("the trace has no prompt token ids (only block hashes); give --vocab-size to synthesise "
+                              "them from the hash ids, or export without --token-ids.")
+    if vocab_size is not None and vocab_size < 3:
+        raise KmeshTraceError("--vocab-size must be at least 3 (ids 0 and 1 are left to bos and eos).")
     missing = [r.request_id for r in reqs if r.arrival_ns is None]
     if missing:
         raise KmeshTraceError(f"{len(missing)} requests have no arrival time (first: {missing[0]!r}); Mooncake lines "
@@ -128,8 +144,10 @@ def mooncake_records(reqs: Sequence[RequestBlocks], trace_block: int, *, block_t
         if sessions and r.family_id is not None:
             rec["session_id"] = r.family_id
         extra: dict[str, Any] = {}
-        if token_ids:
+        if token_ids and source == "tokens":
             extra["prompt"] = list(map(int, r.prompt_token_ids))
+        elif token_ids:
+            extra["prompt"] = synthetic_tokens(rec["hash_ids"], r.num_prompt_tokens, block_tokens, vocab_size)
         if ignore_eos:
             extra["ignore_eos"] = True
         if extra:
@@ -146,7 +164,7 @@ def mooncake_records(reqs: Sequence[RequestBlocks], trace_block: int, *, block_t
 
 
 def export_mooncake(trace, out: str | Path, *, engine: str | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS,
-                    sessions: bool = False, token_ids: bool = False,
+                    sessions: bool = False, token_ids: bool = False, vocab_size: int | None = None,
                     ignore_eos: bool = False) -> ExportSummary:
     """Write engine partition `engine` of `trace` (an open trace) as Mooncake JSONL to `out`."""
     from kmesh_trace.oracle.workload import Workload
@@ -162,7 +180,7 @@ def export_mooncake(trace, out: str | Path, *, engine: str | None = None, block_
     tmp = Path(out).with_name(Path(out).name + ".tmp")
     with open(tmp, "w") as f:
         for rec in mooncake_records(reqs, w.block_size, block_tokens=block_tokens, sessions=sessions,
-                                    token_ids=token_ids, ignore_eos=ignore_eos,
+                                    token_ids=token_ids, vocab_size=vocab_size, ignore_eos=ignore_eos,
                                     summary=summary):
             f.write(json.dumps(rec) + "\n")
     tmp.replace(out)

@@ -75,8 +75,11 @@ def mooncake_cmd(
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
     sessions: bool = typer.Option(False, "--sessions", help="Write each request's family as session_id (aiperf "
                                   "then replays a session's lines as turns of one conversation)."),
-    token_ids: bool = typer.Option(False, "--token-ids", help="Also write the exact prompt token ids as "
-                                   "extra.prompt (aiperf sends them as the prompt; captures only)."),
+    token_ids: bool = typer.Option(False, "--token-ids", help="Also write the prompt token ids as extra.prompt "
+                                   "(aiperf sends them as the prompt): a capture's own, else synthesised from "
+                                   "the hash ids (give --vocab-size)."),
+    vocab_size: Optional[int] = typer.Option(None, "--vocab-size", parser=bounded_int(3, 1 << 31),
+                                             help="With --token-ids on a trace of hashes: ids in [2, N)."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Write extra.ignore_eos = true (every request "
                                     "generates its output_length)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable summary."),
@@ -92,7 +95,7 @@ def mooncake_cmd(
     check_out_not_in_input(out_path, [trace])
     with open_trace(trace) as t:
         summary = export_mooncake(t, out_path, engine=engine, block_tokens=block_tokens, sessions=sessions,
-                                  token_ids=token_ids, ignore_eos=ignore_eos)
+                                  token_ids=token_ids, vocab_size=vocab_size, ignore_eos=ignore_eos)
     if as_json:
         print_json(summary.as_dict())
         return
