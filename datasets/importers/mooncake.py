@@ -124,7 +124,7 @@ _EXACT_NS = 1 << 53
 FAST_PATH_MAX_BYTES = 1 << 30
 
 
-def _fast_table(data: bytes) -> pa.Table | None:
+def _fast_table(data: bytes, block_size: int = BLOCK_SIZE) -> pa.Table | None:
     """The whole file parsed by Arrow's JSON reader and checked column-wise; None if any line is off.
 
     None sends the file down the plain line-by-line path, which names every bad line: the fast path
@@ -141,7 +141,7 @@ def _fast_table(data: bytes) -> pa.Table | None:
     if any(t.column(c).null_count for c in _FAST_FIELDS):
         return None
     ts, n_in, n_out, hashes = (t.column(c) for c in _FAST_FIELDS)
-    need = pc.divide(pc.add(n_in, BLOCK_SIZE - 1), BLOCK_SIZE)
+    need = pc.divide(pc.add(n_in, block_size - 1), block_size)
     # Below 2**53 ns the float product is exact for every integer timestamp, as the plain path's integer
     # arithmetic is; beyond it (over 104 days) the plain path decides.
     in_range = pc.less(pc.abs(pc.multiply(ts, 1_000_000.0)), float(_EXACT_NS))
@@ -193,24 +193,26 @@ def _line_counts(data: bytes) -> tuple[int, int] | None:
     return len(lines), num_blank
 
 
-def engine_metadata(src: Path) -> dict:
+def engine_metadata(src: Path, block_size: int = BLOCK_SIZE) -> dict:
     """The engine metadata of an import of `src` (the writer adds its own bookkeeping)."""
-    return {"block_size": BLOCK_SIZE, "engine": "mooncake trace",
+    return {"block_size": block_size, "engine": "mooncake trace",
             "capture_config": {"format": FORMAT, "source_file": src.name}}
 
 
 def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "import-mooncake",
-                    on_bytes: Callable[[int], None] | None = None, fast: bool = True) -> ImportReport:
-    """Import one Mooncake JSONL file; `fast=False` forces the plain line-by-line reference path."""
+                    on_bytes: Callable[[int], None] | None = None, fast: bool = True,
+                    block_size: int = BLOCK_SIZE) -> ImportReport:
+    """Import one Mooncake JSONL file; `fast=False` forces the plain line-by-line reference path. `block_size`:
+    tokens per hash id (512 in the published traces; a file exported at another `--block-tokens` says its own)."""
     from kmesh_trace.writer import TraceWriter
 
     src = Path(src)
     report = ImportReport(FORMAT, str(src), str(out), engine_id)
-    writer = TraceWriter(out, engine_id, engine_metadata(src), source=f"import:{FORMAT}")
+    writer = TraceWriter(out, engine_id, engine_metadata(src, block_size), source=f"import:{FORMAT}")
     if fast and src.is_file() and src.stat().st_size <= FAST_PATH_MAX_BYTES:
         data = src.read_bytes()
         counts = _line_counts(data)
-        table = _fast_table(data) if counts is not None else None
+        table = _fast_table(data, block_size) if counts is not None else None
         num_lines, num_blank = counts or (0, 0)
         # Arrow must have read one record per non-blank line, and the direct path (`read_mooncake`) must
         # take the file whole too (Arrow alone also reads NaN or a 5,000-digit number in a field it
@@ -226,7 +228,7 @@ def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "impor
             writer.update_metadata(num_malformed_lines=0, malformed_lines=[])
             writer.close()
             return report
-    for cols in _plain_batches(src, report, on_bytes):
+    for cols in _plain_batches(src, report, on_bytes, block_size):
         writer.write("invocations", cols.table(report.num_invocations))
         report.num_invocations += len(cols)
         report.num_block_hashes += len(cols.hashes)
@@ -279,7 +281,7 @@ def read_mooncake(src: str | Path, *, engine_id: str = "import-mooncake", fast: 
     return cols, report
 
 
-def _record_values(rec: dict) -> tuple[int, int, int, list]:
+def _record_values(rec: dict, block_size: int = BLOCK_SIZE) -> tuple[int, int, int, list]:
     """(arrival_ns, input tokens, output tokens, hash_ids) of a valid record; RecordError says what is wrong."""
     arrival_ns = require_time_ns(rec, "timestamp", 1_000_000)
     n_in = require_int(rec, "input_length", minimum=1)
@@ -287,12 +289,12 @@ def _record_values(rec: dict) -> tuple[int, int, int, list]:
     hashes = rec.get("hash_ids")
     if type(hashes) is not list:
         raise RecordError("field hash_ids missing or not a list")
-    if len(hashes) != -(-n_in // BLOCK_SIZE):
-        raise RecordError(f"hash_ids has {len(hashes)} entries but input_length {n_in} needs {-(-n_in // BLOCK_SIZE)}")
+    if len(hashes) != -(-n_in // block_size):
+        raise RecordError(f"hash_ids has {len(hashes)} entries but input_length {n_in} needs {-(-n_in // block_size)}")
     return arrival_ns, n_in, n_out, hashes
 
 
-def _plain_batches(src: Path, report: ImportReport, on_bytes) -> Iterator[_Columns]:
+def _plain_batches(src: Path, report: ImportReport, on_bytes, block_size: int = BLOCK_SIZE) -> Iterator[_Columns]:
     """The plain line-by-line path: the valid rows in batches of ROWS_PER_PART, every bad line reported (a
     line whose hashes are not all 64-bit unsigned integers after its batch's other faults: a batch's hashes
     are checked at once, then value by value only when that fails)."""
@@ -308,7 +310,7 @@ def _plain_batches(src: Path, report: ImportReport, on_bytes) -> Iterator[_Colum
 
     for lineno, rec in iter_records(src, report, on_bytes):
         try:
-            values = _record_values(rec)
+            values = _record_values(rec, block_size)
         except RecordError as e:
             report.malformed(f"{src.name}:{lineno}", str(e))
             continue

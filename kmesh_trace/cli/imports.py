@@ -45,7 +45,8 @@ def import_cmd(
                                              "(requests) its directory with tokenizer_config.json and the chat "
                                              "template (needs the tokenizers package); default: UTF-8 bytes."),
     block_size: Optional[int] = typer.Option(None, "--block-size", parser=bounded_int(1, MAX_BLOCKS), help="lmcache-agent, requests: tokens per "
-                                             "block (default 64 for UTF-8 bytes, 16 with --tokenizer)."),
+                                             "block (default 64 for UTF-8 bytes, 16 with --tokenizer); mooncake: "
+                                             "tokens per hash id (default 512)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable summary."),
 ) -> None:
     """Import a public trace (Mooncake, Bailian, kv-cache-tester agentic conversations, LMCache agent traces) into a trace directory.
@@ -60,9 +61,10 @@ def import_cmd(
     check_out_not_in_input(out_dir, [src])
     if arrival is not None and fmt is not ImportFormat.weka:
         raise KmeshTraceError("--arrival applies to weka imports only.")
-    if (tokenizer is not None or block_size is not None) and fmt not in (ImportFormat.lmcache_agent,
-                                                                         ImportFormat.requests):
-        raise KmeshTraceError("--tokenizer and --block-size apply to lmcache-agent and requests imports only.")
+    if tokenizer is not None and fmt not in (ImportFormat.lmcache_agent, ImportFormat.requests):
+        raise KmeshTraceError("--tokenizer applies to lmcache-agent and requests imports only.")
+    if block_size is not None and fmt not in (ImportFormat.lmcache_agent, ImportFormat.requests, ImportFormat.mooncake):
+        raise KmeshTraceError("--block-size applies to lmcache-agent, requests and mooncake imports only.")
     kwargs = {}
     if fmt is ImportFormat.weka:
         from kmesh_trace.datasets.importers.weka import DEFAULT_ARRIVAL, Arrival, conversation_files
@@ -78,6 +80,8 @@ def import_cmd(
     else:
         if fmt is ImportFormat.requests:
             kwargs.update(tokenizer=tokenizer, block_size=block_size)
+        elif block_size is not None:
+            kwargs["block_size"] = block_size
         total = src.stat().st_size
     engine_id = engine_id or f"import-{fmt.value}"
     if (out_dir / "invocations" / f"engine={engine_id}").exists():
