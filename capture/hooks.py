@@ -46,7 +46,15 @@ def engine_metadata(scheduler) -> dict[str, Any]:
         "hash_lookahead_tokens": int(getattr(pool, "num_hash_lookahead_tokens", 0) or 0),
         **model_geometry(scheduler.kv_cache_config, cfg.cache_config),
         **kv_cache_groups(scheduler.kv_cache_config),
+        "prefix_cache_retention_interval": retention_interval(scheduler.kv_cache_config),
     }
+
+
+def retention_interval(kv_cache_config) -> int:
+    """vLLM's prefix_cache_retention_interval as the engine runs with it (what a sliding-window group caches);
+    -1 for vLLM's None (every block), 0 where this vLLM has no such setting."""
+    v = getattr(kv_cache_config, "prefix_cache_retention_interval", 0)
+    return -1 if v is None else int(v)
 
 
 def kv_cache_groups(kv_cache_config) -> dict[str, Any]:

@@ -140,3 +140,17 @@ def test_audit_finds_nothing_blocking(hybrid_run):
     # hit none (its 8 skipped blocks were never taken: vLLM's null block).
     assert [g["kind"] for g in groups] == ["sliding_window", "full_attention"]
     assert [g["num_freed_while_running"] for g in groups] == [8 + 0 + 8 + 3 * 10 + 8, 0]
+
+
+def test_the_hybrid_pool_model_replays_the_captured_hits_exactly(hybrid_run):
+    """The capture states the retention interval the engine ran with, and the `vllm` pool model replaying
+    the captured requests through both groups at the captured pool gets every request's stock hit."""
+    from kmesh_trace.oracle.headroom import headroom
+
+    trace, outs, _ = hybrid_run
+    assert trace.metadata["prefix_cache_retention_interval"] == 0  # vLLM's default
+    res = headroom(trace, [trace.metadata["num_usable_blocks"]], ["vllm"])
+    assert res.stock_source == "capture"
+    (vllm,) = res.results
+    assert list(vllm.hit_tokens_per_request) == list(res.stock.hit_tokens_per_request)
+    assert list(res.stock.hit_tokens_per_request) == [o.num_cached_tokens for o in outs]
