@@ -34,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.model_error import MODEL_ERROR, for_rung
 from kmesh_trace.oracle.options import flags, option
 
 __all__ = ["AdviseOptions", "Advice", "Rung", "advise", "VLLM_FLAGS", "LMCACHE_KEYS", "PREFILL_RATES", "PrefillRate"]
@@ -145,7 +146,7 @@ class Rung:
                 "hit_ratio": self.hit_ratio, "hit_tokens": self.hit_tokens, "prefill_tokens": self.prefill_tokens,
                 "prefill_s": self.prefill_s, "prefill_s_error": self.prefill_s_error,
                 "capacity_blocks": self.capacity_blocks, "capacity_bytes": self.capacity_bytes,
-                **self.detail, "command": self.command, "at": self.at}
+                **self.detail, "model_error": for_rung(self.rung), "command": self.command, "at": self.at}
 
 
 @dataclass
@@ -188,7 +189,7 @@ class Advice:
                 "capacity_blocks": self.capacity_blocks, "capacity_source": self.capacity_source,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "within_pct": self.within, "prefill": self.prefill,
                 "ladder": [r.to_dict() for r in self.rungs], "recommendation": self.recommendation,
-                "unanswered": self.unanswered, "notes": self.notes}
+                "unanswered": self.unanswered, "notes": self.notes, "model_error": MODEL_ERROR.to_dict()}
 
 
 def blocks(n: int) -> str:
