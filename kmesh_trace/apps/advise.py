@@ -17,6 +17,10 @@ exact command whose `--json` output holds its numbers (`command`, at the key pat
 - `fleet-best`, `fleet-global`: N engines of the pool's size, the best routing policy and the global pool
   of N x the pool (`fleet`), when the trace has several engines or `--engines N` is given.
 
+Each rung's `model_error` says how far a real engine may be from it: the `vllm` model's error measured by
+replaying traces on vLLM (`kmesh_trace.oracle.model_error`, whose whole object is the JSON's `model_error`), or
+"not measured" for the what-ifs no engine replayed (tiers, holds, fleets); bounds and measurements carry none.
+
 Prefill seconds come from `--prefill-tokens-per-s`, else the capture's own timing fit
 (`kmesh_trace.oracle.prefill_cost`): shown with its r2 and its median relative error as the error bar, and
 withheld (tokens only, with the reason) when the fit is not usable. Tier rungs' seconds exclude restore time.
