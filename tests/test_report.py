@@ -162,8 +162,8 @@ def test_the_console_check_sees_fetches_and_scripts(browser, tmp_path):
 
 def test_capture_report_with_no_options_is_every_commands_default(browser, trace, tmp_path, cli):
     embedded, dom, _ = _report(cli, trace, tmp_path)
-    sections = {"capture", "audit", "headroom", "pressure", "lineage", "tiers", "fleet"}
-    _check_sections(cli, embedded, dom, sections, plotted={"headroom", "pressure", "lineage", "tiers", "fleet"})
+    sections = {"advise", "capture", "audit", "headroom", "pressure", "lineage", "tiers", "fleet"}
+    _check_sections(cli, embedded, dom, sections, plotted={"advise", "headroom", "pressure", "lineage", "tiers", "fleet"})
     _check_headroom_table(embedded, dom)
     info = embedded["capture"]
     assert {r["table"]: r["rows"] for r in dom.records("capture-tables")} == {k: v["rows"] for k, v in info["tables"].items()}
@@ -191,8 +191,8 @@ def test_mooncake_import_report_has_every_section_without_options(browser, tmp_p
     trace = _mooncake(tmp_path, cli)
     embedded, dom, _ = _report(cli, trace, tmp_path)
     # No lineage table (no section), no families (no fleet): the rest is there, with capacities chosen.
-    _check_sections(cli, embedded, dom, {"capture", "audit", "headroom", "pressure", "tiers"},
-                    plotted={"headroom", "pressure", "tiers"})
+    _check_sections(cli, embedded, dom, {"advise", "capture", "audit", "headroom", "pressure", "tiers"},
+                    plotted={"advise", "headroom", "pressure", "tiers"})
     _check_headroom_table(embedded, dom)
     assert embedded["headroom"]["stock"] is None and "No stock" in dom.sections["headroom"]["text"]
     assert embedded["pressure"]["at_capacity"]["edges"] == "inferred"  # no declared parents: exact-prefix edges
@@ -205,8 +205,8 @@ def test_mooncake_import_report_has_every_section_without_options(browser, tmp_p
 def test_weka_import_report_has_every_section_without_options(browser, tmp_path, cli):
     trace = _weka(tmp_path, cli)
     embedded, dom, _ = _report(cli, trace, tmp_path)
-    _check_sections(cli, embedded, dom, {"capture", "audit", "headroom", "pressure", "lineage", "tiers", "fleet"},
-                    plotted={"headroom", "pressure", "lineage", "tiers", "fleet"})
+    _check_sections(cli, embedded, dom, {"advise", "capture", "audit", "headroom", "pressure", "lineage", "tiers",
+                                         "fleet"}, plotted={"advise", "headroom", "pressure", "lineage", "tiers", "fleet"})
     _check_headroom_table(embedded, dom)
     assert embedded["pressure"]["at_capacity"]["edges"] == "declared"
     assert embedded["pressure"]["at_capacity"]["num_families"] == embedded["lineage"]["num_families"] == 2
@@ -358,3 +358,22 @@ def test_a_trace_of_several_engines_has_the_fleet_and_names_the_engine_option(tm
     html = (tmp_path / "r.html").read_text()
     assert data["headroom"]["unavailable"].startswith("the trace has 3 engine partitions")
     assert "engine=" not in html and 'data-option="--engine"' in html
+
+
+def test_the_ladder_shows_the_models_measured_error_beside_each_modelled_rung(tmp_path, cli):
+    from kmesh_trace.oracle.model_error import MODEL_ERROR, UNMEASURED
+
+    trace = _mooncake(tmp_path, cli)
+    r = cli(["report", trace, "--out", tmp_path / "r.html", "--json"])
+    assert r.exit_code == 0, r.stderr
+    dom = ReportPage()
+    html = (tmp_path / "r.html").read_text()
+    dom.feed(html)
+    column = {x["rung"]: x["model_error"] for x in dom.records("advise-ladder")}
+    assert column["modelled"] == "±0.0004 hit ratio (12 replays)"
+    assert column["infinite"] is None and column["bound"] is None  # bounds, not predictions of an engine
+    assert {column[k] for k in column if k.startswith("host-")} == {"not measured"}
+    text = dom.sections["advise"]["text"]
+    assert MODEL_ERROR.summary in text and "benchmarks/results/closed-loop-2026-12-02" in text
+    assert UNMEASURED["tiers"] in text and UNMEASURED["tiers"] in dom.sections["tiers"]["text"]
+    assert MODEL_ERROR.summary in dom.sections["headroom"]["text"]  # the vllm curve's term

@@ -17,6 +17,10 @@ exact command whose `--json` output holds its numbers (`command`, at the key pat
 - `fleet-best`, `fleet-global`: N engines of the pool's size, the best routing policy and the global pool
   of N x the pool (`fleet`), when the trace has several engines or `--engines N` is given.
 
+Each rung's `model_error` says how far a real engine may be from it: the `vllm` model's error measured by
+replaying traces on vLLM (`kmesh_trace.oracle.model_error`, whose whole object is the JSON's `model_error`), or
+"not measured" for the what-ifs no engine replayed (tiers, holds, fleets); bounds and measurements carry none.
+
 Prefill seconds come from `--prefill-tokens-per-s`, else the capture's own timing fit
 (`kmesh_trace.oracle.prefill_cost`): shown with its r2 and its median relative error as the error bar, and
 withheld (tokens only, with the reason) when the fit is not usable. Tier rungs' seconds exclude restore time.
@@ -34,6 +38,7 @@ from typing import Any, Callable
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.model_error import MODEL_ERROR, for_rung
 from kmesh_trace.oracle.options import flags, option
 
 __all__ = ["AdviseOptions", "Advice", "Rung", "advise", "VLLM_FLAGS", "LMCACHE_KEYS", "PREFILL_RATES", "PrefillRate"]
@@ -145,7 +150,7 @@ class Rung:
                 "hit_ratio": self.hit_ratio, "hit_tokens": self.hit_tokens, "prefill_tokens": self.prefill_tokens,
                 "prefill_s": self.prefill_s, "prefill_s_error": self.prefill_s_error,
                 "capacity_blocks": self.capacity_blocks, "capacity_bytes": self.capacity_bytes,
-                **self.detail, "command": self.command, "at": self.at}
+                **self.detail, "model_error": for_rung(self.rung), "command": self.command, "at": self.at}
 
 
 @dataclass
@@ -188,7 +193,7 @@ class Advice:
                 "capacity_blocks": self.capacity_blocks, "capacity_source": self.capacity_source,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "within_pct": self.within, "prefill": self.prefill,
                 "ladder": [r.to_dict() for r in self.rungs], "recommendation": self.recommendation,
-                "unanswered": self.unanswered, "notes": self.notes}
+                "unanswered": self.unanswered, "notes": self.notes, "model_error": MODEL_ERROR.to_dict()}
 
 
 def blocks(n: int) -> str:

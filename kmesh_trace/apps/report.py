@@ -40,6 +40,7 @@ import jinja2
 from markupsafe import Markup
 
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
+from kmesh_trace.oracle.model_error import MODEL_ERROR, UNMEASURED
 from kmesh_trace.schema import EdgeKind, PressureEdges
 
 #: No fetch of any kind; inline styles and data: images only. A stray external reference is refused
@@ -204,7 +205,7 @@ TERMS = {
     "stock": "what the engine actually reused, read from the capture (imports have no engine, hence no stock; "
              "the vllm model at the engine's usable blocks stands in when the capture has no hit counts).",
     "vllm": "a model of vLLM's block pool (running requests pin their blocks, freed blocks are evicted least "
-            "recently used first), replayed on the trace's requests.",
+            f"recently used first), replayed on the trace's requests; {MODEL_ERROR.summary}.",
     "lru": "a plain least-recently-used prefix cache of the same capacity.",
     "belady": "the headroom bound: knowing the whole future, it keeps the blocks needed soonest, any block "
               "independently of its prefix. No prefix cache can beat it.",
@@ -232,9 +233,10 @@ def advise_section(ctx: ReportContext) -> Section:
 
     options = AdviseOptions(capacity_blocks=ctx.capacities[0] if ctx.capacities else None)
     d = advise(ctx.trace, options, source_arg=ctx.trace_arg, engine=ctx.engine).to_dict()
-    keys = ["rung", "label", "token_hit_ratio", "hit_ratio", "prefill_tokens", "prefill_s", "capacity_blocks",
-            "capacity_bytes"]
+    keys = ["rung", "label", "token_hit_ratio", "hit_ratio", "model_error", "prefill_tokens", "prefill_s",
+            "capacity_blocks", "capacity_bytes"]
     rec = d["recommendation"]
+    e = d["model_error"]
     body = [paragraph(d["verdict"]),
             howto([("rung", "one configuration: infinite (a cache that never evicts), bound (Belady at the pool), "
                             "stock (the engine as captured), modelled (the vllm pool model), holds (family holds), "
@@ -243,10 +245,16 @@ def advise_section(ctx: ReportContext) -> Section:
                    ("token hit ratio", "hit prompt tokens / prompt tokens, as vLLM counts prefix-cache hits."),
                    ("recommendation", f"the cheapest rung within {rec['within_pct']:g}% of the bound's hit tokens "
                                       "(hatched in the plot), as the settings that realise it."),
+                   ("vs engine", "how far the rung's hit ratio may be from a real engine's: the largest error of "
+                                 "the vllm pool model against vLLM replaying traces under capture (modelled), or "
+                                 "not measured (the what-ifs no engine replayed; the note below says why)."),
                    ("reproduce", "each rung's numbers are in the --json output of the command in its row.")]),
             svg(lambda p: plot_ladder(d, p)),
-            table(["rung", "what", "token hit", "block hit", "prefill tokens", "prefill s", "blocks", "bytes"],
-                  [[r[k] for k in keys] for r in d["ladder"]], id="advise-ladder", keys=keys),
+            table(["rung", "what", "token hit", "block hit", "vs engine", "prefill tokens", "prefill s", "blocks",
+                   "bytes"], [[r[k] for k in keys] for r in d["ladder"]], id="advise-ladder", keys=keys),
+            paragraph(f"Modelled, {e['summary']}: the largest, {e['largest']}. Replays: {'; '.join(e['commands'])} "
+                      f"(results in {e['results']}). Not measured: "
+                      + "; ".join(f"{k}: {why}" for k, why in e["unmeasured"].items()) + "."),
             paragraph(f"Recommendation: {rec['label']}: {rec['how']}.")]
     body += [paragraph(f"Not answered here: {u['what']}: {u['why']}; answer with {u['answer']}.")
              for u in d["unanswered"]]
@@ -518,7 +526,8 @@ def tiers_section(ctx: ReportContext) -> Section:
                    ("colour scale", "from 0 to the best cell, so a small spread looks small.")]),
             paragraph(f"Host and SSD tiers below a GPU pool of {gpu:,} blocks ({where}): best {d['best']}; the smallest "
                       f"within {d['within_pct']:g}% of it is {d['smallest_within']}; the cells differ by "
-                      f"{spread:.1%} of the best."),
+                      f"{spread:.1%} of the best. Every cell is a prediction no engine measured: "
+                      f"{UNMEASURED['tiers']}."),
             hint("Restore costs are not priced here; for seconds saved, give the restores measured on the target host "
                  "(a `replay run --out` directory):", "tiers", "--restore-results",
                  f"kmesh-trace tiers {ctx.trace_arg}{flags(options)} --restore-results DIR"),

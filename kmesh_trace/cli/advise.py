@@ -126,6 +126,22 @@ def _seconds(r: dict) -> str:
     return f"{text}±{r['prefill_s_error'] / s:.0%}"
 
 
+def _model_error_lines(d: dict) -> list[str]:
+    """Beside the ladder: the modelled rung's error against a real engine, and which rungs no engine measured."""
+    from kmesh_trace.oracle.model_error import kind
+
+    e = d["model_error"]
+    out = [f"modelled: ±{e['max_abs_hit_ratio_error']:.4f} hit ratio against a real engine, {e['num_replays']} "
+           f"replays ({e['num_exact']} exact) on {e['engine']} ({e['source']})"]
+    kinds: dict[str, list[str]] = {}
+    for r in d["ladder"]:
+        k = kind(r["rung"])
+        if k not in (None, "modelled"):
+            kinds.setdefault(k, []).append(r["rung"])
+    out += [f"{', '.join(names)}: not measured: {e['unmeasured'][k]}" for k, names in kinds.items()]
+    return out
+
+
 def lines(d: dict) -> list:
     """The human output, from the JSON: the verdict, the ladder, the recommendation, what the trace could not
     answer. Items are strings (lines) or a `Table`."""
@@ -149,6 +165,7 @@ def lines(d: dict) -> list:
     elif p.get("source") == "table":
         items.append(_wrap(f"prefill_s: the measured rate {p['key']} ({p['model']} on {p['gpu']}, "
                            f"{p['tokens_per_s']:,.0f} tokens/s at position 0; its source: --json, key prefill.cited)"))
+    items += [_wrap(line) for line in _model_error_lines(d)]
     rec = d["recommendation"]
     items += ["", _wrap(f"recommendation ({'within' if rec['reaches'] else 'not within'} {rec['within_pct']:g}% of "
                         f"the bound): {rec['label']}"), _wrap(rec["how"], "  ")]
