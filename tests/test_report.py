@@ -121,7 +121,6 @@ def _report(cli, trace: Path, tmp_path: Path, *extra) -> tuple[dict, ReportPage,
 
 def _check_sections(cli, embedded: dict, dom: ReportPage, expected: set[str], plotted: set[str]) -> None:
     """Every expected section is there, with text, a how-to box and its plot; its data is its command's."""
-    expected, plotted = expected | {"advise"}, plotted | {"advise"}  # the page opens with the ladder
     assert set(embedded) == expected and set(dom.sections) == expected, (set(embedded), expected)
     for sid, s in dom.sections.items():
         assert "unavailable" not in embedded[sid], (sid, embedded[sid])
