@@ -4,8 +4,8 @@
  * A line is blank (JSON whitespace only: space, tab, CR) or one object with exactly the keys timestamp,
  * input_length, output_length and hash_ids, each once, in any order, with JSON whitespace anywhere JSON
  * allows it. The values are plain decimal integers (no sign, no fraction, no exponent, no leading zero):
- * timestamp in ms with timestamp * 1e6 ns <= INT64_MAX, 1 <= input_length <= INT64_MAX,
- * 0 <= output_length <= INT64_MAX, hash_ids a flat list of values below 2**64 holding exactly
+ * timestamp in ms with timestamp * 1e6 ns <= INT64_MAX, 1 <= input_length <= 2**32,
+ * 0 <= output_length <= 2**32 (MAX_TOKENS of datasets/importers/common.py), hash_ids a flat list of values below 2**64 holding exactly
  * ceil(input_length / 512) of them. A UTF-8 byte-order mark may open the file. Anything else -- any
  * other byte, key or value, a second object on the line -- is MC_GIVE_UP: the caller hands the whole
  * file to the readers that judge it line by line. Only ASCII is ever accepted, so a file read here is
@@ -23,6 +23,7 @@ enum { MC_BRACES = 0, MC_BRACKETS = 1, MC_COMMAS = 2, MC_ODD = 3 };
 
 #define MC_BLOCK 512        /* tokens per hash */
 #define MC_MS_NS 1000000ULL /* ns per timestamp unit (ms) */
+#define MC_MAX_TOKENS (1ULL << 32) /* most tokens of input or output (MAX_TOKENS in common.py) */
 
 /* The four keys, one bit each. */
 enum { K_TIMESTAMP = 1, K_INPUT = 2, K_OUTPUT = 4, K_HASHES = 8, K_ALL = 15 };
@@ -176,7 +177,7 @@ static int64_t parse_record(const uint8_t *p, const uint8_t *e, int64_t *arrival
     }
     if (skip_ws(p, e) != e || seen != K_ALL)
         return MC_GIVE_UP;
-    if (ts > max_i64 / MC_MS_NS || in < 1 || in > max_i64 || out > max_i64)
+    if (ts > max_i64 / MC_MS_NS || in < 1 || in > MC_MAX_TOKENS || out > MC_MAX_TOKENS)
         return MC_GIVE_UP;
     if ((uint64_t)(h - first) != in / MC_BLOCK + (in % MC_BLOCK != 0))
         return MC_GIVE_UP;
