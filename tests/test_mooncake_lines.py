@@ -287,3 +287,27 @@ def test_bailian_token_counts_past_max_tokens_are_malformed(tmp_path):
     rep = import_bailian(src, tmp_path / "t")
     assert (rep.num_invocations, rep.num_malformed_lines) == (2, 1)
     assert rep.malformed_lines == ["b.jsonl:2: field output_length is out of range (above 4294967296)"]
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 7, 4096])
+def test_the_columns_are_sized_by_the_numbers_not_the_commas(tmp_path, chunk_bytes):
+    """A line padded with commas sizes no hash column before the parse gives it up (before: 8 bytes a comma,
+    1.86 GB for 200 M of them); a plain file's bound is its numbers (three a row beyond its hashes)."""
+    from kmesh_trace.datasets.importers.mooncake_lines import CHUNK_BYTES, _Buffer, _column_sizes
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [1' + b"," * 100_000
+                    + b"]}\n" + GOOD + b"\n")
+    with open(src, "rb") as f, _Buffer(chunk_bytes or CHUNK_BYTES) as buf:
+        rows, hashes = _column_sizes(f, buf)
+    assert (rows, hashes) == (2, 9)  # no block or chunk boundary falls in a run of digits here
+    assert read_lines(src) is None
+    src.write_bytes(_file(VALID))
+    with open(src, "rb") as f, _Buffer(CHUNK_BYTES) as buf:
+        assert _column_sizes(f, buf) == (len(VALID), sum(len(_line_numbers(v)) for v in VALID))
+
+
+def _line_numbers(line: bytes) -> list[bytes]:
+    import re
+
+    return re.findall(rb"[0-9]+", line)

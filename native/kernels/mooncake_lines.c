@@ -18,8 +18,8 @@
 enum { MC_GIVE_UP = -1, MC_ROOM = -2 };
 /* The slots of the counts array: rows and hashes stored, physical lines and blank lines seen. */
 enum { MC_ROWS = 0, MC_HASHES = 1, MC_LINES = 2, MC_BLANK = 3 };
-/* The slots of ks_mooncake_bounds' array: bytes '{', '[' and ',', and bytes no plain line holds. */
-enum { MC_BRACES = 0, MC_BRACKETS = 1, MC_COMMAS = 2, MC_ODD = 3 };
+/* The slots of ks_mooncake_bounds' array: bytes '{', the runs of digits, and bytes no plain line holds. */
+enum { MC_BRACES = 0, MC_NUMBERS = 1, MC_ODD = 2 };
 
 #define MC_BLOCK 512        /* tokens per hash */
 #define MC_MS_NS 1000000ULL /* ns per timestamp unit (ms) */
@@ -33,9 +33,10 @@ static inline bool has_bom(const uint8_t *p, int64_t len)
     return len >= 3 && p[0] == 0xEF && p[1] == 0xBB && p[2] == 0xBF;
 }
 
-/* Counts per byte over buf[0:len], added to out: what sizes the columns before the parse (every row
- * holds one '{', and its hashes are at most its commas plus its one '['). at_start: buf opens the file, and a
- * byte-order mark there is not odd. */
+/* Counts over buf[0:len], added to out: what sizes the columns before the parse (every row holds one '{', and
+ * each of its hashes is a run of digits: a digit after a byte that is none, or at the start of a 4096-byte block
+ * -- a run across blocks counts twice, never less than once). Runs, not commas: a line padded with commas sizes no
+ * column. at_start: buf opens the file, and a byte-order mark there is not odd. */
 KS_EXPORT void ks_mooncake_bounds(const uint8_t *buf, int64_t len, int32_t at_start, int64_t *out)
 {
     if (at_start && has_bom(buf, len)) {
@@ -45,17 +46,16 @@ KS_EXPORT void ks_mooncake_bounds(const uint8_t *buf, int64_t len, int32_t at_st
     for (int64_t at = 0; at < len; at += 4096) {  /* 32-bit counts per block: the loop vectorizes */
         int64_t n = len - at < 4096 ? len - at : 4096;
         const uint8_t *b = buf + at;
-        uint32_t braces = 0, brackets = 0, commas = 0, odd = 0;
+        uint32_t braces = 0, numbers = (uint8_t)(b[0] - '0') < 10, odd = 0;
         for (int64_t i = 0; i < n; i++) {
             uint8_t c = b[i];
             braces += c == '{';
-            brackets += c == '[';
-            commas += c == ',';
             odd += (c >= 0x80) | (c == '\\');
         }
+        for (int64_t i = 1; i < n; i++)
+            numbers += ((uint8_t)(b[i] - '0') < 10) & ((uint8_t)(b[i - 1] - '0') >= 10);
         out[MC_BRACES] += braces;
-        out[MC_BRACKETS] += brackets;
-        out[MC_COMMAS] += commas;
+        out[MC_NUMBERS] += numbers;
         out[MC_ODD] += odd;
     }
 }
