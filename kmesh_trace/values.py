@@ -113,6 +113,30 @@ def identifier(value: Any) -> str:
 MAX_SECONDS = MAX_INT64 // 10**9
 #: Block counts and ids are int32 in the contract.
 MAX_BLOCKS = (1 << 31) - 1
+#: Most KV bytes one token may occupy (1 TiB, over a million times a large model's): the flag, a model's
+#: `config.json` and a capture's metadata are all held to it.
+MAX_KV_BYTES_PER_TOKEN = 1 << 40
+
+
+def kv_bytes_refusal(kv_bytes_per_token: int, source: str) -> str | None:
+    """Why `kv_bytes_per_token` (from `source`) cannot be used (None when it can): not positive, or over 1 TiB."""
+    if kv_bytes_per_token <= 0 or kv_bytes_per_token > MAX_KV_BYTES_PER_TOKEN:
+        return (f"{source} gives {kv_bytes_per_token:,} KV bytes per token, outside 1 to "
+                f"{MAX_KV_BYTES_PER_TOKEN:,} (1 TiB); check it or pass --kv-bytes-per-token.")
+    return None
+
+
+def token_bytes(tokens: int, kv_bytes_per_token: int, what: str) -> int:
+    """`tokens` x `kv_bytes_per_token` exactly, or one KmeshTraceError when the bytes do not fit the int64
+    counters the simulators keep (`what` names the tokens)."""
+    total = int(tokens) * int(kv_bytes_per_token)
+    if total > MAX_INT64:
+        from kmesh_trace.errors import KmeshTraceError
+
+        raise KmeshTraceError(f"{what} ({int(tokens):,} tokens at {int(kv_bytes_per_token):,} KV bytes per token) "
+                              f"come to {total:,} bytes, past the int64 byte counters ({MAX_INT64:,}); "
+                              f"check the KV bytes per token.")
+    return total
 
 
 # ---- the JSON the tools print ----------------------------------------------------------------------

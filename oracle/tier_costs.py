@@ -56,16 +56,21 @@ def kv_bytes_from_config(path: Path, dtype: str | None = None) -> int:
 def kv_bytes_per_token(metadata: dict | None, given: int | None = None,
                        config: Path | None = None) -> tuple[int | None, str]:
     """(KV bytes per token, where it came from): the caller's value, the model config, the capture."""
+    from kmesh_trace.values import kv_bytes_refusal
+
     if given is not None:
-        if given <= 0:
-            raise KmeshTraceError("--kv-bytes-per-token must be a positive byte count.")
-        return int(given), "flag"
-    if config is not None:
-        return kv_bytes_from_config(config), f"config:{config}"
-    v = (metadata or {}).get("kv_bytes_per_token")
-    if v:
-        return int(v), "capture"
-    return None, "unknown"
+        value, src, source = int(given), "flag", "--kv-bytes-per-token"
+    elif config is not None:
+        value, src, source = kv_bytes_from_config(config), f"config:{config}", f"the model config {config}"
+    else:
+        v = (metadata or {}).get("kv_bytes_per_token")
+        if not v:
+            return None, "unknown"
+        value, src, source = int(v), "capture", "the capture's engine metadata"
+    why = kv_bytes_refusal(value, source)
+    if why:
+        raise KmeshTraceError(why)
+    return value, src
 
 
 def restore_costs_from_results(path: Path, ssd_route: str | None = None) -> tuple[dict[str, RestoreCost], list[str]]:

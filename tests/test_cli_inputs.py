@@ -175,3 +175,34 @@ def test_a_directory_of_json_files_that_are_not_conversations_is_refused(tmp_pat
     (tmp_path / "package.json").write_text('{"name": "x", "version": "1.0.0"}')
     with pytest.raises(InputFormatError, match=r"not weka conversations \(1 of 2, e.g. package.json\)"):
         sniff(tmp_path)
+
+
+def _mooncake_line(ids, pad: str = "") -> str:
+    return '{"timestamp": 0, "input_length": %d, "output_length": 1, "hash_ids": [%s%s]}\n' % (
+        512 * len(ids), ", ".join(map(str, ids)), pad)
+
+
+@pytest.mark.parametrize("first", [
+    _mooncake_line(range(300_000)),  # a first line of 2.3 MB: read as the import reads it
+    _mooncake_line([1], "," * (3 << 20)),  # padded with commas past the head: one malformed line, as the import
+])
+def test_a_first_line_longer_than_the_sniffed_head_reads_as_its_import(tmp_path, first):
+    src = tmp_path / "long.jsonl"
+    src.write_text(first + _mooncake_line([7, 8]))
+    assert len(first) > 1 << 20
+    assert sniff(src) == "mooncake"
+    _same_as_import(src, "mooncake", tmp_path)
+
+
+def test_a_long_first_record_is_recognised_by_its_head_or_refused_in_one_sentence(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_text(json.dumps({"messages": [{"role": "user", "content": "a " * 700_000}]}) + "\n")
+    assert sniff(p) == "requests"
+    p.write_text(json.dumps({"text": "a " * 700_000}) + "\n")
+    with pytest.raises(InputFormatError, match=r"is not a trace directory, and the first 1 MiB of its first record "
+                                               r"name no Mooncake, Bailian, weka or request-dataset field;"):
+        sniff(p)
+    big = tmp_path / "c.json"  # a weka conversation over the head: its keys come first
+    big.write_text(json.dumps({"id": "c", "block_size": 64, "hash_id_scope": "local",
+                               "requests": [{"t": 0, "in": 64, "out": 1, "hash_ids": list(range(300_000))}]}))
+    assert sniff(big) == "weka"

@@ -72,7 +72,7 @@ GOOD = _line()
 VALID = [
     GOOD,
     _line(0, 1, 0, [0]),
-    _line(_MAX_MS, 512, (1 << 63) - 1, [(1 << 64) - 1]),
+    _line(_MAX_MS, 512, 1 << 32, [(1 << 64) - 1]),  # output at MAX_TOKENS
     _line(7, 513, 0, [18446744073709551615, 0]),
     _line(12, 1024, 1, [10, 20]),
     _line(order=("hash_ids", "output_length", "timestamp", "input_length")),
@@ -103,6 +103,8 @@ NEAR_VALID = [
     GOOD.replace(b'"output_length": 3', b'"output_length": -3'),
     GOOD.replace(b'"output_length": 3', b'"output_length": 00'),
     GOOD.replace(b'"output_length": 3', b'"output_length": 9223372036854775808'),
+    GOOD.replace(b'"output_length": 3', b'"output_length": 4294967297'),  # past MAX_TOKENS: malformed for all
+    GOOD.replace(b'"output_length": 3', b'"output_length": 9223372036854775807'),
     _line(0, 0, 0, []),
     _line(n_in=1 << 63, hashes=[1]),
     _line(n_in=700, hashes=[1]),
@@ -211,7 +213,7 @@ def _random_line(rng: random.Random) -> bytes:
               for _ in range(-(-n_in // 512))]
     order = rng.sample(["timestamp", "input_length", "output_length", "hash_ids"], 4)
     ws = lambda: rng.choice(["", " ", "\t", " \r "])  # noqa: E731
-    return _line(rng.choice([0, 1, _MAX_MS, rng.randint(0, 10**9)]), n_in, rng.choice([0, 1, (1 << 63) - 1, 42]),
+    return _line(rng.choice([0, 1, _MAX_MS, rng.randint(0, 10**9)]), n_in, rng.choice([0, 1, 1 << 32, 42]),
                  hashes, tuple(order), sep=ws() + "," + ws(), colon=ws() + ":" + ws(), comma=ws() + "," + ws())
 
 
@@ -256,3 +258,56 @@ def test_the_published_mooncake_traces(tmp_path, shared_datasets, name):
     assert (got.num_lines, got.num_blank_lines) == (plain_report.num_lines, plain_report.num_blank_lines)
     assert _msgspec(src) == (plain_cols, (got.num_lines, got.num_blank_lines))
 
+
+
+def test_token_counts_past_max_tokens_are_malformed_in_every_reader(tmp_path):
+    """input_length and output_length above MAX_TOKENS (2**32, as weka's) are the line's error in the compiled,
+    msgspec and plain readers alike (before: the C and msgspec readers took output_length up to 2**63 - 1)."""
+    from kmesh_trace.datasets.importers.common import MAX_TOKENS
+
+    at_cap = _line(n_out=MAX_TOKENS)
+    assert _check(tmp_path, _file([GOOD, at_cap]), taken=True)
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(_file([GOOD, _line(n_out=MAX_TOKENS + 1)]))
+    assert read_lines(src) is None and _msgspec(src) is None
+    for fast in (True, False):
+        cols, report = mooncake.read_mooncake(src, fast=fast)
+        assert _columns(cols)["num_output_tokens"] == [3]
+        assert report.malformed_lines == ["in.jsonl:2: field output_length is out of range (above 4294967296)"]
+
+
+def test_bailian_token_counts_past_max_tokens_are_malformed(tmp_path):
+    from kmesh_trace.datasets.importers.bailian import import_bailian
+
+    line = {"chat_id": 1, "parent_chat_id": -1, "timestamp": 1.5, "input_length": 32, "output_length": 4,
+            "type": "text", "turn": 1, "hash_ids": [7, 8]}
+    src = tmp_path / "b.jsonl"
+    src.write_text("\n".join(json.dumps({**line, "chat_id": i, **kv}) for i, kv in
+                             enumerate([{}, {"output_length": (1 << 32) + 1}, {"output_length": 1 << 32}], 1)) + "\n")
+    rep = import_bailian(src, tmp_path / "t")
+    assert (rep.num_invocations, rep.num_malformed_lines) == (2, 1)
+    assert rep.malformed_lines == ["b.jsonl:2: field output_length is out of range (above 4294967296)"]
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 7, 4096])
+def test_the_columns_are_sized_by_the_numbers_not_the_commas(tmp_path, chunk_bytes):
+    """A line padded with commas sizes no hash column before the parse gives it up (before: 8 bytes a comma,
+    1.86 GB for 200 M of them); a plain file's bound is its numbers (three a row beyond its hashes)."""
+    from kmesh_trace.datasets.importers.mooncake_lines import CHUNK_BYTES, _Buffer, _column_sizes
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [1' + b"," * 100_000
+                    + b"]}\n" + GOOD + b"\n")
+    with open(src, "rb") as f, _Buffer(chunk_bytes or CHUNK_BYTES) as buf:
+        rows, hashes = _column_sizes(f, buf)
+    assert (rows, hashes) == (2, 9)  # no block or chunk boundary falls in a run of digits here
+    assert read_lines(src) is None
+    src.write_bytes(_file(VALID))
+    with open(src, "rb") as f, _Buffer(CHUNK_BYTES) as buf:
+        assert _column_sizes(f, buf) == (len(VALID), sum(len(_line_numbers(v)) for v in VALID))
+
+
+def _line_numbers(line: bytes) -> list[bytes]:
+    import re
+
+    return re.findall(rb"[0-9]+", line)

@@ -295,6 +295,21 @@ def test_kv_bytes_from_a_model_config(tmp_path):
         parse_capacity("1GiB", None, "--host")
 
 
+def test_read_bytes_past_int64_are_one_error_not_a_wrapped_count():
+    """KV bytes per token at which the most the tiers could read passes int64 are refused before the replay,
+    whose byte counters are int64 (before: a negative lower_tier_read_bytes, exit 0)."""
+    from kmesh_trace.errors import KmeshTraceError
+    from kmesh_trace.oracle.stream import RequestBlocks
+
+    reqs = [RequestBlocks(i, f"r{i}", 16 * 65_536, 0, list(range(65_536))) for i in range(8)]
+    config = TierConfig(4, (TierSpec("host", 1 << 20),))
+    with pytest.raises(KmeshTraceError, match=r"^the blocks the tiers could read \(8,388,736 tokens at "
+                                              r"1,099,511,627,776 KV bytes per token\) come to "):
+        simulate_tiers(reqs, config, block_size=16, kv_bytes_per_token=1 << 40)
+    ok = simulate_tiers(reqs[:1], config, block_size=16, kv_bytes_per_token=1 << 40)
+    assert ok.kv_bytes_per_token == 1 << 40
+
+
 # ---- the command -------------------------------------------------------------------------------
 
 

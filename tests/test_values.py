@@ -100,11 +100,27 @@ def test_model_config_reads_a_good_config(tmp_path):
     (json.dumps({"text_config": {"num_hidden_layers": -1, "num_attention_heads": 4, "head_dim": 8}}), "text_config"),
     ("[" * 100_000, "expected `object`"),
     ('{"num_hidden_layers": ' + "[" * 100_000, "model config"),
+    # a shape whose KV bytes per token pass 1 TiB: one sentence, never an int64 overflow further on
+    (json.dumps({"num_hidden_layers": 99999999999, "num_attention_heads": 32, "num_key_value_heads": 8,
+                 "hidden_size": 4096}), "gives 409,599,999,995,904 KV bytes per token, outside 1 to 1,099,511,627,776"),
 ])
 def test_a_garbage_model_config_is_one_error(tmp_path, cli, content, needle):
     p = tmp_path / "config.json"
     p.write_bytes(content if isinstance(content, bytes) else content.encode())
     one_error_line(cli(["tiers", "--scenario", "fork-tree", "--model-config", p, "--host", "16"]), needle)
+
+
+def test_token_bytes_are_exact_or_one_error():
+    from kmesh_trace.values import MAX_INT64, kv_bytes_refusal, token_bytes
+
+    assert token_bytes(2**23 - 1, 2**40, "t") == (2**23 - 1) * 2**40
+    assert token_bytes(MAX_INT64, 1, "t") == MAX_INT64
+    with pytest.raises(KmeshTraceError, match=r"^t \(8,388,608 tokens at 1,099,511,627,776 KV bytes per token\) "
+                                              r"come to 9,223,372,036,854,775,808 bytes, past the int64"):
+        token_bytes(2**23, 2**40, "t")
+    assert kv_bytes_refusal(2**40, "x") is None
+    assert kv_bytes_refusal(2**40 + 1, "x").startswith("x gives 1,099,511,627,777 KV bytes per token")
+    assert kv_bytes_refusal(0, "x").startswith("x gives 0 KV bytes per token")
 
 
 def _results(tmp_path, summary, bench=None) -> Path:

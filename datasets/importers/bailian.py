@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from kmesh_trace.datasets.importers.common import (
+    MAX_TOKENS,
     ROWS_PER_PART,
     ImportReport,
     RecordError,
@@ -99,8 +100,8 @@ def bailian_rows(src: Path, report: ImportReport, on_bytes=None) -> Iterator[tup
             chat_id = require_int(rec, "chat_id")
             parent = require_int(rec, "parent_chat_id", minimum=_ROOT)
             arrival_ns = require_time_ns(rec, "timestamp", 1_000_000_000)
-            n_in = require_int(rec, "input_length", minimum=1)
-            n_out = require_int(rec, "output_length")
+            n_in = require_int(rec, "input_length", minimum=1, maximum=MAX_TOKENS)
+            n_out = require_int(rec, "output_length", maximum=MAX_TOKENS)
             ids = require_hash_list(rec, "hash_ids")
             if len(ids) != -(-n_in // BLOCK_SIZE):
                 raise RecordError(f"hash_ids has {len(ids)} entries but input_length {n_in} needs {-(-n_in // BLOCK_SIZE)}")

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Callable, Iterator
 
 from kmesh_trace.jsonl_lines import BOM
 from kmesh_trace.datasets.importers.common import (
-    MAX_INT64,
     MAX_NS,
+    MAX_TOKENS,
     ROWS_PER_PART,
     ImportReport,
     RecordError,
@@ -284,8 +284,8 @@ def read_mooncake(src: str | Path, *, engine_id: str = "import-mooncake", fast: 
 def _record_values(rec: dict, block_size: int = BLOCK_SIZE) -> tuple[int, int, int, list]:
     """(arrival_ns, input tokens, output tokens, hash_ids) of a valid record; RecordError says what is wrong."""
     arrival_ns = require_time_ns(rec, "timestamp", 1_000_000)
-    n_in = require_int(rec, "input_length", minimum=1)
-    n_out = require_int(rec, "output_length")
+    n_in = require_int(rec, "input_length", minimum=1, maximum=MAX_TOKENS)
+    n_out = require_int(rec, "output_length", maximum=MAX_TOKENS)
     hashes = rec.get("hash_ids")
     if type(hashes) is not list:
         raise RecordError("field hash_ids missing or not a list")
@@ -365,6 +365,6 @@ def _record_type() -> type:
 
     return msgspec.defstruct("Record", [
         ("timestamp", int | float),  # no bool; a number beyond a float's range is refused
-        ("input_length", Annotated[int, msgspec.Meta(ge=1, le=MAX_INT64)]),
-        ("output_length", Annotated[int, msgspec.Meta(ge=0, le=MAX_INT64)]),
+        ("input_length", Annotated[int, msgspec.Meta(ge=1, le=MAX_TOKENS)]),
+        ("output_length", Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]),
         ("hash_ids", list[Annotated[int, msgspec.Meta(ge=0)]])])  # below 2**64: the array('Q') they go to

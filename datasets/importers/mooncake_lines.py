@@ -3,7 +3,7 @@
 hashes come as one array('Q'), as from the importer's other readers; the per-row columns as int64 arrays.
 
 The file is read twice through one reused buffer, never whole: a first pass counts the bytes that bound the
-columns (rows <= '{'s, hashes <= ','s + '['s) and stops at once on a byte no plain line holds (non-ASCII, a
+columns (rows <= '{'s, hashes <= runs of digits: a line padded with commas sizes nothing) and stops at once on a byte no plain line holds (non-ASCII, a
 backslash); the columns are then allocated once and the second pass parses whole lines into them. A line
 the kernel is not certain about -- anything but the four fields as plain decimal integers and a flat list
 (its header comment says exactly what it takes) -- makes `read_lines` return None for the WHOLE file, and
@@ -25,7 +25,7 @@ CHUNK_BYTES = 4 << 20
 
 _GIVE_UP, _ROOM = -1, -2  # native/kernels/mooncake_lines.c's MC_GIVE_UP, MC_ROOM
 _ROWS, _HASHES, _LINES, _BLANK = range(4)  # its counts' slots
-_BRACES, _BRACKETS, _COMMAS, _ODD = range(4)  # its bounds' slots
+_BRACES, _NUMBERS, _ODD = range(3)  # its bounds' slots
 
 _bounds = declare("ks_mooncake_bounds", [P, I64, I32, P])
 _parse = declare("ks_mooncake_parse", [P, I64, I32, I32, P, P, P, P, P, P, I64, I64, P], I64)
@@ -41,7 +41,7 @@ class LineColumns:
         self.num_output_tokens = np.empty(num_rows, np.int64)
         self.offsets = np.zeros(num_rows + 1, np.int64)
         # The hashes as the importer's other readers give them, an array('Q'), written through a numpy view
-        # (zero-filled once: the bound is within three per row of the count).
+        # (zero-filled once: the bound is within three per row of the count, and a run split by a chunk's end).
         self.hashes = array("Q", [0]) * num_hashes
         self._hash_view = np.frombuffer(self.hashes, np.uint64) if num_hashes else np.zeros(1, np.uint64)
         self.counts = np.zeros(4, np.int64)
@@ -84,14 +84,10 @@ def read_lines(src: Path, chunk_bytes: int = CHUNK_BYTES) -> LineColumns | None:
 
 def _read(src: Path, chunk_bytes: int) -> LineColumns | None:
     with open(src, "rb") as f, _Buffer(chunk_bytes) as buf:
-        bounds = np.zeros(4, np.int64)
-        at_start = True
-        while n := f.readinto(buf.view):
-            _bounds(ptr(buf.array, np.uint8), n, at_start, ptr(bounds, np.int64))
-            if bounds[_ODD]:
-                return None
-            at_start = False
-        cols = LineColumns(int(bounds[_BRACES]), int(bounds[_COMMAS] + bounds[_BRACKETS]))
+        sizes = _column_sizes(f, buf)
+        if sizes is None:
+            return None
+        cols = LineColumns(*sizes)
         f.seek(0)
         have, at_start = 0, True
         while True:
@@ -106,6 +102,19 @@ def _read(src: Path, chunk_bytes: int) -> LineColumns | None:
                 return cols.trimmed()
             buf.array[:length - used] = buf.array[used:length]
             have, at_start = length - used, at_start and used == 0
+
+
+def _column_sizes(f, buf: "_Buffer") -> tuple[int, int] | None:
+    """(rows, hashes) that bound the columns of the file `f` reads (the first pass), or None at a byte no plain
+    line holds."""
+    bounds = np.zeros(3, np.int64)
+    at_start = True
+    while n := f.readinto(buf.view):
+        _bounds(ptr(buf.array, np.uint8), n, at_start, ptr(bounds, np.int64))
+        if bounds[_ODD]:
+            return None
+        at_start = False
+    return int(bounds[_BRACES]), int(bounds[_NUMBERS])
 
 
 class _Buffer:

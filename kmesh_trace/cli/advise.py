@@ -20,7 +20,7 @@ from kmesh_trace.cli.common import (
     output_options,
 )
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.values import MAX_BLOCKS, bounded_int, finite_float
+from kmesh_trace.values import MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, bounded_int, finite_float
 
 #: The human output's width: one screen of a terminal.
 WIDTH = 80
@@ -52,7 +52,7 @@ def advise_cmd(
                                                help="A measured prefill rate by its key, for seconds: "
                                                     "llama3-8b-shape/h200/pytorch (kmesh_trace.apps.advise."
                                                     "PREFILL_RATES says where each comes from)."),
-    kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", parser=bounded_int(1, 1 << 40),
+    kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", parser=bounded_int(1, MAX_KV_BYTES_PER_TOKEN),
                                            help="KV bytes per token, for sizes in bytes (default: the capture's "
                                                 "engine metadata)."),
     model_config: Optional[Path] = typer.Option(None, "--model-config",

@@ -51,7 +51,7 @@ import typer
 
 from kmesh_trace.cli.display import Table, err, out  # noqa: F401  (the one output layer, re-exported)
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
-from kmesh_trace.values import json_text
+from kmesh_trace.values import MAX_KV_BYTES_PER_TOKEN, bounded_int, json_text
 from kmesh_trace.paths import check_out_dir, check_out_file, check_out_not_in_input  # noqa: F401  (re-exported)
 
 
@@ -278,7 +278,8 @@ CapacityBytesOption = Annotated[Optional[str], typer.Option(
     "--capacity", help="Pool capacities, comma-separated: blocks, or bytes with a unit (40GiB) converted with the KV "
                        "bytes per token.")]
 KvBytesOption = Annotated[Optional[int], typer.Option(
-    "--kv-bytes-per-token", help="KV bytes per token, for --capacity in bytes (default: the capture's engine metadata).")]
+    "--kv-bytes-per-token", parser=bounded_int(1, MAX_KV_BYTES_PER_TOKEN),
+    help="KV bytes per token, for --capacity in bytes (default: the capture's engine metadata).")]
 ModelConfigOption = Annotated[Optional[Path], typer.Option(
     "--model-config", help="Hugging Face config.json giving the KV bytes per token, for --capacity in bytes.")]
 

@@ -77,11 +77,12 @@ def sniff(path: Path) -> str | None:
         return _directory_format(path)
     if not path.is_file():
         raise InputFormatError(f"{path} does not exist." if not path.exists() else f"{path} is not a readable file.")
-    record = _first_record(path)
+    record, keys = _first_record(path)
     from kmesh_trace.datasets.importers.request_shapes import is_request_record, is_sharegpt
 
     if isinstance(record, dict):
         keys = set(record)
+    if keys is not None:
         if {"requests", "block_size"} <= keys:
             return "weka"
         for fmt, fields in _RECORD_FIELDS:
@@ -89,6 +90,12 @@ def sniff(path: Path) -> str | None:
                 return fmt
     if is_request_record(record) or is_sharegpt(record):
         return "requests"
+    if record is _LONG:
+        if keys & _REQUEST_KEYS:
+            return "requests"
+        raise InputFormatError(f"{path} is not a trace directory, and the first {_SNIFF_BYTES >> 20} MiB of its first "
+                               "record name no Mooncake, Bailian, weka or request-dataset field; `kmesh-trace import "
+                               "FORMAT` names the format of other inputs.")
     raise InputFormatError(f"{path} is not a trace directory, and its first record is not Mooncake, Bailian, weka "
                            "or request-dataset input; `kmesh-trace import FORMAT` names the format of other inputs.")
 
@@ -109,7 +116,7 @@ def _head_keys(path: Path) -> set[str] | None:
         return set()
     if not head:
         return None
-    return {m.decode() for m in _KEY.findall(head)} if head.startswith(b"{") else set()
+    return _record_keys(head, b"{")
 
 
 def _unlike(files: list[Path], *wanted: set[str], keyless_ok: bool = False) -> list[Path]:
@@ -147,22 +154,47 @@ def _directory_format(path: Path) -> str:
                            "files) or agent traces (lmcache-agent: .jsonl files).")
 
 
-def _first_record(path: Path) -> object:
-    """The first JSON value of the file: its first non-blank line, or (a .json conversation) the whole file."""
+#: `_first_record`'s record when the first record is longer than the bytes read (its keys come from the head).
+_LONG = object()
+#: Keys that name a request-dataset record (`request_shapes`) when only its head can be read.
+_REQUEST_KEYS = {"messages", "prompt", "conversations"}
+
+
+def _first_record(path: Path) -> tuple[object, set[str] | None]:
+    """(the first JSON value of the file, None): its first non-blank line, or (a .json conversation) the whole
+    file; or (`_LONG`, the keys its head shows) when that value does not end in the first `_SNIFF_BYTES`,
+    so no more than those bytes are ever read."""
     with path.open("rb") as f:
-        head = f.read(_SNIFF_BYTES)
+        head = f.read(_SNIFF_BYTES + 1)
+    whole = len(head) <= _SNIFF_BYTES
+    head = head[:_SNIFF_BYTES]
     if path.suffix.lower() == ".json":
+        if not whole:
+            return _LONG, _record_keys(head)
         try:
-            return json.loads(path.read_bytes())
-        except (ValueError, OSError):
-            return None
-    for line in head.splitlines():
-        if line.strip():
-            try:
-                return json.loads(line.lstrip(b"\xef\xbb\xbf"))
-            except ValueError:
-                return None
-    return None
+            return json.loads(head), None
+        except ValueError:
+            return None, None
+    start = len(head) - len(head.lstrip(b" \t\r\n"))
+    end = head.find(b"\n", start)
+    while end >= 0 and not head[start:end].strip():  # blank lines before the first record
+        start = end + 1
+        end = head.find(b"\n", start)
+    if end < 0 and not whole:
+        return _LONG, _record_keys(head[start:])
+    line = head[start:end if end >= 0 else len(head)]
+    if not line.strip():
+        return None, None
+    try:
+        return json.loads(line.lstrip(b"\xef\xbb\xbf")), None
+    except ValueError:
+        return None, None
+
+
+def _record_keys(head: bytes, opens: bytes = b"{[") -> set[str]:
+    """The keys the head of a JSON value shows (empty when it does not start with one of `opens`: an object, a list)."""
+    head = head.lstrip(b"\xef\xbb\xbf").lstrip()
+    return {m.decode() for m in _KEY.findall(head)} if head[:1] and head[:1] in opens else set()
 
 
 def imported(path: Path, fmt: str, *, on_import: Callable[[str], None] | None = None,

@@ -26,7 +26,7 @@ from kmesh_trace.cli.common import (
 from kmesh_trace.distributed import RAY_HELP, check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.schema import TierConnector, TierLookup, TierWrite
-from kmesh_trace.values import MAX_BLOCKS, MAX_SECONDS, bounded_int, finite_float
+from kmesh_trace.values import MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, MAX_SECONDS, bounded_int, finite_float
 
 
 def register(app: typer.Typer) -> None:
@@ -51,7 +51,7 @@ def tiers_cmd(
     prep_lead_s: Optional[float] = typer.Option(None, "--prep-lead-s", parser=finite_float(0, MAX_SECONDS), help="With --early-prep: prepare this long before the first child (default: when the parent finishes)."),
     vllm_connector: Optional[TierConnector] = typer.Option(None, "--vllm-connector", help="simple-cpu: reproduce vLLM's SimpleCPUOffloadConnector (eager) on one tier, --host (cpu backend) or --ssd (disk backend), replayed sequentially."),
     lookup: TierLookup = typer.Option(TierLookup.any, "--lookup", help="any: GPU then lower tiers block by block; gpu-prefix: lower tiers only extend the GPU prefix (vLLM's connectors)."),
-    kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", parser=bounded_int(1, 1 << 40), help="KV bytes per token (default: the capture's engine metadata)."),
+    kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", parser=bounded_int(1, MAX_KV_BYTES_PER_TOKEN), help="KV bytes per token (default: the capture's engine metadata)."),
     model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json giving the KV bytes per token."),
     restore_results: Optional[Path] = typer.Option(None, "--restore-results", help="A `replay run --out` directory: restore costs measured on the target host."),
     ssd_route: Optional[str] = typer.Option(None, "--ssd-route", help="Which measured route restores the SSD tier (default: the most direct measured)."),

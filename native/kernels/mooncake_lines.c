@@ -4,8 +4,8 @@
  * A line is blank (JSON whitespace only: space, tab, CR) or one object with exactly the keys timestamp,
  * input_length, output_length and hash_ids, each once, in any order, with JSON whitespace anywhere JSON
  * allows it. The values are plain decimal integers (no sign, no fraction, no exponent, no leading zero):
- * timestamp in ms with timestamp * 1e6 ns <= INT64_MAX, 1 <= input_length <= INT64_MAX,
- * 0 <= output_length <= INT64_MAX, hash_ids a flat list of values below 2**64 holding exactly
+ * timestamp in ms with timestamp * 1e6 ns <= INT64_MAX, 1 <= input_length <= 2**32,
+ * 0 <= output_length <= 2**32 (MAX_TOKENS of datasets/importers/common.py), hash_ids a flat list of values below 2**64 holding exactly
  * ceil(input_length / 512) of them. A UTF-8 byte-order mark may open the file. Anything else -- any
  * other byte, key or value, a second object on the line -- is MC_GIVE_UP: the caller hands the whole
  * file to the readers that judge it line by line. Only ASCII is ever accepted, so a file read here is
@@ -18,11 +18,12 @@
 enum { MC_GIVE_UP = -1, MC_ROOM = -2 };
 /* The slots of the counts array: rows and hashes stored, physical lines and blank lines seen. */
 enum { MC_ROWS = 0, MC_HASHES = 1, MC_LINES = 2, MC_BLANK = 3 };
-/* The slots of ks_mooncake_bounds' array: bytes '{', '[' and ',', and bytes no plain line holds. */
-enum { MC_BRACES = 0, MC_BRACKETS = 1, MC_COMMAS = 2, MC_ODD = 3 };
+/* The slots of ks_mooncake_bounds' array: bytes '{', the runs of digits, and bytes no plain line holds. */
+enum { MC_BRACES = 0, MC_NUMBERS = 1, MC_ODD = 2 };
 
 #define MC_BLOCK 512        /* tokens per hash */
 #define MC_MS_NS 1000000ULL /* ns per timestamp unit (ms) */
+#define MC_MAX_TOKENS (1ULL << 32) /* most tokens of input or output (MAX_TOKENS in common.py) */
 
 /* The four keys, one bit each. */
 enum { K_TIMESTAMP = 1, K_INPUT = 2, K_OUTPUT = 4, K_HASHES = 8, K_ALL = 15 };
@@ -32,9 +33,10 @@ static inline bool has_bom(const uint8_t *p, int64_t len)
     return len >= 3 && p[0] == 0xEF && p[1] == 0xBB && p[2] == 0xBF;
 }
 
-/* Counts per byte over buf[0:len], added to out: what sizes the columns before the parse (every row
- * holds one '{', and its hashes are at most its commas plus its one '['). at_start: buf opens the file, and a
- * byte-order mark there is not odd. */
+/* Counts over buf[0:len], added to out: what sizes the columns before the parse (every row holds one '{', and
+ * each of its hashes is a run of digits: a digit after a byte that is none, or at the start of a 4096-byte block
+ * -- a run across blocks counts twice, never less than once). Runs, not commas: a line padded with commas sizes no
+ * column. at_start: buf opens the file, and a byte-order mark there is not odd. */
 KS_EXPORT void ks_mooncake_bounds(const uint8_t *buf, int64_t len, int32_t at_start, int64_t *out)
 {
     if (at_start && has_bom(buf, len)) {
@@ -44,17 +46,16 @@ KS_EXPORT void ks_mooncake_bounds(const uint8_t *buf, int64_t len, int32_t at_st
     for (int64_t at = 0; at < len; at += 4096) {  /* 32-bit counts per block: the loop vectorizes */
         int64_t n = len - at < 4096 ? len - at : 4096;
         const uint8_t *b = buf + at;
-        uint32_t braces = 0, brackets = 0, commas = 0, odd = 0;
+        uint32_t braces = 0, numbers = (uint8_t)(b[0] - '0') < 10, odd = 0;
         for (int64_t i = 0; i < n; i++) {
             uint8_t c = b[i];
             braces += c == '{';
-            brackets += c == '[';
-            commas += c == ',';
             odd += (c >= 0x80) | (c == '\\');
         }
+        for (int64_t i = 1; i < n; i++)
+            numbers += ((uint8_t)(b[i] - '0') < 10) & ((uint8_t)(b[i - 1] - '0') >= 10);
         out[MC_BRACES] += braces;
-        out[MC_BRACKETS] += brackets;
-        out[MC_COMMAS] += commas;
+        out[MC_NUMBERS] += numbers;
         out[MC_ODD] += odd;
     }
 }
@@ -176,7 +177,7 @@ static int64_t parse_record(const uint8_t *p, const uint8_t *e, int64_t *arrival
     }
     if (skip_ws(p, e) != e || seen != K_ALL)
         return MC_GIVE_UP;
-    if (ts > max_i64 / MC_MS_NS || in < 1 || in > max_i64 || out > max_i64)
+    if (ts > max_i64 / MC_MS_NS || in < 1 || in > MC_MAX_TOKENS || out > MC_MAX_TOKENS)
         return MC_GIVE_UP;
     if ((uint64_t)(h - first) != in / MC_BLOCK + (in % MC_BLOCK != 0))
         return MC_GIVE_UP;

@@ -36,6 +36,8 @@ def simulate_tiers(requests: Sequence[RequestBlocks], config: TierConfig, *, blo
     if timed is None:
         timed = bool(requests) and all(r.arrival_ns is not None and r.finish_ns is not None for r in requests)
     requests, costs, preload = list(requests), costs or {}, preload or {}
+    if kv_bytes_per_token:
+        _check_read_bytes(requests, config, block_size, kv_bytes_per_token)
     if config.connector is None:
         done = _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, timed, preload, stream)
         if done is not None:
@@ -73,6 +75,17 @@ def _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, 
         num_stores=dict(zip(names, num_stores.tolist())),
         store_marks=(looked, marks[looked]) if names else {},
         num_needed=int(num_needed), num_shared=int(num_shared))
+
+
+def _check_read_bytes(requests: list[RequestBlocks], config: TierConfig, block_size: int,
+                      kv_bytes_per_token: int) -> None:
+    """Refuse, in one sentence, KV bytes per token at which the most the replay could read (every block of every
+    request, plus a whole chunk per request) would not fit its int64 byte counters."""
+    from kmesh_trace.values import token_bytes
+
+    chunk = max((t.chunk_blocks for t in config.tiers), default=1)
+    blocks = sum(len(r.prompt_hashes) + len(r.output_hashes) for r in requests) + chunk * len(requests)
+    token_bytes(blocks * block_size, kv_bytes_per_token, "the blocks the tiers could read")
 
 
 def with_stream(kw: dict, requests) -> dict:
