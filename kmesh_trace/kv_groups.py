@@ -147,3 +147,26 @@ def touched_blocks_of_hit(group: KVCacheGroup, num_hit_tokens: int) -> int | Non
     if group.kind == MAMBA:
         return None
     return num_hit_tokens // group.block_size - num_skipped_tokens(group, num_hit_tokens) // group.block_size
+
+def describe(groups) -> str:
+    """`full_attention x2 + sliding_window(128)`: a hybrid layout in a few words."""
+    parts: dict[str, int] = {}
+    for g in groups:
+        name = g.kind + (f"({g.sliding_window})" if g.kind == SLIDING_WINDOW else
+                         f"({g.attention_chunk_size})" if g.kind == CHUNKED_LOCAL else "")
+        parts[name] = parts.get(name, 0) + 1
+    return " + ".join(k if n == 1 else f"{k} x{n}" for k, n in parts.items())
+
+
+def refuse_hybrid(groups, analysis: str) -> None:
+    """Refuse, in one sentence, an analysis that models one full-attention group, on a hybrid engine's trace."""
+    if groups and is_hybrid(tuple(groups)):
+        raise KmeshTraceError(f"{analysis} models one full-attention KV cache group and this engine has "
+                              f"{describe(groups)}; on a hybrid trace, headroom and fleet run.")
+
+
+def retention_of_metadata(meta: dict) -> int | None:
+    """The engine metadata's `prefix_cache_retention_interval` as the model takes it: absent 0 (vLLM's
+    default), -1 None (every block)."""
+    v = meta.get("prefix_cache_retention_interval")
+    return 0 if v is None else None if v == -1 else int(v)

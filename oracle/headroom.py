@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.oracle.policies import POLICIES, PolicyResult, get_policy
+from kmesh_trace.oracle.policies import POLICIES, PolicyResult, get_policy, replay_point  # noqa: F401 (replay_point: re-exported)
 from kmesh_trace.oracle.policies.base import result_of
 from kmesh_trace.oracle.prefill_cost import PrefillCost
 from kmesh_trace.oracle.executor import Executor, InProcess, Task
@@ -112,7 +112,7 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
                          groups: tuple = (), retention_interval: int | None = 0) -> HeadroomResult:
     """`simulate(points)`, when given, replays the (policy, capacity) points (e.g. as distributed tasks,
     `kmesh_trace.oracle.tasks.headroom_point`) and returns their results in order. `groups`: the engine's
-    KV cache groups (and vLLM's retention interval); on a hybrid engine each replay is `replay_point`'s
+    KV cache groups (and vLLM's retention interval); on a hybrid engine each replay is `policies.replay_point`'s
     (docs/DESIGN.md, "Hybrid models")."""
     block_size = check_block_size(block_size)
     names = list(policies or DEFAULT_POLICIES)
@@ -152,23 +152,6 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
                      "a prefix cache may not reach belady, so the headroom is a range, not a number.")
     return res
 
-
-def replay_point(workload: Workload, policy: str, capacity: int) -> PolicyResult:
-    """`policy` at `capacity` blocks. On a hybrid engine's workload, the `vllm` policy replays the hybrid
-    pool; every other policy replays the prefix positions at `hybrid_pool.position_capacity` (a position
-    needs a block in every full-attention group; windowed groups are counted free, so a bound stays a
-    bound), reported at the pool's `capacity`."""
-    if not workload.hybrid or policy == "vllm":
-        return POLICIES[policy].simulate(workload, capacity)
-    from kmesh_trace.oracle.hybrid_pool import position_capacity
-
-    positions = position_capacity(workload.groups, capacity)
-    if positions == 0:  # not one position's blocks in every full-attention group: no hit
-        stream = workload.stream
-        return result_of(policy, capacity, stream, np.zeros(stream.num_requests, np.int64), 0)
-    res = POLICIES[policy].simulate(workload, positions)
-    res.capacity_blocks = capacity
-    return res
 
 
 def _find(results: list[PolicyResult], policy: str, capacity: int) -> PolicyResult | None:

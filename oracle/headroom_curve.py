@@ -201,7 +201,7 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
     measured hit tokens per request in `stock_tokens`, when known; `vllm` needs the requests' `columns`
     beside it); see the module docstring. The grid replays run on `executor` (default: `processes`
     forked workers). `groups`, `retention_interval`: a hybrid engine's KV cache groups (the `vllm` curve
-    replays its pool; the others replay prefix positions, `headroom.replay_point`)."""
+    replays its pool; the others replay prefix positions, `policies.replay_point`)."""
     block_size = check_block_size(block_size)
     if window not in WINDOWS:
         raise KmeshTraceError(f"unknown window {window!r}; the windows are {', '.join(WINDOWS)}.")
@@ -404,7 +404,7 @@ def _curves_then_grid(workload: Workload, start: int, names: list[str], fixed: l
 
 
 def _replay_point(name: str, workload: Workload, cap: int) -> np.ndarray:
-    from kmesh_trace.oracle.headroom import replay_point
+    from kmesh_trace.oracle.policies import replay_point
 
     return replay_point(workload, name, cap).hit_blocks_per_request
 

@@ -46,10 +46,12 @@ reference; `simulate_hybrid_pool` runs the same replay compiled (`hybrid_pool_co
 from __future__ import annotations
 
 import heapq
+from functools import partial
 from dataclasses import dataclass
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.kv_groups import CHUNKED_LOCAL, FULL, MAMBA, MLA, SLIDING_WINDOW, KVCacheGroup
+from kmesh_trace.kv_groups import (CHUNKED_LOCAL, FULL, MAMBA, MLA, SLIDING_WINDOW, KVCacheGroup, describe,  # noqa: F401
+                                   num_skipped_tokens, refuse_hybrid, retention_of_metadata)  # re-exported: the groups' own words
 from kmesh_trace.oracle.blockpool import _PRIVATE, PoolModel, PoolResult
 from kmesh_trace.oracle.stream import RequestBlocks, num_computed_tokens
 
@@ -66,13 +68,6 @@ def check_retention(retention_interval: int | None, block_size: int) -> int | No
         raise KmeshTraceError(f"prefix_cache_retention_interval must be 0, a positive multiple of the block size "
                               f"({block_size}) or none, not {retention_interval}.")
     return retention_interval
-
-
-def retention_of_metadata(meta: dict) -> int | None:
-    """The engine metadata's `prefix_cache_retention_interval` as the model takes it: absent 0 (vLLM's
-    default), -1 None (every block)."""
-    v = meta.get("prefix_cache_retention_interval")
-    return 0 if v is None else None if v == -1 else int(v)
 
 
 def check_groups(groups) -> int:
@@ -126,7 +121,8 @@ class HybridPoolReplay:
         self.pool = PoolModel(num_usable_blocks)
         self.timed = timed
         self.spec_groups = _spec_groups(self.groups)
-        self.skip = [self._skip_fn(g) for g in self.groups]
+        # Tokens the next token no longer attends, given the tokens computed (vLLM's get_num_skipped_tokens).
+        self.skip = [partial(num_skipped_tokens, g) for g in self.groups]
         n = len(self.requests)
         self.hit_tokens = [0] * n
         self.num_evictions = [0] * n
@@ -137,17 +133,6 @@ class HybridPoolReplay:
         self.tables: dict[int, list[list[int]]] = {}  # request -> block table per group (NULL for skipped)
         self.num_cached: dict[int, list[int]] = {}  # request -> blocks cached so far per group
         self.running: list[tuple[int, int]] = []
-
-    @staticmethod
-    def _skip_fn(g: KVCacheGroup):
-        """Tokens the next token no longer attends, given the tokens computed (`get_num_skipped_tokens`)."""
-        if g.kind == SLIDING_WINDOW:
-            w = g.sliding_window
-            return lambda n: max(0, n - w + 1)
-        if g.kind == CHUNKED_LOCAL:
-            c = g.attention_chunk_size
-            return lambda n: n // c * c
-        return lambda n: 0
 
     # -- the lookup -------------------------------------------------------------------------------
 
@@ -292,7 +277,7 @@ class HybridPoolReplay:
         """`allocate_new_blocks` then `cache_blocks`: each group's table grows to `num_tokens` slots and its
         blocks up to `num_full` get cached (new blocks are keyed as they are popped, which leaves the pool as
         vLLM's pop-then-cache does)."""
-        r, pool, bs = self.requests[i], self.pool, self.bs
+        pool, bs = self.pool, self.bs
         free = pool.free
         for g, table in enumerate(self.tables[i]):
             cached = self.num_cached[i]
@@ -480,25 +465,6 @@ def simulate_hybrid_pool(requests: list[RequestBlocks], groups, *, num_usable_bl
 # ---------------------------------------------------------------------------------------------------
 # What the analyses need of a hybrid engine's groups
 # ---------------------------------------------------------------------------------------------------
-
-
-def describe(groups) -> str:
-    """`full_attention x2 + sliding_window(128)`: a hybrid layout in a few words."""
-    parts: dict[str, int] = {}
-    for g in groups:
-        name = g.kind + (f"({g.sliding_window})" if g.kind == SLIDING_WINDOW else
-                         f"({g.attention_chunk_size})" if g.kind == CHUNKED_LOCAL else "")
-        parts[name] = parts.get(name, 0) + 1
-    return " + ".join(k if n == 1 else f"{k} x{n}" for k, n in parts.items())
-
-
-def refuse_hybrid(groups, analysis: str) -> None:
-    """Refuse, in one sentence, an analysis that models one full-attention group, on a hybrid engine's trace."""
-    from kmesh_trace.kv_groups import is_hybrid
-
-    if groups and is_hybrid(tuple(groups)):
-        raise KmeshTraceError(f"{analysis} models one full-attention KV cache group and this engine has "
-                              f"{describe(groups)}; on a hybrid trace, headroom and fleet run.")
 
 
 def analysis_note(groups) -> str:

@@ -85,8 +85,8 @@ def fleet_run(source, policy: str, num_engines: int, capacity_blocks: int, overl
 
 def headroom_point(source, engine: str | None, policy: str, capacity: int):
     """One policy at one capacity over one engine's requests (`source`: a location, or a Workload); on a
-    hybrid engine's trace as `headroom.replay_point` replays it."""
-    from kmesh_trace.oracle.headroom import replay_point
+    hybrid engine's trace as `policies.replay_point` replays it."""
+    from kmesh_trace.oracle.policies import replay_point
 
     return replay_point(workload_at(source, engine), policy, capacity)
 

@@ -23,6 +23,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from kmesh_trace import schema
+from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid, refuse_hybrid, retention_of_metadata
 from kmesh_trace.oracle.stream import (AccessStream, RequestBlocks, check_block_size, duplicated_request, engine_geometry,
                                       requests_from_rows)
 
@@ -150,20 +151,16 @@ class Workload:
     #: The engine's KV cache groups (`kmesh_trace.kv_groups`, from the engine metadata); empty: one
     #: full-attention group of `block_size` (a trace that states none, a scenario).
     groups: tuple = ()
-    #: vLLM's prefix_cache_retention_interval (`hybrid_pool.retention_of_metadata`): what a sliding window caches.
+    #: vLLM's prefix_cache_retention_interval (`kv_groups.retention_of_metadata`): what a sliding window caches.
     retention_interval: int | None = 0
 
     @property
     def hybrid(self) -> bool:
         """The engine has several KV cache groups, or one that is not full attention (`kv_groups.is_hybrid`)."""
-        from kmesh_trace.kv_groups import is_hybrid
-
         return is_hybrid(tuple(self.groups)) if self.groups else False
 
     def refuse_hybrid(self, analysis: str) -> None:
         """Refuse, in one sentence, an analysis that models one full-attention group on a hybrid engine's trace."""
-        from kmesh_trace.oracle.hybrid_pool import refuse_hybrid
-
         refuse_hybrid(self.groups, analysis)
 
     @property
@@ -227,7 +224,6 @@ class Workload:
             return cls._from_columns(source, in_memory, None if merged else engine, requests)
         import polars as pl
 
-        from kmesh_trace.kv_groups import is_hybrid
         from kmesh_trace.lineage import declared_parents
         from kmesh_trace.oracle.kv_stream import scan_invocations
         from kmesh_trace.oracle.stream import set_declared_parents
@@ -291,12 +287,9 @@ class Workload:
 
 def _groups_of(source, engine: str | None, merged: bool) -> tuple:
     """(KV cache groups, retention interval) of the partition (`kv_groups.groups_from_metadata`,
-    `hybrid_pool.retention_of_metadata`); merged, those every engine shares (engines of different hybrid
+    `kv_groups.retention_of_metadata`); merged, those every engine shares (engines of different hybrid
     layouts do not make one fleet)."""
     from kmesh_trace.errors import KmeshTraceError
-    from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid
-    from kmesh_trace.oracle.hybrid_pool import retention_of_metadata
-
     if not merged:
         metas = [source.engines[engine] if engine is not None else source.metadata]
     else:

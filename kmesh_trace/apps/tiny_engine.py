@@ -22,23 +22,28 @@ from kmesh_trace.datasets.workloads.agent import VOCAB_SIZE, AgentWorkload, Plan
 from kmesh_trace import schema
 from kmesh_trace.errors import KmeshTraceError, MissingDependencyError
 
-TINY_QWEN2 = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
+#: The tiny shape both models share: 64 wide, 2 heads over 1 KV head of 32, float32, dummy weights.
+_TINY_SHAPE = {
     "hidden_size": 64,
     "intermediate_size": 128,
-    "num_hidden_layers": 2,
     "num_attention_heads": 2,
     "num_key_value_heads": 1,
     "head_dim": 32,
     "vocab_size": VOCAB_SIZE,
     "max_position_embeddings": 4096,
     "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
     "tie_word_embeddings": True,
     "torch_dtype": "float32",
     "bos_token_id": 0,
     "eos_token_id": 1,
+}
+
+TINY_QWEN2 = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    **_TINY_SHAPE,
+    "num_hidden_layers": 2,
+    "rope_theta": 10000.0,
 }
 
 
@@ -47,25 +52,14 @@ TINY_QWEN2 = {
 TINY_GEMMA3 = {
     "architectures": ["Gemma3ForCausalLM"],
     "model_type": "gemma3_text",
-    "hidden_size": 64,
-    "intermediate_size": 128,
+    **_TINY_SHAPE,
     "num_hidden_layers": 4,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 32,
-    "vocab_size": VOCAB_SIZE,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-6,
     "rope_theta": 1000000.0,
     "rope_local_base_freq": 10000.0,
     "sliding_window": 128,
     "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
     "query_pre_attn_scalar": 32,
     "hidden_activation": "gelu_pytorch_tanh",
-    "tie_word_embeddings": True,
-    "torch_dtype": "float32",
-    "bos_token_id": 0,
-    "eos_token_id": 1,
 }
 
 
