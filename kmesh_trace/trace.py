@@ -129,7 +129,7 @@ class Trace(EngineMetadata):
         for key in ("num_dropped_events", "num_rows_written"):
             mine, theirs = meta.get(key), loss.get(key)
             if isinstance(mine, dict) and isinstance(theirs, dict):
-                meta[key] = {t: max(mine.get(t, 0), theirs.get(t, 0), key=_count) for t in {*mine, *theirs}}
+                meta[key] = {t: max(mine.get(t, 0), theirs.get(t, 0), key=_count) for t in dict.fromkeys([*mine, *theirs])}
             elif mine is None and theirs is not None:
                 meta[key] = theirs
         if _count(loss.get("num_failed_writes")) > _count(meta.get("num_failed_writes")):

@@ -174,3 +174,75 @@ def test_no_test_module_imports_another():
             if top in test_modules and top != path.stem:
                 offending.append(f"{path.name}:{line} imports {top}")
     assert not offending, "test modules importing test modules:\n" + "\n".join(sorted(set(offending)))
+
+
+def import_circles() -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted, largest first."""
+    graph: dict[str, set[str]] = {}
+    for a, b, _ in import_edges():
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    circles = []
+
+    def visit(root: str) -> None:
+        # Iterative, so a deep graph cannot exhaust Python's recursion limit.
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            for nxt in successors:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(circles, key=lambda c: (-len(c), c))
+
+
+def test_the_circle_finder_finds_a_circle():
+    graph_edges = [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]
+    global import_edges
+    real = import_edges
+    try:
+        import_edges = lambda: [(a, b, 1) for a, b in graph_edges]  # noqa: E731
+        assert import_circles() == [["a", "b", "c"]]
+    finally:
+        import_edges = real
+
+
+def test_no_import_circle():
+    """No two project modules reach each other, counting imports made inside functions."""
+    edges = import_edges()
+    lines = []
+    for circle in import_circles():
+        members = set(circle)
+        lines.append(f"{len(circle)} modules: " + ", ".join(circle))
+        lines += [f"    {a} (line {line}) -> {b}" for a, b, line in edges if a in members and b in members]
+    assert not lines, f"{len(import_circles())} import circle(s):\n" + "\n".join(lines)
