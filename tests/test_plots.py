@@ -23,6 +23,16 @@ def test_both_plots_write_the_format_their_suffix_names(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.PNG", "p.svg"]  # no temporary file left
 
 
+@pytest.mark.parametrize("suffix", [".svg", ".png"])
+def test_the_same_figure_gives_the_same_bytes(tmp_path, suffix):
+    """A report or plot drawn twice is byte for byte the same (no date, SVG ids from a fixed salt)."""
+    res = headroom_of_requests(fork_tree_requests(), 16, [256, 512], ["lru", "belady"])
+    first, second = plot_headroom(res, tmp_path / f"a{suffix}"), plot_headroom(res, tmp_path / f"b{suffix}")
+    assert first.read_bytes() == second.read_bytes()
+    if suffix == ".svg":
+        assert "<dc:date>" not in first.read_text()
+
+
 def test_a_failed_plot_leaves_the_existing_file_whole(tmp_path):
     # Matplotlib opens an SVG before drawing it; a label it cannot parse fails mid-draw, which without
     # the temporary file truncates the target to half an SVG.

@@ -356,7 +356,10 @@ def _save(fig, path: Path) -> Path:
     os.close(fd)
     try:
         fig.tight_layout()
-        fig.savefig(tmp, format=path.suffix[1:].lower())
+        fmt = path.suffix[1:].lower()
+        # The same figure gives the same bytes: SVG ids come from a fixed salt, and no date is written.
+        with plt.rc_context({"svg.hashsalt": "kmesh-trace"}):
+            fig.savefig(tmp, format=fmt, metadata={"Date": None} if fmt == "svg" else None)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a plot is as readable as the HTML and JSON beside it
         os.replace(tmp, path)
     finally:
