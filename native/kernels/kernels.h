@@ -3,7 +3,8 @@
  *
  * Conventions: every entry point is `KS_EXPORT`, named ks_<module>_<what>, takes plain pointers and
  * lengths (numpy arrays the Python side has checked for dtype and contiguity) and touches no Python
- * object, so ctypes releases the GIL around the call. Allocation failures return KS_ENOMEM (negative);
+ * object, so ctypes releases the GIL around the call. An entry with more than a few parameters takes a
+ * structure of inputs and one of outputs instead (boundary.h; their layouts are ks_layout's, layout.c). Allocation failures return KS_ENOMEM (negative);
  * a kernel never prints and never exits.
  */
 #ifndef KMESH_KERNELS_H
@@ -12,6 +13,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "boundary.h"
 
 #define KS_EXPORT __attribute__((visibility("default")))
 #define KS_ENOMEM (-12)
