@@ -12,6 +12,26 @@
 
 #include <stdint.h>
 
+/* ---- the access stream as the policies and the curves read it (policies_body.h, curves.c) ------------ */
+
+/* Accesses obj[req_start[r]:req_start[r + 1]] per request (ids of the kernel's width: obj32 for the _i32
+ * entries and ks_curves_belady_levels, obj64 for the _i64 ones; the other NULL), the eligible (counted)
+ * ones, each access's next eligible use (`never`: none); num_objects dense ids. */
+typedef struct ks_access_stream {
+    const int32_t *obj32;
+    const int64_t *obj64;
+    const uint8_t *eligible;
+    const int64_t *next_use, *req_start;
+    int64_t num_requests, num_objects, never;
+} ks_access_stream;
+
+/* A curve's histograms (count, possum: malloc'd, free each with ks_curves_free; the entry returns their
+ * length) and the final sizes of its trees (window; tracked: the belady curve's capacities). */
+typedef struct ks_curve_out {
+    int64_t *count, *possum;
+    int64_t window, tracked;
+} ks_curve_out;
+
 /* ---- a request stream as the block pool replays it (pool.c, tiers.c) --------------------------------- */
 
 /* Accesses obj[req_start[i]:req_start[i + 1]] per request (its listed prompt hashes, then its output

@@ -19,6 +19,9 @@
 #define KS_EXPORT __attribute__((visibility("default")))
 #define KS_ENOMEM (-12)
 
+/* The ids of a ks_access_stream as `T` values (T: the kernel's id type, int32_t or int64_t). */
+#define KS_IDS(s, T) ((const T *)(sizeof(T) == sizeof(int32_t) ? (const void *)(s)->obj32 : (const void *)(s)->obj64))
+
 #define KS_LIKELY(x) __builtin_expect(!!(x), 1)
 #define KS_UNLIKELY(x) __builtin_expect(!!(x), 0)
 

@@ -14,6 +14,16 @@ typedef struct {
 #define KS_FIELD(T, F) {#T, #F, offsetof(T, F), sizeof(((T *)0)->F)}
 
 static const ks_layout_row ks_layout_rows[] = {
+    KS_TYPE(ks_access_stream),
+    KS_FIELD(ks_access_stream, obj32), KS_FIELD(ks_access_stream, obj64), KS_FIELD(ks_access_stream, eligible),
+    KS_FIELD(ks_access_stream, next_use), KS_FIELD(ks_access_stream, req_start),
+    KS_FIELD(ks_access_stream, num_requests), KS_FIELD(ks_access_stream, num_objects),
+    KS_FIELD(ks_access_stream, never),
+
+    KS_TYPE(ks_curve_out),
+    KS_FIELD(ks_curve_out, count), KS_FIELD(ks_curve_out, possum), KS_FIELD(ks_curve_out, window),
+    KS_FIELD(ks_curve_out, tracked),
+
     KS_TYPE(ks_pool_stream),
     KS_FIELD(ks_pool_stream, obj32), KS_FIELD(ks_pool_stream, obj64), KS_FIELD(ks_pool_stream, req_start),
     KS_FIELD(ks_pool_stream, listed), KS_FIELD(ks_pool_stream, prompt_tokens),
