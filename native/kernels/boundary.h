@@ -32,6 +32,27 @@ typedef struct ks_curve_out {
     int64_t window, tracked;
 } ks_curve_out;
 
+/* ---- the stream's construction (stream_index.c) -------------------------------------------------------- */
+
+/* Request r's accesses are flat[starts[r] + j] for j < n_keep[r] (num_requests requests, n accesses in
+ * all); eligible: the first n_elig[r] of each (NULL: the flags are read from the output's eligible);
+ * hashes compared as hash ^ key_xor; wide_table: 64-bit table slots; never: "no next use". */
+typedef struct ks_stream_build_in {
+    const uint64_t *flat;
+    const int64_t *starts, *n_keep, *n_elig;
+    int64_t num_requests, n;
+    uint64_t key_xor;
+    int64_t wide_table, never;
+} ks_stream_build_in;
+
+/* Per access: the eligible flags (written with n_elig, else read), the object ids (obj32, else obj64),
+ * the next uses. */
+typedef struct ks_stream_build_out {
+    uint8_t *eligible;
+    int32_t *obj32;
+    int64_t *obj64, *next_use;
+} ks_stream_build_out;
+
 /* ---- a request stream as the block pool replays it (pool.c, tiers.c) --------------------------------- */
 
 /* Accesses obj[req_start[i]:req_start[i + 1]] per request (its listed prompt hashes, then its output

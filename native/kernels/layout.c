@@ -24,6 +24,16 @@ static const ks_layout_row ks_layout_rows[] = {
     KS_FIELD(ks_curve_out, count), KS_FIELD(ks_curve_out, possum), KS_FIELD(ks_curve_out, window),
     KS_FIELD(ks_curve_out, tracked),
 
+    KS_TYPE(ks_stream_build_in),
+    KS_FIELD(ks_stream_build_in, flat), KS_FIELD(ks_stream_build_in, starts), KS_FIELD(ks_stream_build_in, n_keep),
+    KS_FIELD(ks_stream_build_in, n_elig), KS_FIELD(ks_stream_build_in, num_requests), KS_FIELD(ks_stream_build_in, n),
+    KS_FIELD(ks_stream_build_in, key_xor), KS_FIELD(ks_stream_build_in, wide_table),
+    KS_FIELD(ks_stream_build_in, never),
+
+    KS_TYPE(ks_stream_build_out),
+    KS_FIELD(ks_stream_build_out, eligible), KS_FIELD(ks_stream_build_out, obj32),
+    KS_FIELD(ks_stream_build_out, obj64), KS_FIELD(ks_stream_build_out, next_use),
+
     KS_TYPE(ks_pool_stream),
     KS_FIELD(ks_pool_stream, obj32), KS_FIELD(ks_pool_stream, obj64), KS_FIELD(ks_pool_stream, req_start),
     KS_FIELD(ks_pool_stream, listed), KS_FIELD(ks_pool_stream, prompt_tokens),
