@@ -1,19 +1,12 @@
 /* The layout of the structures at the boundary (boundary.h), which the binding compares with its mirrors
  * when it declares an entry that takes them (kmesh_trace.native.kernels). */
-#include <stddef.h>
-
+#include "../layout_table.h"
 #include "kernels.h"
 
-/* One row per structure (field NULL: the whole structure's size) and per field, in declaration order. */
-typedef struct {
-    const char *type, *field;
-    uint64_t offset, size;
-} ks_layout_row;
+#define KS_TYPE(T) LAYOUT_TYPE(#T, T)
+#define KS_FIELD(T, F) LAYOUT_FIELD(#T, T, F)
 
-#define KS_TYPE(T) {#T, NULL, 0, sizeof(T)}
-#define KS_FIELD(T, F) {#T, #F, offsetof(T, F), sizeof(((T *)0)->F)}
-
-static const ks_layout_row ks_layout_rows[] = {
+static const layout_row ks_layout_rows[] = {
     KS_TYPE(ks_access_stream),
     KS_FIELD(ks_access_stream, obj32), KS_FIELD(ks_access_stream, obj64), KS_FIELD(ks_access_stream, eligible),
     KS_FIELD(ks_access_stream, next_use), KS_FIELD(ks_access_stream, req_start),
@@ -94,11 +87,6 @@ static const ks_layout_row ks_layout_rows[] = {
 /* Row i of the layout table: 0, or -1 past its end. */
 KS_EXPORT int64_t ks_layout(int64_t i, const char **type, const char **field, uint64_t *offset, uint64_t *size)
 {
-    if (i < 0 || (uint64_t)i >= sizeof ks_layout_rows / sizeof ks_layout_rows[0])
-        return -1;
-    *type = ks_layout_rows[i].type;
-    *field = ks_layout_rows[i].field;
-    *offset = ks_layout_rows[i].offset;
-    *size = ks_layout_rows[i].size;
-    return 0;
+    return i < 0 ? -1 : layout_row_at(ks_layout_rows, sizeof ks_layout_rows / sizeof ks_layout_rows[0], (uint64_t)i,
+                                      type, field, offset, size);
 }
