@@ -21,6 +21,7 @@ every per-request result, every hold record and the final free queue.
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import numpy as np
 
@@ -93,7 +94,18 @@ def replay_compiled(requests, block_size: int, num_usable_blocks: int, timed: bo
     return out, fam, names
 
 
-class PoolStream(Struct):
+class PoolArrays(NamedTuple):
+    """A pool replay's per-request results and final free queue, as a kernel left them."""
+
+    hit_blocks: np.ndarray
+    num_evictions: np.ndarray
+    admitted: np.ndarray
+    stalled: np.ndarray
+    free_queue: np.ndarray
+    num_deferred: int
+
+
+class PoolStreamStruct(Struct):
     """struct ks_pool_stream (native/kernels/boundary.h): a stream as the pool replays it."""
 
     c_type = "ks_pool_stream"
@@ -104,7 +116,7 @@ class PoolStream(Struct):
 
     @classmethod
     def over(cls, obj: np.ndarray, IN: tuple, timed: bool, block_size: int, num_usable: int,
-             num_objects: int) -> PoolStream:
+             num_objects: int) -> PoolStreamStruct:
         """The stream of ids `obj` (int32 or int64) and the per-request arrays `IN` (req_start, listed,
         prompt_tokens, output_tokens, finish_ns, arrival)."""
         obj = obj if obj.dtype == np.int32 else np.ascontiguousarray(obj, np.int64)
@@ -116,7 +128,7 @@ class PoolStream(Struct):
                       num_objects=num_objects)
 
 
-class PoolResult(Struct):
+class PoolResultStruct(Struct):
     """struct ks_pool_result: per request hits, evictions, admitted, stalled; the final free queue."""
 
     c_type = "ks_pool_result"
@@ -125,32 +137,31 @@ class PoolResult(Struct):
                 ("num_deferred", I64)]
 
     @classmethod
-    def fresh(cls, n_req: int, queue_size: int | None) -> PoolResult:
+    def fresh(cls, n_req: int, queue_size: int | None) -> PoolResultStruct:
         """Zeroed arrays for n_req requests and a free queue of `queue_size` blocks (None: not wanted)."""
         return cls.of(hit_blocks=np.zeros(n_req, np.int64), num_evictions=np.zeros(n_req, np.int64),
                       admitted=np.zeros(n_req, np.bool_), stalled=np.zeros(n_req, np.bool_),
                       free_queue=None if queue_size is None else np.zeros(queue_size, np.int64), free_queue_len=0,
                       num_deferred=0)
 
-    def read(self, written: PoolResult) -> tuple:
-        """(hit_blocks, num_evictions, admitted, stalled, free_queue, num_deferred): this structure's arrays as
-        the kernel filled them, cut and counted as `written` says (the copy of it the kernel was given, a
-        field of its output structure)."""
+    def read(self, written: PoolResultStruct) -> PoolArrays:
+        """This structure's arrays as the kernel filled them, cut and counted as `written` says (the copy of
+        it the kernel was given, a field of its output structure)."""
         hit_blocks, num_evictions, admitted, stalled, queue = self._keep[:5]
         queue = np.zeros(0, np.int64) if queue is None else queue[:written.free_queue_len]
-        return hit_blocks, num_evictions, admitted, stalled, queue, int(written.num_deferred)
+        return PoolArrays(hit_blocks, num_evictions, admitted, stalled, queue, int(written.num_deferred))
 
 
 class _PoolIn(Struct):
     c_type = "ks_pool_in"
-    _fields_ = [("stream", PoolStream), ("has_holds", I64), ("is_parent", Ptr(np.bool_)),
+    _fields_ = [("stream", PoolStreamStruct), ("has_holds", I64), ("is_parent", Ptr(np.bool_)),
                 ("release_after", Ptr(np.int64)), ("parent_of", Ptr(np.int64)), ("fam", Ptr(np.int64)),
                 ("num_families", I64), ("expiry_ns", I64), ("max_held", I64), ("max_families", I64)]
 
 
 class _PoolOut(Struct):
     c_type = "ks_pool_out"
-    _fields_ = [("pool", PoolResult), ("records", Ptr(np.int64)), ("num_records", I64)]
+    _fields_ = [("pool", PoolResultStruct), ("records", Ptr(np.int64)), ("num_records", I64)]
 
 
 _pool_replay = declare("ks_pool_replay", [ctypes.POINTER(_PoolIn), ctypes.POINTER(_PoolOut)], I64)
@@ -165,10 +176,10 @@ def _replay(obj, IN, timed, block_size, num_usable, num_objects, has_holds, is_p
         holds = dict(is_parent=np.ascontiguousarray(is_parent, np.bool_),
                      **{k: np.ascontiguousarray(a, np.int64) for k, a in (("release_after", release_after),
                                                                          ("parent_of", parent_of), ("fam", fam))})
-    args = _PoolIn.of(stream=PoolStream.over(obj, IN, timed, block_size, num_usable, num_objects),
+    args = _PoolIn.of(stream=PoolStreamStruct.over(obj, IN, timed, block_size, num_usable, num_objects),
                       has_holds=bool(has_holds), **holds, num_families=num_families, expiry_ns=caps[0],
                       max_held=caps[1], max_families=caps[2])
-    pool = PoolResult.fresh(n_req, num_usable if free_queue else None)
+    pool = PoolResultStruct.fresh(n_req, num_usable if free_queue else None)
     records = np.zeros((NUM_RECORD_ROWS, n_req if has_holds else 0), np.int64)
     out = _PoolOut.of(pool=pool, records=records, num_records=0)
     check(_pool_replay(ctypes.byref(args), ctypes.byref(out)), "the block-pool replay")

@@ -68,7 +68,7 @@ import numpy as np
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.native.kernels import I64, P, Struct, check, declare
 from kmesh_trace.oracle.interruptible import run_interruptible
-from kmesh_trace.oracle.kernel_ids import StreamArgs, declare_widths, kernel_stream
+from kmesh_trace.oracle.kernel_ids import AccessStreamStruct, declare_widths, kernel_stream
 from kmesh_trace.oracle.stream import NEVER, AccessStream
 
 
@@ -145,7 +145,7 @@ class _CurveOut(Struct):
 
 
 _OUT = ctypes.POINTER(_CurveOut)
-_belady = declare("ks_curves_belady_levels", [ctypes.POINTER(StreamArgs), I64, I64, I64, _OUT], I64)
+_belady = declare("ks_curves_belady_levels", [ctypes.POINTER(AccessStreamStruct), I64, I64, I64, _OUT], I64)
 _lru = declare_widths("ks_curves_lru_levels", [I64, I64, _OUT], I64)
 
 
@@ -158,11 +158,15 @@ def _histograms(call) -> tuple[np.ndarray, np.ndarray, _CurveOut]:
         if n == _BAD_STREAM:
             raise ValueError("next_use does not match obj and eligible")
         check(n, "hit-ratio curve")
-        as_array = lambda p: np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_int64)), (n,)).copy()  # noqa: E731
-        return as_array(out.count), as_array(out.possum), out
+        return _copy(out.count, n), _copy(out.possum, n), out
     finally:
         _free(out.count)
         _free(out.possum)
+
+
+def _copy(address: int, n: int) -> np.ndarray:
+    """The n int64 values at `address`, copied into numpy."""
+    return np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_int64)), (n,)).copy()
 
 
 def _lru_levels(stream: AccessStream, measure_from: int, first_window: int = FIRST_LRU_WINDOW):
@@ -176,7 +180,7 @@ def _lru_levels(stream: AccessStream, measure_from: int, first_window: int = FIR
 def _belady_levels(obj, eligible, next_use, req_start, num_objects, measure_from, never, first_blocks, first_caps):
     """(count, position sum, the final sizes of the time window and of the capacity tree) of the belady
     curve (native/kernels/curves.c; fewer than 2^30 accesses)."""
-    args = StreamArgs.over(np.ascontiguousarray(obj, np.int32), np.ascontiguousarray(eligible, np.bool_),
+    args = AccessStreamStruct.over(np.ascontiguousarray(obj, np.int32), np.ascontiguousarray(eligible, np.bool_),
                            np.ascontiguousarray(next_use, np.int64), np.ascontiguousarray(req_start, np.int64),
                            num_objects, never)
     count, possum, out = _histograms(lambda o: _belady(ctypes.byref(args), int(measure_from), int(first_blocks),

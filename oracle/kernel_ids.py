@@ -17,7 +17,7 @@ from kmesh_trace.oracle.interruptible import run_interruptible
 from kmesh_trace.oracle.stream import NEVER, AccessStream
 
 
-class StreamArgs(Struct):
+class AccessStreamStruct(Struct):
     """struct ks_access_stream (native/kernels/boundary.h): the stream as the policies and curves read it."""
 
     c_type = "ks_access_stream"
@@ -26,7 +26,7 @@ class StreamArgs(Struct):
                 ("num_objects", I64), ("never", I64)]
 
     @classmethod
-    def over(cls, obj, eligible, next_use, req_start, num_objects: int, never: int = NEVER) -> StreamArgs:
+    def over(cls, obj, eligible, next_use, req_start, num_objects: int, never: int = NEVER) -> AccessStreamStruct:
         """The arrays (obj int32 or int64, C-contiguous) as the kernel of obj's width reads them."""
         return cls.of(obj32=obj if obj.dtype == np.int32 else None, obj64=None if obj.dtype == np.int32 else obj,
                       eligible=eligible, next_use=next_use, req_start=req_start, num_requests=len(req_start) - 1,
@@ -34,15 +34,16 @@ class StreamArgs(Struct):
 
 
 def declare_widths(name: str, argtypes: list, restype=None) -> dict[str, object]:
-    """The entry points `name`_i32 and `name`_i64, by width: each takes the stream (`StreamArgs`), then
-    `argtypes`."""
-    return {w: declare(f"{name}_{w}", [ctypes.POINTER(StreamArgs), *argtypes], restype) for w in ("i32", "i64")}
+    """The entry points `name`_i32 and `name`_i64, by width: each takes the stream (`AccessStreamStruct`),
+    then `argtypes`."""
+    stream = ctypes.POINTER(AccessStreamStruct)
+    return {w: declare(f"{name}_{w}", [stream, *argtypes], restype) for w in ("i32", "i64")}
 
 
-def kernel_stream(stream: AccessStream) -> tuple[str, StreamArgs]:
-    """(the kernel's width, the stream as it reads it): `kernel_arrays`' arrays in a `StreamArgs`."""
+def kernel_stream(stream: AccessStream) -> tuple[str, AccessStreamStruct]:
+    """(the kernel's width, the stream as it reads it): `kernel_arrays`' arrays in an `AccessStreamStruct`."""
     width, obj, eligible, next_use, req_start = kernel_arrays(stream)
-    return width, StreamArgs.over(obj, eligible, next_use, req_start, stream.num_objects)
+    return width, AccessStreamStruct.over(obj, eligible, next_use, req_start, stream.num_objects)
 
 
 def kernel_arrays(stream: AccessStream) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

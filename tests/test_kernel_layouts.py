@@ -42,7 +42,7 @@ def test_every_structure_at_the_boundary_has_one_mirror_that_agrees():
 
 
 def test_a_wrong_mirror_is_refused_when_its_entry_is_declared():
-    good = blockpool_compiled.PoolResult
+    good = blockpool_compiled.PoolResultStruct
 
     class Narrow(Struct):  # num_deferred as 4 bytes: the C has 8
         c_type = "ks_pool_result"
@@ -63,17 +63,17 @@ def test_a_wrong_mirror_is_refused_when_its_entry_is_declared():
 
 
 def test_a_structure_is_filled_only_with_the_arrays_its_fields_name():
-    fresh = blockpool_compiled.PoolResult.fresh(3, None)
+    fresh = blockpool_compiled.PoolResultStruct.fresh(3, None)
     assert fresh.free_queue.value is None and fresh.hit_blocks.value == fresh._keep[0].ctypes.data
     arrays = dict(hit_blocks=np.zeros(3, np.int64), num_evictions=np.zeros(3, np.int64),
                   admitted=np.zeros(3, np.bool_), stalled=np.zeros(3, np.bool_), free_queue=None,
                   free_queue_len=0, num_deferred=0)
-    blockpool_compiled.PoolResult.of(**arrays)
+    blockpool_compiled.PoolResultStruct.of(**arrays)
     with pytest.raises(TypeError, match="a kernel needs a C-contiguous bool array, not int64"):
-        blockpool_compiled.PoolResult.of(**{**arrays, "admitted": np.zeros(3, np.int64)})
+        blockpool_compiled.PoolResultStruct.of(**{**arrays, "admitted": np.zeros(3, np.int64)})
     with pytest.raises(TypeError, match="strided"):
-        blockpool_compiled.PoolResult.of(**{**arrays, "hit_blocks": np.zeros(6, np.int64)[::2]})
+        blockpool_compiled.PoolResultStruct.of(**{**arrays, "hit_blocks": np.zeros(6, np.int64)[::2]})
     with pytest.raises(TypeError, match="struct ks_pool_result needs its field num_deferred"):
-        blockpool_compiled.PoolResult.of(**{k: v for k, v in arrays.items() if k != "num_deferred"})
+        blockpool_compiled.PoolResultStruct.of(**{k: v for k, v in arrays.items() if k != "num_deferred"})
     with pytest.raises(TypeError, match="struct ks_pool_result has no field hits"):
-        blockpool_compiled.PoolResult.of(**arrays, hits=None)
+        blockpool_compiled.PoolResultStruct.of(**arrays, hits=None)

@@ -28,10 +28,10 @@ from operator import attrgetter
 import numpy as np
 
 from kmesh_trace.native.kernels import I64, P, Ptr, Struct, check, declare, ptr
-from kmesh_trace.oracle.blockpool_compiled import PoolResult, PoolStream, obj_pointers
+from kmesh_trace.oracle.blockpool_compiled import PoolArrays, PoolResultStruct, PoolStreamStruct, obj_pointers
 from kmesh_trace.oracle.interruptible import run_interruptible
 
-__all__ = ["TierStream", "tier_stream", "replay_tiers_compiled"]
+__all__ = ["TierArrays", "TierStream", "tier_stream", "replay_tiers_compiled"]
 
 _I64, _BOOL = Ptr(np.int64), Ptr(np.bool_)
 
@@ -40,8 +40,8 @@ class _TiersIn(Struct):
     """struct ks_tiers_in (native/kernels/boundary.h)."""
 
     c_type = "ks_tiers_in"
-    _fields_ = [("stream", PoolStream), ("tail32", Ptr(np.int32)), ("tail64", _I64), ("tstart", _I64), ("nt", I64),
-                ("cap", _I64), ("chunk", _I64), ("retain", _BOOL), ("refresh_on_hit", _BOOL),
+    _fields_ = [("stream", PoolStreamStruct), ("tail32", Ptr(np.int32)), ("tail64", _I64), ("tstart", _I64),
+                ("nt", I64), ("cap", _I64), ("chunk", _I64), ("retain", _BOOL), ("refresh_on_hit", _BOOL),
                 ("write_through", _BOOL), ("below", _I64), ("on_evict", _I64), ("n_on_evict", I64),
                 ("chunk_bytes", _I64), ("has_cost", _BOOL), ("lat_ns", _I64), ("dur0", _I64), ("dur1", _I64),
                 ("singleflight", I64), ("any_gpu", I64), ("with_costs", I64), ("preload", _I64), ("pstart", _I64),
@@ -53,7 +53,7 @@ class _TiersOut(Struct):
     """struct ks_tiers_out: the pool's results, then the tiers'."""
 
     c_type = "ks_tiers_out"
-    _fields_ = [("pool", PoolResult), ("hit", _I64), ("wait0", Ptr(np.float64)), ("wait1", Ptr(np.float64)),
+    _fields_ = [("pool", PoolResultStruct), ("hit", _I64), ("wait0", Ptr(np.float64)), ("wait1", Ptr(np.float64)),
                 ("marks", _I64), ("num_reads", _I64), ("read_bytes", _I64), ("num_stores", _I64),
                 ("reads", P), ("num_read_rows", I64), ("num_needed", I64), ("num_shared", I64)]
 
@@ -68,11 +68,29 @@ _TIER_ARRAYS = ("cap", "chunk", "retain", "refresh_on_hit", "write_through", "be
                 "has_cost", "lat_ns", "dur0", "dur1")
 
 
-def _tier_kernel(stream: PoolStream, tail, tstart, tiers: dict, singleflight, any_gpu, with_costs, preload, pstart,
-                 early_prep, prep_at, prep_p, children_left, parent_of):
-    """The C replay (native/kernels/tiers.c) of `stream` with the tiers' arrays `tiers` (`_TIER_ARRAYS`):
-    (pool arrays, hits per tier, waits, reads, per-tier counts, store marks, distinct blocks needed, shared
-    reads)."""
+@dataclass
+class TierArrays:
+    """What the tier kernel leaves: the pool's `PoolArrays`; hits per tier (`hit[0]` the GPU's, `hit[1 + k]`
+    tier k's, per request); the restore waits (typical and p95 throughput, s); the read rows (request, tier,
+    chunks, bytes, prepare); per tier the reads, their bytes and the stores; per request the stores made
+    before its lookup (-1: no lookup below the GPU); the distinct blocks needed and the shared reads."""
+
+    pool: PoolArrays
+    hit: np.ndarray
+    wait0: np.ndarray
+    wait1: np.ndarray
+    reads: tuple
+    num_reads: np.ndarray
+    read_bytes: np.ndarray
+    num_stores: np.ndarray
+    marks: np.ndarray
+    num_needed: int
+    num_shared: int
+
+
+def _tier_kernel(stream: PoolStreamStruct, tail, tstart, tiers: dict, singleflight, any_gpu, with_costs, preload,
+                 pstart, early_prep, prep_at, prep_p, children_left, parent_of) -> TierArrays:
+    """The C replay (native/kernels/tiers.c) of `stream` with the tiers' arrays `tiers` (`_TIER_ARRAYS`)."""
     n_req, nt = stream.n_req, len(tiers["cap"])
     i64 = lambda a: np.ascontiguousarray(a, np.int64)  # noqa: E731
     tiers = {k: np.ascontiguousarray(a, a.dtype if a.dtype == np.bool_ else np.int64) for k, a in tiers.items()}
@@ -83,7 +101,7 @@ def _tier_kernel(stream: PoolStream, tail, tstart, tiers: dict, singleflight, an
                        with_costs=bool(with_costs), preload=i64(preload), pstart=i64(pstart),
                        early_prep=bool(early_prep), prep_at=i64(prep_at), prep_p=i64(prep_p), n_prep=len(prep_at),
                        children_of=i64(children_left), parent_of=i64(parent_of))
-    pool = PoolResult.fresh(n_req, stream.num_usable)
+    pool = PoolResultStruct.fresh(n_req, stream.num_usable)
     hit, wait0, wait1 = np.zeros((nt + 1, n_req), np.int64), np.zeros(n_req, np.float64), np.zeros(n_req, np.float64)
     marks = np.zeros(n_req, np.int64)
     num_reads, read_bytes, num_stores = (np.zeros(nt, np.int64) for _ in range(3))
@@ -96,8 +114,8 @@ def _tier_kernel(stream: PoolStream, tail, tstart, tiers: dict, singleflight, an
         ctypes.memmove(rd.ctypes.data, out.reads, rd.nbytes)
         _free_reads(out.reads)
     reads = tuple(rd[:, k] for k in range(5))
-    return (pool.read(out.pool), hit, wait0, wait1, reads, num_reads, read_bytes, num_stores, marks,
-            int(out.num_needed), int(out.num_shared))
+    return TierArrays(pool.read(out.pool), hit, wait0, wait1, reads, num_reads, read_bytes, num_stores, marks,
+                      int(out.num_needed), int(out.num_shared))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -229,10 +247,10 @@ def tier_stream(requests, block_size: int) -> TierStream | None:
     return TierStream(requests, block_size, stream.obj, IN, tail, tail_start, num_ids)
 
 
-def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, preload: dict, block_bytes: int):
-    """`TierReplay(...).run()` and its state, compiled: (pool arrays, hits per tier, waits, reads, per-tier
-    counts, store marks, distinct blocks needed, shared reads); see `_tier_kernel`. None when a preloaded
-    key is not a 64-bit unsigned integer (the Python replay takes it)."""
+def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, preload: dict,
+                          block_bytes: int) -> TierArrays | None:
+    """`TierReplay(...).run()` and its state, compiled: a `TierArrays`. None when a preloaded key is not a
+    64-bit unsigned integer (the Python replay takes it)."""
     tiers = config.tiers
     try:
         keys = [np.fromiter(preload.get(t.name, ()), np.uint64) for t in tiers]
@@ -259,7 +277,8 @@ def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, 
         arr([t.retain for t in tiers], np.bool_), arr([t.retain and t.write == "on-evict" for t in tiers], np.bool_),
         arr([t.write == "write-through" for t in tiers], np.bool_), below, on_evict, arr(nbytes),
         arr([c is not None for c in cs], np.bool_), arr(lat), arr(dur0), arr(dur1))))
-    pool = PoolStream.over(stream.obj, stream.IN, bool(timed), int(block_size), int(config.gpu_blocks), num_ids)
+    pool = PoolStreamStruct.over(stream.obj, stream.IN, bool(timed), int(block_size), int(config.gpu_blocks),
+                                 num_ids)
     return run_interruptible(
         _tier_kernel, pool, stream.tail, stream.tail_start, arrays, bool(config.singleflight and timed),
         config.lookup == "any", all(c is not None for c in cs), pid, pstart, early_prep, *schedule)
