@@ -19,13 +19,14 @@ setup(
         Extension(
             "kmesh_trace.native._kmesh_replay",
             sources=["native/replay.c"],
+            depends=["native/layout_table.h"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-function"],
             libraries=["dl", "pthread"],
         ),
         Extension(
             "kmesh_trace.native._kmesh_kernels",
             sources=KERNELS,
-            depends=sorted(str(p) for p in Path("native/kernels").glob("*.h")),
+            depends=sorted(str(p) for p in Path("native/kernels").glob("*.h")) + ["native/layout_table.h"],
             extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                 "-fvisibility=hidden"],
         ),

@@ -7,7 +7,8 @@ decides what to read or checks payloads; that is kmesh_trace.native.runner's job
 The record layouts below mirror struct kr_chunk and struct kr_sample by hand; loading the library
 compares them with the layout the C reports (`kr_layout`: each structure's size, each field's offset
 and size) and refuses a mismatch with `LayoutMismatchError`, so a stale build or an edit on one side
-only cannot pass misread records across. Return codes are read through kmesh_trace.native.codes.
+only cannot pass misread records across (the binding style of every native library:
+`kmesh_trace.native.binding`). Return codes are read through kmesh_trace.native.codes.
 
 `kr_register_dmabuf` speaks a proposed, unmerged io_uring ABI (see the NOTE in native/replay.c);
 `dmabuf_abi_from_header()` says whether its constants came from the kernel header the library was built
@@ -24,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.native import binding
+from kmesh_trace.native.binding import LayoutMismatchError, layout_problems  # noqa: F401 (named here too)
 from kmesh_trace.native.built import built_path, find_built
 from kmesh_trace.native.codes import NativeCode, errno_code, failure
 
@@ -45,10 +48,6 @@ class NativeError(KmeshTraceError):
     def __init__(self, message: str, code: NativeCode | None = None):
         super().__init__(message)
         self.code = code
-
-
-class LayoutMismatchError(NativeError):
-    """The binding's record layout disagrees with the structure the loaded library was compiled with."""
 
 
 def _find_library() -> Path | None:
@@ -95,62 +94,20 @@ def _declare(L: ctypes.CDLL, path: Path | str) -> None:
                        ctypes.POINTER(u64), ctypes.POINTER(u64)], i32),
         "kr_dmabuf_abi": ([], u32),
     }
-    for name, (args, res) in sigs.items():
-        try:
-            fn = getattr(L, name)
-        except AttributeError:
-            raise NativeError(f"{path} has no entry point {name}: it was built from another native/replay.c; "
-                              "rebuild it (`pip install -e .`) from this checkout") from None
-        fn.argtypes = args
-        fn.restype = res
+    binding.declare_all(L, sigs, lambda name: NativeError(
+        f"{path} has no entry point {name}: it was built from another native/replay.c; rebuild it "
+        "(`pip install -e .`) from this checkout"))
 
 
 def c_layouts(L: ctypes.CDLL) -> dict[str, dict]:
     """What the library says of its structures: {type: {"size": n, "fields": {field: (offset, size)}}}."""
-    found: dict[str, dict] = {}
-    t, f = ctypes.c_char_p(), ctypes.c_char_p()
-    off, size = ctypes.c_uint64(), ctypes.c_uint64()
-    i = 0
-    while L.kr_layout(i, ctypes.byref(t), ctypes.byref(f), ctypes.byref(off), ctypes.byref(size)) == 0:
-        entry = found.setdefault(t.value.decode(), {"size": None, "fields": {}})
-        if f.value is None:
-            entry["size"] = size.value
-        else:
-            entry["fields"][f.value.decode()] = (off.value, size.value)
-        i += 1
-    return found
-
-
-def layout_problems(c_type: str, c_layout: dict | None, mirror) -> list[str]:
-    """How `mirror` (a numpy dtype, or anything np.dtype accepts: a ctypes Structure) differs from the C
-    structure `c_type` as the library describes it; empty when they agree field by field."""
-    if c_layout is None:
-        return [f"the library describes no struct {c_type}"]
-    dt = np.dtype(mirror)
-    problems = []
-    if dt.itemsize != c_layout["size"]:
-        problems.append(f"sizeof(struct {c_type}) is {c_layout['size']} bytes in C, {dt.itemsize} in the binding")
-    c_fields = list(c_layout["fields"])
-    if list(dt.names or ()) != c_fields:
-        problems.append(f"struct {c_type} has fields {c_fields} in C, {list(dt.names or ())} in the binding")
-    for name in c_fields:
-        if dt.names and name in dt.names:
-            c_off, c_size = c_layout["fields"][name]
-            f_dt, f_off = dt.fields[name][:2]
-            if (f_off, f_dt.itemsize) != (c_off, c_size):
-                problems.append(f"{c_type}.{name} is {c_size} bytes at offset {c_off} in C, "
-                                f"{f_dt.itemsize} at offset {f_off} in the binding")
-    return problems
+    return binding.c_layouts(L.kr_layout)
 
 
 def check_layouts(c: dict[str, dict], path: Path | str = "the native library", mirrored: dict | None = None) -> None:
     """Raise LayoutMismatchError naming every difference between the C structures and their mirrors."""
-    problems = [p for c_type, mirror in (MIRRORED if mirrored is None else mirrored).items()
-                for p in layout_problems(c_type, c.get(c_type), mirror)]
-    if problems:
-        raise LayoutMismatchError(f"{path} was built from a native/replay.c whose structures do not match "
-                                  f"kmesh_trace.native._lib ({'; '.join(problems)}); rebuild it "
-                                  "(`pip install -e .`) from the same checkout")
+    binding.check_layouts(c, MIRRORED if mirrored is None else mirrored, path, "native/replay.c",
+                          "kmesh_trace.native._lib")
 
 
 def dmabuf_abi_from_header() -> dict[str, bool]:

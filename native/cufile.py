@@ -40,7 +40,8 @@ import numpy as np
 from kmesh_trace.native._lib import NOT_MEASURED, SAMPLE_DTYPE, Ownership, now_ns
 from kmesh_trace.native.codes import cufile_code, failure
 from kmesh_trace.native.gpu import GpuArena, RouteUnavailable
-from kmesh_trace.native.routes import GPU_POISON, Probe, Restored, Route, cuda_driver_step, run_steps, torch_cuda_step
+from kmesh_trace.native.route_base import (GPU_POISON, Probe, Restored, Route, cuda_driver_step, run_steps,
+                                           torch_cuda_step)
 from kmesh_trace.native.store import ALIGNMENT
 
 _OPAQUE_FD = 1  # CU_FILE_HANDLE_TYPE_OPAQUE_FD

@@ -21,7 +21,7 @@ from kmesh_trace.errors import MissingDependencyError
 from kmesh_trace.native import _lib, blockdev
 from kmesh_trace.native._lib import CHUNK_DTYPE, Ownership, Ring, now_ns
 from kmesh_trace.native.gpu import ARENA_ALIGNMENT, GpuArena, RouteUnavailable
-from kmesh_trace.native.routes import GPU_POISON, Probe, Restored, Route, cuda_driver_step, run_steps
+from kmesh_trace.native.route_base import GPU_POISON, Probe, Restored, Route, cuda_driver_step, run_steps
 from kmesh_trace.native.store import ALIGNMENT, Chunk
 
 

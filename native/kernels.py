@@ -4,9 +4,12 @@ The kernels of the oracle (stream flattening, curves, policies, the engine model
 the package is installed, so an analysis needs no compiler at run time: loading them costs a `dlopen`,
 not a JIT's import and cache. `lib()` loads the shared object once; `declare` gives an entry point its
 C signature; `ptr` hands a numpy array across after checking what the C side assumes of it (its dtype
-and C-contiguity), so a wrong array is a `TypeError` here, never memory misread there. ctypes releases
-the GIL around every call, so a kernel can run on a worker thread (`oracle.interruptible`) or beside
-another kernel on a second core.
+and C-contiguity), so a wrong array is a `TypeError` here, never memory misread there. An entry with
+many parameters takes a structure of inputs and one of outputs (native/kernels/boundary.h), each
+mirrored once as a `Struct` beside its caller; `declare` compares every structure an entry takes with the
+library's layout table (`ks_layout`) and refuses a mismatch (`LayoutMismatchError`): the binding style of
+native/replay.c's engine too (`kmesh_trace.native.binding`). ctypes releases the GIL around every call,
+so a kernel can run on a worker thread (`oracle.interruptible`) or beside another kernel on a second core.
 
 Every kernel keeps a plain reference (Python, in the tree or in tests/) that the tests compare it with.
 """
@@ -15,9 +18,9 @@ from __future__ import annotations
 
 import ctypes
 
-import numpy as np
-
 from kmesh_trace.errors import MissingDependencyError
+from kmesh_trace.native import binding
+from kmesh_trace.native.binding import LayoutMismatchError, Ptr, Struct, ptr  # noqa: F401 (the kernels' names)
 from kmesh_trace.native.built import built_path
 
 #: ctypes types for `declare` signatures: `P` is any array (through `ptr`), the rest scalars.
@@ -28,6 +31,7 @@ ENOMEM = -12
 
 
 _lib: ctypes.CDLL | None = None
+_layouts: dict[str, dict] | None = None
 
 #: glibc's mallopt parameters (malloc.h).
 M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8
@@ -39,7 +43,7 @@ def lib() -> ctypes.CDLL:
     """The loaded kernels; raises MissingDependencyError with the build command when they were not built."""
     global _lib
     if _lib is None:
-        _lib = ctypes.CDLL(str(built_path("_kmesh_kernels", "KMESH_KERNELS_LIB", "the compiled kernels library")))
+        _lib = ctypes.CDLL(_path())
         return_freed_memory()
     return _lib
 
@@ -60,26 +64,34 @@ def return_freed_memory() -> None:
 
 
 def declare(name: str, argtypes: list, restype=None):
-    """The entry point `name` with its C signature (restype None: void)."""
-    try:
-        fn = getattr(lib(), name)
-    except AttributeError:
-        raise MissingDependencyError(
-            f"the compiled kernels have no entry point {name}: they were built from other sources; rebuild "
-            "them (`pip install -e .`) from this checkout") from None
-    fn.argtypes = argtypes
-    fn.restype = restype
-    return fn
+    """The entry point `name` with its C signature (restype None: void); the `Struct`s it takes (by pointer:
+    `ctypes.POINTER(S)`) are checked against the library's layout table first."""
+    structs = binding.structs_in(argtypes)
+    if structs:
+        binding.check_layouts(layouts(), {s.c_type: s for s in structs}, _path(), "native/kernels/boundary.h",
+                              "its mirror in Python")
+    return binding.declare_all(lib(), {name: (argtypes, restype)}, _stale)
 
 
-def ptr(a: np.ndarray | None, dtype) -> int | None:
-    """The address of `a`'s data for a kernel that reads it as C `dtype` values (None stays NULL)."""
-    if a is None:
-        return None
-    if a.dtype != np.dtype(dtype) or not a.flags.c_contiguous:
-        raise TypeError(f"a kernel needs a C-contiguous {np.dtype(dtype)} array, not {a.dtype} "
-                        f"({'contiguous' if a.flags.c_contiguous else 'strided'})")
-    return a.ctypes.data
+def layouts() -> dict[str, dict]:
+    """The kernels' structures as the library describes them (`ks_layout`, native/kernels/layout.c)."""
+    global _layouts
+    if _layouts is None:
+        row = binding.declare_all(lib(), {"ks_layout": ([I64, ctypes.POINTER(ctypes.c_char_p),
+                                                         ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(U64),
+                                                         ctypes.POINTER(U64)], I64)}, _stale)
+        _layouts = binding.c_layouts(row)
+    return _layouts
+
+
+def _path() -> str:
+    return str(built_path("_kmesh_kernels", "KMESH_KERNELS_LIB", "the compiled kernels library"))
+
+
+def _stale(name: str) -> MissingDependencyError:
+    return MissingDependencyError(
+        f"the compiled kernels have no entry point {name}: they were built from other sources; rebuild "
+        "them (`pip install -e .`) from this checkout")
 
 
 def check(result: int, what: str) -> int:

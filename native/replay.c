@@ -38,6 +38,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "layout_table.h"
+
 #ifndef __NR_io_uring_setup
 #define __NR_io_uring_setup 425
 #define __NR_io_uring_enter 426
@@ -105,15 +107,10 @@ struct kr_sample {
     int32_t pad;
 };
 
-/* The layout of the structures that cross into Python, one row per structure (field NULL: the whole
- * structure's size) and per field, in declaration order. */
-struct kr_layout_row {
-    const char *type, *field;
-    uint64_t offset, size;
-};
-#define KR_TYPE(T) {#T, NULL, 0, sizeof(struct T)}
-#define KR_FIELD(T, F) {#T, #F, offsetof(struct T, F), sizeof(((struct T *)0)->F)}
-static const struct kr_layout_row kr_layout_rows[] = {
+/* The layout of the structures that cross into Python (layout_table.h). */
+#define KR_TYPE(T) LAYOUT_TYPE(#T, struct T)
+#define KR_FIELD(T, F) LAYOUT_FIELD(#T, struct T, F)
+static const layout_row kr_layout_rows[] = {
     KR_TYPE(kr_chunk),
     KR_FIELD(kr_chunk, fd), KR_FIELD(kr_chunk, buf_index), KR_FIELD(kr_chunk, file_offset),
     KR_FIELD(kr_chunk, size), KR_FIELD(kr_chunk, buf_offset),
@@ -125,12 +122,8 @@ static const struct kr_layout_row kr_layout_rows[] = {
 
 /* Row i of the layout table: 0, or -ERANGE past its end. */
 int kr_layout(unsigned i, const char **type, const char **field, uint64_t *offset, uint64_t *size) {
-    if (i >= sizeof kr_layout_rows / sizeof kr_layout_rows[0]) return -ERANGE;
-    *type = kr_layout_rows[i].type;
-    *field = kr_layout_rows[i].field;
-    *offset = kr_layout_rows[i].offset;
-    *size = kr_layout_rows[i].size;
-    return 0;
+    return layout_row_at(kr_layout_rows, sizeof kr_layout_rows / sizeof kr_layout_rows[0], i, type, field, offset,
+                         size) ? -ERANGE : 0;
 }
 
 struct ring {

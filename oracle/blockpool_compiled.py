@@ -20,9 +20,12 @@ every per-request result, every hold record and the final free queue.
 
 from __future__ import annotations
 
+import ctypes
+from typing import NamedTuple
+
 import numpy as np
 
-from kmesh_trace.native.kernels import I32, I64, P, check, declare, ptr
+from kmesh_trace.native.kernels import I64, Ptr, Struct, check, declare, ptr
 from kmesh_trace.oracle.interruptible import run_interruptible
 
 # hold statuses and release reasons, as codes (`STATUSES[code]`, `REASONS[code]`; pool_steps.h's KP_TAKEN, ...)
@@ -91,8 +94,96 @@ def replay_compiled(requests, block_size: int, num_usable_blocks: int, timed: bo
     return out, fam, names
 
 
-_pool_replay = declare("ks_pool_replay", [P, P, P, P, P, P, P, P, I64, I32, I64, I64, I64, I32, P, P, P, P, I64, I64,
-                                          I64, I64, P, P, P, P, P, P, P], I64)
+class PoolArrays(NamedTuple):
+    """A pool replay's per-request results and final free queue, as a kernel left them."""
+
+    hit_blocks: np.ndarray
+    num_evictions: np.ndarray
+    admitted: np.ndarray
+    stalled: np.ndarray
+    free_queue: np.ndarray
+    num_deferred: int
+
+
+class PoolStreamStruct(Struct):
+    """struct ks_pool_stream (native/kernels/boundary.h): a stream as the pool replays it."""
+
+    c_type = "ks_pool_stream"
+    _fields_ = [("obj32", Ptr(np.int32)), ("obj64", Ptr(np.int64)), ("req_start", Ptr(np.int64)),
+                ("listed", Ptr(np.int64)), ("prompt_tokens", Ptr(np.int64)), ("output_tokens", Ptr(np.int64)),
+                ("finish_ns", Ptr(np.int64)), ("arrival", Ptr(np.int64)), ("n_req", I64), ("timed", I64),
+                ("block_size", I64), ("num_usable", I64), ("num_objects", I64)]
+
+    @classmethod
+    def over(cls, obj: np.ndarray, IN: tuple, timed: bool, block_size: int, num_usable: int,
+             num_objects: int) -> PoolStreamStruct:
+        """The stream of ids `obj` (int32 or int64) and the per-request arrays `IN` (req_start, listed,
+        prompt_tokens, output_tokens, finish_ns, arrival)."""
+        obj = obj if obj.dtype == np.int32 else np.ascontiguousarray(obj, np.int64)
+        IN = [np.ascontiguousarray(a, np.int64) for a in IN]
+        return cls.of(obj32=obj if obj.dtype == np.int32 else None, obj64=None if obj.dtype == np.int32 else obj,
+                      **dict(zip(("req_start", "listed", "prompt_tokens", "output_tokens", "finish_ns", "arrival"),
+                                 IN)),
+                      n_req=len(IN[2]), timed=bool(timed), block_size=block_size, num_usable=num_usable,
+                      num_objects=num_objects)
+
+
+class PoolResultStruct(Struct):
+    """struct ks_pool_result: per request hits, evictions, admitted, stalled; the final free queue."""
+
+    c_type = "ks_pool_result"
+    _fields_ = [("hit_blocks", Ptr(np.int64)), ("num_evictions", Ptr(np.int64)), ("admitted", Ptr(np.bool_)),
+                ("stalled", Ptr(np.bool_)), ("free_queue", Ptr(np.int64)), ("free_queue_len", I64),
+                ("num_deferred", I64)]
+
+    @classmethod
+    def fresh(cls, n_req: int, queue_size: int | None) -> PoolResultStruct:
+        """Zeroed arrays for n_req requests and a free queue of `queue_size` blocks (None: not wanted)."""
+        return cls.of(hit_blocks=np.zeros(n_req, np.int64), num_evictions=np.zeros(n_req, np.int64),
+                      admitted=np.zeros(n_req, np.bool_), stalled=np.zeros(n_req, np.bool_),
+                      free_queue=None if queue_size is None else np.zeros(queue_size, np.int64), free_queue_len=0,
+                      num_deferred=0)
+
+    def read(self, written: PoolResultStruct) -> PoolArrays:
+        """This structure's arrays as the kernel filled them, cut and counted as `written` says (the copy of
+        it the kernel was given, a field of its output structure)."""
+        hit_blocks, num_evictions, admitted, stalled, queue = self._keep[:5]
+        queue = np.zeros(0, np.int64) if queue is None else queue[:written.free_queue_len]
+        return PoolArrays(hit_blocks, num_evictions, admitted, stalled, queue, int(written.num_deferred))
+
+
+class _PoolIn(Struct):
+    c_type = "ks_pool_in"
+    _fields_ = [("stream", PoolStreamStruct), ("has_holds", I64), ("is_parent", Ptr(np.bool_)),
+                ("release_after", Ptr(np.int64)), ("parent_of", Ptr(np.int64)), ("fam", Ptr(np.int64)),
+                ("num_families", I64), ("expiry_ns", I64), ("max_held", I64), ("max_families", I64)]
+
+
+class _PoolOut(Struct):
+    c_type = "ks_pool_out"
+    _fields_ = [("pool", PoolResultStruct), ("records", Ptr(np.int64)), ("num_records", I64)]
+
+
+_pool_replay = declare("ks_pool_replay", [ctypes.POINTER(_PoolIn), ctypes.POINTER(_PoolOut)], I64)
+
+
+def _replay(obj, IN, timed, block_size, num_usable, num_objects, has_holds, is_parent, release_after, parent_of,
+            fam, num_families, caps, free_queue):
+    """The C replay (native/kernels/pool.c); the results as `replay_compiled` documents them."""
+    n_req = len(IN[2])
+    holds = dict(is_parent=None, release_after=None, parent_of=None, fam=None)
+    if has_holds:
+        holds = dict(is_parent=np.ascontiguousarray(is_parent, np.bool_),
+                     **{k: np.ascontiguousarray(a, np.int64) for k, a in (("release_after", release_after),
+                                                                         ("parent_of", parent_of), ("fam", fam))})
+    args = _PoolIn.of(stream=PoolStreamStruct.over(obj, IN, timed, block_size, num_usable, num_objects),
+                      has_holds=bool(has_holds), **holds, num_families=num_families, expiry_ns=caps[0],
+                      max_held=caps[1], max_families=caps[2])
+    pool = PoolResultStruct.fresh(n_req, num_usable if free_queue else None)
+    records = np.zeros((NUM_RECORD_ROWS, n_req if has_holds else 0), np.int64)
+    out = _PoolOut.of(pool=pool, records=records, num_records=0)
+    check(_pool_replay(ctypes.byref(args), ctypes.byref(out)), "the block-pool replay")
+    return (*pool.read(out.pool), tuple(records[:, :int(out.num_records)]))
 
 
 def obj_pointers(obj: np.ndarray) -> tuple:
@@ -102,34 +193,3 @@ def obj_pointers(obj: np.ndarray) -> tuple:
         return ptr(obj, np.int32), None
     return None, ptr(obj, np.int64)
 
-
-def stream_pointers(IN: tuple) -> list:
-    """The per-request arrays of a stream (req_start, listed, prompt_tokens, output_tokens, finish_ns,
-    arrival) as pointers to int64 arrays."""
-    return [ptr(a, np.int64) for a in IN]
-
-
-def _replay(obj, IN, timed, block_size, num_usable, num_objects, has_holds, is_parent, release_after, parent_of,
-            fam, num_families, caps, free_queue):
-    """The C replay (native/kernels/pool.c); the results as `replay_compiled` documents them."""
-    n_req = len(IN[2])
-    IN = tuple(np.ascontiguousarray(a, np.int64) for a in IN)
-    obj = obj if obj.dtype == np.int32 else np.ascontiguousarray(obj, np.int64)
-    hit_blocks = np.zeros(n_req, np.int64)
-    num_evictions = np.zeros(n_req, np.int64)
-    admitted = np.zeros(n_req, np.bool_)
-    stalled = np.zeros(n_req, np.bool_)
-    queue = np.zeros(num_usable if free_queue else 0, np.int64)
-    records = np.zeros((NUM_RECORD_ROWS, n_req if has_holds else 0), np.int64)
-    out = np.zeros(3, np.int64)
-    hold_ptrs = [None] * 4
-    if has_holds:  # the arrays stay referenced (is_parent, ...) until the call returns
-        is_parent = np.ascontiguousarray(is_parent, np.bool_)
-        release_after, parent_of, fam = (np.ascontiguousarray(a, np.int64) for a in (release_after, parent_of, fam))
-        hold_ptrs = [ptr(is_parent, np.bool_)] + [ptr(a, np.int64) for a in (release_after, parent_of, fam)]
-    check(_pool_replay(*obj_pointers(obj), *stream_pointers(IN), n_req, timed, block_size, num_usable, num_objects,
-                       has_holds, *hold_ptrs, num_families, *caps, ptr(hit_blocks, np.int64), ptr(num_evictions, np.int64),
-                       ptr(admitted, np.bool_), ptr(stalled, np.bool_), ptr(queue, np.int64) if free_queue else None, ptr(records, np.int64),
-                       ptr(out, np.int64)), "the block-pool replay")
-    m = int(out[2])
-    return hit_blocks, num_evictions, admitted, stalled, queue[:int(out[0])], int(out[1]), tuple(records[:, :m])

@@ -66,9 +66,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.native.kernels import I64, P, check, declare, ptr
+from kmesh_trace.native.kernels import I64, P, Struct, check, declare
 from kmesh_trace.oracle.interruptible import run_interruptible
-from kmesh_trace.oracle.kernel_ids import declare_widths, kernel_arrays
+from kmesh_trace.oracle.kernel_ids import AccessStreamStruct, declare_widths, kernel_stream
 from kmesh_trace.oracle.stream import NEVER, AccessStream
 
 
@@ -134,50 +134,58 @@ FIRST_CAPACITIES = 1 << 12
 FIRST_LRU_WINDOW = 1 << 13
 
 _BAD_STREAM = -22  # KS_EBADSTREAM of native/kernels/curves.c
-_H = ctypes.POINTER(ctypes.c_int64)
 _free = declare("ks_curves_free", [P])
-_belady = declare("ks_curves_belady_levels", [P, P, P, P, I64, I64, I64, I64, I64, I64, P, P, P, P], I64)
-_lru = declare_widths("ks_curves_lru_levels", [P, P, P, P, I64, I64, I64, I64, I64, P, P, P], I64)
 
 
-def _histograms(call) -> tuple[np.ndarray, np.ndarray]:
-    """The (count, position sum) histograms a curve kernel allocated (`call(&count, &possum)` returns their
-    length), copied into numpy and freed."""
-    count, possum = _H(), _H()
+class _CurveOut(Struct):
+    """struct ks_curve_out (native/kernels/boundary.h): the histograms the kernel allocated, its trees' sizes."""
+
+    c_type = "ks_curve_out"
+    _fields_ = [("count", P), ("possum", P), ("window", I64), ("tracked", I64)]
+
+
+_OUT = ctypes.POINTER(_CurveOut)
+_belady = declare("ks_curves_belady_levels", [ctypes.POINTER(AccessStreamStruct), I64, I64, I64, _OUT], I64)
+_lru = declare_widths("ks_curves_lru_levels", [I64, I64, _OUT], I64)
+
+
+def _histograms(call) -> tuple[np.ndarray, np.ndarray, _CurveOut]:
+    """The (count, position sum) histograms a curve kernel allocated (`call(&out)` returns their length),
+    copied into numpy and freed, and the kernel's output structure."""
+    out = _CurveOut()
     try:
-        n = call(ctypes.byref(count), ctypes.byref(possum))
+        n = call(ctypes.byref(out))
         if n == _BAD_STREAM:
             raise ValueError("next_use does not match obj and eligible")
         check(n, "hit-ratio curve")
-        return np.ctypeslib.as_array(count, (n,)).copy(), np.ctypeslib.as_array(possum, (n,)).copy()
+        return _copy(out.count, n), _copy(out.possum, n), out
     finally:
-        _free(count)
-        _free(possum)
+        _free(out.count)
+        _free(out.possum)
+
+
+def _copy(address: int, n: int) -> np.ndarray:
+    """The n int64 values at `address`, copied into numpy."""
+    return np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_int64)), (n,)).copy()
 
 
 def _lru_levels(stream: AccessStream, measure_from: int, first_window: int = FIRST_LRU_WINDOW):
     """(count, position sum, the final window of touch times) of the lru curve (native/kernels/curves.c)."""
-    width, obj, eligible, next_use, req_start = kernel_arrays(stream)
-    window = ctypes.c_int64()
-    count, possum = _histograms(lambda c, p: _lru[width](
-        ptr(obj, obj.dtype), ptr(eligible, np.bool_), ptr(next_use, np.int64), ptr(req_start, np.int64),
-        stream.num_requests, stream.num_objects, int(measure_from), NEVER,
-        int(first_window), c, p, ctypes.byref(window)))
-    return count, possum, window.value
+    width, args = kernel_stream(stream)
+    count, possum, out = _histograms(lambda o: _lru[width](ctypes.byref(args), int(measure_from), int(first_window),
+                                                           o))
+    return count, possum, out.window
 
 
 def _belady_levels(obj, eligible, next_use, req_start, num_objects, measure_from, never, first_blocks, first_caps):
     """(count, position sum, the final sizes of the time window and of the capacity tree) of the belady
     curve (native/kernels/curves.c; fewer than 2^30 accesses)."""
-    obj = np.ascontiguousarray(obj, np.int32)
-    req_start = np.ascontiguousarray(req_start, np.int64)
-    window, tracked = ctypes.c_int64(), ctypes.c_int64()
-    count, possum = _histograms(lambda c, p: _belady(
-        ptr(obj, np.int32), ptr(np.ascontiguousarray(eligible, np.bool_), np.bool_),
-        ptr(np.ascontiguousarray(next_use, np.int64), np.int64), ptr(req_start, np.int64), len(req_start) - 1,
-        int(num_objects), int(measure_from), int(never), int(first_blocks), int(first_caps), c, p,
-        ctypes.byref(window), ctypes.byref(tracked)))
-    return count, possum, window.value, tracked.value
+    args = AccessStreamStruct.over(np.ascontiguousarray(obj, np.int32), np.ascontiguousarray(eligible, np.bool_),
+                           np.ascontiguousarray(next_use, np.int64), np.ascontiguousarray(req_start, np.int64),
+                           num_objects, never)
+    count, possum, out = _histograms(lambda o: _belady(ctypes.byref(args), int(measure_from), int(first_blocks),
+                                                       int(first_caps), o))
+    return count, possum, out.window, out.tracked
 
 
 def _measured(stream: AccessStream, measure_from: int) -> tuple[int, int]:

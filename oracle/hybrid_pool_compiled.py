@@ -9,10 +9,12 @@ stalls, refusals, deferrals) through both and compare every per-request result a
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
 from kmesh_trace.kv_groups import CHUNKED_LOCAL, SLIDING_WINDOW
-from kmesh_trace.native.kernels import I32, I64, P, check, declare, ptr
+from kmesh_trace.native.kernels import I64, Ptr, Struct, check, declare
 from kmesh_trace.oracle.interruptible import run_interruptible
 
 _KINDS = {SLIDING_WINDOW: 1, CHUNKED_LOCAL: 2}  # else 0: full attention (MLA included)
@@ -50,8 +52,29 @@ def replay_hybrid_compiled(requests, groups, spec_groups, block_size: int, num_u
                              -1 if retention_interval is None else int(retention_interval))
 
 
-_hybrid_replay = declare("ks_hybrid_pool_replay", [I64, P, P, I64, P, P, P, P, I64, P, P, P, P, P, P, P, P, I64, P, P,
-                                                   I32, P, I64, I64, I64, I64, P, P, P, P, P, P], I64)
+_I64 = Ptr(np.int64)
+
+
+class _HybridIn(Struct):
+    """struct ks_hybrid_pool_in (native/kernels/boundary.h)."""
+
+    c_type = "ks_hybrid_pool_in"
+    _fields_ = [("G", I64), ("kind", _I64), ("span", _I64), ("n_sg", I64), ("sg_kind", _I64), ("sg_span", _I64),
+                ("sg_start", _I64), ("sg_gid", _I64), ("n_req", I64), ("P", _I64), ("Gout", _I64), ("ph_off", _I64),
+                ("n_ph", _I64), ("ph", _I64), ("oh_off", _I64), ("n_oh", _I64), ("oh", _I64), ("K", I64),
+                ("arrival", _I64), ("finish", _I64), ("timed", I64), ("tab_cap", _I64), ("maxb", I64), ("bs", I64),
+                ("N", I64), ("retention", I64)]
+
+
+class _HybridOut(Struct):
+    """struct ks_hybrid_pool_out."""
+
+    c_type = "ks_hybrid_pool_out"
+    _fields_ = [("hit_tokens", _I64), ("num_evictions", _I64), ("admitted", Ptr(np.bool_)),
+                ("stalled", Ptr(np.bool_)), ("free_queue", _I64), ("free_queue_len", I64), ("num_deferred", I64)]
+
+
+_hybrid_replay = declare("ks_hybrid_pool_replay", [ctypes.POINTER(_HybridIn), ctypes.POINTER(_HybridOut)], I64)
 
 
 def _replay(G, kind, span, sg_kind, sg_span, sg_start, sg_gid, prompt, output, arrays, K, arrival, finish, timed,
@@ -59,13 +82,13 @@ def _replay(G, kind, span, sg_kind, sg_span, sg_start, sg_gid, prompt, output, a
     n = len(prompt)
     hit_tokens, num_evictions = np.zeros(n, np.int64), np.zeros(n, np.int64)
     admitted, stalled = np.zeros(n, np.bool_), np.zeros(n, np.bool_)
-    queue, out = np.zeros(num_usable, np.int64), np.zeros(2, np.int64)
-    i64 = [ptr(a, np.int64) for a in arrays]
-    check(_hybrid_replay(G, ptr(kind, np.int64), ptr(span, np.int64), len(sg_kind), ptr(sg_kind, np.int64),
-                         ptr(sg_span, np.int64), ptr(sg_start, np.int64), ptr(sg_gid, np.int64), n,
-                         ptr(prompt, np.int64), ptr(output, np.int64), *i64, K, ptr(arrival, np.int64),
-                         ptr(finish, np.int64), int(bool(timed)), ptr(tab_cap, np.int64), maxb, bs,
-                         num_usable, retention, ptr(hit_tokens, np.int64), ptr(num_evictions, np.int64),
-                         ptr(admitted, np.bool_),
-                         ptr(stalled, np.bool_), ptr(queue, np.int64), ptr(out, np.int64)), "the hybrid pool replay")
-    return hit_tokens, num_evictions, admitted, stalled, queue[:int(out[0])], int(out[1])
+    queue = np.zeros(num_usable, np.int64)
+    args = _HybridIn.of(G=G, kind=kind, span=span, n_sg=len(sg_kind), sg_kind=sg_kind, sg_span=sg_span,
+                        sg_start=sg_start, sg_gid=sg_gid, n_req=n, P=prompt, Gout=output,
+                        **dict(zip(("ph_off", "n_ph", "ph", "oh_off", "n_oh", "oh"), arrays)), K=K, arrival=arrival,
+                        finish=finish, timed=bool(timed), tab_cap=tab_cap, maxb=maxb, bs=bs, N=num_usable,
+                        retention=retention)
+    out = _HybridOut.of(hit_tokens=hit_tokens, num_evictions=num_evictions, admitted=admitted, stalled=stalled,
+                        free_queue=queue, free_queue_len=0, num_deferred=0)
+    check(_hybrid_replay(ctypes.byref(args), ctypes.byref(out)), "the hybrid pool replay")
+    return hit_tokens, num_evictions, admitted, stalled, queue[:int(out.free_queue_len)], int(out.num_deferred)

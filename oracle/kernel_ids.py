@@ -8,16 +8,42 @@ while they fit); otherwise the ids are widened for the 64-bit build.
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
-from kmesh_trace.native.kernels import check, declare, ptr
+from kmesh_trace.native.kernels import I64, Ptr, Struct, check, declare
 from kmesh_trace.oracle.interruptible import run_interruptible
 from kmesh_trace.oracle.stream import NEVER, AccessStream
 
 
+class AccessStreamStruct(Struct):
+    """struct ks_access_stream (native/kernels/boundary.h): the stream as the policies and curves read it."""
+
+    c_type = "ks_access_stream"
+    _fields_ = [("obj32", Ptr(np.int32)), ("obj64", Ptr(np.int64)), ("eligible", Ptr(np.bool_)),
+                ("next_use", Ptr(np.int64)), ("req_start", Ptr(np.int64)), ("num_requests", I64),
+                ("num_objects", I64), ("never", I64)]
+
+    @classmethod
+    def over(cls, obj, eligible, next_use, req_start, num_objects: int, never: int = NEVER) -> AccessStreamStruct:
+        """The arrays (obj int32 or int64, C-contiguous) as the kernel of obj's width reads them."""
+        return cls.of(obj32=obj if obj.dtype == np.int32 else None, obj64=None if obj.dtype == np.int32 else obj,
+                      eligible=eligible, next_use=next_use, req_start=req_start, num_requests=len(req_start) - 1,
+                      num_objects=int(num_objects), never=int(never))
+
+
 def declare_widths(name: str, argtypes: list, restype=None) -> dict[str, object]:
-    """The entry points `name`_i32 and `name`_i64, by width."""
-    return {w: declare(f"{name}_{w}", argtypes, restype) for w in ("i32", "i64")}
+    """The entry points `name`_i32 and `name`_i64, by width: each takes the stream (`AccessStreamStruct`),
+    then `argtypes`."""
+    stream = ctypes.POINTER(AccessStreamStruct)
+    return {w: declare(f"{name}_{w}", [stream, *argtypes], restype) for w in ("i32", "i64")}
+
+
+def kernel_stream(stream: AccessStream) -> tuple[str, AccessStreamStruct]:
+    """(the kernel's width, the stream as it reads it): `kernel_arrays`' arrays in an `AccessStreamStruct`."""
+    width, obj, eligible, next_use, req_start = kernel_arrays(stream)
+    return width, AccessStreamStruct.over(obj, eligible, next_use, req_start, stream.num_objects)
 
 
 def kernel_arrays(stream: AccessStream) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -32,17 +58,10 @@ def kernel_arrays(stream: AccessStream) -> tuple[str, np.ndarray, np.ndarray, np
             np.ascontiguousarray(stream.next_use, np.int64), np.ascontiguousarray(stream.req_start, np.int64))
 
 
-def replay_at(kernels: dict, stream: AccessStream, capacity: int, what: str, *, next_uses: bool = True
-              ) -> tuple[np.ndarray, int]:
+def replay_at(kernels: dict, stream: AccessStream, capacity: int, what: str) -> tuple[np.ndarray, int]:
     """A per-capacity policy kernel of native/kernels/policies_body.h on `stream` (declared by
-    `declare_widths`): (per-request hit blocks, evictions). The kernel reads the ids, the eligible flags,
-    the next uses when `next_uses`, and the request offsets."""
-    width, obj, eligible, next_use, req_start = kernel_arrays(stream)
+    `declare_widths`): (per-request hit blocks, evictions)."""
+    width, args = kernel_stream(stream)
     hits = np.zeros(stream.num_requests, np.int64)
-    head = [ptr(obj, obj.dtype), ptr(eligible, np.bool_)]
-    if next_uses:
-        head.append(ptr(next_use, np.int64))
-    tail = [NEVER] if next_uses else []
-    evictions = run_interruptible(kernels[width], *head, ptr(req_start, np.int64), stream.num_requests,
-                                  stream.num_objects, int(capacity), *tail, ptr(hits, np.int64))
+    evictions = run_interruptible(kernels[width], ctypes.byref(args), int(capacity), hits.ctypes.data)
     return hits, check(evictions, what)

@@ -12,13 +12,33 @@ arrays; `tests/test_stream_index.py` compares it with numpy's answers (`np.uniqu
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
-from kmesh_trace.native.kernels import I32, I64, P, U64, check, declare, ptr
+from kmesh_trace.native.kernels import I64, P, U64, Ptr, Struct, check, declare, ptr
 from kmesh_trace.oracle.blockpool_compiled import obj_pointers
 
+
+class _BuildIn(Struct):
+    """struct ks_stream_build_in (native/kernels/boundary.h)."""
+
+    c_type = "ks_stream_build_in"
+    _fields_ = [("flat", Ptr(np.uint64)), ("starts", Ptr(np.int64)), ("n_keep", Ptr(np.int64)),
+                ("n_elig", Ptr(np.int64)), ("num_requests", I64), ("n", I64), ("key_xor", U64), ("wide_table", I64),
+                ("never", I64)]
+
+
+class _BuildOut(Struct):
+    """struct ks_stream_build_out."""
+
+    c_type = "ks_stream_build_out"
+    _fields_ = [("eligible", Ptr(np.bool_)), ("obj32", Ptr(np.int32)), ("obj64", Ptr(np.int64)),
+                ("next_use", Ptr(np.int64))]
+
+
 _leading = declare("ks_stream_leading_flags", [P, I64, P, P])
-_build = declare("ks_stream_build", [P, I64, P, P, P, I64, U64, I32, P, P, P, P, I64], I64)
+_build = declare("ks_stream_build", [ctypes.POINTER(_BuildIn), ctypes.POINTER(_BuildOut)], I64)
 _infinite = declare("ks_stream_infinite_hits", [P, P, P, P, I64, I64, P], I64)
 
 #: The kernel's key_xor that orders hashes as signed 64-bit integers (what a sort of int64 hashes gives).
@@ -66,10 +86,11 @@ def build_stream(flat: np.ndarray, starts: np.ndarray, n_keep: np.ndarray, n_eli
             raise ValueError(f"build_stream: {len(eligible)} eligibility flags for {n} accesses")
     obj = np.empty(n, np.int32 if n < 2**31 else np.int64)  # ids < accesses
     next_use = np.empty(n, np.int64)
-    o32, o64 = obj_pointers(obj)
-    num_objects = check(_build(ptr(flat, np.uint64), len(n_keep), ptr(starts, np.int64), ptr(n_keep, np.int64),
-                               ptr(n_elig, np.int64), n, key_xor, int(wide_table), ptr(eligible, np.bool_), o32, o64,
-                               ptr(next_use, np.int64), int(NEVER)), "stream build")
+    args = _BuildIn.of(flat=flat, starts=starts, n_keep=n_keep, n_elig=n_elig, num_requests=len(n_keep), n=n,
+                       key_xor=key_xor, wide_table=bool(wide_table), never=int(NEVER))
+    out = _BuildOut.of(eligible=eligible, obj32=obj if obj.dtype == np.int32 else None,
+                       obj64=None if obj.dtype == np.int32 else obj, next_use=next_use)
+    num_objects = check(_build(ctypes.byref(args), ctypes.byref(out)), "stream build")
     if obj.dtype == np.int64 and num_objects < 2**31:
         obj = obj.astype(np.int32)
     return obj, eligible, next_use, int(num_objects)

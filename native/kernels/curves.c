@@ -312,14 +312,16 @@ static int more_capacities(int32_t **crit, int32_t **ctree, int64_t *csize, int6
     return 0;
 }
 
-/* The belady curve (n < 2^30: times 2t + 1 are int32). Returns the histograms' length, KS_ENOMEM, or
- * KS_EBADSTREAM; *window and *tracked: the final sizes of the two trees (slots, capacities). */
-KS_EXPORT int64_t ks_curves_belady_levels(const int32_t *obj, const uint8_t *eligible, const int64_t *next_use,
-                                          const int64_t *req_start, int64_t num_requests, int64_t num_objects,
-                                          int64_t measure_from, int64_t never, int64_t first_blocks,
-                                          int64_t first_caps, int64_t **count, int64_t **possum, int64_t *window,
-                                          int64_t *tracked)
+/* The belady curve of the stream (obj32 ids; n < 2^30: times 2t + 1 are int32). Returns the histograms'
+ * length (out->count, out->possum), KS_ENOMEM, or KS_EBADSTREAM; out->window and out->tracked: the final
+ * sizes of the two trees (slots, capacities). */
+KS_EXPORT int64_t ks_curves_belady_levels(const ks_access_stream *stream, int64_t measure_from,
+                                          int64_t first_blocks, int64_t first_caps, ks_curve_out *out)
 {
+    const int32_t *obj = KS_IDS(stream, int32_t);
+    const uint8_t *eligible = stream->eligible;
+    const int64_t *next_use = stream->next_use, *req_start = stream->req_start;
+    const int64_t num_requests = stream->num_requests, num_objects = stream->num_objects, never = stream->never;
     int64_t n = req_start[num_requests], longest = 1;
     for (int64_t r = 0; r < num_requests; r++)
         if (req_start[r + 1] - req_start[r] > longest)
@@ -400,8 +402,8 @@ KS_EXPORT int64_t ks_curves_belady_levels(const int32_t *obj, const uint8_t *eli
         if (r >= measure_from && nh > 0)
             rc = charge_as_prefix(thr, nh, &h);
     }
-    *window = tt.nb * BLK;
-    *tracked = csize;
+    out->window = tt.nb * BLK;
+    out->tracked = csize;
 done:
     tt_free(&tt);
     free(ctree);
@@ -409,5 +411,5 @@ done:
     free(fresh);
     free(last);
     free(thr);
-    return hist_hand_over(&h, rc, count, possum);
+    return hist_hand_over(&h, rc, &out->count, &out->possum);
 }

@@ -371,29 +371,20 @@ static inline void hp_finish_earliest(hp *h, int64_t *hk, int64_t *hi, int64_t *
     hp_free_request(h, hi[*nrun]);
 }
 
-/* Replay n_req requests through a pool of N usable blocks shared by G groups (kind, span per group; the
- * spec groups sg_* with sg_start of n_sg + 1 offsets into sg_gid). Per request: prompt tokens P, output
- * tokens Gout, its prompt hash ids (ph at ph_off, n_ph of them) and output hash ids (oh at oh_off, n_oh, -1:
- * unknown), hash ids < K; arrival and finish (timed); tab_cap the most blocks one of its tables holds
- * (made when it starts, freed when it ends); maxb the most prompt blocks of a request; retention vLLM's
- * prefix_cache_retention_interval (-1: none). Writes hit_tokens, num_evictions,
- * admitted, stalled per request, the final free queue (N values) and out[0..1] = its length, deferrals.
- * Returns 0 or KS_ENOMEM. */
-KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const int64_t *span, int64_t n_sg,
-                                        const int64_t *sg_kind, const int64_t *sg_span, const int64_t *sg_start,
-                                        const int64_t *sg_gid, int64_t n_req, const int64_t *P, const int64_t *Gout,
-                                        const int64_t *ph_off, const int64_t *n_ph, const int64_t *ph,
-                                        const int64_t *oh_off, const int64_t *n_oh, const int64_t *oh, int64_t K,
-                                        const int64_t *arrival, const int64_t *finish, int32_t timed,
-                                        const int64_t *tab_cap, int64_t maxb, int64_t bs,
-                                        int64_t N, int64_t retention, int64_t *hit_tokens, int64_t *num_evictions,
-                                        uint8_t *admitted,
-                                        uint8_t *stalled, int64_t *free_queue, int64_t *out)
+/* Replay in->n_req requests through a pool of in->N usable blocks shared by in->G groups (struct
+ * ks_hybrid_pool_in in boundary.h); a request's tables are made when it starts, freed when it ends. Writes
+ * hit_tokens, num_evictions, admitted and stalled per request, the final free queue and its length, and the
+ * deferrals into *out. Returns 0 or KS_ENOMEM. */
+KS_EXPORT int64_t ks_hybrid_pool_replay(const ks_hybrid_pool_in *in, ks_hybrid_pool_out *out)
 {
-    hp h = {.G = G, .K = K, .bs = bs, .n_req = n_req, .N = N, .kind = kind, .span = span, .n_sg = n_sg,
-            .sg_kind = sg_kind, .sg_span = sg_span, .sg_start = sg_start, .sg_gid = sg_gid, .P = P, .Gout = Gout,
-            .ph_off = ph_off, .n_ph = n_ph, .ph = ph, .oh_off = oh_off, .n_oh = n_oh, .oh = oh, .tab_cap = tab_cap,
-            .maxb = maxb > 0 ? maxb : 1, .evictions = num_evictions, .retention = retention};
+    const int64_t G = in->G, K = in->K, N = in->N, n_req = in->n_req, bs = in->bs;
+    const int64_t *arrival = in->arrival, *finish = in->finish, *P = in->P, *Gout = in->Gout;
+    const ks_hybrid_pool_out o = *out;
+    hp h = {.G = G, .K = K, .bs = bs, .n_req = n_req, .N = N, .kind = in->kind, .span = in->span, .n_sg = in->n_sg,
+            .sg_kind = in->sg_kind, .sg_span = in->sg_span, .sg_start = in->sg_start, .sg_gid = in->sg_gid, .P = P,
+            .Gout = Gout, .ph_off = in->ph_off, .n_ph = in->n_ph, .ph = in->ph, .oh_off = in->oh_off,
+            .n_oh = in->n_oh, .oh = in->oh, .tab_cap = in->tab_cap, .maxb = in->maxb > 0 ? in->maxb : 1,
+            .evictions = o.num_evictions, .retention = in->retention};
     void *mem[24];
     int nm = 0;
 #define HP_NEW(ptr, n) (mem[nm++] = (ptr) = malloc((size_t)((n) > 0 ? (n) : 1) * sizeof(int64_t)))
@@ -424,17 +415,17 @@ KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const in
         h.kfirst[k] = h.klast[k] = -1;
     int64_t nrun = 0, deferred = 0;
     for (int64_t i = 0; i < n_req; i++) {
-        hit_tokens[i] = num_evictions[i] = 0;
-        admitted[i] = stalled[i] = 0;
+        o.hit_tokens[i] = o.num_evictions[i] = 0;
+        o.admitted[i] = o.stalled[i] = 0;
     }
     for (int64_t i = 0; i < n_req; i++) {
-        if (!timed) {
+        if (!in->timed) {
             int64_t hit = hp_lookup(&h, i);
-            int st = hp_steps(&h, i, hit, stalled);
+            int st = hp_steps(&h, i, hit, o.stalled);
             if (h.failed)
                 break;
             if (st != HP_REFUSED)
-                hit_tokens[i] = hit, admitted[i] = 1;
+                o.hit_tokens[i] = hit, o.admitted[i] = 1;
             if (st == HP_DONE)
                 hp_free_request(&h, i);
             continue;
@@ -449,13 +440,13 @@ KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const in
             if (hp_need(&h, hit, computed) <= h.n_free) {
                 st = hp_start(&h, i, hit, computed, computed / bs) ? HP_DONE : HP_REFUSED;
                 if (st == HP_DONE)
-                    hit_tokens[i] = hit, admitted[i] = 1;
+                    o.hit_tokens[i] = hit, o.admitted[i] = 1;
                 break;
             }
             if (!nrun) {
-                st = hp_steps(&h, i, hit, stalled);
+                st = hp_steps(&h, i, hit, o.stalled);
                 if (st != HP_REFUSED)
-                    hit_tokens[i] = hit, admitted[i] = 1;
+                    o.hit_tokens[i] = hit, o.admitted[i] = 1;
                 break;
             }
             waited = true;
@@ -478,9 +469,9 @@ KS_EXPORT int64_t ks_hybrid_pool_replay(int64_t G, const int64_t *kind, const in
     }
     int64_t n = 0;
     for (int64_t b = h.fnext[0]; b != 0; b = h.fnext[b])
-        free_queue[n++] = b;
-    out[0] = n;
-    out[1] = deferred;
+        o.free_queue[n++] = b;
+    out->free_queue_len = n;
+    out->num_deferred = deferred;
     for (int k = 0; k < nm; k++)
         free(mem[k]);
     return 0;

@@ -3,8 +3,9 @@
  *
  * Conventions: every entry point is `KS_EXPORT`, named ks_<module>_<what>, takes plain pointers and
  * lengths (numpy arrays the Python side has checked for dtype and contiguity) and touches no Python
- * object, so ctypes releases the GIL around the call. Allocation failures return KS_ENOMEM (negative);
- * a kernel never prints and never exits.
+ * object, so ctypes releases the GIL around the call. An entry with more than a few parameters takes a
+ * structure of inputs and one of outputs instead (boundary.h; their layouts are ks_layout's, layout.c).
+ * Allocation failures return KS_ENOMEM (negative); a kernel never prints and never exits.
  */
 #ifndef KMESH_KERNELS_H
 #define KMESH_KERNELS_H
@@ -13,8 +14,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "boundary.h"
+
 #define KS_EXPORT __attribute__((visibility("default")))
 #define KS_ENOMEM (-12)
+
+/* The ids of a ks_access_stream as `T` values (T: the kernel's id type, int32_t or int64_t). */
+#define KS_IDS(s, T) \
+    ((const T *)(sizeof(T) == sizeof(int32_t) ? (const void *)(s)->obj32 : (const void *)(s)->obj64))
 
 #define KS_LIKELY(x) __builtin_expect(!!(x), 1)
 #define KS_UNLIKELY(x) __builtin_expect(!!(x), 0)

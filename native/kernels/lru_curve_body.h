@@ -9,11 +9,13 @@
  * is a counted read, so when the window is full it moves on to the earliest such live touch, or doubles when
  * that frees less than half of it. Slot state: bit 0 a live last touch, bit 1 one a reuse may read. */
 
-KS_EXPORT int64_t KS_NAME(ks_curves_lru_levels)(const ID_T *obj, const uint8_t *eligible, const int64_t *next_use,
-                                                const int64_t *req_start, int64_t num_requests, int64_t num_objects,
-                                                int64_t measure_from, int64_t never, int64_t first_window,
-                                                int64_t **count, int64_t **possum, int64_t *window)
+KS_EXPORT int64_t KS_NAME(ks_curves_lru_levels)(const ks_access_stream *stream, int64_t measure_from,
+                                                int64_t first_window, ks_curve_out *out)
 {
+    const ID_T *obj = KS_IDS(stream, ID_T);
+    const uint8_t *eligible = stream->eligible;
+    const int64_t *next_use = stream->next_use, *req_start = stream->req_start;
+    const int64_t num_requests = stream->num_requests, num_objects = stream->num_objects, never = stream->never;
     hist_t h;
     int rc = hist_init(&h);
     int64_t w = first_window > 0 ? first_window : 1;
@@ -109,9 +111,9 @@ KS_EXPORT int64_t KS_NAME(ks_curves_lru_levels)(const ID_T *obj, const uint8_t *
             last[o] = (ID_T)clock;
         }
     }
-    *window = w;
+    out->window = w;
     free(last);
     free(tree);
     free(state);
-    return hist_hand_over(&h, rc, count, possum);
+    return hist_hand_over(&h, rc, &out->count, &out->possum);
 }

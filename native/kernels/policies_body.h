@@ -1,7 +1,8 @@
 /* The per-capacity policy kernels (oracle/policies/lru.py, belady.py, belady_prefix.py), included by
  * policies.c once per id width: ID_T is the type of object ids and of next-use keys (int32_t while the
  * stream has fewer than 2^30 accesses, so that a key n + t still fits), KS_NAME(x) names this width's
- * functions. Each fills hits[r] (the request's hit blocks) and returns the evictions, or KS_ENOMEM. */
+ * functions. Each replays the stream (struct ks_access_stream, boundary.h) at one capacity, fills hits[r]
+ * (the request's hit blocks) and returns the evictions, or KS_ENOMEM. */
 
 /* ---- a max-heap of objects by key; where[o] = o's slot or -1 ----------------------------------------- */
 /* (Arrays are `restrict` throughout: each is its own allocation, and without it every byte store into
@@ -82,10 +83,12 @@ static inline int64_t KS_NAME(prefix_hits)(const ID_T *obj, const uint8_t *eligi
 
 /* ---- lru: a doubly linked recency list; node num_objects is the sentinel (next: most recent) ---------- */
 
-KS_EXPORT int64_t KS_NAME(ks_policies_lru)(const ID_T *obj, const uint8_t *eligible, const int64_t *req_start,
-                                           int64_t num_requests, int64_t num_objects, int64_t capacity,
-                                           int64_t *hits)
+KS_EXPORT int64_t KS_NAME(ks_policies_lru)(const ks_access_stream *stream, int64_t capacity, int64_t *hits)
 {
+    const ID_T *obj = KS_IDS(stream, ID_T);
+    const uint8_t *eligible = stream->eligible;
+    const int64_t *req_start = stream->req_start, num_requests = stream->num_requests;
+    const int64_t num_objects = stream->num_objects;
     ID_T s = (ID_T)num_objects;
     ID_T *restrict prev = malloc((size_t)(num_objects + 1) * sizeof(ID_T));
     ID_T *restrict nxt = malloc((size_t)(num_objects + 1) * sizeof(ID_T));
@@ -134,10 +137,12 @@ done:
 
 /* ---- belady: a max-heap of resident blocks by next counted use ------------------------------------------ */
 
-KS_EXPORT int64_t KS_NAME(ks_policies_belady)(const ID_T *obj, const uint8_t *eligible, const int64_t *next_use,
-                                              const int64_t *req_start, int64_t num_requests, int64_t num_objects,
-                                              int64_t capacity, int64_t never, int64_t *hits)
+KS_EXPORT int64_t KS_NAME(ks_policies_belady)(const ks_access_stream *stream, int64_t capacity, int64_t *hits)
 {
+    const ID_T *obj = KS_IDS(stream, ID_T);
+    const uint8_t *eligible = stream->eligible;
+    const int64_t *next_use = stream->next_use, *req_start = stream->req_start;
+    const int64_t num_requests = stream->num_requests, num_objects = stream->num_objects, never = stream->never;
     int64_t cap = capacity > 0 ? capacity : 0, slots = cap < num_objects ? cap : num_objects;
     ID_T *restrict key = malloc((size_t)(slots > 0 ? slots : 1) * sizeof(ID_T));
     ID_T *restrict who = malloc((size_t)(slots > 0 ? slots : 1) * sizeof(ID_T));
@@ -186,11 +191,13 @@ done:
 
 /* ---- belady-prefix: a prefix tree, a max-heap of resident leaves by effective next use ----------------- */
 
-KS_EXPORT int64_t KS_NAME(ks_policies_belady_prefix)(const ID_T *obj, const uint8_t *eligible,
-                                                     const int64_t *next_use, const int64_t *req_start,
-                                                     int64_t num_requests, int64_t num_objects, int64_t capacity,
-                                                     int64_t never, int64_t *hits)
+KS_EXPORT int64_t KS_NAME(ks_policies_belady_prefix)(const ks_access_stream *stream, int64_t capacity,
+                                                     int64_t *hits)
 {
+    const ID_T *obj = KS_IDS(stream, ID_T);
+    const uint8_t *eligible = stream->eligible;
+    const int64_t *next_use = stream->next_use, *req_start = stream->req_start;
+    const int64_t num_requests = stream->num_requests, num_objects = stream->num_objects, never = stream->never;
     int64_t n = req_start[num_requests], m = num_objects > 0 ? num_objects : 1;
     int64_t cap = capacity > 0 ? capacity : 0, slots = cap < m ? cap : m;
     uint8_t *restrict resident = calloc((size_t)m, 1);

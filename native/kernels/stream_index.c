@@ -188,13 +188,14 @@ static inline void obj_put(int32_t *obj32, int64_t *obj64, int64_t t, int64_t v)
         obj64[t] = v;
 }
 
-/* The access stream of `num_requests` requests. Request r's accesses are flat[starts[r] + j] for
- * j < n_keep[r] (n_keep[r] <= 0: none), back to back in request order; `n` is their total. With n_elig,
- * eligible[t] is written (the first n_elig[r] accesses of request r); without it (NULL), eligible is read.
+/* The access stream of in->num_requests requests (struct ks_stream_build_in, boundary.h). Request r's
+ * accesses are flat[starts[r] + j] for j < n_keep[r] (n_keep[r] <= 0: none), back to back in request
+ * order; `n` is their total. With n_elig, out->eligible[t] is written (the first n_elig[r] accesses of
+ * request r); without it (NULL), it is read.
  *
  * wide_table: 64-bit table slots even when 32 bits hold every id (they do below 2^32 - 1 accesses).
  *
- * Outputs, as AccessStream.from_arrays gave them from a stable sort: obj[t] = the rank of the access's hash
+ * Outputs (*out), as AccessStream.from_arrays gave them from a stable sort: obj[t] = the rank of the access's hash
  * among the distinct hashes, compared as hash ^ key_xor (1 << 63 orders them as signed int64, 0 as
  * uint64), in obj32 or else obj64; next_use[t] = the position of the next access of the same hash when that
  * access is eligible, else `never`. Returns the number of distinct hashes, or KS_ENOMEM.
@@ -202,11 +203,14 @@ static inline void obj_put(int32_t *obj32, int64_t *obj64, int64_t t, int64_t v)
  * Linear in the stream: a hash table gives each access the id of its hash's first access; only the
  * distinct hashes are sorted, to turn first-seen ids into ranks; one backward pass with the next eligible
  * access per id gives the next uses and writes the ranks. */
-KS_EXPORT int64_t ks_stream_build(const uint64_t *flat, int64_t num_requests, const int64_t *starts,
-                                  const int64_t *n_keep, const int64_t *n_elig, int64_t n, uint64_t key_xor,
-                                  int32_t wide_table, uint8_t *eligible, int32_t *obj32, int64_t *obj64,
-                                  int64_t *next_use, int64_t never)
+KS_EXPORT int64_t ks_stream_build(const ks_stream_build_in *in, const ks_stream_build_out *out)
 {
+    const uint64_t *flat = in->flat, key_xor = in->key_xor;
+    const int64_t *starts = in->starts, *n_keep = in->n_keep, *n_elig = in->n_elig;
+    const int64_t num_requests = in->num_requests, n = in->n, wide_table = in->wide_table, never = in->never;
+    uint8_t *eligible = out->eligible;
+    int32_t *obj32 = out->obj32;
+    int64_t *obj64 = out->obj64, *next_use = out->next_use;
     if (n <= 0)
         return 0;
     /* Sized for one distinct hash in 16 accesses (at most 1 byte an access with 32-bit slots). */

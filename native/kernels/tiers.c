@@ -301,47 +301,38 @@ static inline void kt_mark_needed(uint8_t *needed, int64_t h, int64_t *num_neede
     }
 }
 
-/* The stream (the pool's obj, per-request arrays; each request's prompt hashes past its listed ones,
- * tail[tstart[i]:tstart[i+1]]: kt_prompt_seq, kt_held_seq), the configuration, the preloaded ids per tier
- * (preload[pstart[ti]:pstart[ti+1]]), early preparation's schedule (prep_at, prep_p: n_prep entries;
- * children_left, parent_of per request). Outputs: per request hit_blocks, num_evictions, admitted,
- * stalled, hit (nt + 1 x n_req), wait0, wait1, marks; free_queue (num_usable); per tier num_reads,
- * read_bytes, num_stores; *reads (malloc'd rows of 5, free with ks_tiers_free); out[0..4] = free queue
- * length, deferrals, read rows, distinct blocks needed, shared reads. Returns 0 or KS_ENOMEM. */
-KS_EXPORT int64_t ks_tiers_replay(
-    const int32_t *obj32, const int64_t *obj64, const int64_t *req_start, const int64_t *listed,
-    const int64_t *prompt_tokens, const int64_t *output_tokens, const int64_t *finish_ns, const int64_t *arrival,
-    int64_t n_req, const int32_t *tail32, const int64_t *tail64, const int64_t *tstart, int32_t timed,
-    int64_t block_size, int64_t num_usable, int64_t num_ids,
-    int64_t nt, const int64_t *cap, const int64_t *chunk, const uint8_t *retain, const uint8_t *refresh_on_hit,
-    const uint8_t *write_through, const int64_t *below, const int64_t *on_evict, int64_t n_on_evict,
-    const int64_t *chunk_bytes, const uint8_t *has_cost, const int64_t *lat_ns, const int64_t *dur0,
-    const int64_t *dur1, int32_t singleflight, int32_t any_gpu, int32_t with_costs, const int64_t *preload,
-    const int64_t *pstart, int32_t early_prep, const int64_t *prep_at, const int64_t *prep_p, int64_t n_prep,
-    const int64_t *children_of, const int64_t *parent_of, int64_t *hit_blocks, int64_t *num_evictions,
-    uint8_t *admitted, uint8_t *stalled, int64_t *free_queue, int64_t *hit, double *wait0, double *wait1,
-    int64_t *marks, int64_t *num_reads, int64_t *read_bytes, int64_t *num_stores, int64_t **reads, int64_t *out)
+/* Replay in->stream through the GPU pool and the tiers below it (struct ks_tiers_in in boundary.h: the
+ * stream and its tails, the tiers' configuration, the preloaded ids, early preparation's schedule); writes
+ * the pool's results, the hits per tier, the waits, the store marks, the per-tier counts and the read rows
+ * (malloc'd: free with ks_tiers_free) into *res. Returns 0 or KS_ENOMEM. */
+KS_EXPORT int64_t ks_tiers_replay(const ks_tiers_in *args, ks_tiers_out *res)
 {
+    const ks_tiers_in in = *args;
+    const ks_pool_stream s = in.stream;
+    const ks_pool_result r = res->pool;
+    const ks_tiers_out o = *res;
+    const int64_t n_req = s.n_req, nt = in.nt, num_ids = s.num_objects; /* every id: tails and preloads too */
+
     kp_engine e = {
-        .obj32 = obj32, .obj64 = obj64, .req_start = req_start, .listed = listed, .prompt_tokens = prompt_tokens,
-        .output_tokens = output_tokens, .finish_ns = finish_ns, .arrival = arrival, .n_req = n_req,
-        .block_size = block_size, .timed = timed != 0, .has_holds = false, .expiry_ns = -1, .max_held = -1,
-        .max_fam = -1,
+        .obj32 = s.obj32, .obj64 = s.obj64, .req_start = s.req_start, .listed = s.listed,
+        .prompt_tokens = s.prompt_tokens, .output_tokens = s.output_tokens, .finish_ns = s.finish_ns,
+        .arrival = s.arrival, .n_req = n_req, .block_size = s.block_size, .timed = s.timed != 0, .has_holds = false,
+        .expiry_ns = -1, .max_held = -1, .max_fam = -1,
     };
-    kt_ids obj = {obj32, obj64}, tail = {tail32, tail64};
+    kt_ids obj = {s.obj32, s.obj64}, tail = {in.tail32, in.tail64};
     kt_tiers T = {
-        .c = {.nt = nt, .num_ids = num_ids, .n_on_evict = n_on_evict, .cap = cap, .chunk = chunk, .below = below,
-              .on_evict = on_evict, .chunk_bytes = chunk_bytes, .lat_ns = lat_ns, .dur0 = dur0, .dur1 = dur1,
-              .retain = retain, .refresh_on_hit = refresh_on_hit, .write_through = write_through,
-              .has_cost = has_cost},
-        .timed = timed != 0, .singleflight = singleflight != 0,
+        .c = {.nt = nt, .num_ids = num_ids, .n_on_evict = in.n_on_evict, .cap = in.cap, .chunk = in.chunk,
+              .below = in.below, .on_evict = in.on_evict, .chunk_bytes = in.chunk_bytes, .lat_ns = in.lat_ns,
+              .dur0 = in.dur0, .dur1 = in.dur1, .retain = in.retain, .refresh_on_hit = in.refresh_on_hit,
+              .write_through = in.write_through, .has_cost = in.has_cost},
+        .timed = s.timed != 0, .singleflight = in.singleflight != 0,
     };
     int64_t *rhk = NULL, *rhi = NULL, rh_cap = 0, rh_cap2 = 0, rh_size = 0; /* the ready heap: (completion, id) */
     int64_t *bp = NULL, bp_cap = 0, n_bp = 0;
     int64_t rc = KS_ENOMEM;
-    *reads = NULL;
+    res->reads = NULL;
     kp_arena *A = &e.arena;
-    if (!kp_engine_init(&e, num_usable, num_ids, 1, NULL))
+    if (!kp_engine_init(&e, s.num_usable, num_ids, 1, NULL))
         goto done;
     int64_t longest = e.longest, ids1 = num_ids + 1;
     T.stamp = (int32_t *)kp_new(A, (nt * num_ids + 1) / 2, 0);
@@ -350,9 +341,9 @@ KS_EXPORT int64_t ks_tiers_replay(
     T.qtail = kp_new(A, nt, 0);
     T.qcap = kp_new(A, nt, 0);
     T.count = kp_new(A, nt, 0);
-    T.num_stores = num_stores;
-    T.num_reads = num_reads;
-    T.read_bytes = read_bytes;
+    T.num_stores = o.num_stores;
+    T.num_reads = o.num_reads;
+    T.read_bytes = o.read_bytes;
     T.busy0 = kp_new(A, nt, 0);
     T.busy1 = kp_new(A, nt, 0);
     T.clk0 = kp_new(A, nt, 0);
@@ -375,7 +366,7 @@ KS_EXPORT int64_t ks_tiers_replay(
     uint8_t *needed = (uint8_t *)kp_new(A, (num_ids + 7) / 8, 0);
     int64_t num_needed = 0, num_shared = 0;
     /* early preparation: the staged blocks (id -> completions, tier) and what each parent staged */
-    int64_t m_st = early_prep ? num_ids : 0, m_bp = early_prep ? n_req : 0;
+    int64_t m_st = in.early_prep ? num_ids : 0, m_bp = in.early_prep ? n_req : 0;
     uint8_t *st_valid = (uint8_t *)kp_new(A, (m_st + 7) / 8, 0);
     int64_t *st0 = kp_new(A, m_st, 0), *st1 = kp_new(A, m_st, 0), *st_tier = kp_new(A, m_st, 0);
     int64_t *bp_start = kp_new(A, m_bp, 0), *bp_len = kp_new(A, m_bp, 0);
@@ -385,29 +376,29 @@ KS_EXPORT int64_t ks_tiers_replay(
     int64_t *ro_tier = kp_new(A, longest, 0), *ro_key = kp_new(A, longest, 0);
     int64_t *ld_h = kp_new(A, longest, 0), *ld0 = kp_new(A, longest, 0), *ld1 = kp_new(A, longest, 0);
     int64_t *ld_tier = kp_new(A, longest, 0);
-    int64_t *evicted = n_on_evict ? kp_new(A, longest, 0) : NULL;
+    int64_t *evicted = in.n_on_evict ? kp_new(A, longest, 0) : NULL;
     int64_t *keys = kp_new(A, longest, 0);
     int64_t longest_preload = 0;
     for (int64_t ti = 0; ti < nt; ti++)
-        longest_preload = kp_max(longest_preload, pstart[ti + 1] - pstart[ti]);
+        longest_preload = kp_max(longest_preload, in.pstart[ti + 1] - in.pstart[ti]);
     int64_t *gone = kp_new(A, longest_preload, 0);
     if (A->failed)
         goto done;
-    if (early_prep)
-        memcpy(children_left, children_of, (size_t)n_req * sizeof(int64_t));
+    if (in.early_prep)
+        memcpy(children_left, in.children_of, (size_t)n_req * sizeof(int64_t));
     for (int64_t ti = 0; ti < nt; ti++)
-        num_stores[ti] = num_reads[ti] = read_bytes[ti] = 0;
+        o.num_stores[ti] = o.num_reads[ti] = o.read_bytes[ti] = 0;
     for (int64_t i = 0; i < n_req; i++) {
-        hit_blocks[i] = num_evictions[i] = 0;
-        admitted[i] = stalled[i] = 0;
-        wait0[i] = wait1[i] = 0.0;
-        marks[i] = -1;
+        r.hit_blocks[i] = r.num_evictions[i] = 0;
+        r.admitted[i] = r.stalled[i] = 0;
+        o.wait0[i] = o.wait1[i] = 0.0;
+        o.marks[i] = -1;
     }
     for (int64_t k = 0; k < (nt + 1) * n_req; k++)
-        hit[k] = 0;
+        o.hit[k] = 0;
     for (int64_t ti = 0; ti < nt; ti++) {
-        kt_put(&T, ti, preload + pstart[ti], pstart[ti + 1] - pstart[ti], true, false, gone);
-        num_stores[ti] = 0;
+        kt_put(&T, ti, in.preload + in.pstart[ti], in.pstart[ti + 1] - in.pstart[ti], true, false, gone);
+        o.num_stores[ti] = 0;
     }
 #define BIT(a, k) ((a)[k])
 #define SET(a, k) ((a)[k] = 1)
@@ -420,8 +411,8 @@ KS_EXPORT int64_t ks_tiers_replay(
             continue;
         /* -- TierReplay._looked_up */
         int64_t t = e.timed ? e.now : 0;
-        while (early_prep && next_prep < n_prep && prep_at[next_prep] <= (e.timed ? t : i)) { /* due */
-            int64_t p = prep_p[next_prep], at = prep_at[next_prep];
+        while (in.early_prep && next_prep < in.n_prep && in.prep_at[next_prep] <= (e.timed ? t : i)) { /* due */
+            int64_t p = in.prep_p[next_prep], at = in.prep_at[next_prep];
             next_prep++;
             if (children_left[p] <= 0)
                 continue;
@@ -444,9 +435,9 @@ KS_EXPORT int64_t ks_tiers_replay(
                 } else {
                     if (!kt_read(&T, ti, key, tp, p, 1, &d0, &d1))
                         goto done;
-                    if (!retain[ti]) /* Tier.after_load */
+                    if (!in.retain[ti]) /* Tier.after_load */
                         kt_discard(&T, ti, key);
-                    else if (refresh_on_hit[ti])
+                    else if (in.refresh_on_hit[ti])
                         kt_lru_refresh(&T, ti, key, kt_where(&T, ti, key));
                     tkey[q] = ti * ids1 + key;
                     t0[q] = d0;
@@ -477,16 +468,16 @@ KS_EXPORT int64_t ks_tiers_replay(
             }
         }
         int64_t n_gpu = ad.nh;
-        int64_t *hit0 = hit;
+        int64_t *hit0 = o.hit;
         hit0[i] = ad.nh;
-        kt_seq chain = kt_prompt_seq(&e, obj, tail, tstart, i);
-        int64_t max_hit = kp_min(kp_min(kp_max(prompt_tokens[i] - 1, 0) / block_size, prompt_tokens[i] / block_size),
-                                 chain.len);
+        kt_seq chain = kt_prompt_seq(&e, obj, tail, in.tstart, i);
+        int64_t max_hit = kp_min(kp_min(kp_max(s.prompt_tokens[i] - 1, 0) / s.block_size,
+                                        s.prompt_tokens[i] / s.block_size), chain.len);
         if (nt > 0) {
             int64_t total = 0;
             for (int64_t ti = 0; ti < nt; ti++)
-                total += num_stores[ti];
-            marks[i] = total;
+                total += o.num_stores[ti];
+            o.marks[i] = total;
             int64_t w0 = t, w1 = t;
             memset(T.clk_set, 0, (size_t)nt);
             memset(counts, 0, (size_t)nt * sizeof(int64_t));
@@ -500,7 +491,7 @@ KS_EXPORT int64_t ks_tiers_replay(
                         w0 = kp_max(w0, gr0[h]);
                         w1 = kp_max(w1, gr1[h]);
                         hit0[i]--;
-                        hit[(1 + gr_tier[h]) * n_req + i]++;
+                        o.hit[(1 + gr_tier[h]) * n_req + i]++;
                         num_shared++;
                         kt_mark_needed(needed, h, &num_needed);
                     } else {
@@ -512,7 +503,7 @@ KS_EXPORT int64_t ks_tiers_replay(
             int64_t j = n_gpu;
             while (j < max_hit) { /* _walk_below */
                 int64_t h = kt_at(&chain, j), key, d0, d1;
-                if (any_gpu && e.head[h] >= 0 && !(e.timed && BIT(gr_valid, h))) {
+                if (in.any_gpu && e.head[h] >= 0 && !(e.timed && BIT(gr_valid, h))) {
                     hit0[i]++;
                     j++;
                     continue;
@@ -520,7 +511,7 @@ KS_EXPORT int64_t ks_tiers_replay(
                 if (n_staged > 0 && BIT(st_valid, h)) { /* staged by early preparation */
                     w0 = kp_max(w0, st0[h]);
                     w1 = kp_max(w1, st1[h]);
-                    hit[(1 + st_tier[h]) * n_req + i]++;
+                    o.hit[(1 + st_tier[h]) * n_req + i]++;
                     kt_mark_needed(needed, h, &num_needed);
                     j++;
                     continue;
@@ -540,10 +531,10 @@ KS_EXPORT int64_t ks_tiers_replay(
                 } else {
                     if (!kt_read(&T, ti, key, t, i, 0, &d0, &d1))
                         goto done;
-                    if (!retain[ti]) {
+                    if (!in.retain[ti]) {
                         ro_tier[n_ro] = ti;
                         ro_key[n_ro++] = key;
-                    } else if (refresh_on_hit[ti]) {
+                    } else if (in.refresh_on_hit[ti]) {
                         kt_lru_refresh(&T, ti, key, kt_where(&T, ti, key));
                     }
                 }
@@ -568,7 +559,7 @@ KS_EXPORT int64_t ks_tiers_replay(
             for (int64_t q = 0; q < n_used; q++)
                 tkey[used[q]] = -1;
             for (int64_t ti = 0; ti < nt; ti++) /* _settle */
-                hit[(1 + ti) * n_req + i] += counts[ti];
+                o.hit[(1 + ti) * n_req + i] += counts[ti];
             for (int64_t q = 0; q < n_ro; q++)
                 kt_discard(&T, ro_tier[q], ro_key[q]);
             for (int64_t q = 0; q < n_ld; q++) {
@@ -583,27 +574,27 @@ KS_EXPORT int64_t ks_tiers_replay(
                     rh_size = kp_heap_push(rhk, rhi, rh_size, ld0[q], h);
                 }
             }
-            if (with_costs) { /* _restore_wait */
+            if (in.with_costs) { /* _restore_wait */
                 if (e.timed) {
-                    wait0[i] = (double)(w0 - t) / 1e9;
-                    wait1[i] = (double)(w1 - t) / 1e9;
+                    o.wait0[i] = (double)(w0 - t) / 1e9;
+                    o.wait1[i] = (double)(w1 - t) / 1e9;
                 } else {
-                    wait0[i] = (double)w0 / 1e9;
-                    wait1[i] = (double)w1 / 1e9;
+                    o.wait0[i] = (double)w0 / 1e9;
+                    o.wait1[i] = (double)w1 / 1e9;
                 }
             }
             for (int64_t ti = 0; ti < nt; ti++) { /* _write_through */
-                if (!write_through[ti])
+                if (!in.write_through[ti])
                     continue;
-                int64_t c = chunk[ti], nk = 0;
+                int64_t c = in.chunk[ti], nk = 0;
                 kt_seq held = kt_held_seq(&e, obj, i);
                 for (int64_t q = c - 1; q < held.len; q += c)
                     keys[nk++] = kt_at(&held, q);
                 int64_t nl = kt_put(&T, ti, keys, nk, true, false, keys);
-                if (nl > 0 && below[ti] >= 0)
-                    kt_offload(&T, below[ti], keys, nl);
+                if (nl > 0 && in.below[ti] >= 0)
+                    kt_offload(&T, in.below[ti], keys, nl);
             }
-            int64_t p = early_prep ? parent_of[i] : -1; /* parent_of: per request with early preparation */
+            int64_t p = in.early_prep ? in.parent_of[i] : -1; /* parent_of: per request with early preparation */
             if (p >= 0) { /* EarlyPrep.child_admitted (a child's parent has declared children) */
                 if (--children_left[p] <= 0) {
                     for (int64_t q = bp_start[p]; q < bp_start[p] + bp_len[p]; q++) {
@@ -624,10 +615,10 @@ KS_EXPORT int64_t ks_tiers_replay(
                     CLR(gr_valid, evicted[q]);
             kt_offload(&T, 0, evicted, nk);
         }
-        num_evictions[i] = ne;
-        hit_blocks[i] = ad.nh;
-        admitted[i] = 1;
-        stalled[i] = ad.outcome == KP_STALLS;
+        r.num_evictions[i] = ne;
+        r.hit_blocks[i] = ad.nh;
+        r.admitted[i] = 1;
+        r.stalled[i] = ad.outcome == KP_STALLS;
         kp_end_admission(&e, i, &ad);
     }
 #undef BIT
@@ -636,12 +627,12 @@ KS_EXPORT int64_t ks_tiers_replay(
     if (T.failed)
         goto done;
     kp_drain(&e);
-    out[0] = kp_free_queue(&e, free_queue);
-    out[1] = e.num_deferred;
-    out[2] = T.n_rd;
-    out[3] = num_needed;
-    out[4] = num_shared;
-    *reads = T.rd;
+    res->pool.free_queue_len = kp_free_queue(&e, r.free_queue);
+    res->pool.num_deferred = e.num_deferred;
+    res->num_read_rows = T.n_rd;
+    res->num_needed = num_needed;
+    res->num_shared = num_shared;
+    res->reads = T.rd;
     T.rd = NULL;
     rc = 0;
 done:

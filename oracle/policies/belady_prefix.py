@@ -33,7 +33,7 @@ from kmesh_trace.oracle.kernel_ids import declare_widths, replay_at
 from kmesh_trace.oracle.policies.base import StreamPolicy, reference_accesses
 from kmesh_trace.oracle.stream import AccessStream, RequestBlocks
 
-_kernel = declare_widths("ks_policies_belady_prefix", [P, P, P, P, I64, I64, I64, I64, P], I64)
+_kernel = declare_widths("ks_policies_belady_prefix", [I64, P], I64)
 
 
 def belady_prefix_hits(stream: AccessStream, capacity: int) -> tuple[np.ndarray, int]:

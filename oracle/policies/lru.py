@@ -20,12 +20,12 @@ from kmesh_trace.oracle.kernel_ids import declare_widths, replay_at
 from kmesh_trace.oracle.policies.base import StreamPolicy, reference_accesses
 from kmesh_trace.oracle.stream import AccessStream, RequestBlocks
 
-_kernel = declare_widths("ks_policies_lru", [P, P, P, I64, I64, I64, P], I64)
+_kernel = declare_widths("ks_policies_lru", [I64, P], I64)
 
 
 def lru_hits(stream: AccessStream, capacity: int) -> tuple[np.ndarray, int]:
     """Per-request hit blocks and the number of evictions (native/kernels/policies_body.h)."""
-    return replay_at(_kernel, stream, capacity, "lru", next_uses=False)
+    return replay_at(_kernel, stream, capacity, "lru")
 
 
 def lru_reference(requests: Sequence[RequestBlocks], block_size: int, capacity: int) -> tuple[list[int], int]:

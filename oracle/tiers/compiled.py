@@ -27,59 +27,95 @@ from operator import attrgetter
 
 import numpy as np
 
-from kmesh_trace.native.kernels import I32, I64, P, check, declare, ptr
-from kmesh_trace.oracle.blockpool_compiled import obj_pointers, stream_pointers
+from kmesh_trace.native.kernels import I64, P, Ptr, Struct, check, declare, ptr
+from kmesh_trace.oracle.blockpool_compiled import PoolArrays, PoolResultStruct, PoolStreamStruct, obj_pointers
 from kmesh_trace.oracle.interruptible import run_interruptible
 
-__all__ = ["TierStream", "tier_stream", "replay_tiers_compiled"]
+__all__ = ["TierArrays", "TierStream", "tier_stream", "replay_tiers_compiled"]
 
-_replay = declare("ks_tiers_replay", [*[P] * 8, I64, P, P, P, I32, I64, I64, I64, I64, *[P] * 7, I64, *[P] * 5,
-                                      I32, I32, I32, P, P, I32, P, P, I64, *[P] * 16], I64)
+_I64, _BOOL = Ptr(np.int64), Ptr(np.bool_)
+
+
+class _TiersIn(Struct):
+    """struct ks_tiers_in (native/kernels/boundary.h)."""
+
+    c_type = "ks_tiers_in"
+    _fields_ = [("stream", PoolStreamStruct), ("tail32", Ptr(np.int32)), ("tail64", _I64), ("tstart", _I64),
+                ("nt", I64), ("cap", _I64), ("chunk", _I64), ("retain", _BOOL), ("refresh_on_hit", _BOOL),
+                ("write_through", _BOOL), ("below", _I64), ("on_evict", _I64), ("n_on_evict", I64),
+                ("chunk_bytes", _I64), ("has_cost", _BOOL), ("lat_ns", _I64), ("dur0", _I64), ("dur1", _I64),
+                ("singleflight", I64), ("any_gpu", I64), ("with_costs", I64), ("preload", _I64), ("pstart", _I64),
+                ("early_prep", I64), ("prep_at", _I64), ("prep_p", _I64), ("n_prep", I64), ("children_of", _I64),
+                ("parent_of", _I64)]
+
+
+class _TiersOut(Struct):
+    """struct ks_tiers_out: the pool's results, then the tiers'."""
+
+    c_type = "ks_tiers_out"
+    _fields_ = [("pool", PoolResultStruct), ("hit", _I64), ("wait0", Ptr(np.float64)), ("wait1", Ptr(np.float64)),
+                ("marks", _I64), ("num_reads", _I64), ("read_bytes", _I64), ("num_stores", _I64),
+                ("reads", P), ("num_read_rows", I64), ("num_needed", I64), ("num_shared", I64)]
+
+
+_replay = declare("ks_tiers_replay", [ctypes.POINTER(_TiersIn), ctypes.POINTER(_TiersOut)], I64)
 _free_reads = declare("ks_tiers_free", [P])
 _gather_into = declare("ks_tiers_gather", [P, I64, P, P, I64, P])
 _find_into = declare("ks_tiers_find", [P, I64, P, P, P, I64, P], I64)
 
+#: The per-tier arrays of the configuration (`_TiersIn`'s fields), as `replay_tiers_compiled` passes them.
+_TIER_ARRAYS = ("cap", "chunk", "retain", "refresh_on_hit", "write_through", "below", "on_evict", "chunk_bytes",
+                "has_cost", "lat_ns", "dur0", "dur1")
 
-def _tier_kernel(obj, IN, tail, tstart, timed, block_size, num_usable, num_ids, cap, chunk, retain,
-                 refresh_on_hit, write_through, below, on_evict, chunk_bytes, has_cost, lat_ns, dur0, dur1,
-                 singleflight, any_gpu, with_costs, preload, pstart, early_prep, prep_at, prep_p, children_left,
-                 parent_of):
-    """The C replay (native/kernels/tiers.c): (pool arrays, hits per tier, waits, reads, per-tier counts,
-    store marks, distinct blocks needed, shared reads)."""
-    n_req, nt = len(IN[2]), len(cap)
-    IN = tuple(np.ascontiguousarray(a, np.int64) for a in IN)
-    i64 = [np.ascontiguousarray(a, np.int64) for a in (tstart, cap, chunk, below, on_evict, chunk_bytes, lat_ns,
-                                                          dur0, dur1, preload, pstart, prep_at, prep_p, children_left,
-                                                          parent_of)]
-    tstart, cap, chunk, below, on_evict, chunk_bytes, lat_ns, dur0, dur1, preload, pstart, prep_at, prep_p, \
-        children_left, parent_of = i64
-    flags = [np.ascontiguousarray(a, np.bool_) for a in (retain, refresh_on_hit, write_through, has_cost)]
-    hit_blocks, num_evictions, hit_marks = np.zeros(n_req, np.int64), np.zeros(n_req, np.int64), np.zeros(n_req, np.int64)
-    admitted, stalled = np.zeros(n_req, np.bool_), np.zeros(n_req, np.bool_)
-    queue = np.zeros(num_usable, np.int64)
-    hit = np.zeros((nt + 1, n_req), np.int64)
-    wait0, wait1 = np.zeros(n_req, np.float64), np.zeros(n_req, np.float64)
+
+@dataclass
+class TierArrays:
+    """What the tier kernel leaves: the pool's `PoolArrays`; hits per tier (`hit[0]` the GPU's, `hit[1 + k]`
+    tier k's, per request); the restore waits (typical and p95 throughput, s); the read rows (request, tier,
+    chunks, bytes, prepare); per tier the reads, their bytes and the stores; per request the stores made
+    before its lookup (-1: no lookup below the GPU); the distinct blocks needed and the shared reads."""
+
+    pool: PoolArrays
+    hit: np.ndarray
+    wait0: np.ndarray
+    wait1: np.ndarray
+    reads: tuple
+    num_reads: np.ndarray
+    read_bytes: np.ndarray
+    num_stores: np.ndarray
+    marks: np.ndarray
+    num_needed: int
+    num_shared: int
+
+
+def _tier_kernel(stream: PoolStreamStruct, tail, tstart, tiers: dict, singleflight, any_gpu, with_costs, preload,
+                 pstart, early_prep, prep_at, prep_p, children_left, parent_of) -> TierArrays:
+    """The C replay (native/kernels/tiers.c) of `stream` with the tiers' arrays `tiers` (`_TIER_ARRAYS`)."""
+    n_req, nt = stream.n_req, len(tiers["cap"])
+    i64 = lambda a: np.ascontiguousarray(a, np.int64)  # noqa: E731
+    tiers = {k: np.ascontiguousarray(a, a.dtype if a.dtype == np.bool_ else np.int64) for k, a in tiers.items()}
+    on_evict = tiers["on_evict"]
+    args = _TiersIn.of(stream=stream, tail32=tail if tail.dtype == np.int32 else None,
+                       tail64=None if tail.dtype == np.int32 else i64(tail), tstart=i64(tstart), nt=nt, **tiers,
+                       n_on_evict=len(on_evict), singleflight=bool(singleflight), any_gpu=bool(any_gpu),
+                       with_costs=bool(with_costs), preload=i64(preload), pstart=i64(pstart),
+                       early_prep=bool(early_prep), prep_at=i64(prep_at), prep_p=i64(prep_p), n_prep=len(prep_at),
+                       children_of=i64(children_left), parent_of=i64(parent_of))
+    pool = PoolResultStruct.fresh(n_req, stream.num_usable)
+    hit, wait0, wait1 = np.zeros((nt + 1, n_req), np.int64), np.zeros(n_req, np.float64), np.zeros(n_req, np.float64)
+    marks = np.zeros(n_req, np.int64)
     num_reads, read_bytes, num_stores = (np.zeros(nt, np.int64) for _ in range(3))
-    rows = ctypes.c_void_p()
-    out = np.zeros(5, np.int64)
-    p64 = lambda a: ptr(a, np.int64)  # noqa: E731
-    check(_replay(*obj_pointers(obj), *stream_pointers(IN), n_req, *obj_pointers(tail), p64(tstart), timed,
-                  block_size, num_usable, num_ids, nt, p64(cap), p64(chunk),
-                  *(ptr(f, np.bool_) for f in flags[:3]), p64(below), p64(on_evict), len(on_evict), p64(chunk_bytes),
-                  ptr(flags[3], np.bool_), p64(lat_ns), p64(dur0), p64(dur1), singleflight, any_gpu, with_costs,
-                  p64(preload), p64(pstart), early_prep, p64(prep_at), p64(prep_p), len(prep_at), p64(children_left),
-                  p64(parent_of), p64(hit_blocks), p64(num_evictions), ptr(admitted, np.bool_), ptr(stalled, np.bool_),
-                  p64(queue), p64(hit), ptr(wait0, np.float64), ptr(wait1, np.float64), p64(hit_marks),
-                  p64(num_reads), p64(read_bytes), p64(num_stores), ctypes.addressof(rows), p64(out)),
-          "the tier replay")
-    n_rd = int(out[2])
-    rd = np.zeros((n_rd, 5), np.int64)
-    if rows.value:
-        ctypes.memmove(rd.ctypes.data, rows.value, rd.nbytes)
-        _free_reads(rows.value)
-    pool = (hit_blocks, num_evictions, admitted, stalled, queue[:int(out[0])], int(out[1]))
+    out = _TiersOut.of(pool=pool, hit=hit, wait0=wait0, wait1=wait1, marks=marks, num_reads=num_reads,
+                       read_bytes=read_bytes, num_stores=num_stores, reads=None, num_read_rows=0, num_needed=0,
+                       num_shared=0)
+    check(_replay(ctypes.byref(args), ctypes.byref(out)), "the tier replay")
+    rd = np.zeros((int(out.num_read_rows), 5), np.int64)
+    if out.reads:
+        ctypes.memmove(rd.ctypes.data, out.reads, rd.nbytes)
+        _free_reads(out.reads)
     reads = tuple(rd[:, k] for k in range(5))
-    return pool, hit, wait0, wait1, reads, num_reads, read_bytes, num_stores, hit_marks, int(out[3]), int(out[4])
+    return TierArrays(pool.read(out.pool), hit, wait0, wait1, reads, num_reads, read_bytes, num_stores, marks,
+                      int(out.num_needed), int(out.num_shared))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -211,10 +247,10 @@ def tier_stream(requests, block_size: int) -> TierStream | None:
     return TierStream(requests, block_size, stream.obj, IN, tail, tail_start, num_ids)
 
 
-def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, preload: dict, block_bytes: int):
-    """`TierReplay(...).run()` and its state, compiled: (pool arrays, hits per tier, waits, reads, per-tier
-    counts, store marks, distinct blocks needed, shared reads); see `_tier_kernel`. None when a preloaded
-    key is not a 64-bit unsigned integer (the Python replay takes it)."""
+def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, preload: dict,
+                          block_bytes: int) -> TierArrays | None:
+    """`TierReplay(...).run()` and its state, compiled: a `TierArrays`. None when a preloaded key is not a
+    64-bit unsigned integer (the Python replay takes it)."""
     tiers = config.tiers
     try:
         keys = [np.fromiter(preload.get(t.name, ()), np.uint64) for t in tiers]
@@ -236,15 +272,16 @@ def replay_tiers_compiled(stream: TierStream, config, costs: dict, timed: bool, 
     dur0 = [int(b / (c.gbps * 1e9) * 1e9) if c else 0 for c, b in zip(cs, nbytes)]
     dur1 = [int(b / ((c.gbps_p95 or c.gbps) * 1e9) * 1e9) if c else 0 for c, b in zip(cs, nbytes)]
     arr = lambda v, dt=np.int64: np.array(v, dt).reshape(len(tiers))  # noqa: E731
-    return run_interruptible(
-        _tier_kernel, stream.obj, stream.IN, stream.tail, stream.tail_start, bool(timed),
-        int(block_size), int(config.gpu_blocks),
-        num_ids, arr([t.num_chunks for t in tiers]), arr([t.chunk_blocks for t in tiers]),
+    arrays = dict(zip(_TIER_ARRAYS, (
+        arr([t.num_chunks for t in tiers]), arr([t.chunk_blocks for t in tiers]),
         arr([t.retain for t in tiers], np.bool_), arr([t.retain and t.write == "on-evict" for t in tiers], np.bool_),
         arr([t.write == "write-through" for t in tiers], np.bool_), below, on_evict, arr(nbytes),
-        arr([c is not None for c in cs], np.bool_), arr(lat), arr(dur0), arr(dur1),
-        bool(config.singleflight and timed), config.lookup == "any", all(c is not None for c in cs), pid, pstart,
-        early_prep, *schedule)
+        arr([c is not None for c in cs], np.bool_), arr(lat), arr(dur0), arr(dur1))))
+    pool = PoolStreamStruct.over(stream.obj, stream.IN, bool(timed), int(block_size), int(config.gpu_blocks),
+                                 num_ids)
+    return run_interruptible(
+        _tier_kernel, pool, stream.tail, stream.tail_start, arrays, bool(config.singleflight and timed),
+        config.lookup == "any", all(c is not None for c in cs), pid, pstart, early_prep, *schedule)
 
 
 def _prep_schedule(requests, config, timed: bool):

@@ -59,22 +59,19 @@ def _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, 
         stream, config, costs, timed, preload, block_size * kv_bytes_per_token if kv_bytes_per_token else 0)
     if out is None:
         return None
-    (hits, evictions, admitted, stalled, queue, deferred), hit, wait0, wait1, reads, num_reads, read_bytes, \
-        num_stores, marks, num_needed, num_shared = out
-    pool = compiled_pool_result(requests, block_size, config.gpu_blocks, timed, hits, evictions, admitted, stalled,
-                                queue, deferred, [])
+    pool = compiled_pool_result(requests, block_size, config.gpu_blocks, timed, *out.pool, [])
     names = [t.name for t in config.tiers]
     with_costs = all(costs.get(n) is not None for n in names)
-    looked = np.flatnonzero(marks >= 0)
+    looked = np.flatnonzero(out.marks >= 0)
     return tier_result(
         config, block_size, kv_bytes_per_token, timed, pool, prefill, requests,
-        hit={"gpu": hit[0], **{n: hit[1 + k] for k, n in enumerate(names)}},
-        wait=wait0 if with_costs else None, wait95=wait1 if with_costs else None,
-        reads=TierReads(names, *reads),
-        num_reads=dict(zip(names, num_reads.tolist())), read_bytes=dict(zip(names, read_bytes.tolist())),
-        num_stores=dict(zip(names, num_stores.tolist())),
-        store_marks=(looked, marks[looked]) if names else {},
-        num_needed=int(num_needed), num_shared=int(num_shared))
+        hit={"gpu": out.hit[0], **{n: out.hit[1 + k] for k, n in enumerate(names)}},
+        wait=out.wait0 if with_costs else None, wait95=out.wait1 if with_costs else None,
+        reads=TierReads(names, *out.reads),
+        num_reads=dict(zip(names, out.num_reads.tolist())), read_bytes=dict(zip(names, out.read_bytes.tolist())),
+        num_stores=dict(zip(names, out.num_stores.tolist())),
+        store_marks=(looked, out.marks[looked]) if names else {},
+        num_needed=out.num_needed, num_shared=out.num_shared)
 
 
 def _check_read_bytes(requests: list[RequestBlocks], config: TierConfig, block_size: int,
