@@ -76,15 +76,23 @@ def iter_records(path: Path, report: ImportReport, on_bytes: Callable[[int], Non
     """Yield (line number, record) for every line that holds a JSON object; count every other line."""
     name = path.name
     for lineno, raw in iter_lines(path, report, on_bytes):
-        # The audit's classifier: one definition of blank, record and malformed for the project.
-        kind, obj = classify(raw)
-        if kind == BLANK:
-            report.num_blank_lines += 1
-            continue
-        if kind == MALFORMED:
-            report.malformed(f"{name}:{lineno}", MALFORMED_REASONS[obj.kind])
-            continue
-        yield lineno, obj
+        rec = record_of(raw, report, name, lineno)
+        if rec is not None:
+            yield lineno, rec
+
+
+def record_of(raw: bytes, report: ImportReport, name: str, lineno: int) -> dict | None:
+    """The JSON object physical line `raw` (no newline) holds, or None: a blank line counted in `report`, a
+    malformed one reported as `name:lineno`. The audit's classifier: one definition of blank, record and
+    malformed for the project."""
+    kind, obj = classify(raw)
+    if kind == BLANK:
+        report.num_blank_lines += 1
+        return None
+    if kind == MALFORMED:
+        report.malformed(f"{name}:{lineno}", MALFORMED_REASONS[obj.kind])
+        return None
+    return obj
 
 
 #: Largest value of an int64 column (counts, ids, times).
