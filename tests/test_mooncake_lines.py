@@ -72,15 +72,27 @@ VALID = [
     b" \t{ \"timestamp\" : 5 , \"input_length\" : 700 , \"output_length\" : 3 , \"hash_ids\" : [ 1 , 2 ] } \r",
     GOOD + b"\r",
     _line(hashes=[12345678901234567890, 9999999999999999999]),
-]
-
-#: Lines the compiled parse must refuse (the plain reader judges them: some are valid for it).
-NEAR_VALID = [
+    # a timestamp is any JSON number; other keys may hold flat values
     GOOD.replace(b'"timestamp": 5', b'"timestamp": 5.0'),
     GOOD.replace(b'"timestamp": 5', b'"timestamp": 5e0'),
     GOOD.replace(b'"timestamp": 5', b'"timestamp": 5E2'),
     GOOD.replace(b'"timestamp": 5', b'"timestamp": -5'),
     GOOD.replace(b'"timestamp": 5', b'"timestamp": -0'),
+    GOOD.replace(b'"timestamp": 5', b'"timestamp": -0.0'),
+    GOOD.replace(b'"timestamp": 5', b'"timestamp": 0.0000025'),
+    GOOD.replace(b'"timestamp": 5', b'"timestamp": 0.0000035'),
+    GOOD.replace(b'"timestamp": 5', b'"timestamp": -2.5e-6'),
+    GOOD.replace(b'"timestamp": 5', b'"timestamp": 1234567.891'),
+    GOOD.replace(b'"timestamp": 5', b'"timestamp": 9007199254.740993'),
+    GOOD.replace(b'"timestamp": 5', b'"timestamp": %d' % -_MAX_MS),
+    GOOD[:-1] + b', "extra": 1}',
+    GOOD[:-1] + b', "session_id": "s-1", "": null, "x": true, "y": false}',
+    b'{"prompt": [1, -2.5e3, "a b", true, null, ""], ' + GOOD[1:],
+    GOOD[:-1] + b', "prompt": [ ], "z": -0.5E+2, "w": " ~!#"}',
+]
+
+#: Lines the compiled parse must refuse (the plain reader judges them: some are valid for it).
+NEAR_VALID = [
     GOOD.replace(b'"timestamp": 5', b'"timestamp": 05'),
     GOOD.replace(b'"timestamp": 5', b'"timestamp": %d' % (_MAX_MS + 1)),
     GOOD.replace(b'"timestamp": 5', b'"timestamp": 1e400'),
@@ -111,8 +123,32 @@ NEAR_VALID = [
     GOOD.replace(b"[1, 2]", b"[1 2]"),
     GOOD.replace(b"[1, 2]", b"[01, 2]"),
     GOOD.replace(b"[1, 2]", b"{}"),
-    GOOD[:-1] + b', "extra": 1}',
     GOOD[:-1] + b', "note": "caf\xc3\xa9"}',
+    GOOD[:-1] + b', "note": "a\\u0041"}',
+    GOOD[:-1] + b', "\\u0078": 1}',
+    GOOD[:-1] + b', "note": "a\x01"}',
+    GOOD[:-1] + b', "note": "a\x7f"}',
+    GOOD[:-1] + b', "x": [[1]]}',
+    GOOD[:-1] + b', "x": {}}',
+    GOOD[:-1] + b', "x": 01}',
+    GOOD[:-1] + b', "x": 1.}',
+    GOOD[:-1] + b', "x": .5}',
+    GOOD[:-1] + b', "x": 1e}',
+    GOOD[:-1] + b', "x": -}',
+    GOOD[:-1] + b', "x": tru}',
+    GOOD[:-1] + b', "x": NaN}',
+    GOOD[:-1] + b', "x": -Infinity}',
+    GOOD[:-1] + b', "x": [1,]}',
+    GOOD[:-1] + b', "x": "unterminated}',
+    GOOD[:-1] + b', "x": 1' + b"0" * 64 + b"}",
+    GOOD[:-1] + b', "x": 1' + b"0" * 5000 + b"}",
+    GOOD[:-1] + b', x: 1}',
+    GOOD.replace(b'"timestamp": 5', b'"timestamp": 5.'),
+    GOOD.replace(b'"timestamp": 5', b'"timestamp": -'),
+    GOOD.replace(b'"timestamp": 5', b'"timestamp": -05'),
+    GOOD.replace(b'"timestamp": 5', b'"timestamp": %d' % -(_MAX_MS + 1)),
+    GOOD.replace(b'"timestamp": 5', b'"timestamp": 9223372036854.775807'),
+    GOOD.replace(b'"timestamp": 5', b'"timestamp": 1' + b"0" * 70 + b".5"),
     GOOD[:-1] + b', "input_length": 700}',
     GOOD[:-1] + b', "meta": {"a": [1]}}',
     GOOD.replace(b'"timestamp"', b'"\\u0074imestamp"'),
@@ -135,6 +171,10 @@ NEAR_VALID = [
     b"\xff",
     b'{"timestamp": 5,',
 ]
+
+
+#: A valid line the compiled parse refuses (a count written as a float).
+REFUSED = GOOD.replace(b'"input_length": 700', b'"input_length": 700.0')
 
 
 def _file(lines, *, bom=False, final_newline=True, blanks=()) -> bytes:
@@ -172,7 +212,7 @@ def test_lines_across_chunk_boundaries_and_longer_than_the_buffer(tmp_path, chun
     rng = random.Random(chunk_bytes)
     lines = [_line(i, n, i % 7, [rng.randrange(1 << 64) for _ in range(-(-n // 512))])
              for i, n in enumerate(rng.randint(1, 9000) for _ in range(60))]
-    lines[30] = NEAR_VALID[0]
+    lines[30] = REFUSED
     data = _file(lines, bom=True, blanks=[(10, b""), (20, b"   ")], final_newline=chunk_bytes % 2 == 0)
     assert _check(tmp_path, data, chunk_bytes=chunk_bytes) == [33]
     cols, report, _ = _read(tmp_path / "in.jsonl", chunk_bytes=chunk_bytes)
@@ -202,8 +242,14 @@ def _random_line(rng: random.Random) -> bytes:
               for _ in range(-(-n_in // 512))]
     order = rng.sample(["timestamp", "input_length", "output_length", "hash_ids"], 4)
     ws = lambda: rng.choice(["", " ", "\t", " \r "])  # noqa: E731
-    return _line(rng.choice([0, 1, _MAX_MS, rng.randint(0, 10**9)]), n_in, rng.choice([0, 1, 1 << 32, 42]),
-                 hashes, tuple(order), sep=ws() + "," + ws(), colon=ws() + ":" + ws(), comma=ws() + "," + ws())
+    ts = rng.choice([0, 1, _MAX_MS, rng.randint(0, 10**9), -rng.randint(0, 10**9), rng.randint(0, 10**7) * 0.0000005,
+                     rng.uniform(-1e13, 1e13), rng.uniform(0, 1e4), float(rng.randint(0, 10**6))])
+    line = _line(ts, n_in, rng.choice([0, 1, 1 << 32, 42]), hashes, tuple(order), sep=ws() + "," + ws(),
+                 colon=ws() + ":" + ws(), comma=ws() + "," + ws())
+    if rng.random() < 0.3:  # a field the format does not name, with a flat value
+        value = rng.choice(['"s-1"', "-1.5e3", "null", "true", '[1, "a", -0.5]', "[]", '""'])
+        line = line[:-1] + f'{ws()},{ws()}"{rng.choice(["session_id", "prompt", ""])}"{ws()}:{ws()}{value}}}'.encode()
+    return line
 
 
 def _record(ts, n_in, n_out, extra=None, hashes=None) -> dict:
@@ -216,6 +262,7 @@ def _record(ts, n_in, n_out, extra=None, hashes=None) -> dict:
 
 
 timestamps = st.one_of(st.integers(0, 10**7), st.floats(0, 1e7, allow_nan=False), st.integers(2**53, 2**64),
+                       st.floats(-1e13, 1e13, allow_nan=False), st.integers(-10**13, 10**13),
                        st.sampled_from([1e300, -1.5, 0.0000004, 9007199254.740993]))
 lengths = st.one_of(st.integers(1, 2048), st.sampled_from([0, -1, 2**63, 2**64, 10.0, 1e300, True, "10", None]))
 records = st.builds(_record, timestamps, lengths, st.one_of(st.integers(0, 100), st.sampled_from([-3, 2**70, 1.0])))
@@ -399,8 +446,21 @@ def test_large_integer_timestamps_are_exact(tmp_path):
 def test_a_file_that_outgrows_its_sizes_is_read_by_the_plain_reader(tmp_path, monkeypatch):
     """Columns too small for the rows (a file that grew between the passes): the plain reader reads it all."""
     src = tmp_path / "in.jsonl"
-    src.write_bytes(_file([GOOD, NEAR_VALID[0], GOOD, b"not json"]))
+    src.write_bytes(_file([GOOD, REFUSED, GOOD, b"not json"]))
     want = _read(src, fast=False)[:2]
     for sizes in [(1, 100), (100, 3), (2, 100)]:
         monkeypatch.setattr(mooncake, "_column_sizes", lambda f, buf: sizes)
         assert _read(src)[:2] == want
+
+
+def test_float_timestamps_round_as_python_rounds_them(tmp_path):
+    """The compiled parse's timestamps (strtod, times 1e6, half to even) against Python's on numbers of every
+    magnitude, ties and long decimal expansions included."""
+    rng = random.Random(7)
+    texts = [repr(rng.uniform(-1, 1) * 10 ** rng.randint(-9, 13)) for _ in range(1500)]
+    texts += [f"{rng.randint(0, 10**7)}.{rng.choice(['5', '25', '0000005', '0000015', '0000025'])}" for _ in range(500)]
+    texts += [f"{rng.randint(0, 9)}.{''.join(rng.choice('0123456789') for _ in range(rng.randint(1, 40)))}e{rng.randint(-8, 12)}"
+              for _ in range(1000)]
+    lines = [GOOD.replace(b'"timestamp": 5', b'"timestamp": ' + t.encode()) for t in texts]
+    refused = _check(tmp_path, _file(lines))
+    assert len(refused) < 50  # only the literals past 64 bytes or 2**63 ns

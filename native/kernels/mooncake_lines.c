@@ -1,16 +1,20 @@
-/* Mooncake JSONL lines read straight into columns (datasets/importers/mooncake_lines.py): the importer's one
- * reader for speed, in front of the plain reader that judges each line this one refuses (datasets/importers/mooncake.py).
+/* Mooncake JSONL lines read straight into columns (datasets/importers/mooncake.py): the importer's one reader
+ * for speed, in front of the plain reader that judges each line this one refuses.
  *
- * A line is blank (JSON whitespace only: space, tab, CR) or one object with exactly the keys timestamp,
- * input_length, output_length and hash_ids, each once, in any order, with JSON whitespace anywhere JSON
- * allows it. The values are plain decimal integers (no sign, no fraction, no exponent, no leading zero):
- * timestamp in ms with timestamp * 1e6 ns <= INT64_MAX, 1 <= input_length <= 2**32,
- * 0 <= output_length <= 2**32 (MAX_TOKENS of datasets/importers/common.py), hash_ids a flat list of values below 2**64 holding exactly
+ * A line is blank (JSON whitespace only: space, tab, CR) or one object with the keys timestamp, input_length,
+ * output_length and hash_ids, each once, in any order, with JSON whitespace anywhere JSON allows it, and any
+ * other keys whose values are flat: a string, a number, true, false, null, or a list of those (ASCII strings
+ * without a backslash or a control byte, numbers of at most 64 bytes; keys alike). The timestamp (ms) is a JSON
+ * number with |timestamp * 1e6| ns below 2**63: an integer exactly, any other number as Python reads it (the
+ * nearest double, times 1e6, rounded half to even). The other three are plain decimal integers (no sign, no
+ * fraction, no exponent, no leading zero): 1 <= input_length <= 2**32, 0 <= output_length <= 2**32 (MAX_TOKENS
+ * of datasets/importers/common.py), hash_ids a flat list of values below 2**64 holding exactly
  * ceil(input_length / block size) of them. A UTF-8 byte-order mark may open the file. Anything else -- any
  * other byte, key or value, a second object on the line -- is refused: the parse stops at that line and says
  * where it is, the caller has the plain reader judge it (a valid row, or the reason it is malformed) and goes
  * on after it. Only ASCII is ever accepted, so a line stored here is valid UTF-8 and every value reads the same
  * to Python's json. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -88,6 +92,130 @@ static inline bool read_uint(const uint8_t **pp, const uint8_t *e, uint64_t *v)
     return true;
 }
 
+/* The end of the JSON number at p (before e): -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, at most 64 bytes;
+ * NULL when there is none. *is_int: no fraction and no exponent. */
+static const uint8_t *number_end(const uint8_t *p, const uint8_t *e, bool *is_int)
+{
+    const uint8_t *s = p;
+    if (p < e && *p == '-')
+        p++;
+    const uint8_t *d = p;
+    while (p < e && (uint8_t)(*p - '0') < 10)
+        p++;
+    if (p == d || (p - d > 1 && *d == '0'))
+        return NULL;
+    *is_int = true;
+    if (p < e && *p == '.') {
+        const uint8_t *f = ++p;
+        while (p < e && (uint8_t)(*p - '0') < 10)
+            p++;
+        if (p == f)
+            return NULL;
+        *is_int = false;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < e && (*p == '+' || *p == '-'))
+            p++;
+        const uint8_t *x = p;
+        while (p < e && (uint8_t)(*p - '0') < 10)
+            p++;
+        if (p == x)
+            return NULL;
+        *is_int = false;
+    }
+    return p - s <= 64 ? p : NULL;
+}
+
+/* The timestamp at *pp (ms) in ns into *ns, *pp moved past it: false unless a JSON number with |ns| < 2**63.
+ * An integer is exact; any other number is what Python's json and round(v * 1_000_000) make of it: the nearest
+ * double, times 1e6 in double, rounded half to even. */
+static bool read_timestamp(const uint8_t **pp, const uint8_t *e, int64_t *ns)
+{
+    const uint8_t *s = *pp;
+    bool is_int;
+    const uint8_t *p = number_end(s, e, &is_int);
+    if (p == NULL)
+        return false;
+    if (is_int) {
+        bool neg = *s == '-';
+        const uint8_t *d = s + neg;
+        if (p - d > 19)
+            return false;
+        uint64_t v = 0;
+        for (; d < p; d++)
+            v = v * 10 + (uint64_t)(*d - '0');
+        if (v > (uint64_t)INT64_MAX / MC_MS_NS)
+            return false;
+        *ns = neg ? -(int64_t)(v * MC_MS_NS) : (int64_t)(v * MC_MS_NS);
+    } else {
+        char text[65];
+        memcpy(text, s, (size_t)(p - s));
+        text[p - s] = 0;
+        char *end;
+        double x = strtod(text, &end) * 1e6;
+        if (end != text + (p - s))  /* a locale that reads numbers otherwise */
+            return false;
+        double a = x < 0 ? -x : x;
+        if (!(a < 9223372036854775808.0))  /* also inf and nan */
+            return false;
+        if (a < 4503599627370496.0)  /* below 2**52 the sum's rounding (to nearest, ties to even) rounds a */
+            a = (a + 4503599627370496.0) - 4503599627370496.0;
+        *ns = (int64_t)(x < 0 ? -a : a);
+    }
+    *pp = p;
+    return true;
+}
+
+/* Past the rest of a string at p (just past its opening quote) and its closing quote: NULL at a backslash, a
+ * control byte, a non-ASCII byte or the line's end. */
+static const uint8_t *string_end(const uint8_t *p, const uint8_t *e)
+{
+    while (p < e && *p != '"') {
+        if (*p < 0x20 || *p >= 0x7F || *p == '\\')
+            return NULL;
+        p++;
+    }
+    return p < e ? p + 1 : NULL;
+}
+
+/* Past the flat value at p (a string, number, true, false, null, or a list of those); NULL when it is none. */
+static const uint8_t *flat_value_end(const uint8_t *p, const uint8_t *e, bool in_list)
+{
+    bool is_int;
+    if (p >= e)
+        return NULL;
+    if (*p == '"')
+        return string_end(p + 1, e);
+    if (*p == '-' || (uint8_t)(*p - '0') < 10)
+        return number_end(p, e, &is_int);
+    static const char *words[] = {"true", "false", "null"};
+    for (int w = 0; w < 3; w++) {
+        size_t n = strlen(words[w]);
+        if ((size_t)(e - p) >= n && memcmp(p, words[w], n) == 0)
+            return p + n;
+    }
+    if (*p != '[' || in_list)
+        return NULL;
+    p = skip_ws(p + 1, e);
+    if (p < e && *p == ']')
+        return p + 1;
+    for (;;) {
+        p = flat_value_end(p, e, true);
+        if (p == NULL)
+            return NULL;
+        p = skip_ws(p, e);
+        if (p >= e)
+            return NULL;
+        uint8_t c = *p++;
+        if (c == ']')
+            return p;
+        if (c != ',')
+            return NULL;
+        p = skip_ws(p, e);
+    }
+}
+
 /* The key at p (just past its opening quote) as a K_* bit, p moved past its closing quote; 0 when it is
  * none of the four. */
 static inline int read_key(const uint8_t **pp, const uint8_t *e)
@@ -111,9 +239,9 @@ static inline int read_key(const uint8_t **pp, const uint8_t *e)
 static int64_t parse_record(const uint8_t *p, const uint8_t *e, uint64_t block, int64_t *arrival_ns, int64_t *n_in,
                             int64_t *n_out, uint64_t *hashes, int64_t row_cap, int64_t hash_cap, int64_t *counts)
 {
-    const uint64_t max_i64 = (uint64_t)INT64_MAX;
     int64_t row = counts[MC_ROWS], first = counts[MC_HASHES], h = first;
-    uint64_t ts = 0, in = 0, out = 0;
+    uint64_t in = 0, out = 0;
+    int64_t ns = 0;
     int seen = 0;
     if (*p++ != '{')
         return MC_REFUSED;
@@ -122,14 +250,22 @@ static int64_t parse_record(const uint8_t *p, const uint8_t *e, uint64_t block, 
         if (p >= e || *p++ != '"')
             return MC_REFUSED;
         int key = read_key(&p, e);
-        if (key == 0 || (seen & key))
+        if (key == 0 && (p = string_end(p, e)) == NULL)
+            return MC_REFUSED;
+        if (seen & key)
             return MC_REFUSED;
         seen |= key;
         p = skip_ws(p, e);
         if (p >= e || *p++ != ':')
             return MC_REFUSED;
         p = skip_ws(p, e);
-        if (key == K_HASHES) {
+        if (key == 0) {
+            if ((p = flat_value_end(p, e, false)) == NULL)
+                return MC_REFUSED;
+        } else if (key == K_TIMESTAMP) {
+            if (!read_timestamp(&p, e, &ns))
+                return MC_REFUSED;
+        } else if (key == K_HASHES) {
             if (p >= e || *p++ != '[')
                 return MC_REFUSED;
             p = skip_ws(p, e);
@@ -158,9 +294,7 @@ static int64_t parse_record(const uint8_t *p, const uint8_t *e, uint64_t block, 
             uint64_t v;
             if (!read_uint(&p, e, &v))
                 return MC_REFUSED;
-            if (key == K_TIMESTAMP)
-                ts = v;
-            else if (key == K_INPUT)
+            if (key == K_INPUT)
                 in = v;
             else
                 out = v;
@@ -176,13 +310,13 @@ static int64_t parse_record(const uint8_t *p, const uint8_t *e, uint64_t block, 
     }
     if (skip_ws(p, e) != e || seen != K_ALL)
         return MC_REFUSED;
-    if (ts > max_i64 / MC_MS_NS || in < 1 || in > MC_MAX_TOKENS || out > MC_MAX_TOKENS)
+    if (in < 1 || in > MC_MAX_TOKENS || out > MC_MAX_TOKENS)
         return MC_REFUSED;
     if ((uint64_t)(h - first) != in / block + (in % block != 0))
         return MC_REFUSED;
     if (KS_UNLIKELY(row >= row_cap))
         return MC_ROOM;
-    arrival_ns[row] = (int64_t)(ts * MC_MS_NS);
+    arrival_ns[row] = ns;
     n_in[row] = (int64_t)in;
     n_out[row] = (int64_t)out;
     counts[MC_HASHES] = h;
