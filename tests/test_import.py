@@ -8,7 +8,7 @@ from kmesh_trace import open_trace
 from bailian_data import generate_bailian
 
 from kmesh_trace.datasets.importers.bailian import chain_hashes, import_bailian
-from kmesh_trace.datasets.importers.mooncake import _fast_table, import_mooncake
+from kmesh_trace.datasets.importers.mooncake import import_mooncake
 
 
 def write_lines(path, lines):
@@ -138,7 +138,6 @@ def test_mooncake_fast_path_equals_the_plain_path(tmp_path):
     lines = [json.dumps({"timestamp": i * 0.5, "input_length": 100 + 300 * i, "output_length": i, "extra": "x",
                          "hash_ids": list(range(i, i + -(-(100 + 300 * i) // 512)))}) for i in range(50)]
     src = write_lines(tmp_path / "m.jsonl", ["\ufeff" + lines[0]] + lines[1:10] + ["", "   "] + lines[10:])
-    assert _fast_table(src.read_bytes()) is not None  # the fast path really runs here
     got = mooncake_tables(tmp_path, src)
     assert got[True][0] == got[False][0]
     assert got[True][1].equals(got[False][1])
@@ -151,10 +150,9 @@ def test_mooncake_fast_path_equals_the_plain_path(tmp_path):
                                  '{"timestamp": 1, "input_length": 1, "input_length": 1, "output_length": 1, "hash_ids": [1]}',
                                  '{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1.0]}',
                                  '{"timestamp": 1, "input_length": 1, "output_length": 1}'])
-def test_mooncake_fast_path_hands_doubtful_files_to_the_plain_path(tmp_path, bad):
+def test_mooncake_lines_the_compiled_parse_refuses_are_judged_as_the_plain_path_judges_them(tmp_path, bad):
     good = json.dumps({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [5]})
     src = write_lines(tmp_path / "m.jsonl", [good, bad, good])
-    assert _fast_table(src.read_bytes()) is None
     got = mooncake_tables(tmp_path, src)
     assert got[True][0] == got[False][0]
     assert got[True][1].equals(got[False][1])
@@ -174,7 +172,6 @@ def test_mooncake_sub_nanosecond_times_round_alike_on_both_paths(tmp_path):
     src = write_lines(tmp_path / "m.jsonl", [
         json.dumps({"timestamp": t, "input_length": 10, "output_length": 2, "hash_ids": [5]})
         for t in (1.0000005, 2.5e-7, 0.0000015, 7)])
-    assert _fast_table(src.read_bytes()) is not None
     got = mooncake_tables(tmp_path, src)
     assert got[True][1]["arrival_ns"].to_list() == got[False][1]["arrival_ns"].to_list() == [round(1.0000005 * 1e6), 0, round(0.0000015 * 1e6), 7_000_000]
 

@@ -49,19 +49,19 @@ class ImportReport:
         return dict(self.__dict__)
 
 
-def iter_records(path: Path, report: ImportReport, on_bytes: Callable[[int], None] | None = None) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, record) for every line that holds a JSON object; count every other line."""
+def iter_lines(path: Path, report: ImportReport, on_bytes: Callable[[int], None] | None = None) -> Iterator[tuple[int, bytes]]:
+    """Yield (line number, physical line without its newline) for every line, counted in `report.num_lines`; a
+    UTF-8 byte-order mark opening the file is not part of the first line."""
     if not path.is_file():
         raise InputFormatError(f"{path} is not a readable file.")
-    name = path.name
     try:
-        yield from _records(path, name, report, on_bytes)
+        yield from _lines(path, report, on_bytes)
     except OSError as e:  # a read error in the middle of the file carries no file name of its own
         raise InputFormatError(f"cannot read {path}: {e.strerror or type(e).__name__}; lines before the failure "
                                f"({report.num_lines:,}) were read, but the import stopped.") from None
 
 
-def _records(path: Path, name: str, report: ImportReport, on_bytes) -> Iterator[tuple[int, dict]]:
+def _lines(path: Path, report: ImportReport, on_bytes) -> Iterator[tuple[int, bytes]]:
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             report.num_lines += 1
@@ -69,15 +69,30 @@ def _records(path: Path, name: str, report: ImportReport, on_bytes) -> Iterator[
                 on_bytes(len(raw))
             if lineno == 1 and raw.startswith(BOM):
                 raw = raw[len(BOM):]  # a UTF-8 byte-order mark opens the file, not the record
-            # The audit's classifier: one definition of blank, record and malformed for the project.
-            kind, obj = classify(raw[:-1] if raw.endswith(b"\n") else raw)
-            if kind == BLANK:
-                report.num_blank_lines += 1
-                continue
-            if kind == MALFORMED:
-                report.malformed(f"{name}:{lineno}", MALFORMED_REASONS[obj.kind])
-                continue
-            yield lineno, obj
+            yield lineno, raw[:-1] if raw.endswith(b"\n") else raw
+
+
+def iter_records(path: Path, report: ImportReport, on_bytes: Callable[[int], None] | None = None) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, record) for every line that holds a JSON object; count every other line."""
+    name = path.name
+    for lineno, raw in iter_lines(path, report, on_bytes):
+        rec = record_of(raw, report, name, lineno)
+        if rec is not None:
+            yield lineno, rec
+
+
+def record_of(raw: bytes, report: ImportReport, name: str, lineno: int) -> dict | None:
+    """The JSON object physical line `raw` (no newline) holds, or None: a blank line counted in `report`, a
+    malformed one reported as `name:lineno`. The audit's classifier: one definition of blank, record and
+    malformed for the project."""
+    kind, obj = classify(raw)
+    if kind == BLANK:
+        report.num_blank_lines += 1
+        return None
+    if kind == MALFORMED:
+        report.malformed(f"{name}:{lineno}", MALFORMED_REASONS[obj.kind])
+        return None
+    return obj
 
 
 #: Largest value of an int64 column (counts, ids, times).

@@ -36,8 +36,8 @@ from kmesh_trace.audit.edges import SessionRecord, pair_edges, sessions
 from kmesh_trace.audit.fields import UNIT_SECONDS, unit_of
 from kmesh_trace.audit.identity import RecordIndex, canonical
 from kmesh_trace.audit.inventory import walk
-from kmesh_trace.jsonl_lines import BLANK, BOM, MALFORMED, MALFORMED_REASONS, RECORD, FileRead, classify, iter_physical_lines
-from kmesh_trace.datasets.importers.common import MAX_LISTED_MALFORMED, MAX_NS, ImportReport
+from kmesh_trace.jsonl_lines import BOM, RECORD, FileRead, classify, iter_physical_lines
+from kmesh_trace.datasets.importers.common import MAX_LISTED_MALFORMED, MAX_NS, ImportReport, record_of
 from kmesh_trace.errors import InputFormatError, MissingDependencyError
 from kmesh_trace.writer import TraceWriter, to_contract
 from kmesh_trace import schema
@@ -181,12 +181,8 @@ class _Import:
                         offset = len(BOM)
                     start, offset = offset, offset + len(raw) + 1
                     rep.num_lines += 1
-                    kind, value = classify(raw)
-                    if kind == BLANK:
-                        rep.num_blank_lines += 1
-                        continue
-                    if kind == MALFORMED:
-                        rep.malformed(f"{rel}:{lineno}", MALFORMED_REASONS[value.kind])
+                    value = record_of(raw, rep, rel, lineno)
+                    if value is None:
                         continue
                     rep.num_records += 1
                     where = file_idx << 32 | lineno

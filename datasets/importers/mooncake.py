@@ -5,192 +5,84 @@ Each line: `timestamp` (ms since the trace start), `input_length` and `output_le
 len(hash_ids) == ceil(input_length / 512)). One invocation per line, in file order; the hashes
 are kept as given (they are already prefix hashes). Output blocks are not listed in the format.
 
-Two readers share one definition of a valid line (`_record_values`) and of a bad one: `import_mooncake`
-writes a trace (Arrow's JSON reader first, the plain line-by-line path when any line is off), and
-`read_mooncake` returns the same rows in memory without pyarrow (a compiled reader of plain-shaped lines first,
-`mooncake_lines`, then msgspec, then the same plain path), for analyses that read the file as it is
-(`kmesh_trace.cli.inputs`).
+One reader, `read_mooncake`, fills one container, `MooncakeColumns`: a compiled parse
+(native/kernels/mooncake_lines.c) reads every line in the plain shape (four fields, plain decimal integers)
+straight into the columns, and each line it refuses is judged by the plain reader (the project's line
+classifier, then `_record_values`), which stores it when it is valid after all (a count written 16.0, an
+extra field) and otherwise says exactly why it is malformed. An import is that read, then the rows written as
+Parquet parts (`import_mooncake`); an analysis may read the file as it is (`read_mooncake`). `fast=False`
+judges every line the plain way: the reference the tests compare the compiled parse with.
 """
 
 from __future__ import annotations
 
-import functools
+import mmap
 from array import array
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Callable, Iterator
+from typing import Callable
 
-from kmesh_trace.jsonl_lines import BOM
+import numpy as np
+
 from kmesh_trace.datasets.importers.common import (
-    MAX_NS,
     MAX_TOKENS,
     ROWS_PER_PART,
     ImportReport,
     RecordError,
     hashes_are_u64,
-    iter_records,
-    require_hash_list,
+    iter_lines,
     require_int,
     require_time_ns,
 )
-
-if TYPE_CHECKING:
-    import pyarrow as pa
+from kmesh_trace.jsonl_lines import BLANK, BOM, MALFORMED, MALFORMED_REASONS, classify
+from kmesh_trace.native.kernels import I32, I64, P, declare, ptr
 
 BLOCK_SIZE = 512
 FORMAT = "mooncake"
+#: Bytes per read of the compiled parse: the buffer grows (doubling) only for a line longer than it.
+CHUNK_BYTES = 4 << 20
+#: Why a row whose hashes are not all 64-bit unsigned integers is malformed.
+HASH_FAULT = "field hash_ids holds a value that is not a 64-bit unsigned integer"
+
+_REFUSED, _ROOM = -1, -2  # native/kernels/mooncake_lines.c's MC_REFUSED, MC_ROOM
+_ROWS, _HASHES, _LINES, _BLANK, _AT, _END, _NEXT = range(7)  # its counts' slots
+_BRACES, _NUMBERS, _NEWLINES = range(3)  # its bounds' slots
+
+_bounds = declare("ks_mooncake_bounds", [P, I64, P])
+_parse = declare("ks_mooncake_parse", [P, I64, I32, I64, P, P, P, P, P, P, I64, I64, P], I64)
 
 
-class _Columns:
-    """One batch of invocation columns in plain lists; hashes flattened with offsets (no list of lists)."""
+class MooncakeColumns:
+    """The rows of a Mooncake file (row i: the i-th valid line): int64 arrays per row, the hashes flattened into
+    one array('Q') (8 bytes each, not a Python int each) with offsets; `part_ends`: the row each Parquet part of an
+    import ends before."""
 
-    def __init__(self) -> None:
-        self.clear()
-
-    def clear(self) -> None:
-        self.lineno: list[int] = []  # input line of each row, to name a bad row
-        self.num_prompt_tokens: list[int] = []
-        self.num_output_tokens: list[int] = []
-        self.arrival_ns: list[int] = []
-        self.offsets: list[int] = [0]
-        self.hashes: list[int] = []
+    def __init__(self, num_rows: int = 0, num_hashes: int = 0) -> None:
+        self.lineno = np.zeros(num_rows, np.int64)  # input line of each row, to name it
+        self.arrival_ns = np.zeros(num_rows, np.int64)
+        self.num_prompt_tokens = np.zeros(num_rows, np.int64)
+        self.num_output_tokens = np.zeros(num_rows, np.int64)
+        self.offsets = np.zeros(num_rows + 1, np.int64)
+        self.hashes = array("Q", [0]) * num_hashes
+        self.part_ends: list[int] = []
 
     def __len__(self) -> int:
         return len(self.lineno)
 
-    def add(self, lineno: int, arrival_ns: int, n_in: int, n_out: int, hashes: list[int]) -> None:
-        self.lineno.append(lineno)
-        self.num_prompt_tokens.append(n_in)
-        self.num_output_tokens.append(n_out)
-        self.arrival_ns.append(arrival_ns)
-        self.hashes.extend(hashes)
-        self.offsets.append(len(self.hashes))
-
-    def extend(self, other: "_Columns") -> None:
-        base = len(self.hashes)
-        for name in ("lineno", "num_prompt_tokens", "num_output_tokens", "arrival_ns", "hashes"):
-            getattr(self, name).extend(getattr(other, name))
-        self.offsets.extend(base + o for o in other.offsets[1:])
-
-    def row_hashes(self, i: int) -> list[int]:
-        return self.hashes[self.offsets[i]:self.offsets[i + 1]]
-
-    def bad_rows(self) -> list[int]:
-        """Rows whose hashes are not all 64-bit unsigned integers (the plain, per-value check)."""
-        bad = []
-        for i in range(len(self)):
-            try:
-                require_hash_list({"hash_ids": self.row_hashes(i)}, "hash_ids")
-            except RecordError:
-                bad.append(i)
-        return bad
-
-    def drop(self, rows: list[int]) -> None:
-        drop = set(rows)
-        keep = [i for i in range(len(self)) if i not in drop]
-        hashes, offsets = [], [0]
-        for i in keep:
-            hashes.extend(self.row_hashes(i))
-            offsets.append(len(hashes))
-        for name in ("lineno", "num_prompt_tokens", "num_output_tokens", "arrival_ns"):
-            col = getattr(self, name)
-            setattr(self, name, [col[i] for i in keep])
-        self.hashes, self.offsets = hashes, offsets
-
-    def table(self, first_seq: int) -> dict:
+    def table(self, lo: int, hi: int, block_size: int = BLOCK_SIZE) -> dict:
+        """Rows lo..hi as the invocations table's columns (seq = row)."""
         import pyarrow as pa
 
-        hashes = pa.ListArray.from_arrays(pa.array(self.offsets, pa.int32()), pa.array(self.hashes, pa.uint64()))
-        seq = list(range(first_seq, first_seq + len(self)))
+        off = self.offsets[lo:hi + 1]
+        values = np.frombuffer(self.hashes, np.uint64)[off[0]:off[-1]]
+        seq = pa.array(np.arange(lo, hi, dtype=np.int64))
         return {
-            "request_id": [str(i) for i in seq],
+            "request_id": seq.cast(pa.string()),
             "seq": seq,
-            "num_prompt_tokens": self.num_prompt_tokens,
-            "num_output_tokens": self.num_output_tokens,
-            "prompt_block_hashes": hashes,
-            "arrival_ns": self.arrival_ns,
+            "num_prompt_tokens": self.num_prompt_tokens[lo:hi],
+            "num_output_tokens": self.num_output_tokens[lo:hi],
+            "prompt_block_hashes": pa.ListArray.from_arrays(pa.array(off - off[0], pa.int32()), pa.array(values)),
+            "arrival_ns": self.arrival_ns[lo:hi],
         }
-
-
-def _fast_schema() -> "pa.Schema":
-    import pyarrow as pa
-
-    return pa.schema([("timestamp", pa.float64()), ("input_length", pa.int64()),
-                      ("output_length", pa.int64()), ("hash_ids", pa.list_(pa.uint64()))])
-
-
-_FAST_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
-_EXACT_NS = 1 << 53
-#: Files up to this size go through the fast path (read whole into memory).
-FAST_PATH_MAX_BYTES = 1 << 30
-
-
-def _fast_table(data: bytes, block_size: int = BLOCK_SIZE) -> pa.Table | None:
-    """The whole file parsed by Arrow's JSON reader and checked column-wise; None if any line is off.
-
-    None sends the file down the plain line-by-line path, which names every bad line: the fast path
-    only ever handles files in which every non-blank line is a valid record."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.json as pj
-
-    try:
-        t = pj.read_json(pa.BufferReader(data), parse_options=pj.ParseOptions(
-            explicit_schema=_fast_schema(), unexpected_field_behavior="ignore"))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        return None
-    if any(t.column(c).null_count for c in _FAST_FIELDS):
-        return None
-    ts, n_in, n_out, hashes = (t.column(c) for c in _FAST_FIELDS)
-    need = pc.divide(pc.add(n_in, block_size - 1), block_size)
-    # Below 2**53 ns the float product is exact for every integer timestamp, as the plain path's integer
-    # arithmetic is; beyond it (over 104 days) the plain path decides.
-    in_range = pc.less(pc.abs(pc.multiply(ts, 1_000_000.0)), float(_EXACT_NS))
-    ok = pc.and_(pc.and_(pc.and_(pc.is_finite(ts), in_range), pc.greater_equal(n_in, 1)),
-                 pc.and_(pc.greater_equal(n_out, 0), pc.equal(pc.list_value_length(hashes), need)))
-    if not pc.all(ok).as_py():
-        return None
-    seq = pa.array(range(t.num_rows), pa.int64())
-    return pa.table({
-        "request_id": pc.cast(seq, pa.string()),
-        "seq": seq,
-        "num_prompt_tokens": n_in,
-        "num_output_tokens": n_out,
-        "prompt_block_hashes": hashes,
-        "arrival_ns": pc.cast(pc.round(pc.multiply(ts, 1_000_000.0), round_mode="half_to_even"), pa.int64()),
-    })
-
-
-_JSON_WS = b" \t\r"
-
-
-def _line_counts(data: bytes) -> tuple[int, int] | None:
-    """Physical lines and blank lines, counted as the plain path counts them; None when a line could
-    hold other than exactly one record, so the plain path must decide.
-
-    Arrow reads a stream of objects, blind to lines: two records on one line, or one record split
-    over two, read the same to it. A line that starts with `{` and ends with `}` cannot be part of a
-    record split across lines (the continuation of an object never starts with `{`, and a line it
-    continues ends in `:`, `,`, `[` or a value, never in the `}` of a complete object), so when every
-    non-blank line does and the row count equals the non-blank line count, each line is one record.
-    Invalid UTF-8 anywhere (even in a field the importer ignores) makes the plain path call the line
-    malformed, so it sends the file there too."""
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    if lines and lines[0].startswith(BOM):
-        lines[0] = lines[0][len(BOM):]
-    num_blank = 0
-    for line in lines:
-        s = line.strip(_JSON_WS)
-        if not s:
-            num_blank += 1
-        elif s[0] != 0x7B or s[-1] != 0x7D:  # "{" ... "}"
-            return None
-    return len(lines), num_blank
 
 
 def engine_metadata(src: Path, block_size: int = BLOCK_SIZE) -> dict:
@@ -202,82 +94,41 @@ def engine_metadata(src: Path, block_size: int = BLOCK_SIZE) -> dict:
 def import_mooncake(src: str | Path, out: str | Path, *, engine_id: str = "import-mooncake",
                     on_bytes: Callable[[int], None] | None = None, fast: bool = True,
                     block_size: int = BLOCK_SIZE) -> ImportReport:
-    """Import one Mooncake JSONL file; `fast=False` forces the plain line-by-line reference path. `block_size`:
-    tokens per hash id (512 in the published traces; a file exported at another `--block-tokens` says its own)."""
+    """Import one Mooncake JSONL file: `read_mooncake`, then its rows written. `block_size`: tokens per hash id
+    (512 in the published traces; a file exported at another `--block-tokens` says its own)."""
     from kmesh_trace.writer import TraceWriter
 
     src = Path(src)
-    report = ImportReport(FORMAT, str(src), str(out), engine_id)
     writer = TraceWriter(out, engine_id, engine_metadata(src, block_size), source=f"import:{FORMAT}")
-    if fast and src.is_file() and src.stat().st_size <= FAST_PATH_MAX_BYTES:
-        data = src.read_bytes()
-        counts = _line_counts(data)
-        table = _fast_table(data, block_size) if counts is not None else None
-        num_lines, num_blank = counts or (0, 0)
-        # Arrow must have read one record per non-blank line, and the direct path (`read_mooncake`) must
-        # take the file whole too (Arrow alone also reads NaN or a 5,000-digit number in a field it
-        # ignores); anything else goes the plain way, where both paths keep and count the same lines.
-        if table is not None and table.num_rows == num_lines - num_blank and _read_whole(src, data, counts):
-            for start in range(0, table.num_rows, ROWS_PER_PART):
-                writer.write("invocations", table.slice(start, ROWS_PER_PART))
-            report.num_lines, report.num_blank_lines = num_lines, num_blank
-            report.num_invocations = table.num_rows
-            report.num_block_hashes = len(table.column("prompt_block_hashes").combine_chunks().values)
-            if on_bytes is not None:
-                on_bytes(len(data))
-            writer.update_metadata(num_malformed_lines=0, malformed_lines=[])
-            writer.close()
-            return report
-    for cols in _plain_batches(src, report, on_bytes, block_size):
-        writer.write("invocations", cols.table(report.num_invocations))
-        report.num_invocations += len(cols)
-        report.num_block_hashes += len(cols.hashes)
+    cols, report = read_mooncake(src, engine_id=engine_id, on_bytes=on_bytes, fast=fast, block_size=block_size)
+    report.out = str(out)
+    lo = 0
+    for hi in cols.part_ends:
+        if hi > lo:
+            writer.write("invocations", cols.table(lo, hi))
+        lo = hi
     writer.update_metadata(num_malformed_lines=report.num_malformed_lines, malformed_lines=report.malformed_lines)
     writer.close()
     return report
 
 
-def _read_whole(src: Path, data: bytes, counts: tuple[int, int]) -> bool:
-    """Whether `read_mooncake`'s fast readers take every line of the file (the one decision both the direct
-    path and the import make before trusting a fast reader)."""
-    from kmesh_trace.datasets.importers.mooncake_lines import read_lines
-
-    return read_lines(src) is not None or _decoded_columns(data, counts[0] - counts[1]) is not None
-
-
-def read_mooncake(src: str | Path, *, engine_id: str = "import-mooncake", fast: bool = True) -> tuple[_Columns, ImportReport]:
-    """The rows `import_mooncake` would write (in file order: row i is seq i) and its report, read into memory
-    without pyarrow. A file whose every line is in the plain shape is parsed in chunks by a compiled reader
-    straight into columns (`mooncake_lines.read_lines`: int64 arrays, no Python object per value); else msgspec
-    decodes the lines when every one is plainly valid, else the plain path decides. The hashes come as one
-    array('Q') (8 bytes each, not a Python int each)."""
+def read_mooncake(src: str | Path, *, engine_id: str = "import-mooncake", on_bytes: Callable[[int], None] | None = None,
+                  fast: bool = True, block_size: int = BLOCK_SIZE) -> tuple[MooncakeColumns, ImportReport]:
+    """The rows of Mooncake JSONL file `src` (in file order) and the report of reading it, every bad line named.
+    The compiled parse reads the file in chunks, the plain reader judges the lines it refuses; `fast=False` (or a
+    file that changes or fails while read) has the plain reader judge every line."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be at least 1, not {block_size}")
     src = Path(src)
     report = ImportReport(FORMAT, str(src), "", engine_id)
-    if fast and src.is_file():
-        from kmesh_trace.datasets.importers.mooncake_lines import read_lines
-
-        lines = read_lines(src)
-        if lines is not None:
-            cols = _Columns()
-            for name in ("lineno", "num_prompt_tokens", "num_output_tokens", "arrival_ns", "offsets", "hashes"):
-                setattr(cols, name, getattr(lines, name))
-            report.num_lines, report.num_blank_lines = lines.num_lines, lines.num_blank_lines
-            report.num_invocations, report.num_block_hashes = len(cols), len(cols.hashes)
-            return cols, report
-    if fast and src.is_file() and src.stat().st_size <= FAST_PATH_MAX_BYTES:
-        data = src.read_bytes()
-        counts = _line_counts(data)
-        cols = _decoded_columns(data, counts[0] - counts[1]) if counts is not None else None
-        if cols is not None:
-            report.num_lines, report.num_blank_lines = counts
-            report.num_invocations, report.num_block_hashes = len(cols), len(cols.hashes)
-            return cols, report
-    cols = _Columns()
-    cols.hashes = array("Q")  # checked: every hash is a 64-bit unsigned integer
-    for batch in _plain_batches(src, report, None):
-        cols.extend(batch)
-        report.num_invocations += len(batch)
-        report.num_block_hashes += len(batch.hashes)
+    judge = _Judge(block_size)
+    cols = _read_compiled(src, judge, report, on_bytes) if fast and src.is_file() else None
+    if cols is None:
+        report, judge = ImportReport(FORMAT, str(src), "", engine_id), _Judge(block_size)
+        cols = _read_plain(src, judge, report, on_bytes)
+    report.num_blank_lines += judge.num_blank
+    _report_faults(cols, judge, report, src.name)
+    report.num_invocations, report.num_block_hashes = len(cols), len(cols.hashes)
     return cols, report
 
 
@@ -294,77 +145,204 @@ def _record_values(rec: dict, block_size: int = BLOCK_SIZE) -> tuple[int, int, i
     return arrival_ns, n_in, n_out, hashes
 
 
-def _plain_batches(src: Path, report: ImportReport, on_bytes, block_size: int = BLOCK_SIZE) -> Iterator[_Columns]:
-    """The plain line-by-line path: the valid rows in batches of ROWS_PER_PART, every bad line reported (a
-    line whose hashes are not all 64-bit unsigned integers after its batch's other faults: a batch's hashes
-    are checked at once, then value by value only when that fails)."""
-    cols = _Columns()
+class _Judge:
+    """The plain reader's verdict on a line: its values when it is a row to store; else the line is counted as
+    blank or its fault kept (in line order; a row whose hashes are not all 64-bit unsigned integers apart)."""
 
-    def checked() -> _Columns:
-        if not hashes_are_u64(cols.hashes):
-            bad = cols.bad_rows()
-            for i in bad:
-                report.malformed(f"{src.name}:{cols.lineno[i]}", "field hash_ids holds a value that is not a 64-bit unsigned integer")
-            cols.drop(bad)
-        return cols
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.num_blank = 0
+        self.faults: list[tuple[int, str]] = []
+        self.hash_faults: list[int] = []
 
-    for lineno, rec in iter_records(src, report, on_bytes):
+    def __call__(self, lineno: int, raw: bytes) -> tuple[int, int, int, list] | None:
+        kind, obj = classify(raw)
+        if kind == BLANK:
+            self.num_blank += 1
+            return None
+        if kind == MALFORMED:
+            self.faults.append((lineno, MALFORMED_REASONS[obj.kind]))
+            return None
         try:
-            values = _record_values(rec, block_size)
+            values = _record_values(obj, self.block_size)
         except RecordError as e:
-            report.malformed(f"{src.name}:{lineno}", str(e))
-            continue
-        cols.add(lineno, *values)
-        if len(cols) >= ROWS_PER_PART:
-            yield checked()
-            cols = _Columns()
-    if len(cols):
-        yield checked()
+            self.faults.append((lineno, str(e)))
+            return None
+        if not hashes_are_u64(values[3]):
+            self.hash_faults.append(lineno)
+            return None
+        return values
 
 
-def _decoded_columns(data: bytes, num_records: int) -> _Columns | None:
-    """Every record of `data` decoded by msgspec; None when any line is not plainly valid (the plain path then
-    decides, and names the bad lines).
+def _report_faults(cols: MooncakeColumns, judge: _Judge, report: ImportReport, name: str) -> None:
+    """The faults into `report` in the order the import has always listed them, and the import's parts.
 
-    Only lines that `_line_counts` found to be one `{...}` each come here, and only a file with exactly one
-    `{` and one `[` per record (no nesting beyond the hash list, no braces in strings) is decoded: msgspec and
-    Python's json then read every line to the same values (both keep a repeated key's last value). msgspec
-    checks the types and ranges that `_record_values` asks for (`_record_type`); the arrival time and the
-    hash count are checked here as `_record_values` checks them (tests/test_import_mooncake_paths.py compares
-    the two readers)."""
-    import msgspec
+    The import takes the rows in batches of ROWS_PER_PART lines that are rows or hold a hash fault (a batch's
+    hashes checked at once), so a hash fault is listed once its batch is complete, after the faults of every
+    line up to the line that completes it; each batch without its hash faults is one part."""
+    taken = cols.lineno
+    if judge.hash_faults:
+        taken = np.sort(np.concatenate([taken, np.array(judge.hash_faults, np.int64)]))
+    closing = taken[ROWS_PER_PART - 1::ROWS_PER_PART]  # the line that completes each full batch
+    cols.part_ends = np.searchsorted(cols.lineno, closing, side="right").tolist() + [len(cols)]
+    faults: list[tuple] = judge.faults
+    if judge.hash_faults:
+        batch = np.searchsorted(taken, judge.hash_faults) // ROWS_PER_PART
+        closes = [int(closing[b]) if b < len(closing) else float("inf") for b in batch.tolist()]
+        faults = sorted([(lineno, 0, lineno, why) for lineno, why in judge.faults]
+                        + [(c, 1, lineno, HASH_FAULT) for c, lineno in zip(closes, judge.hash_faults)])
+        faults = [(lineno, why) for _, _, lineno, why in faults]
+    for lineno, why in faults:
+        report.malformed(f"{name}:{lineno}", why)
 
-    if data.count(b"{") != num_records or data.count(b"[") != num_records:
-        return None
-    decode = msgspec.json.Decoder(_record_type()).decode
-    cols = _Columns()
-    cols.hashes = array("Q")  # 8 bytes a hash; one of 2**64 or more cannot be stored (OverflowError)
-    lines = data.split(b"\n")
-    if lines and lines[0].startswith(BOM):
-        lines[0] = lines[0][len(BOM):]
-    try:
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip(_JSON_WS):
-                continue
-            r = decode(line)
-            arrival_ns = round(r.timestamp * 1_000_000)  # as require_time_ns: an infinite product raises here
-            if abs(arrival_ns) > MAX_NS or len(r.hash_ids) != -(-r.input_length // BLOCK_SIZE):
-                return None
-            cols.add(lineno, arrival_ns, r.input_length, r.output_length, r.hash_ids)
-    except (msgspec.DecodeError, OverflowError, ValueError):
-        return None
+
+def _read_plain(src: Path, judge: _Judge, report: ImportReport, on_bytes) -> MooncakeColumns:
+    """Every line judged by the plain reader."""
+    lineno, arrival, n_in, n_out, offsets, hashes = [], [], [], [], [0], array("Q")
+    for at, raw in iter_lines(src, report, on_bytes):
+        values = judge(at, raw)
+        if values is not None:
+            lineno.append(at)
+            arrival.append(values[0])
+            n_in.append(values[1])
+            n_out.append(values[2])
+            hashes.extend(values[3])
+            offsets.append(len(hashes))
+    cols = MooncakeColumns()
+    cols.lineno, cols.arrival_ns = np.array(lineno, np.int64), np.array(arrival, np.int64)
+    cols.num_prompt_tokens, cols.num_output_tokens = np.array(n_in, np.int64), np.array(n_out, np.int64)
+    cols.offsets, cols.hashes = np.array(offsets, np.int64), hashes
     return cols
 
 
-@functools.lru_cache(maxsize=None)
-def _record_type() -> type:
-    """The fields `_record_values` reads, as msgspec decodes them (made on first use: msgspec loads only for
-    the in-memory reader). Strict types: a float count or a bool is no int here, so such a file goes the
-    plain way, which accepts 16.0 as 16 and refuses true. The bounds are `_record_values`'."""
-    import msgspec
+def _read_compiled(src: Path, judge: _Judge, report: ImportReport, on_bytes) -> MooncakeColumns | None:
+    """The file read by the compiled parse, each line it refuses judged by `judge`; None when reading fails or
+    the file changes between the passes (the plain reader then reads it all, and says how it fails)."""
+    try:
+        with open(src, "rb") as f, _Buffer(CHUNK_BYTES) as buf:
+            reader = _Compiled(*_column_sizes(f, buf), judge)
+            f.seek(0)
+            have = 0
+            while True:
+                if have == buf.size:  # one line longer than the buffer
+                    buf.grow()
+                n = f.readinto(buf.view[have:])
+                if on_bytes is not None and n:
+                    on_bytes(n)
+                length, at_end = have + n, n == 0
+                used = reader.parse(buf.array, length, at_end)
+                if used is None:
+                    return None
+                if at_end:
+                    report.num_lines, report.num_blank_lines = reader.num_lines, reader.num_blank_lines
+                    return reader.trimmed()
+                buf.array[:length - used] = buf.array[used:length]
+                have = length - used
+    except OSError:
+        return None
 
-    return msgspec.defstruct("Record", [
-        ("timestamp", int | float),  # no bool; a number beyond a float's range is refused
-        ("input_length", Annotated[int, msgspec.Meta(ge=1, le=MAX_TOKENS)]),
-        ("output_length", Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]),
-        ("hash_ids", list[Annotated[int, msgspec.Meta(ge=0)]])])  # below 2**64: the array('Q') they go to
+
+class _Compiled:
+    """The columns the compiled parse fills (sized by the first pass), and the rows the judge adds."""
+
+    def __init__(self, num_rows: int, num_hashes: int, judge: _Judge) -> None:
+        self.cols = MooncakeColumns(num_rows, num_hashes)
+        self.judge = judge
+        # written through a numpy view (the bound is within three per row of the count, and a run split by a block)
+        self._hash_view = np.frombuffer(self.cols.hashes, np.uint64) if num_hashes else np.zeros(1, np.uint64)
+        self.counts = np.zeros(7, np.int64)
+
+    @property
+    def num_lines(self) -> int:
+        return int(self.counts[_LINES])
+
+    @property
+    def num_blank_lines(self) -> int:
+        return int(self.counts[_BLANK])
+
+    def parse(self, buf: np.ndarray, length: int, at_end: bool) -> int | None:
+        """Bytes of buf[:length] consumed (whole lines; each refused one judged), or None when the columns are full."""
+        c, counts, pos = self.cols, self.counts, 0
+        while True:
+            used = _parse(ptr(buf[pos:length], np.uint8), length - pos, at_end, self.judge.block_size,
+                          ptr(c.lineno, np.int64), ptr(c.arrival_ns, np.int64), ptr(c.num_prompt_tokens, np.int64),
+                          ptr(c.num_output_tokens, np.int64), ptr(c.offsets, np.int64),
+                          ptr(self._hash_view, np.uint64), len(c.lineno), len(c.hashes), ptr(counts, np.int64))
+            if used >= 0:
+                return pos + used
+            if used != _REFUSED or not self._judged(buf[pos + counts[_AT]:pos + counts[_END]].tobytes()):
+                return None
+            pos += int(counts[_NEXT])
+
+    def _judged(self, raw: bytes) -> bool:
+        """The refused line `raw` judged, and stored when it is a row; False when the columns have no room."""
+        lineno = int(self.counts[_LINES])
+        if lineno == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM):]
+        values = self.judge(lineno, raw)
+        if values is None:
+            return True
+        c, row, h = self.cols, int(self.counts[_ROWS]), int(self.counts[_HASHES])
+        end = h + len(values[3])
+        if row >= len(c.lineno) or end > len(c.hashes):
+            return False
+        c.lineno[row], c.arrival_ns[row], c.num_prompt_tokens[row], c.num_output_tokens[row] = lineno, *values[:3]
+        self._hash_view[h:end] = values[3]
+        c.offsets[row + 1] = end
+        self.counts[_ROWS], self.counts[_HASHES] = row + 1, end
+        return True
+
+    def trimmed(self) -> MooncakeColumns:
+        """The columns cut to what was stored (the sizes are upper bounds)."""
+        c, rows = self.cols, int(self.counts[_ROWS])
+        for name in ("lineno", "arrival_ns", "num_prompt_tokens", "num_output_tokens"):
+            setattr(c, name, getattr(c, name)[:rows])
+        c.offsets = c.offsets[:rows + 1]
+        del self._hash_view  # the array may shrink (in place) once no view holds it
+        del c.hashes[int(self.counts[_HASHES]):]
+        return c
+
+
+def _column_sizes(f, buf: "_Buffer") -> tuple[int, int]:
+    """(rows, hashes) that bound the columns of the file `f` reads (the first pass): a row is a line holding a
+    '{', a hash a run of digits."""
+    bounds = np.zeros(3, np.int64)
+    while n := f.readinto(buf.view):
+        _bounds(ptr(buf.array, np.uint8), n, ptr(bounds, np.int64))
+    return int(min(bounds[_BRACES], bounds[_NEWLINES] + 1)), int(bounds[_NUMBERS])
+
+
+class _Buffer:
+    """The reused read buffer, an anonymous mapping of its own: a malloc'd one would raise the allocator's
+    mmap threshold to its size when freed, and every later allocation below it would stay on the heap
+    (~15 MB more resident over a whole analysis at 16 MB)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = 0
+        self._map(max(size, mmap.PAGESIZE))
+
+    def _map(self, size: int, keep: int = 0) -> None:
+        m = mmap.mmap(-1, size)
+        if keep:
+            m[:keep] = self.array[:keep]
+        self.close()
+        self.mm, self.size = m, size
+        self.array = np.frombuffer(m, np.uint8)
+        self.view = memoryview(m)
+
+    def grow(self) -> None:
+        """Twice the room, the bytes held kept."""
+        self._map(2 * self.size, self.size)
+
+    def close(self) -> None:
+        if self.size:
+            self.view.release()
+            del self.array
+            self.mm.close()
+            self.size = 0
+
+    def __enter__(self) -> "_Buffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

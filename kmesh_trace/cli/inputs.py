@@ -292,10 +292,9 @@ def _mooncake_in_memory(path: Path, engine_id: str):
     from kmesh_trace.oracle.workload import InvocationColumns
 
     cols, report = read_mooncake(path, engine_id=engine_id)
-    # Per-row columns as lists whichever reader gave them (the compiled one gives int64 arrays): the workload
-    # reads them row by row; the hashes and offsets stay as they are (array('Q'), read by slices or numpy).
-    per_row = [c.tolist() if hasattr(c, "tolist") else c for c in (cols.num_prompt_tokens, cols.num_output_tokens,
-                                                                   cols.arrival_ns)]
+    # Per-row columns as lists (the reader gives int64 arrays): the workload reads them row by row; the hashes
+    # and offsets stay as they are (array('Q'), read by slices or numpy).
+    per_row = [c.tolist() for c in (cols.num_prompt_tokens, cols.num_output_tokens, cols.arrival_ns)]
     invocations = InvocationColumns([str(i) for i in range(len(cols))], *per_row, cols.offsets, cols.hashes)
     return PublicInput(path, "mooncake", {engine_id: engine_metadata(path)}, invocations), report
 
