@@ -65,6 +65,10 @@ def normalise(text: str, work: Path) -> str:
         text = text.replace(path, tag)
     keys = "|".join(_VOLATILE_KEYS)
     text = re.sub(rf'("(?:{keys})": )(?:"[^"]*"|-?[0-9.e+-]+|null)', r'\1"<volatile>"', text)
+    text = re.sub(r'("\w+_ns": )1[0-9]{18}\b', r'\1"<volatile>"', text)  # a wall clock, in ns since 1970
+    # The same values as rows of a key | value table (`info`): the value cell, padded to its width.
+    text = re.sub(rf'(│ (?:{keys}) +│ )(\S+)( *)(?=│)|(│ \w+_ns +│ )(1[0-9]{{18}})( *)(?=│)',
+                  lambda m: (m[1] or m[4]) + "<volatile>".ljust(len(m[2] or m[5]) + len(m[3] or m[6])), text)
     return text
 
 
@@ -162,6 +166,10 @@ def test_inputs_are_what_the_generator_writes():
 
 
 def test_normalise_hides_paths_and_volatile_values(tmp_path):
-    text = f'{{"path": "{tmp_path}/mc", "host": "vm", "mono_anchor_ns": 12, "n": 3}}\n{golden_inputs.INPUTS}/a.jsonl'
-    assert normalise(text, tmp_path) == '{"path": "{work}/mc", "host": "<volatile>", "mono_anchor_ns": "<volatile>", ' \
-                                        '"n": 3}\n{in}/a.jsonl'
+    text = (f'{{"path": "{tmp_path}/mc", "host": "vm", "mono_anchor_ns": 12, "wall_ns": 1796222173226288845, '
+            f'"ts_ns": 100, "n": 3}}\n{golden_inputs.INPUTS}/a.jsonl\n'
+            '│ host           │ vm                  │\n│ wall_anchor_ns │ 1796222175333277623 │\n│ n              │ 3  │\n')
+    assert normalise(text, tmp_path) == (
+        '{"path": "{work}/mc", "host": "<volatile>", "mono_anchor_ns": "<volatile>", "wall_ns": "<volatile>", '
+        '"ts_ns": 100, "n": 3}\n{in}/a.jsonl\n'
+        '│ host           │ <volatile>          │\n│ wall_anchor_ns │ <volatile>          │\n│ n              │ 3  │\n')

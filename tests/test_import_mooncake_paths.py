@@ -1,4 +1,4 @@
-"""Both Mooncake import paths agree on every input (issue 18, class 3): the Arrow fast path and the plain
+"""Both Mooncake import paths agree on every input: the Arrow fast path and the plain
 line-by-line path are fuzzed against each other with hypothesis, on lines built to trip the fast path
 (two records on a line, a record split over two, invalid UTF-8 in an ignored field, out-of-range numbers)."""
 
