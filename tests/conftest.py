@@ -113,3 +113,22 @@ def tmpfs(tmp_path):
     yield mount
     for mnt in mounted:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture(scope="session")
+def family_capture(tmp_path_factory):
+    """One real vLLM engine (in-process, tiny model, a pool small enough to evict) running the family workload
+    (tests/tiny_llm.py) under the capture, shared by the tests that only read its trace: (trace, outputs)."""
+    pytest.importorskip("vllm")
+    from tiny_llm import engine_env, family_workload, make_llm, write_model  # tests/ is on sys.path
+
+    from kmesh_trace.capture.session import capture_in_process
+
+    tmp = tmp_path_factory.mktemp("family-capture")
+    engine_env(multiprocess=False)
+    with capture_in_process(tmp / "trace"):
+        llm = make_llm(write_model(tmp / "model"))
+        outs = family_workload(llm)
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    return tmp / "trace", outs
