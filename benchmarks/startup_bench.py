@@ -1,4 +1,4 @@
-"""Start-up benchmark (issue 26, item 4): wall time of `kmesh-trace --help`, of every command's --help and of
+"""Start-up benchmark: wall time of `kmesh-trace --help`, of every command's --help and of
 a command's first line, whole process, as a user runs them; goal <= 0.15 s each.
 
 Baseline, measured in the same run, interleaved: `python -c pass` (the interpreter's own start) and

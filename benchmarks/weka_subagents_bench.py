@@ -1,4 +1,4 @@
-"""`import weka` against sub-agents per file (issue 26, item 3: linear in sub-agents).
+"""`import weka` against sub-agents per file (linear in sub-agents).
 
 One conversation file with N sub-agents (each one request of 4 blocks, after one main request; with
 `--shape interleaved`, after a main request of its own, so that each sub-agent's parent is searched among

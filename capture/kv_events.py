@@ -42,7 +42,6 @@ import msgspec
 
 from kmesh_trace.schema import MAX_BLOCK_SIZE
 
-FORMATS = ("vllm-map", "vllm-array", "sglang")
 #: What `block_hash` holds, per format (recorded in the partition's metadata as `hash_kind`).
 HASH_KINDS = {
     "vllm-map": "vllm:sha256-low64 (the low 64 bits of the block's SHA-256 hash, as vLLM's plugin capture records them)",

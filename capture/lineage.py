@@ -17,11 +17,6 @@ from typing import Any
 from kmesh_trace.lineage import ParentResolver, PrefixIndex, declared_edge
 from kmesh_trace.schema import EdgeKind
 
-#: The head length the index once filed sequences by (a shorter sequence was filed apart). `PrefixIndex`
-#: files by (length, last token) instead; tests/test_capture_lineage.py still builds its cases around it.
-HEAD = 16
-
-
 def _common_prefix_len(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     if a[:n] == b[:n]:

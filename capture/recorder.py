@@ -26,7 +26,6 @@ from kmesh_trace.capture.config import DEFAULTS, ENV_NAMES, check_knob, config_f
 from kmesh_trace.capture.lineage import LineageIndex, edges_for
 from kmesh_trace.lineage import ParentResolver
 
-from kmesh_trace import schema
 from kmesh_trace.writer import ENGINES_DIR, TraceWriter, default_engine_id
 
 log = logging.getLogger("kmesh_trace.capture")
@@ -284,6 +283,3 @@ class Recorder:
                 self.arrivals.clear()
                 self.writer.close()
 
-
-def table_columns(name: str) -> tuple[str, ...]:
-    return tuple(schema.table(name).column_names)

@@ -13,9 +13,28 @@ from typer.testing import CliRunner
 # tree; an explicit HYPOTHESIS_STORAGE_DIRECTORY wins. Set before any test asks Hypothesis for storage.
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(
     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kmesh-trace" / "hypothesis"))
-# Hypothesis keeps no example database (none in the tree) and runs few examples unless a test asks for more.
-settings.register_profile("kmesh", database=None, max_examples=50, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kmesh"))
+# Two Hypothesis profiles, chosen by KMESH_HYPOTHESIS. `ci` (the default): at most CI_MAX_EXAMPLES examples a
+# property, a test's own larger `max_examples` capped to it (pytest_collection_modifyitems below), no example
+# database. `thorough`: every test's own count (50 where it names none) and the example database in the storage
+# directory above, outside the tree.
+CI_MAX_EXAMPLES = 25
+HYPOTHESIS_PROFILE = os.environ.get("KMESH_HYPOTHESIS", "ci")
+if HYPOTHESIS_PROFILE not in ("ci", "thorough"):
+    raise pytest.UsageError(f"KMESH_HYPOTHESIS must be ci or thorough, not {HYPOTHESIS_PROFILE!r}")
+settings.register_profile("ci", database=None, max_examples=CI_MAX_EXAMPLES, deadline=None)
+settings.register_profile("thorough", max_examples=50, deadline=None)
+settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def pytest_collection_modifyitems(items):
+    """Under the `ci` profile, a property test's own `@settings(max_examples=N)` is capped at CI_MAX_EXAMPLES."""
+    if HYPOTHESIS_PROFILE != "ci":
+        return
+    for item in items:
+        test = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        own = getattr(test, "_hypothesis_internal_use_settings", None)
+        if own is not None and own.max_examples > CI_MAX_EXAMPLES:
+            test._hypothesis_internal_use_settings = settings(own, max_examples=CI_MAX_EXAMPLES, database=None)
 
 
 def datasets_dir() -> Path:
@@ -94,3 +113,22 @@ def tmpfs(tmp_path):
     yield mount
     for mnt in mounted:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture(scope="session")
+def family_capture(tmp_path_factory):
+    """One real vLLM engine (in-process, tiny model, a pool small enough to evict) running the family workload
+    (tests/tiny_llm.py) under the capture, shared by the tests that only read its trace: (trace, outputs)."""
+    pytest.importorskip("vllm")
+    from tiny_llm import engine_env, family_workload, make_llm, write_model  # tests/ is on sys.path
+
+    from kmesh_trace.capture.session import capture_in_process
+
+    tmp = tmp_path_factory.mktemp("family-capture")
+    engine_env(multiprocess=False)
+    with capture_in_process(tmp / "trace"):
+        llm = make_llm(write_model(tmp / "model"))
+        outs = family_workload(llm)
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    return tmp / "trace", outs

@@ -96,7 +96,7 @@ def test_ladder_invariants_and_every_rung_is_its_commands_output(cli, tmp_path, 
         assert hits["modelled"] <= hits[k] <= hits["infinite"], k
         assert rung[k]["token_hit_ratio"] >= rung["modelled"]["token_hit_ratio"]
     assert hits["fleet-global"] >= 0 and rung["fleet-global"]["capacity_blocks"] == 2 * d["capacity_blocks"]
-    for r in d["ladder"]:  # the names the issue gives, every rung
+    for r in d["ladder"]:  # the rungs' names, every rung
         assert {"rung", "token_hit_ratio", "hit_ratio", "prefill_tokens", "prefill_s", "capacity_blocks",
                 "capacity_bytes", "command"} <= set(r)
         assert r["prefill_tokens"] == d["num_prompt_tokens"] - r["hit_tokens"] or r["rung"].startswith("fleet")

@@ -176,23 +176,16 @@ def test_an_engine_that_died_under_the_capture_is_a_warning_with_how(tmp_path):
 
 
 @pytest.mark.engine
-def test_real_engine_capture_is_fit(tmp_path):
+def test_real_engine_capture_is_fit(family_capture):
     """A real vLLM engine (in-process, tiny model, a pool small enough to evict) captured by the hook
     must pass every check: the audit's rules hold for what vLLM actually does, not only for fixtures."""
-    from kmesh_trace.capture.session import capture_in_process
-    from tiny_llm import engine_env, family_workload, make_llm, write_model  # tests/ is on sys.path
-
-    engine_env(multiprocess=False)
-    with capture_in_process(tmp_path / "trace"):
-        llm = make_llm(write_model(tmp_path / "model"))
-        family_workload(llm)
-        del llm
-    r = audit_capture(tmp_path / "trace")
+    trace, _ = family_capture
+    r = audit_capture(trace)
     assert summary(r) == []
     assert r.verdict["retention_pressure"]["qualified"] is True
     from kmesh_trace.trace import open_trace
 
-    kinds = dict(open_trace(tmp_path / "trace").sql("select event, count(*) from block_events group by 1").iter_rows())
+    kinds = dict(open_trace(trace).sql("select event, count(*) from block_events group by 1").iter_rows())
     assert kinds.get("touched", 0) > 0 and kinds.get("evicted", 0) > 0  # the checks had something to check
 
 

@@ -233,7 +233,7 @@ def as_scenario(reqs, block_size: int, capacity: int, timed: bool) -> Scenario:
 @pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("concurrent", [False, True])
 def test_fork_tree_matches_real_pool(capacity, aligned, concurrent):
-    """Issue 4's fork tree (datasets/workloads/fork_tree.py): sequential, and timed with all children at once
+    """The fork tree (datasets/workloads/fork_tree.py): sequential, and timed with all children at once
     (pinned side by side: below 256 + 5 x 33 blocks some must wait)."""
     from kmesh_trace.datasets.workloads.fork_tree import BLOCK_SIZE, fork_tree_requests
 

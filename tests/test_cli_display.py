@@ -1,4 +1,4 @@
-"""One output layer for people (issue 21 class 1, issue 24 item 2; kmesh_trace.cli.display).
+"""One output layer for people (kmesh_trace.cli.display).
 
 Every string column of a trace (and a corpus's keys, a metadata value) holding markup, control
 characters and `</script>` goes through every command's human output and comes out as visible text:

@@ -1,5 +1,5 @@
-"""Every failure is one clear line, resources are bounded, inputs are never outputs (issue 18, classes 1,
-5 and 6): the CLI's catch-all, Ctrl-C and closed pipes through the real console script, nested CSV
+"""Every failure is one clear line, resources are bounded, inputs are never outputs: the
+CLI's catch-all, Ctrl-C and closed pipes through the real console script, nested CSV
 cells, unwritable outputs, out-of-range numbers in importers, and `sql`'s memory, spill and time bounds."""
 
 from __future__ import annotations

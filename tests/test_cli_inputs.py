@@ -1,4 +1,4 @@
-"""Public traces read as they are (issue 26, item 3; kmesh_trace.cli.inputs): a Mooncake or Bailian JSONL
+"""Public traces read as they are (kmesh_trace.cli.inputs): a Mooncake or Bailian JSONL
 file, a weka directory or file and an LMCache agent directory open as the trace their import writes,
 recognised from their content; anything else is one sentence."""
 

@@ -1,4 +1,4 @@
-"""Empty is an error, words mean one thing, files are written alike (issue: the report and the terminal).
+"""Empty is an error, words mean one thing, files are written alike (the report and the terminal).
 
 - An import that read input but produced no request exits 1 saying why, and leaves nothing behind;
   every analysis of a trace with no requests says so and exits 1.

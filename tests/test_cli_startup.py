@@ -1,4 +1,4 @@
-"""The CLI starts light (issue 26, item 4): `kmesh-trace --help` and option parsing import none of the
+"""The CLI starts light: `kmesh-trace --help` and option parsing import none of the
 heavy libraries; each is imported by the command that uses it. (The time itself is measured in
 benchmarks/startup_bench.py, not here.)"""
 
@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-HEAVY = ("numpy", "pyarrow", "polars", "duckdb", "numba", "matplotlib", "ray", "torch", "vllm", "jinja2")
+HEAVY = ("numpy", "pyarrow", "polars", "duckdb", "matplotlib", "ray", "torch", "vllm", "jinja2")
 
 
 def _imported_after(code: str) -> set[str]:
@@ -207,49 +207,6 @@ def test_plain_conversion_equals_typers_on_every_parameter():
                     (command.name, param.name, value)
                 checked += 1
     assert checked > 1000
-
-
-def test_the_analyses_load_the_compiler_only_when_a_policy_runs():
-    """Checking a headroom run's options names policies without importing their kernels (numba), so an
-    analysis can refuse a bad option, or say what it reads, before the compiler loads."""
-    code = ("from kmesh_trace.oracle import headroom as hr\n"
-            "from kmesh_trace.oracle.policies import POLICIES, get_policy\n"
-            "hr.HeadroomOptions(None, ('lru', 'belady'), False, 'all', None, 1.0).check()\n"
-            "assert list(POLICIES) == ['infinite', 'lru', 'vllm', 'belady', 'belady-prefix']\n")
-    assert "numba" not in _imported_after(code)
-    # The policies' kernels are C (native/kernels/policies.c): looking one up loads no compiler either.
-    assert "numba" not in _imported_after(code + "get_policy('belady')\nget_policy('belady-prefix')\n"
-                                          "get_policy('lru')\nimport kmesh_trace.oracle.curves\n")
-
-
-def _mooncake_file(path, requests=200, seed=3):
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    with open(path, "w") as f:
-        for i in range(requests):
-            n_in = int(rng.integers(1, 6 * 512))
-            ids = rng.integers(0, 40, -(-n_in // 512)).tolist()
-            f.write(json.dumps({"timestamp": i, "input_length": n_in, "output_length": 8, "hash_ids": ids}) + "\n")
-    return path
-
-
-def test_headroom_with_curve_and_stream_policies_never_imports_numba(tmp_path):
-    """`headroom --policies lru,belady` (both curves) and `lru,belady-prefix` (the lru curve, belady-prefix on
-    its grid) run on the C kernels: the whole command, file read included, ends without numba in
-    sys.modules. (With --capacity-blocks the stock `vllm` model runs too, whose kernel is another's.)"""
-    src = _mooncake_file(tmp_path / "trace.jsonl")
-    for args in (["--policies", "lru,belady"], ["--policies", "lru,belady-prefix", "--processes", "1"],
-                 ["--policies", "lru,belady", "--window", "last-half", "--json"]):
-        code = ("import contextlib, io, sys\nfrom kmesh_trace.cli import main\n"
-                f"sys.argv = ['kmesh-trace', 'headroom', {str(src)!r}, *{args!r}]\n"
-                "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
-                "    try:\n"
-                "        main()\n"
-                "    except SystemExit as e:\n"
-                "        assert not e.code, e.code\n"
-                "assert 'hit' in out.getvalue().lower(), out.getvalue()\n")
-        assert "numba" not in _imported_after(code), args
 
 
 def test_a_path_that_is_no_trace_is_refused_before_the_columnar_libraries_load(tmp_path):

@@ -1,4 +1,4 @@
-"""Ray, as kmesh-trace starts and joins it (issue 21, classes 6 and 7): a local cluster (`--ray auto`
+"""Ray, as kmesh-trace starts and joins it: a local cluster (`--ray auto`
 and the tests' fixture) listens on 127.0.0.1 only, with no dashboard, and `--ray ADDRESS` where no
 cluster answers gives up in one line, within the configurable timeout."""
 

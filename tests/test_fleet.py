@@ -245,7 +245,7 @@ def test_reading_parts_by_location_gives_clear_errors(tmp_path):
 
 
 def test_cli_capacity_in_bytes_is_the_same_fleet_as_in_blocks(cli, tmp_path):
-    """--capacity on fleet (per engine, issue 26, item 5): 4.8MB at 1,000 KV bytes per token and 16-token blocks
+    """--capacity on fleet (per engine): 4.8MB at 1,000 KV bytes per token and 16-token blocks
     is 300 blocks."""
     from kmesh_trace.datasets.workloads.fork_tree import write_fork_tree
 

@@ -140,7 +140,7 @@ def test_cli_curve_is_the_default_without_capacities(cli, tmp_path):
     assert "window: last-half, 3 requests" in r.stdout and "stock (capture) at 512 blocks" in r.stdout
     r = cli(["headroom", trace, "--curve", "--capacity-blocks", "64"])
     assert (r.exit_code, r.stderr.strip()) == (1, "Error: --curve covers every capacity; drop --capacity-blocks (or --curve).")
-    # A window with explicit capacities (issue 26, item 5): the curve's result at exactly those capacities.
+    # A window with explicit capacities: the curve's result at exactly those capacities.
     r = cli(["headroom", trace, "--window", "last-half", "--capacity-blocks", "64,300", "--json"])
     assert r.exit_code == 0, r.stderr
     half = json.loads(r.stdout)
@@ -165,7 +165,7 @@ def test_cli_fixed_capacities_give_seconds_and_the_bracket(cli, tmp_path):
 
 
 def test_cli_capacity_in_bytes_is_the_same_replay_as_in_blocks(cli, tmp_path):
-    """--capacity takes blocks or bytes (issue 26, item 5): 4.8MB at 1,000 KV bytes per token and 16-token
+    """--capacity takes blocks or bytes: 4.8MB at 1,000 KV bytes per token and 16-token
     blocks is 300 blocks, and gives --capacity-blocks 300's result exactly, with or without a window."""
     trace = write_fork_tree(tmp_path / "t")
     for window in ([], ["--window", "last-half"]):

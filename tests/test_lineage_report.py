@@ -1,7 +1,6 @@
 """`lineage`: exact figures on a small import, a Bailian import against a plain count, a real engine capture, the CLI."""
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -95,19 +94,11 @@ def test_cli(tmp_path, cli):
 # ---- a real engine capture ---------------------------------------------------------------------
 
 @pytest.mark.engine
-def test_capture_of_a_real_engine(tmp_path):
-    pytest.importorskip("vllm")
-    from tiny_llm import BLOCK, engine_env, family_workload, make_llm, write_model
+def test_capture_of_a_real_engine(family_capture):
+    from tiny_llm import BLOCK
 
-    from kmesh_trace.capture.session import capture_in_process
-
-    engine_env(multiprocess=False)
-    with capture_in_process(tmp_path / "trace"):
-        llm = make_llm(write_model(tmp_path / "model"))
-        outs = family_workload(llm)
-    llm.llm_engine.engine_core.shutdown()
-    time.sleep(0.1)
-    t = open_trace(tmp_path / "trace")
+    trace, outs = family_capture
+    t = open_trace(trace)
     rep = lineage_report(t)
     anc = outs[0]
     shared = (len(anc.prompt_token_ids) + len(anc.outputs[0].token_ids)) // BLOCK

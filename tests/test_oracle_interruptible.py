@@ -1,5 +1,5 @@
-"""Ctrl-C stops a compiled kernel (issue 21, class 6): the Belady curve of a large stream runs for many
-seconds in compiled code (C since issue 26); SIGINT must raise KeyboardInterrupt within 2 s (the CLI turns it
+"""Ctrl-C stops a compiled kernel: the Belady curve of a large stream runs for many
+seconds in compiled code (C); SIGINT must raise KeyboardInterrupt within 2 s (the CLI turns it
 into `Error: interrupted.`, exit 130)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 from kmesh_trace.oracle.interruptible import run_interruptible
 
 # A stream of 2^23 block reads over 10^6 ids, built with numpy in about a second: its Belady curve runs for
-# several seconds in compiled code (O(log n) per read since issue 26; the curve of the earlier 800,000-read test
+# several seconds in compiled code (O(log n) per read; the curve of the earlier 800,000-read test
 # trace now ends in about a second, before any signal could reach it).
 _LONG_KERNEL = """
 import sys

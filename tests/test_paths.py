@@ -1,4 +1,4 @@
-"""One path policy (issue 21, class 4; kmesh_trace.paths): every reader keeps to the trace's own files
+"""One path policy (kmesh_trace.paths): every reader keeps to the trace's own files
 (a part that is a symbolic link outside the trace is refused), no output lands on or inside an input,
 and a replay store is sized against the free space before anything is written."""
 

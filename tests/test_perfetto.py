@@ -314,27 +314,10 @@ def test_cli_export_perfetto(trace, tmp_path, cli):
 
 
 @pytest.mark.engine
-def test_real_capture_exports_a_valid_timeline(tmp_path, monkeypatch):
+def test_real_capture_exports_a_valid_timeline(tmp_path, family_capture):
     """A tiny real vLLM engine, captured: every request's three phases, every eviction, the pool counter."""
-    pytest.importorskip("vllm")
-    from tiny_llm import generate, make_llm, params, write_model  # the tiny-engine helpers of the capture tests
-
-    from kmesh_trace.capture.session import capture_in_process
-
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    rng = random.Random(3)
-    tokens = lambda n: [rng.randrange(1, 1000) for _ in range(n)]  # noqa: E731
-    with capture_in_process(tmp_path / "trace"):
-        llm = make_llm(write_model(tmp_path / "model"))
-        anc = generate(llm, [tokens(200)], params(kmesh_family="fam"))[0]
-        ctx = list(anc.prompt_token_ids) + list(anc.outputs[0].token_ids)
-        generate(llm, [ctx + tokens(40)], params(kmesh_family="fam", kmesh_parent=anc.request_id))
-        generate(llm, [tokens(300), tokens(300)], params())  # unrelated competitors: the pool must evict
-    llm.llm_engine.engine_core.shutdown()
-
-    trace = open_trace(tmp_path / "trace")
+    trace_dir, outs = family_capture
+    trace = open_trace(trace_dir)
     summary = export_perfetto(trace, tmp_path / "t.json")
     obj = json.loads((tmp_path / "t.json").read_text())
     assert validate_trace_events(obj) == []
@@ -342,7 +325,7 @@ def test_real_capture_exports_a_valid_timeline(tmp_path, monkeypatch):
     assert t0 == trace.sql("SELECT least((SELECT min(ts_ns) FROM block_events), (SELECT min(arrival_ns) FROM invocations)) t")["t"][0]
     expected = {(r["request_id"], phase, (r[s] - t0) / 1000, (r[e] - r[s]) / 1000)
                 for r in trace.frame("invocations").iter_rows(named=True) for phase, s, e in PHASES}
-    assert len(expected) == 3 * 4 and _request_slices(obj["traceEvents"]) == expected
+    assert len(expected) == 3 * len(outs) and _request_slices(obj["traceEvents"]) == expected
     procs, threads = _names(obj["traceEvents"])
     assert sorted(procs.values()) == ["KV pool", "family fam", "unrelated"]
     num_evicted = trace.sql("SELECT count(*) n FROM block_events WHERE event = 'evicted'")["n"][0]

@@ -184,7 +184,7 @@ def test_inferred_edges_come_from_the_traces_exact_prefix_rows(tmp_path):
 
 
 def test_cli_capacity_in_bytes_is_the_same_what_if_as_in_blocks(cli, tmp_path):
-    """--capacity on pressure as on headroom (issue 26, item 5): 4.8MB at 1,000 KV bytes per token and 16-token
+    """--capacity on pressure as on headroom: 4.8MB at 1,000 KV bytes per token and 16-token
     blocks is 300 blocks; a sweep in bytes is the sweep in blocks."""
     trace = write_fork_tree(tmp_path / "t")
     for blocks, size in (("300", "4.8MB"), ("150,300", "2.4MB,4.8MB")):

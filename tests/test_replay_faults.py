@@ -322,7 +322,7 @@ def test_chunks_over_one_gib_are_refused_when_planned(ddir, cli):
     assert st.plan_uniform(1, 1, 1 << 30) == [[1 << 30]]  # exactly 1 GiB is readable
 
 
-# ---- issue 18: journals are checked when read, runs are bounded, seeds are checked -----------------
+# ---- journals are checked when read, runs are bounded, seeds are checked ---------------------------
 
 import pyarrow as _pa
 import pyarrow.parquet as _pq

@@ -1,4 +1,4 @@
-"""Memory follows the data, not the flags (issue 21, class 5): a flag that would size an allocation beyond
+"""Memory follows the data, not the flags: a flag that would size an allocation beyond
 the machine is refused before any work, in one sentence naming it, and `import weka --arrival users:N`
 holds only the users it meets."""
 

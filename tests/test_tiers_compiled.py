@@ -148,24 +148,6 @@ def test_long_streams_through_large_tiers_equal_the_python_replay(timed):
         assert want.hit_blocks_by_tier["host"].sum() > 0
 
 
-def test_the_compiled_replays_load_no_compiler():
-    """The pool and tier replays are C called through ctypes: running them imports no JIT (numba)."""
-    import subprocess
-    import sys
-
-    code = ("import sys\n"
-            "from kmesh_trace.oracle.blockpool import HoldPolicy, simulate_pool\n"
-            "from kmesh_trace.oracle.stream import RequestBlocks\n"
-            "from kmesh_trace.oracle.tiers import TierConfig, TierSpec, simulate_tiers\n"
-            "reqs = [RequestBlocks(i, f'r{i}', 40, 3, [1, 2, 3], [], i, i + 5) for i in range(4)]\n"
-            "held = simulate_pool(reqs, block_size=16, num_usable_blocks=4, holds=HoldPolicy({0: 2}, {1: 0, 2: 0}, {}))\n"
-            "tiers = simulate_tiers(reqs, TierConfig(4, (TierSpec('host', 8),)), block_size=16)\n"
-            "assert held.total_hit_blocks > 0 and tiers.hit_blocks_by_tier['gpu'].sum() > 0\n"
-            "print('numba' in sys.modules)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert r.stdout.strip() == "False"
-
-
 def test_the_tier_stream_numbers_every_hash_from_the_pools_stream():
     """`tier_stream` takes the pool's `AccessStream` ids (the stream `simulate_pool` replays) and numbers the
     prompt hashes past the listed ones (partial last blocks) after them where the stream lacks them: equal

@@ -1,5 +1,5 @@
 """A damaged trace never answers wrongly: every command that reads it says what is wrong with which file
-in one line, and the audit reports the damage as blocking findings (issue 18, class 2)."""
+in one line, and the audit reports the damage as blocking findings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 21, the values half: every outside value crosses one typed boundary (kmesh_trace.values, the
+"""The values: every outside value crosses one typed boundary (kmesh_trace.values, the
 schema's domains). One test per defect class, each failing without its fix: impossible values refused
 (class 2), importers keeping identity (class 3), unbounded flags and files refused in one line (class 5),
 messages that name what failed (class 8)."""

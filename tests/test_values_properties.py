@@ -1,4 +1,4 @@
-"""Property tests of the boundary (issue 21): random and hostile input to every importer and every file
+"""Property tests of the boundary: random and hostile input to every importer and every file
 the tools read never raises outside the one error path (KmeshTraceError), never yields a value outside
 the schema's domains, and the weka fast and plain paths agree on nested structures. Examples are few
 (the suite runs on two cores); each property is checked on the input classes that broke it before."""

@@ -1,4 +1,4 @@
-"""Loss is always counted (issue 18, class 4): a writer on a real full filesystem (a small tmpfs mounted
+"""Loss is always counted: a writer on a real full filesystem (a small tmpfs mounted
 for the test) counts every row it could not write in the loss record, which it can still overwrite
 when the metadata file cannot be rewritten, and the audit blocks on it; rows that vanish without a
 recorded reason are found too."""

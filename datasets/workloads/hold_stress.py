@@ -1,4 +1,4 @@
-"""The built-in `hold-stress` scenario (issue 5): one family whose hold competes with unrelated reuse.
+"""The built-in `hold-stress` scenario: one family whose hold competes with unrelated reuse.
 
 Sequential requests, each run to completion and freed before the next, on a pool of 129 physical
 blocks (vLLM's null block + 128 usable) of 16 tokens, 8 generated tokens per request:
