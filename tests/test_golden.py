@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,11 +59,11 @@ _VOLATILE_KEYS = ("host", "mono_anchor_ns", "wall_anchor_ns", "created_at", "cre
                   "kmesh_trace_version", "python", "platform", "pid", "elapsed_s", "wall_s", "seconds_taken")
 
 
-def normalise(text: str, work: Path) -> str:
+def normalise(text: str, work: Path, inputs: Path | None = None) -> str:
     """The one place volatile output is made stable: the scratch and input paths become {work} and {in} (also
     where a table cell wrapped them), and the values of `_VOLATILE_KEYS` (times, host, versions, durations)
     become "<volatile>"."""
-    for path, tag in ((str(work), "{work}"), (str(golden_inputs.INPUTS), "{in}")):
+    for path, tag in ((str(inputs or golden_inputs.INPUTS), "{in}"), (str(work), "{work}"), (str(golden_inputs.INPUTS), "{in}")):
         text = text.replace(path, tag)
     keys = "|".join(_VOLATILE_KEYS)
     text = re.sub(rf'("(?:{keys})": )(?:"[^"]*"|-?[0-9.e+-]+|null)', r'\1"<volatile>"', text)
@@ -97,8 +99,12 @@ def _fix_width() -> None:
 
 def _run_all(work: Path) -> dict[str, str]:
     golden_inputs.record_listen(work / "listen")
+    # The inputs are read from a copy inside the scratch directory, whose path has one length on every machine
+    # (see `outputs`): a table that shows a path wraps where it wraps in the expectation.
+    inputs = work / "in"
+    shutil.copytree(golden_inputs.INPUTS, inputs)
     env = {"COLUMNS": str(COLUMNS), "TERM": "dumb", "NO_COLOR": "1"}
-    subs = {"{in}": str(golden_inputs.INPUTS), "{work}": str(work)}
+    subs = {"{in}": str(inputs), "{work}": str(work)}
 
     def expand(s: str) -> str:
         for k, v in subs.items():
@@ -127,15 +133,19 @@ def _run_all(work: Path) -> dict[str, str]:
                                env={**os.environ, **env})
             stdout, stderr, code = p.stdout, p.stderr, p.returncode
         appended = Path(expand(case.append)).read_text() if case.append else None
-        outputs[case.name] = normalise(_render(stdout, stderr, code, appended), work)
+        outputs[case.name] = normalise(_render(stdout, stderr, code, appended), work, inputs)
     return outputs
 
 
 @pytest.fixture(scope="module")
-def outputs(tmp_path_factory, monkeypatch_module):
-    work = tmp_path_factory.mktemp("golden")
+def outputs(monkeypatch_module):
+    # Not pytest's tmp_path, whose length grows with its run counter (pytest-9, pytest-10): /tmp/kmesh-golden-XXXXXXXX.
+    work = Path(tempfile.mkdtemp(prefix="kmesh-golden-", dir="/tmp"))
     monkeypatch_module.chdir(work)
-    return _run_all(work)
+    try:
+        yield _run_all(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
