@@ -10,6 +10,7 @@ import typer
 
 from kmesh_trace.cli.common import (
     EngineOption,
+    KvModelConfigOption,
     Output,
     Table,
     check_plot_option,
@@ -59,8 +60,7 @@ class AdviseFlags:
     kv_bytes_per_token: Optional[int] = typer.Option(
         None, "--kv-bytes-per-token", parser=bounded_int(1, MAX_KV_BYTES_PER_TOKEN),
         help="KV bytes per token, for sizes in bytes (default: the capture's engine metadata).")
-    model_config: Optional[Path] = typer.Option(None, "--model-config",
-                                                help="Hugging Face config.json giving the KV bytes per token.")
+    model_config: KvModelConfigOption = None
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="A request dataset's tokenizer: tokenizer.json, or "
                                              "its directory with tokenizer_config.json and the chat template (default: "
                                              "UTF-8 bytes, approximate).")

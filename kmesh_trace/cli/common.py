@@ -283,6 +283,11 @@ KvBytesOption = Annotated[Optional[int], typer.Option(
     help="KV bytes per token, for --capacity in bytes (default: the capture's engine metadata).")]
 ModelConfigOption = Annotated[Optional[Path], typer.Option(
     "--model-config", help="Hugging Face config.json giving the KV bytes per token, for --capacity in bytes.")]
+TraceArgument = Annotated[Path, typer.Argument(help="Trace directory.")]
+SummaryJsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable summary.")]
+KvModelConfigOption = Annotated[Optional[Path], typer.Option(
+    "--model-config", help="Hugging Face config.json giving the KV bytes per token.")]
+PartitionOption = Annotated[Optional[str], typer.Option("--engine", help="Only this engine partition.")]
 TraceOrScenarioArgument = Annotated[Optional[Path], typer.Argument(
     help="Trace directory, or a Mooncake/Bailian JSONL file or weka directory, read as it is, or an lmcache-agent "
          "directory, imported on the way in (or use --scenario).")]

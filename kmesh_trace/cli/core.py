@@ -12,7 +12,7 @@ import typer
 from kmesh_trace.cli.display import Table
 
 from kmesh_trace import schema
-from kmesh_trace.cli.common import Output, emit, err, handles_errors, out, output_options, print_json
+from kmesh_trace.cli.common import Output, TraceArgument, emit, err, handles_errors, out, output_options, print_json
 from kmesh_trace.cli.flags import flags, takes_flags
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.paths import check_trace_directory
@@ -67,7 +67,7 @@ def _trace_info(path: Path) -> dict:
 @handles_errors
 @output_options()
 def info_cmd(
-    trace: Path = typer.Argument(..., help="Trace directory."),
+    trace: TraceArgument,
     output: Output = None,
 ) -> None:
     """Tables, row counts and engine metadata of a trace."""
@@ -189,7 +189,7 @@ def _table_cell(v) -> str:
 class SqlFlags:
     """`sql`'s flags."""
 
-    trace: Path = typer.Argument(..., help="Trace directory.")
+    trace: TraceArgument
     query: str = typer.Argument(..., help="A read-only SQL query over the tables invocations, lineage, block_events, transfers, engines.")
     fmt: SqlFormat = typer.Option(SqlFormat.table, "--format", "-f", help="Output format (csv writes lists and structs as JSON text).")
     limit: int = typer.Option(None, "--limit", parser=bounded_int(0), help=f"Print at most this many rows (default: {TABLE_ROWS} for a table, every row for csv and json, streamed).")

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from kmesh_trace.cli.display import Table
 
-from kmesh_trace.cli.common import EngineOption, check_out_file, check_out_not_in_input, err, handles_errors, out, print_json
+from kmesh_trace.cli.common import EngineOption, SummaryJsonOption, TraceArgument, check_out_file, check_out_not_in_input, err, handles_errors, out, print_json
 from kmesh_trace.cli.flags import flags, takes_flags
 from kmesh_trace.values import MAX_BLOCKS, bounded_int
 
@@ -38,9 +38,9 @@ def register(app: typer.Typer) -> None:
 @export_app.command("perfetto")
 @handles_errors
 def perfetto_cmd(
-    trace: Path = typer.Argument(..., help="Trace directory."),
+    trace: TraceArgument,
     out_path: Path = typer.Option(..., "--out", "-o", help="JSON file to write (FILE.json, or FILE.json.gz for gzip)."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable summary."),
+    as_json: SummaryJsonOption = False,
 ) -> None:
     """Write the trace as Chrome trace-event JSON: open it in ui.perfetto.dev or chrome://tracing.
 
@@ -70,7 +70,7 @@ def perfetto_cmd(
 class MooncakeFlags:
     """`export mooncake`'s flags; the export's own options are named as `export_mooncake` names them."""
 
-    trace: Path = typer.Argument(..., help="Trace directory.")
+    trace: TraceArgument
     out_path: Path = typer.Option(..., "--out", "-o", help="JSONL file to write.")
     block_tokens: int = typer.Option(512, "--block-tokens", parser=bounded_int(1, MAX_BLOCKS),
                                      help="Prompt tokens per hash id (aiperf: give the same --isl-block-size).")
@@ -84,7 +84,7 @@ class MooncakeFlags:
                                              help="With --token-ids on a trace of hashes: ids in [2, N).")
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Write extra.ignore_eos = true (every request "
                                     "generates its output_length).")
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable summary.")
+    as_json: SummaryJsonOption = False
 
 
 @export_app.command("mooncake")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import textwrap
 from dataclasses import replace
 from enum import Enum
-from pathlib import Path
 from typing import Optional
 
 import typer

@@ -10,7 +10,7 @@ import typer
 from kmesh_trace.cli.display import Table
 from kmesh_trace.cli.inputs import importer
 
-from kmesh_trace.cli.common import check_out_dir, check_out_not_in_input, err, handles_errors, out, print_json, progress
+from kmesh_trace.cli.common import SummaryJsonOption, check_out_dir, check_out_not_in_input, err, handles_errors, out, print_json, progress
 from kmesh_trace.cli.flags import flags, takes_flags
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
 from kmesh_trace.values import MAX_BLOCKS, bounded_int, identifier
@@ -50,7 +50,7 @@ class ImportFlags:
     block_size: Optional[int] = typer.Option(None, "--block-size", parser=bounded_int(1, MAX_BLOCKS), help="lmcache-agent, requests: tokens per "
                                              "block (default 64 for UTF-8 bytes, 16 with --tokenizer); mooncake: "
                                              "tokens per hash id (default 512).")
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable summary.")
+    as_json: SummaryJsonOption = False
 
     def check(self) -> None:
         """Refuse, before any work, a source of the wrong kind, an unwritable --out and flags of other formats."""

@@ -11,6 +11,7 @@ from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import (
     EngineOption,
+    KvModelConfigOption,
     Output,
     ScenarioOption,
     TraceOrScenarioArgument,
@@ -62,7 +63,7 @@ class TiersFlags:
     connector: Optional[TierConnector] = typer.Option(None, "--vllm-connector", help="simple-cpu: reproduce vLLM's SimpleCPUOffloadConnector (eager) on one tier, --host (cpu backend) or --ssd (disk backend), replayed sequentially.")
     lookup: TierLookup = typer.Option(TierLookup.any, "--lookup", help="any: GPU then lower tiers block by block; gpu-prefix: lower tiers only extend the GPU prefix (vLLM's connectors).")
     kv_bytes_per_token: Optional[int] = typer.Option(None, "--kv-bytes-per-token", parser=bounded_int(1, MAX_KV_BYTES_PER_TOKEN), help="KV bytes per token (default: the capture's engine metadata).")
-    model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json giving the KV bytes per token.")
+    model_config: KvModelConfigOption = None
     restore_results: Optional[Path] = typer.Option(None, "--restore-results", help="A `replay run --out` directory: restore costs measured on the target host.")
     ssd_route: Optional[str] = typer.Option(None, "--ssd-route", help="Which measured route restores the SSD tier (default: the most direct measured).")
     host_gbps: Optional[float] = typer.Option(None, "--host-gbps", parser=finite_float(0, 1e6, lo_open=True), help="Host tier restore throughput, GB/s.")
