@@ -6,14 +6,15 @@ A flags class is written as a command's parameters are, one field per parameter:
     class TiersFlags:
         trace: TraceOrScenarioArgument = None          # an Annotated type carrying its typer.Argument/Option
         host: Optional[str] = typer.Option(None, "--host", help="...")   # or the typer parameter as the default
-        capacity: CapacityFlags = CapacityFlags()      # a shared block of flags: expanded in its place
+        sizes: CapacityBytesFlags = CapacityBytesFlags()   # a shared block of flags: expanded in its place
 
 `@flags` makes it a frozen, keyword-only dataclass whose defaults are the parameters' defaults (so an
 analysis or a test can build one), and `takes_flags` turns a command `fn(f: TiersFlags, ...)` into the
 function typer registers: the flags class's fields (blocks expanded in place, in declaration order, which
 is the order of `--help`) stand in the signature for `f`, and the values typer parses are given back to
 `fn` as one `TiersFlags`. A flag shared by several commands is declared once (an Annotated type or a block)
-and named in each flags class.
+and named in each flags class. `hidden_alias` declares a deprecated second name of an option (`aliased`
+merges the two), and `options_of` builds an analysis' options dataclass from the flags of the same names.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Callable
 
 from typer.models import ParameterInfo
 
-__all__ = ["flags", "takes_flags", "is_flags"]
+__all__ = ["aliased", "flags", "hidden_alias", "is_flags", "options_of", "parameters", "takes_flags"]
 
 _PARAMETER = "kmesh_parameter"  # a field's metadata key: the typer parameter given as its default
 
