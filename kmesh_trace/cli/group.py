@@ -82,7 +82,18 @@ def silence_stdout() -> None:
         pass
 
 
-class _Group(TyperGroup):
+class _HelpGroup(TyperGroup):
+    """A group whose unset --help is False rather than None: typer converts no bool a flag already holds, so a
+    command's --help does not build (and import pydantic for) a converter of the group's own --help."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None and option.default is None:
+            option.default = False
+        return option
+
+
+class _Group(_HelpGroup):
     """The root group: a command's module is imported, and its click command built, when the command is looked
     up (to run it or show its help); the listing in --help reads the summaries of COMMANDS instead.
 
@@ -212,6 +223,7 @@ def _help_fits_the_terminal(group: typer.Typer) -> None:
     for c in group.registered_commands:  # click cuts a long first line with "..." in the command list
         c.short_help = c.short_help or _first_sentence(c.help or (c.callback.__doc__ if c.callback else "") or "")
     for g in group.registered_groups:
+        g.cls = _HelpGroup
         info = g.typer_instance.info
         g.short_help = g.short_help or _first_sentence(g.help or getattr(info, "help", None) or "")
         _help_fits_the_terminal(g.typer_instance)
