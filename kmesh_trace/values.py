@@ -25,7 +25,7 @@ MAX_INT64 = (1 << 63) - 1
 # ---- flags -------------------------------------------------------------------------------------------
 # Parsers for `typer.Option(..., parser=...)`. A refusal is a FlagRefusal (a ValueError) whose text is the whole
 # sentence: the CLI reports it as "Invalid value for '--flag': <sentence>" and exits 1 before the command runs
-# (kmesh_trace.cli.coercion; click's own parser types word a ValueError the same way).
+# (kmesh_trace.cli.group; click's own parser types word a ValueError the same way).
 
 class FlagRefusal(ValueError):
     """A flag's value refused by its parser; the message is one sentence naming the value and the domain."""

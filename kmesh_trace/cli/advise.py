@@ -9,6 +9,8 @@ from typing import Optional
 import typer
 
 from kmesh_trace.cli.common import (
+    EngineOption,
+    KvModelConfigOption,
     Output,
     Table,
     check_plot_option,
@@ -18,7 +20,9 @@ from kmesh_trace.cli.common import (
     open_input,
     out,
     output_options,
+    plot_option,
 )
+from kmesh_trace.cli.flags import flags, options_of, takes_flags
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.values import MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, bounded_int, finite_float
 
@@ -30,71 +34,85 @@ def register(app: typer.Typer) -> None:
     app.command("advise")(advise_cmd)
 
 
-@handles_errors
-@output_options()
-def advise_cmd(
+@flags
+class AdviseFlags:
+    """`advise`'s flags; the analysis' own options are named as `AdviseOptions` names them."""
+
     trace: Path = typer.Argument(..., help="Trace directory (a capture, a KV-events recording, an import), a "
                                            "Mooncake/Bailian JSONL file, weka or lmcache-agent directory, or a request "
-                                           "dataset (OpenAI-compatible JSONL, ShareGPT JSON, vllm bench custom JSONL)."),
+                                           "dataset (OpenAI-compatible JSONL, ShareGPT JSON, vllm bench custom JSONL).")
     capacity_blocks: Optional[int] = typer.Option(None, "--capacity-blocks", parser=bounded_int(1, MAX_BLOCKS),
                                                   help="The engine's pool in blocks (default: the trace's usable "
                                                        "blocks; an import: where LRU reaches half the infinite "
-                                                       "cache's hits)."),
+                                                       "cache's hits).")
     engines: Optional[int] = typer.Option(None, "--engines", parser=bounded_int(1, 4096),
                                           help="Add the fleet rungs for N engines of the pool's size (default: the "
-                                               "trace's engines, when it has several)."),
+                                               "trace's engines, when it has several).")
     within: float = typer.Option(5.0, "--within", parser=finite_float(0, 100),
-                                 help="Recommend the smallest configuration within this percent of the bound."),
-    tokens_per_s: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True),
-                                                 help="Prefill throughput, for seconds (default: fitted to a "
-                                                      "capture's measured prefills)."),
+                                 help="Recommend the smallest configuration within this percent of the bound.")
+    prefill_tokens_per_s: Optional[float] = typer.Option(
+        None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True),
+        help="Prefill throughput, for seconds (default: fitted to a capture's measured prefills).")
     prefill_rate: Optional[str] = typer.Option(None, "--prefill-rate",
                                                help="A measured prefill rate by its key, for seconds: "
                                                     "llama3-8b-shape/h200/pytorch (kmesh_trace.apps.advise."
-                                                    "PREFILL_RATES says where each comes from)."),
-    kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", parser=bounded_int(1, MAX_KV_BYTES_PER_TOKEN),
-                                           help="KV bytes per token, for sizes in bytes (default: the capture's "
-                                                "engine metadata)."),
-    model_config: Optional[Path] = typer.Option(None, "--model-config",
-                                                help="Hugging Face config.json giving the KV bytes per token."),
+                                                    "PREFILL_RATES says where each comes from).")
+    kv_bytes_per_token: Optional[int] = typer.Option(
+        None, "--kv-bytes-per-token", parser=bounded_int(1, MAX_KV_BYTES_PER_TOKEN),
+        help="KV bytes per token, for sizes in bytes (default: the capture's engine metadata).")
+    model_config: KvModelConfigOption = None
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="A request dataset's tokenizer: tokenizer.json, or "
                                              "its directory with tokenizer_config.json and the chat template (default: "
-                                             "UTF-8 bytes, approximate)."),
+                                             "UTF-8 bytes, approximate).")
     block_size: Optional[int] = typer.Option(None, "--block-size", parser=bounded_int(1, MAX_BLOCKS),
                                              help="A request dataset's tokens per block (default 16 with --tokenizer, "
-                                                  "64 for UTF-8 bytes)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the ladder to FILE.png or FILE.svg."),
-    output: Output = None,
-) -> None:
-    """The answer in one place: the hit-ratio ladder from the infinite cache to what the engine reached, with
-    holds, host/SSD tiers and N engines, and the smallest configuration within --within percent of the bound."""
-    from kmesh_trace.apps.advise import AdviseOptions, advise
+                                                  "64 for UTF-8 bytes).")
+    engine: EngineOption = None
+    plot: plot_option("Also draw the ladder to FILE.png or FILE.svg.") = None
 
-    options = AdviseOptions(capacity_blocks, engines, within, tokens_per_s, prefill_rate, kv_bytes, model_config)
-    options.check()
-    check_plot_option(plot, [trace, model_config])
-    import_options = None
-    if tokenizer is not None or block_size is not None:
+    def import_options(self) -> dict | None:
+        """A request dataset's tokenizer and block size, for its import (refused for any other input)."""
+        if self.tokenizer is None and self.block_size is None:
+            return None
         from kmesh_trace.cli.inputs import sniff
 
-        if sniff(trace) != "requests":
+        if sniff(self.trace) != "requests":
             raise KmeshTraceError("--tokenizer and --block-size apply to a request dataset (OpenAI-compatible JSONL, "
                                   "ShareGPT, vllm bench custom).")
-        import_options = {"tokenizer": tokenizer, "block_size": block_size}
-    with open_input(trace, None, engine, False, direct=True, import_options=import_options) as (t, _):
-        with err.status("advise") as status:
-            advice = advise(t, options, source_arg=str(trace), engine=engine,
-                            progress=lambda what: status.update(f"advise: {what}"))
+        return {"tokenizer": self.tokenizer, "block_size": self.block_size}
+
+
+@handles_errors
+@output_options()
+@takes_flags
+def advise_cmd(f: AdviseFlags, output: Output = None) -> None:
+    """The answer in one place: the hit-ratio ladder from the infinite cache to what the engine reached, with
+    holds, host/SSD tiers and N engines, and the smallest configuration within --within percent of the bound."""
+    from kmesh_trace.apps.advise import AdviseOptions
+
+    options = options_of(AdviseOptions, f)
+    options.check()
+    check_plot_option(f.plot, [f.trace, f.model_config])
+    advice = _advise(f, options)
     for note in advice.notes:
         err.print(f"note: {note}", markup=False, highlight=False)
     d = advice.to_dict()
-    if plot is not None:
+    if f.plot is not None:
         from kmesh_trace.apps.plots import plot_ladder
 
-        plot_ladder(d, plot)
-        err.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
+        plot_ladder(d, f.plot)
+        err.print(f"wrote {f.plot}", markup=False, highlight=False, soft_wrap=True)
     emit(output, d, render=lambda: render(d))
+
+
+def _advise(f: AdviseFlags, options):
+    """The analysis on the input the flags name, with a status line on stderr."""
+    from kmesh_trace.apps.advise import advise
+
+    with open_input(f.trace, None, f.engine, False, direct=True, import_options=f.import_options()) as (t, _):
+        with err.status("advise") as status:
+            return advise(t, options, source_arg=str(f.trace), engine=f.engine,
+                          progress=lambda what: status.update(f"advise: {what}"))
 
 
 def _wrap(text: str, indent: str = "") -> str:

@@ -20,26 +20,56 @@ from pathlib import Path
 import typer
 
 from kmesh_trace.cli.common import check_out_dir, check_out_file, err, fail, handles_errors, print_json
+from kmesh_trace.cli.flags import flags, takes_flags
 
 
 def register(app: typer.Typer) -> None:
     app.command("capture", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(capture_cmd)
 
 
-@handles_errors
-def capture_cmd(
-    command: list[str] = typer.Argument(..., help="The command to run, after `--`: e.g. -- vllm serve MODEL ..."),
-    out_dir: Path = typer.Option(..., "--out", "-o", help="Trace directory to write (created if missing)."),
+@flags
+class CaptureFlags:
+    """`capture`'s flags."""
+
+    command: list[str] = typer.Argument(..., help="The command to run, after `--`: e.g. -- vllm serve MODEL ...")
+    out_dir: Path = typer.Option(..., "--out", "-o", help="Trace directory to write (created if missing).")
     flush_s: float = typer.Option(None, "--flush-s", help="Write buffered events at least this often (seconds; "
-                                  "default: $KMESH_TRACE_FLUSH_S, else 1.0)."),
+                                  "default: $KMESH_TRACE_FLUSH_S, else 1.0).")
     max_buffered_events: int = typer.Option(None, "--max-buffered-events",
                                             help="Block events / transfers held between writes; beyond it events are "
-                                                 "counted as dropped (default: $KMESH_TRACE_MAX_BUFFERED_EVENTS, else 524288)."),
+                                                 "counted as dropped (default: $KMESH_TRACE_MAX_BUFFERED_EVENTS, else 524288).")
     summary_path: Path = typer.Option(None, "--summary", help="Also write the capture summary as JSON to FILE "
-                                      "(written atomically when the command ends)."),
+                                      "(written atomically when the command ends).")
     as_json: bool = typer.Option(False, "--json", help="Print the capture summary as JSON on stdout (after the "
-                                 "command's own output; --summary keeps it apart)."),
-) -> None:
+                                 "command's own output; --summary keeps it apart).")
+
+    def environment(self) -> tuple[Path, dict[str, str]]:
+        """(the trace directory, the command's environment), every capture knob checked here, before the command
+        runs: inside the engine a bad knob only disables the capture."""
+        from kmesh_trace.capture.config import check_knob, config_from_env, hold_config_from_env
+        from kmesh_trace.capture.env import ENV_DIR, ENV_FLUSH_S, ENV_MAX_EVENTS
+
+        if not self.command:
+            fail("give the command to capture after `--`, e.g. kmesh-trace capture --out trace -- vllm serve MODEL.")
+        out_dir = check_out_dir(self.out_dir, "--out").resolve()
+        env = {**os.environ, ENV_DIR: str(out_dir)}
+        # An option given on the command line wins; otherwise what the user exported passes through.
+        for value, knob, option, var in ((self.flush_s, "flush_interval_s", "--flush-s", ENV_FLUSH_S),
+                                         (self.max_buffered_events, "max_buffered_events", "--max-buffered-events",
+                                          ENV_MAX_EVENTS)):
+            if value is not None:
+                check_knob(knob, value, option)
+                env[var] = str(value)
+        config_from_env(env)  # every knob the command inherits is checked too
+        hold_config_from_env(env)
+        if self.summary_path is not None:
+            check_out_file(self.summary_path, "--summary")
+        return out_dir, env
+
+
+@handles_errors
+@takes_flags
+def capture_cmd(f: CaptureFlags) -> None:
     """Run COMMAND with the vLLM capture hook enabled, writing a trace to --out.
 
     Prints one line (stderr) when each engine's capture starts, and one when an engine dies under it.
@@ -47,28 +77,30 @@ def capture_cmd(
     Exit codes: COMMAND's own exit status when it ran (128 + N when signal N killed it); 3 when it exited
     0 but an engine died under it (its worker or its own process killed, e.g. by the OOM killer); 1 when
     it could not be started."""
-    from kmesh_trace.capture.env import ENV_DIR, ENV_FLUSH_S, ENV_MAX_EVENTS
-    from kmesh_trace.capture.config import check_knob, config_from_env, hold_config_from_env
     from kmesh_trace.capture.version import unsupported_reason
 
-    if not command:
-        fail("give the command to capture after `--`, e.g. kmesh-trace capture --out trace -- vllm serve MODEL.")
-    # Checked here, before the command runs: inside the engine a bad knob only disables the capture.
-    out_dir = check_out_dir(out_dir, "--out").resolve()
-    env = {**os.environ, ENV_DIR: str(out_dir)}
-    # An option given on the command line wins; otherwise what the user exported passes through.
-    for value, knob, option, var in ((flush_s, "flush_interval_s", "--flush-s", ENV_FLUSH_S),
-                                     (max_buffered_events, "max_buffered_events", "--max-buffered-events", ENV_MAX_EVENTS)):
-        if value is not None:
-            check_knob(knob, value, option)
-            env[var] = str(value)
-    config_from_env(env)  # every knob the command inherits is checked too
-    hold_config_from_env(env)
-    if summary_path is not None:
-        check_out_file(summary_path, "--summary")
+    out_dir, env = f.environment()
     reason = unsupported_reason()
     if reason is not None:
         err.print(f"warning: {reason}", markup=False, highlight=False)
+    rc, summary, died = _capture(f.command, out_dir, env)
+    if f.summary_path is not None:
+        from kmesh_trace.writer import write_json_atomic
+
+        write_json_atomic(f.summary_path, summary)
+    if f.as_json:
+        print_json(summary)
+    else:
+        _report(summary)
+    if rc != 0:
+        raise typer.Exit(rc if rc > 0 else 128 - rc)  # killed by signal N: the shell's 128 + N
+    if died:
+        raise typer.Exit(ENGINE_DIED_EXIT)
+
+
+def _capture(command: list[str], out_dir: Path, env: dict[str, str]) -> tuple[int, dict, list]:
+    """Run the command, a line on stderr as each engine's capture starts or dies: (its exit status, the
+    capture's summary, the engines that died under it)."""
     from kmesh_trace.cli.capture_watch import EngineWatch
     from kmesh_trace.writer import ENGINES_DIR
 
@@ -80,18 +112,7 @@ def capture_cmd(
     summary = _summary(out_dir, command, rc, signals, died)
     if not summary["engines"]:
         summary["server_error"] = server_error_line(outputs)
-    if summary_path is not None:
-        from kmesh_trace.writer import write_json_atomic
-
-        write_json_atomic(summary_path, summary)
-    if as_json:
-        print_json(summary)
-    else:
-        _report(summary)
-    if rc != 0:
-        raise typer.Exit(rc if rc > 0 else 128 - rc)  # killed by signal N: the shell's 128 + N
-    if died:
-        raise typer.Exit(ENGINE_DIED_EXIT)
+    return rc, summary, died
 
 
 #: The exit status of a command that exited 0 while an engine died under it.

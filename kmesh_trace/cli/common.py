@@ -50,6 +50,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from kmesh_trace.cli.display import Table, err, out  # noqa: F401  (the one output layer, re-exported)
+from kmesh_trace.cli.flags import flags
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
 from kmesh_trace.values import MAX_KV_BYTES_PER_TOKEN, bounded_int, json_text
 from kmesh_trace.paths import check_out_dir, check_out_file, check_out_not_in_input  # noqa: F401  (re-exported)
@@ -282,6 +283,49 @@ KvBytesOption = Annotated[Optional[int], typer.Option(
     help="KV bytes per token, for --capacity in bytes (default: the capture's engine metadata).")]
 ModelConfigOption = Annotated[Optional[Path], typer.Option(
     "--model-config", help="Hugging Face config.json giving the KV bytes per token, for --capacity in bytes.")]
+TraceArgument = Annotated[Path, typer.Argument(help="Trace directory.")]
+SummaryJsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable summary.")]
+KvModelConfigOption = Annotated[Optional[Path], typer.Option(
+    "--model-config", help="Hugging Face config.json giving the KV bytes per token.")]
+PartitionOption = Annotated[Optional[str], typer.Option("--engine", help="Only this engine partition.")]
+TraceOrScenarioArgument = Annotated[Optional[Path], typer.Argument(
+    help="Trace directory, or a Mooncake/Bailian JSONL file or weka directory, read as it is, or an lmcache-agent "
+         "directory, imported on the way in (or use --scenario).")]
+EngineOption = Annotated[Optional[str], typer.Option("--engine", help="Engine partition, for traces with several.")]
+AllowIncompleteOption = Annotated[bool, typer.Option(
+    "--allow-incomplete", help="Analyse a capture that never closed (complete: false) with a warning, instead of refusing.")]
+
+
+def ray_option(more: str = ""):
+    """`--ray` (its help: how to reach Ray, then `more`)."""
+    from kmesh_trace.distributed import RAY_HELP
+
+    return Annotated[Optional[str], typer.Option("--ray", help=RAY_HELP + more)]
+
+
+def plot_option(what: str):
+    """`--plot FILE` with the help `what` (what the plot draws, when)."""
+    return Annotated[Optional[Path], typer.Option("--plot", help=what)]
+
+
+RayOption = ray_option()
+
+
+@flags
+class CapacityBytesFlags:
+    """Pool capacities given with a unit (--capacity 40GiB) and the KV geometry that turns bytes into blocks."""
+
+    capacity: CapacityBytesOption = None
+    kv_bytes: KvBytesOption = None
+    model_config: ModelConfigOption = None
+
+    def check_once(self, capacity_blocks: str | None) -> None:
+        """Refuse capacities given twice (in blocks and with --capacity)."""
+        one_capacity_flag(capacity_blocks, self.capacity)
+
+    def in_blocks(self, trace, workload, engine: str | None) -> tuple[int, ...]:
+        """--capacity in blocks with the geometry of an analysis' input (`capacities_of_input`)."""
+        return capacities_of_input(self.capacity, trace, workload, engine, self.kv_bytes, self.model_config)
 
 
 def capacities_in_blocks(text: str, block_size: int, meta: dict, kv_bytes: int | None, model_config) -> tuple[int, ...]:

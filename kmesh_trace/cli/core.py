@@ -12,7 +12,8 @@ import typer
 from kmesh_trace.cli.display import Table
 
 from kmesh_trace import schema
-from kmesh_trace.cli.common import Output, emit, err, handles_errors, out, output_options, print_json
+from kmesh_trace.cli.common import Output, TraceArgument, emit, err, handles_errors, out, output_options, print_json
+from kmesh_trace.cli.flags import flags, takes_flags
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.paths import check_trace_directory
 from kmesh_trace.values import MAX_SECONDS, bounded_int, finite_float
@@ -66,7 +67,7 @@ def _trace_info(path: Path) -> dict:
 @handles_errors
 @output_options()
 def info_cmd(
-    trace: Path = typer.Argument(..., help="Trace directory."),
+    trace: TraceArgument,
     output: Output = None,
 ) -> None:
     """Tables, row counts and engine metadata of a trace."""
@@ -184,67 +185,114 @@ def _table_cell(v) -> str:
     return str(v)
 
 
+@flags
+class SqlFlags:
+    """`sql`'s flags."""
+
+    trace: TraceArgument
+    query: str = typer.Argument(..., help="A read-only SQL query over the tables invocations, lineage, block_events, transfers, engines.")
+    fmt: SqlFormat = typer.Option(SqlFormat.table, "--format", "-f", help="Output format (csv writes lists and structs as JSON text).")
+    limit: int = typer.Option(None, "--limit", parser=bounded_int(0), help=f"Print at most this many rows (default: {TABLE_ROWS} for a table, every row for csv and json, streamed).")
+    timeout_s: float = typer.Option(DEFAULT_SQL_TIMEOUT_S, "--timeout", parser=finite_float(0, MAX_SECONDS), help="Stop the query after this many seconds (0: no limit).")
+    memory_limit: str = typer.Option(None, "--memory-limit", help="Memory DuckDB may use, e.g. 2GB (default: a quarter of this machine's memory); beyond it DuckDB spills to a private temporary directory, removed at exit.")
+
+
 @handles_errors
-def sql_cmd(
-    trace: Path = typer.Argument(..., help="Trace directory."),
-    query: str = typer.Argument(..., help="A read-only SQL query over the tables invocations, lineage, block_events, transfers, engines."),
-    fmt: SqlFormat = typer.Option(SqlFormat.table, "--format", "-f", help="Output format (csv writes lists and structs as JSON text)."),
-    limit: int = typer.Option(None, "--limit", parser=bounded_int(0), help=f"Print at most this many rows (default: {TABLE_ROWS} for a table, every row for csv and json, streamed)."),
-    timeout_s: float = typer.Option(DEFAULT_SQL_TIMEOUT_S, "--timeout", parser=finite_float(0, MAX_SECONDS), help="Stop the query after this many seconds (0: no limit)."),
-    memory_limit: str = typer.Option(None, "--memory-limit", help="Memory DuckDB may use, e.g. 2GB (default: a quarter of this machine's memory); beyond it DuckDB spills to a private temporary directory, removed at exit."),
-) -> None:
+@takes_flags
+def sql_cmd(f: SqlFlags) -> None:
     """Query a trace with DuckDB SQL (read-only, confined to the trace directory, bounded in memory and time).
 
     Exit codes: 0 ok; 1 could not run (usage, input or I/O error, or the query ran past --timeout)."""
-    from itertools import chain
+    from kmesh_trace.trace import check_read_only
 
-    from kmesh_trace.trace import check_read_only, open_trace
-
-    check_read_only(query)  # before opening anything
-    mem = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None else None
-    cap = limit if limit is not None else (TABLE_ROWS if fmt is SqlFormat.table else None)
-    with open_trace(trace, memory_limit=mem) as t:
-        batches = t.sql_batches(query, timeout_s=timeout_s or None)
-        first = next(batches)
-        names = first.schema.names
-        shown, more = 0, False
-        table_rows: list[list] = []
-        writer = csv.writer(sys.stdout, lineterminator="\n") if fmt is SqlFormat.csv else None
-        if writer is not None:
-            writer.writerow(names)
-        elif fmt is SqlFormat.json:
-            sys.stdout.write("[")
-        for batch in chain([first], batches):
-            rows = batch.to_pylist()
-            if cap is not None and shown + len(rows) > cap:
-                rows, more = rows[:cap - shown], True
-            for row in rows:
-                if fmt is SqlFormat.json:
-                    sys.stdout.write(("," if shown else "") + json.dumps({k: _cell(v) for k, v in row.items()},
-                                                                         separators=(",", ":")))
-                elif writer is not None:
-                    writer.writerow([_csv_field(row[k]) for k in names])
-                else:
-                    table_rows.append([_table_cell(row[k]) for k in names])
-                shown += 1
-            if more:
-                batches.close()
-                break
-        if fmt is SqlFormat.json:
-            sys.stdout.write("]\n")
-        elif fmt is SqlFormat.table:
-            rt = Table()  # one record per row when the columns do not fit the terminal
-            for name in names:
-                rt.add_column(name, overflow="fold")
-            for row in table_rows:
-                rt.add_row(*row)
-            out.print(rt)
-    if fmt is SqlFormat.table and any(isinstance(v, str) and v.endswith(_SHORTENED) for r in table_rows for v in r):
+    check_read_only(f.query)  # before opening anything
+    mem = parse_bytes(f.memory_limit, "--memory-limit") if f.memory_limit is not None else None
+    cap = f.limit if f.limit is not None else (TABLE_ROWS if f.fmt is SqlFormat.table else None)
+    rows = _SQL_ROWS[f.fmt]()
+    shown, more = _sql(f.trace, f.query, mem, f.timeout_s, cap, rows)
+    if f.fmt is SqlFormat.table and rows.shortened():
         err.print(f"note: lists longer than {TABLE_LIST_ITEMS} items are shortened in the table; --format json or "
                   "csv prints them whole", soft_wrap=True)
     if more:
         err.print(f"showing the first {shown:,} rows; the query returned more (raise --limit"
-                  + (", or use --format csv or json to stream every row)" if limit is None else ")"),
+                  + (", or use --format csv or json to stream every row)" if f.limit is None else ")"),
                   markup=False, highlight=False, soft_wrap=True)
-    elif fmt is SqlFormat.table:
+    elif f.fmt is SqlFormat.table:
         err.print(f"{shown} row(s)", style="dim")
+
+
+def _sql(trace: Path, query: str, memory: int | None, timeout_s: float, cap: int | None, rows) -> tuple[int, bool]:
+    """Run the query, giving at most `cap` rows to `rows` (a renderer of one --format) as they stream:
+    (rows given, whether the query returned more)."""
+    from itertools import chain
+
+    from kmesh_trace.trace import open_trace
+
+    with open_trace(trace, memory_limit=memory) as t:
+        batches = t.sql_batches(query, timeout_s=timeout_s or None)
+        first = next(batches)
+        rows.start(first.schema.names)
+        shown, more = 0, False
+        for batch in chain([first], batches):
+            part = batch.to_pylist()
+            if cap is not None and shown + len(part) > cap:
+                part, more = part[:cap - shown], True
+            for row in part:
+                rows.add(row, shown)
+                shown += 1
+            if more:
+                batches.close()
+                break
+        rows.end()
+    return shown, more
+
+
+class _JsonRows:
+    """`--format json`: one JSON array, streamed."""
+
+    def start(self, names: list[str]) -> None:
+        sys.stdout.write("[")
+
+    def add(self, row: dict, index: int) -> None:
+        sys.stdout.write(("," if index else "") + json.dumps({k: _cell(v) for k, v in row.items()}, separators=(",", ":")))
+
+    def end(self) -> None:
+        sys.stdout.write("]\n")
+
+
+class _CsvRows:
+    """`--format csv`: a header line, then the rows, streamed."""
+
+    def start(self, names: list[str]) -> None:
+        self.names, self.writer = names, csv.writer(sys.stdout, lineterminator="\n")
+        self.writer.writerow(names)
+
+    def add(self, row: dict, index: int) -> None:
+        self.writer.writerow([_csv_field(row[k]) for k in self.names])
+
+    def end(self) -> None:
+        pass
+
+
+class _TableRows:
+    """`--format table`: the rows collected, then one table (a record per row when the columns do not fit)."""
+
+    def start(self, names: list[str]) -> None:
+        self.names, self.rows = names, []
+
+    def add(self, row: dict, index: int) -> None:
+        self.rows.append([_table_cell(row[k]) for k in self.names])
+
+    def end(self) -> None:
+        rt = Table()
+        for name in self.names:
+            rt.add_column(name, overflow="fold")
+        for row in self.rows:
+            rt.add_row(*row)
+        out.print(rt)
+
+    def shortened(self) -> bool:
+        return any(isinstance(v, str) and v.endswith(_SHORTENED) for r in self.rows for v in r)
+
+
+_SQL_ROWS = {SqlFormat.json: _JsonRows, SqlFormat.csv: _CsvRows, SqlFormat.table: _TableRows}

@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
 from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import (
-    CapacityBytesOption,
-    KvBytesOption,
-    ModelConfigOption,
+    CapacityBytesFlags,
     Output,
+    RayOption,
     capacities_in_blocks,
     check_plot_option,
     emit,
     err,
     handles_errors,
-    one_capacity_flag,
     out,
     output_options,
     parse_ints,
+    plot_option,
     progress_of,
 )
-from kmesh_trace.distributed import RAY_HELP, check_ray_option
+from kmesh_trace.cli.flags import flags, takes_flags
+from kmesh_trace.distributed import check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.executor import InProcess, OnRay
 from kmesh_trace.schema import FleetEdges
@@ -35,62 +34,85 @@ def register(app: typer.Typer) -> None:
     app.command("fleet")(fleet_cmd)
 
 
-@handles_errors
-@output_options(csv=True)
-def fleet_cmd(
+@flags
+class FleetFlags:
+    """`fleet`'s flags."""
+
     trace: str = typer.Argument(..., help="Trace directory, pyarrow filesystem URL (s3://bucket/trace) or a Mooncake/Bailian JSONL file or weka directory, read as it is, or an lmcache-agent directory, imported on the way in; "
-                                           "every engine partition's requests are routed."),
+                                          "every engine partition's requests are routed.")
     engines: Optional[str] = typer.Option(
-        None, "--engines", help="Fleet sizes, comma-separated (default: the trace's engine partitions)."),
+        None, "--engines", help="Fleet sizes, comma-separated (default: the trace's engine partitions).")
     capacity_blocks: Optional[str] = typer.Option(
-        None, "--capacity-blocks", help="Usable blocks per engine, comma-separated (default: the trace's)."),
-    capacity: CapacityBytesOption = None,
-    kv_bytes: KvBytesOption = None,
-    model_config: ModelConfigOption = None,
+        None, "--capacity-blocks", help="Usable blocks per engine, comma-separated (default: the trace's).")
+    sizes: CapacityBytesFlags = CapacityBytesFlags()
     routing: str = typer.Option(
         "round-robin,least-loaded,family,prefix-aware", "--routing",
-        help="Routing policies, comma-separated, from: round-robin, least-loaded, family, prefix-aware."),
+        help="Routing policies, comma-separated, from: round-robin, least-loaded, family, prefix-aware.")
     edges: FleetEdges = typer.Option(
         FleetEdges.auto, "--edges", help="Families for `family` routing: declared lineage, inferred exact-prefix "
-                                    "edges, or auto (declared when the trace declares any)."),
+                                    "edges, or auto (declared when the trace declares any).")
     overload: float = typer.Option(
-        1.25, "--overload", parser=finite_float(0, 1e6, lo_open=True), help="prefix-aware skips an engine whose load exceeds this multiple of the mean load (+1)."),
-    ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also write hit ratio by policy to FILE.png or FILE.svg."),
-    output: Output = None,
-) -> None:
-    """Hit ratio, prefill tokens and load imbalance of each routing policy, and its gap to a global pool."""
-    from kmesh_trace.oracle import fleet
-    from kmesh_trace.apps.plots import plot_fleet
+        1.25, "--overload", parser=finite_float(0, 1e6, lo_open=True), help="prefix-aware skips an engine whose load exceeds this multiple of the mean load (+1).")
+    ray: RayOption = None
+    plot: plot_option("Also write hit ratio by policy to FILE.png or FILE.svg.") = None
 
-    routings = tuple(r.strip() for r in routing.split(",") if r.strip())
-    if not routings:
-        raise KmeshTraceError(f"--routing needs at least one policy from: {', '.join(fleet.ROUTINGS)}.")
-    one_capacity_flag(capacity_blocks, capacity)
-    check_plot_option(plot, [trace, model_config])
-    check_ray_option(ray)
+    def check(self) -> tuple[str, ...]:
+        """The routing policies, once the flags are checked before any input is read."""
+        from kmesh_trace.oracle.fleet import ROUTINGS
+
+        routings = tuple(r.strip() for r in self.routing.split(",") if r.strip())
+        if not routings:
+            raise KmeshTraceError(f"--routing needs at least one policy from: {', '.join(ROUTINGS)}.")
+        self.sizes.check_once(self.capacity_blocks)
+        check_plot_option(self.plot, [self.trace, self.sizes.model_config])
+        check_ray_option(self.ray)
+        return routings
+
+    def options(self, routings: tuple[str, ...], parts):
+        """The analysis' options, capacities in bytes converted with the trace's KV geometry."""
+        from kmesh_trace.oracle.fleet import FleetOptions
+
+        ns = parse_ints(self.engines, "--engines") if self.engines is not None else None
+        caps = parse_ints(self.capacity_blocks, "--capacity-blocks") if self.capacity_blocks is not None else None
+        if self.sizes.capacity is not None:  # per engine, in bytes: converted with the trace's KV geometry
+            from kmesh_trace.oracle.stream import check_block_size
+
+            caps = capacities_in_blocks(self.sizes.capacity, check_block_size(parts.block_size), parts.metadata,
+                                        self.sizes.kv_bytes, self.sizes.model_config)
+        options = FleetOptions(ns and tuple(ns), caps and tuple(caps), routings, self.edges, self.overload)
+        options.check(parts)
+        return options
+
+
+@handles_errors
+@output_options(csv=True)
+@takes_flags
+def fleet_cmd(f: FleetFlags, output: Output = None) -> None:
+    """Hit ratio, prefill tokens and load imbalance of each routing policy, and its gap to a global pool."""
+    routings = f.check()
     from kmesh_trace.cli.inputs import read_directly
 
-    parts = read_directly(trace, on_import=err.print) if ray is None else None  # in memory (never empty), not for Ray's tasks
+    parts = read_directly(f.trace, on_import=err.print) if f.ray is None else None  # in memory (never empty), not for Ray's tasks
     if parts is None:
-        parts = _trace_parts(trace)
-    ns = parse_ints(engines, "--engines") if engines is not None else None
-    caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
-    if capacity is not None:  # per engine, in bytes: converted with the trace's KV geometry
-        from kmesh_trace.oracle.stream import check_block_size
+        parts = _trace_parts(f.trace)
+    result = _fleet(parts, f.options(routings, parts), f.ray)
+    if result.num_requests == 0:
+        raise KmeshTraceError(f"{f.trace} has no invocations; there are no requests to route.")
+    if f.plot is not None:
+        from kmesh_trace.apps.plots import plot_fleet
 
-        caps = capacities_in_blocks(capacity, check_block_size(parts.block_size), parts.metadata, kv_bytes, model_config)
-    options = fleet.FleetOptions(ns and tuple(ns), caps and tuple(caps), routings, edges, overload)
-    options.check(parts)
+        plot_fleet(result, f.plot)
+        err.print(f"wrote {f.plot}", markup=False, highlight=False, soft_wrap=True)
+    emit(output, result.to_dict(), rows=result.rows(), render=lambda: _render(result.to_dict()))
+
+
+def _fleet(parts, options, ray: str | None):
+    """The analysis, with a progress bar on its pieces (in this process or as Ray tasks)."""
+    from kmesh_trace.oracle import fleet
+
     executor = InProcess() if ray is None else OnRay(ray)
     with progress_of(executor, "fleet", always=True):
-        result = fleet.run(parts, options, executor)
-    if result.num_requests == 0:
-        raise KmeshTraceError(f"{trace} has no invocations; there are no requests to route.")
-    if plot is not None:
-        plot_fleet(result, plot)
-        err.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
-    emit(output, result.to_dict(), rows=result.rows(), render=lambda: _render(result.to_dict()))
+        return fleet.run(parts, options, executor)
 
 
 def _trace_parts(trace: str):

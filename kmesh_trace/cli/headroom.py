@@ -6,33 +6,34 @@ from __future__ import annotations
 import textwrap
 from dataclasses import replace
 from enum import Enum
-from pathlib import Path
 from typing import Optional
 
 import typer
 from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import (
-    CapacityBytesOption,
+    AllowIncompleteOption,
+    CapacityBytesFlags,
     CapacityOption,
-    KvBytesOption,
-    ModelConfigOption,
+    EngineOption,
     Output,
+    RayOption,
     ScenarioOption,
+    TraceOrScenarioArgument,
     approximate_tokens_note,
-    capacities_of_input,
     check_plot_option,
     emit,
     err,
     handles_errors,
-    one_capacity_flag,
     open_input,
     out,
     output_options,
     parse_ints,
+    plot_option,
     progress_of,
 )
-from kmesh_trace.distributed import RAY_HELP, check_ray_option
+from kmesh_trace.cli.flags import flags, takes_flags
+from kmesh_trace.distributed import check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.executor import executor_for
 from kmesh_trace.values import bounded_int, finite_float
@@ -47,93 +48,111 @@ def register(app: typer.Typer) -> None:
     app.command("headroom")(headroom_cmd)
 
 
-@handles_errors
-@output_options(csv=True)
-def headroom_cmd(
-    trace: Optional[Path] = typer.Argument(None, help="Trace directory, or a Mooncake/Bailian JSONL file or weka directory, read as it is, or an lmcache-agent directory, imported on the way in (or use --scenario)."),
-    capacity_blocks: CapacityOption = None,
-    capacity: CapacityBytesOption = None,
-    kv_bytes: KvBytesOption = None,
-    model_config: ModelConfigOption = None,
+@flags
+class HeadroomFlags:
+    """`headroom`'s flags."""
+
+    trace: TraceOrScenarioArgument = None
+    capacity_blocks: CapacityOption = None
+    sizes: CapacityBytesFlags = CapacityBytesFlags()
     policies: Optional[str] = typer.Option(
-        None, "--policies", help="Policies, comma-separated, from: infinite, lru, vllm, belady, belady-prefix (default: all)."),
+        None, "--policies", help="Policies, comma-separated, from: infinite, lru, vllm, belady, belady-prefix (default: all).")
     curve: bool = typer.Option(
         False, "--curve", help="Every capacity: lru and belady exact from one pass each, vllm and belady-prefix on a grid "
-                               "(the default when no --capacity-blocks is given)."),
+                               "(the default when no --capacity-blocks is given).")
     window: Window = typer.Option(Window.all, "--window", help="Requests counted in a curve: all, or the last half "
                                   "(the first half warms the cache); with --capacity-blocks, the curve at those "
-                                  "capacities."),
+                                  "capacities.")
     tokens_per_s: Optional[float] = typer.Option(
         None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True), help="Prefill throughput at position 0, for seconds (default: fitted to a "
-                                             "capture's measured prefills)."),
+                                             "capture's measured prefills).")
     attention_factor: float = typer.Option(
         0.0, "--attention-factor", parser=finite_float(0), help="With --prefill-tokens-per-s: extra cost of a token per earlier position, as a "
-                                        "fraction of its position-0 cost."),
+                                        "fraction of its position-0 cost.")
     processes: Optional[int] = typer.Option(None, "--processes", parser=bounded_int(1, 4096), help="Worker processes for grid replays "
-                                            "(threads for a policy whose kernel is C; default: the cores)."),
-    scenario: ScenarioOption = None,
-    engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
-    allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="Analyse a capture that never closed "
-                                          "(complete: false) with a warning, instead of refusing."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also write hit ratio against capacity to FILE.png or FILE.svg."),
+                                            "(threads for a policy whose kernel is C; default: the cores).")
+    scenario: ScenarioOption = None
+    engine: EngineOption = None
+    allow_incomplete: AllowIncompleteOption = False
+    plot: plot_option("Also write hit ratio against capacity to FILE.png or FILE.svg.") = None
     sample: Optional[float] = typer.Option(
         None, "--sample", parser=finite_float(0, 1, lo_open=True), help="Curve from a spatial sample of the block "
-        "ids at RATE (SHARDS; e.g. 0.01), labelled with its measured error; 1: exact (also above the memory budget)."),
+        "ids at RATE (SHARDS; e.g. 0.01), labelled with its measured error; 1: exact (also above the memory budget).")
     partitions: Optional[int] = typer.Option(
         None, "--partitions", parser=bounded_int(1, 4096), help="Curve from K partitions of the block ids, each a "
-        "cache of C / K, merged (Ray tasks with --ray): exact for the infinite cache, error-bounded below."),
+        "cache of C / K, merged (Ray tasks with --ray): exact for the infinite cache, error-bounded below.")
     memory_budget: Optional[float] = typer.Option(
         None, "--memory-budget", parser=finite_float(0, lo_open=True), help="GiB the exact curves may take beyond "
-        "the stream; above it the curve is sampled, and says so (default: half the memory available)."),
-    ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
-    output: Output = None,
-) -> None:
+        "the stream; above it the curve is sampled, and says so (default: half the memory available).")
+    ray: RayOption = None
+
+    def options(self):
+        """The analysis' options (capacities in bytes are converted once the input is open), checked with the
+        flags' own rules first: one input, capacities given once, a writable --plot, a usable --ray."""
+        from kmesh_trace.oracle.headroom import HeadroomOptions
+
+        caps = parse_ints(self.capacity_blocks, "--capacity-blocks") if self.capacity_blocks is not None else None
+        names = tuple(p.strip() for p in self.policies.split(",") if p.strip()) if self.policies else None
+        if (self.trace is None) == (self.scenario is None):
+            raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
+        self.sizes.check_once(self.capacity_blocks)
+        if self.curve and self.sizes.capacity is not None:  # capacities in bytes: known once the trace is open
+            raise KmeshTraceError("--curve covers every capacity; drop --capacity (or --curve).")
+        options = HeadroomOptions(None if caps is None else tuple(caps), names, self.curve, self.window.value,
+                                  self.tokens_per_s, self.attention_factor, self.sample, self.partitions, self.memory_budget)
+        check_plot_option(self.plot, [self.trace, self.sizes.model_config])  # before the replays, not after them
+        check_ray_option(self.ray)
+        options.check()
+        return options
+
+
+@handles_errors
+@output_options(csv=True)
+@takes_flags
+def headroom_cmd(f: HeadroomFlags, output: Output = None) -> None:
     """Prefill tokens (and seconds) the stock cache failed to reuse that an ideal cache of the same capacity
     would have: at the given capacities, or along the whole capacity axis."""
-    from kmesh_trace.oracle import headroom as hr
-    from kmesh_trace.oracle.workload import Workload
-
-    caps = parse_ints(capacity_blocks, "--capacity-blocks") if capacity_blocks is not None else None
-    names = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else None
-    if (trace is None) == (scenario is None):
-        raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
-    one_capacity_flag(capacity_blocks, capacity)
-    if curve and capacity is not None:  # capacities in bytes: known once the trace is open
-        raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
-    options = hr.HeadroomOptions(None if caps is None else tuple(caps), names, curve, window.value, tokens_per_s,
-                                 attention_factor, sample, partitions, memory_budget)
-    check_plot_option(plot, [trace, model_config])  # a bad --plot must fail before the replays, not after them
-    check_ray_option(ray)
-    options.check()
-    with open_input(trace, scenario, engine, allow_incomplete, direct=ray is None) as (t, w):  # Ray tasks read a trace
-        if capacity is not None:
-            options = replace(options, capacities=capacities_of_input(capacity, t, w, engine, kv_bytes, model_config))
-        w = w or Workload.from_trace(t, engine, requests=options.needs_requests)  # its refusals come first
-        fitted = None if t is None or options.tokens_per_s is not None else _fitted(t, engine)
-        note = approximate_tokens_note(t) if t is not None else None
-    t = None  # what the replays read is in the workload now: the input's own columns (its hashes) can go
-    executor = executor_for(processes, ray)
+    options = f.options()
+    w, options, fitted, note = _workload(f, options)
+    executor = executor_for(f.processes, f.ray)
     options.check_executor(executor)
-    if options.wants_curve:
-        with err.status("replaying") as status:
-            res = hr.run(w, options, executor, fitted=fitted, note=note,
-                         progress=lambda what: status.update(f"replaying: {what}"))
-        return _emit(res, plot, output, lambda: _render_curve(res, w.block_size, options.window, res.cost))
-    with progress_of(executor, "headroom"):
-        res = hr.run(w, options, executor, fitted=fitted, note=note)
-    _emit(res, plot, output, lambda: render(res.to_dict()))
-
-
-def _emit(res, plot, output, render_human) -> None:
-    """Write the plot, print the notes (the approximate-token note was said already), emit the result."""
-    if plot is not None:
+    res = _headroom(w, options, executor, fitted, note)
+    if f.plot is not None:
         from kmesh_trace.apps.plots import plot_headroom, plot_headroom_curve
 
-        (plot_headroom_curve if hasattr(res, "curves") else plot_headroom)(res, plot)
-        err.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
-    for note in res.notes:
-        err.print(f"note: {note}")
-    emit(output, res.to_dict(), rows=res.rows(), render=render_human)
+        (plot_headroom_curve if options.wants_curve else plot_headroom)(res, f.plot)
+        err.print(f"wrote {f.plot}", markup=False, highlight=False, soft_wrap=True)
+    for line in res.notes:
+        err.print(f"note: {line}")
+    human = (lambda: _render_curve(res, w.block_size, options.window, res.cost)) if options.wants_curve else (
+        lambda: render(res.to_dict()))
+    emit(output, res.to_dict(), rows=res.rows(), render=human)
+
+
+def _workload(f: HeadroomFlags, options):
+    """(the workload, the options with --capacity in blocks, the fitted prefill cost, the approximate-token note)
+    of the input the flags name; the input is closed after: what the replays read is in the workload."""
+    from kmesh_trace.oracle.workload import Workload
+
+    with open_input(f.trace, f.scenario, f.engine, f.allow_incomplete, direct=f.ray is None) as (t, w):  # Ray tasks read a trace
+        if f.sizes.capacity is not None:
+            options = replace(options, capacities=f.sizes.in_blocks(t, w, f.engine))
+        w = w or Workload.from_trace(t, f.engine, requests=options.needs_requests)  # its refusals come first
+        fitted = None if t is None or options.tokens_per_s is not None else _fitted(t, f.engine)
+        note = approximate_tokens_note(t) if t is not None else None
+    return w, options, fitted, note
+
+
+def _headroom(w, options, executor, fitted, note):
+    """The analysis: a curve along the capacity axis (a status line on stderr), or the given capacities."""
+    from kmesh_trace.oracle import headroom as hr
+
+    if options.wants_curve:
+        with err.status("replaying") as status:
+            return hr.run(w, options, executor, fitted=fitted, note=note,
+                          progress=lambda what: status.update(f"replaying: {what}"))
+    with progress_of(executor, "headroom"):
+        return hr.run(w, options, executor, fitted=fitted, note=note)
 
 
 def render(d: dict) -> None:

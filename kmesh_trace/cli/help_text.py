@@ -3,8 +3,8 @@ repeatable argument reads `COMMAND...`, a repeatable option `<str>`, the value o
 not click's two, before `[default: ...]` and `[required]`.
 
 typer 0.29 writes both into the help record (`TyperArgument` / `TyperOption.get_help_record`), so each
-parameter's record is tidied as it is written, the way `coercion` installs its converters: on the command
-the root group resolves, and on the subcommands of a group.
+parameter's record is tidied as it is written: on the command the root group resolves, and on the
+subcommands of a group.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from kmesh_trace.cli.display import Table
 
-from kmesh_trace.cli.common import Output, approximate_tokens_note, check_plot_option, emit, err, handles_errors, out, output_options
+from kmesh_trace.cli.common import Output, PartitionOption, approximate_tokens_note, check_plot_option, emit, err, handles_errors, out, output_options
 
 MAX_FAMILY_ROWS = 20
 
@@ -30,7 +30,7 @@ def lineage_cmd(
     trace: Path = typer.Argument(..., help="Trace directory, or a Mooncake/Bailian JSONL file or weka directory, read as it is, or an lmcache-agent directory, imported on the way in."),
     edges: Optional[str] = typer.Option(None, "--edges", help="Edge kind to read from the lineage table: declared, "
                                         "exact_prefix or content (default: the first of these the trace has)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Only this engine partition."),
+    engine: PartitionOption = None,
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw fan-out, reuse gaps and shared blocks to FILE.png or FILE.svg."),
     output: Output = None,
 ) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from kmesh_trace.cli.common import check_out_dir, err, fail, handles_errors, print_json
+from kmesh_trace.cli.flags import flags, takes_flags
 from kmesh_trace.schema import MAX_BLOCK_SIZE
 
 FORMAT_CHOICES = ("auto", "vllm-map", "vllm-array", "sglang")
@@ -61,47 +62,69 @@ def _specs(sources: list[str], replay: list[str], topic: str, fmt: str, block_si
     return specs
 
 
-@handles_errors
-def listen_cmd(
-    sources: list[str] = typer.Argument(..., help="Publisher endpoints (tcp://, ipc://) or engine server URLs (http://)."),
+@flags
+class ListenFlags:
+    """`listen`'s flags."""
+
+    sources: list[str] = typer.Argument(..., help="Publisher endpoints (tcp://, ipc://) or engine server URLs (http://).")
     out_dir: Path = typer.Option(..., "--out", "-o", help="Trace directory (created if missing; an existing recording "
-                                 "of the same publishers is resumed)."),
-    replay: list[str] = typer.Option([], "--replay-endpoint", help="Replay endpoint of each publisher endpoint, in order."),
-    topic: str = typer.Option("", "--topic", help="Topic the publishers were given (for endpoints; a URL announces it)."),
-    fmt: str = typer.Option("auto", "--format", help=f"Event format: {', '.join(FORMAT_CHOICES)} (auto detects it)."),
+                                 "of the same publishers is resumed).")
+    replay: list[str] = typer.Option([], "--replay-endpoint", help="Replay endpoint of each publisher endpoint, in order.")
+    topic: str = typer.Option("", "--topic", help="Topic the publishers were given (for endpoints; a URL announces it).")
+    fmt: str = typer.Option("auto", "--format", help=f"Event format: {', '.join(FORMAT_CHOICES)} (auto detects it).")
     block_size: int = typer.Option(None, "--block-size", min=1, max=MAX_BLOCK_SIZE, help="Tokens per block (default: what the server or "
-                                   "the events say)."),
+                                   "the events say).")
     num_blocks: int = typer.Option(None, "--num-blocks", min=1, help="The engine's usable KV blocks (default: what the "
-                                   "server's /metrics says); the analyses and --live's LRU model need it."),
+                                   "server's /metrics says); the analyses and --live's LRU model need it.")
     bind: bool = typer.Option(False, "--bind", help="Bind the tcp:// endpoints instead of connecting: for engines "
-                              "given a concrete address (tcp://HOST:PORT), which then connect to the listener."),
+                              "given a concrete address (tcp://HOST:PORT), which then connect to the listener.")
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Connect to publishers a server on a loopback URL "
-                                      "announces on other hosts (refused by default)."),
-    flush_s: float = typer.Option(1.0, "--flush-s", help="Write a Parquet part at least this often (seconds, > 0)."),
+                                      "announces on other hosts (refused by default).")
+    flush_s: float = typer.Option(1.0, "--flush-s", help="Write a Parquet part at least this often (seconds, > 0).")
     max_buffered_events: int = typer.Option(524288, "--max-buffered-events", min=1,
-                                            help="Block events held between writes per publisher; more are counted as dropped."),
-    live: bool = typer.Option(False, "--live", help="Redraw a table of rates and hit ratios on stderr."),
-    live_s: float = typer.Option(3.0, "--live-interval", help="Seconds between --live redraws (> 0)."),
-    duration_s: float = typer.Option(None, "--duration", help="Stop after this many seconds (default: until SIGINT/SIGTERM)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout when the recording ends."),
-) -> None:
+                                            help="Block events held between writes per publisher; more are counted as dropped.")
+    live: bool = typer.Option(False, "--live", help="Redraw a table of rates and hit ratios on stderr.")
+    live_s: float = typer.Option(3.0, "--live-interval", help="Seconds between --live redraws (> 0).")
+    duration_s: float = typer.Option(None, "--duration", help="Stop after this many seconds (default: until SIGINT/SIGTERM).")
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout when the recording ends.")
+
+    def check(self) -> None:
+        """Refuse what cannot record: the optional libraries missing, an unknown format, a time not above zero."""
+        try:
+            import msgspec  # noqa: F401
+            import zmq  # noqa: F401
+        except ImportError as e:
+            fail(f"listen needs {e.name}, which is not installed: pip install 'kmesh-trace[listen]'.")
+        if self.fmt not in FORMAT_CHOICES:
+            fail(f"--format must be one of {', '.join(FORMAT_CHOICES)}, not {self.fmt!r}.")
+        if not self.flush_s > 0 or not self.live_s > 0 or (self.duration_s is not None and not self.duration_s > 0):
+            fail("--flush-s, --live-interval and --duration must be > 0 seconds.")
+
+
+@handles_errors
+@takes_flags
+def listen_cmd(f: ListenFlags) -> None:
     """Record the KV events of unmodified vLLM or SGLang engines into a trace at --out, until Ctrl-C.
 
     Exit codes: 0 recorded (every partition complete); 1 could not start (a bad source, an unreachable server)."""
-    try:
-        import msgspec  # noqa: F401
-        import zmq  # noqa: F401
-    except ImportError as e:
-        fail(f"listen needs {e.name}, which is not installed: pip install 'kmesh-trace[listen]'.")
+    f.check()
     from kmesh_trace.capture.listen import Listener
 
-    if fmt not in FORMAT_CHOICES:
-        fail(f"--format must be one of {', '.join(FORMAT_CHOICES)}, not {fmt!r}.")
-    if not flush_s > 0 or not live_s > 0 or (duration_s is not None and not duration_s > 0):
-        fail("--flush-s, --live-interval and --duration must be > 0 seconds.")
-    out_dir = check_out_dir(out_dir, "--out").resolve()
-    specs = _specs(sources, replay, topic, fmt, block_size, num_blocks, bind, allow_remote)
-    listener = Listener(out_dir, specs, flush_interval_s=flush_s, max_buffered_events=max_buffered_events)
+    out_dir = check_out_dir(f.out_dir, "--out").resolve()
+    specs = _specs(f.sources, f.replay, f.topic, f.fmt, f.block_size, f.num_blocks, f.bind, f.allow_remote)
+    listener = Listener(out_dir, specs, flush_interval_s=f.flush_s, max_buffered_events=f.max_buffered_events)
+    signals = _record(listener, out_dir, f.live, f.live_s, f.duration_s)
+    summary = summarize(out_dir, listener, signals)
+    if f.as_json:
+        print_json(summary)
+    else:
+        _render_summary(summary)
+    _maybe_exit_now()
+
+
+def _record(listener, out_dir: Path, live: bool, live_s: float, duration_s: float | None) -> list[str]:
+    """Record until SIGINT or SIGTERM (or `duration_s`), with `live`'s table redrawn on stderr: the signals
+    that ended it. The signals are caught before the first line says the recording started."""
     signals: list[str] = []
 
     def stop(signum, _frame):
@@ -124,19 +147,19 @@ def listen_cmd(
     finally:
         for s, h in saved.items():
             signal.signal(s, h)
-    summary = summarize(out_dir, listener, signals)
-    if as_json:
-        print_json(summary)
-    else:
-        for eid, e in summary["publishers"].items():
-            err.print(f"publisher {e['endpoint']} ({eid}): {e['num_batches']:,} batches, {e['rows']:,} block events "
-                      f"({e['num_touched_blocks']:,} touched), gaps {e['num_gaps']:,} ({e['num_recovered_batches']:,} "
-                      f"batches recovered, {e['num_unrecovered_batches']:,} lost, {e['num_unread_at_stop']:,} of them unread at "
-                      f"the stop), {e['num_duplicate_batches']:,} duplicates, malformed "
-                      f"{e['num_malformed_frames']:,} frames / {e['num_malformed_events']:,} events; "
-                      f"{'complete' if e['complete'] else 'INCOMPLETE'}", markup=False, highlight=False, soft_wrap=True)
-        err.print(f"trace: {out_dir}", markup=False, highlight=False)
-    _maybe_exit_now()
+    return signals
+
+
+def _render_summary(summary: dict) -> None:
+    """The recording's summary on stderr: one line per publisher, then the trace."""
+    for eid, e in summary["publishers"].items():
+        err.print(f"publisher {e['endpoint']} ({eid}): {e['num_batches']:,} batches, {e['rows']:,} block events "
+                  f"({e['num_touched_blocks']:,} touched), gaps {e['num_gaps']:,} ({e['num_recovered_batches']:,} "
+                  f"batches recovered, {e['num_unrecovered_batches']:,} lost, {e['num_unread_at_stop']:,} of them unread at "
+                  f"the stop), {e['num_duplicate_batches']:,} duplicates, malformed "
+                  f"{e['num_malformed_frames']:,} frames / {e['num_malformed_events']:,} events; "
+                  f"{'complete' if e['complete'] else 'INCOMPLETE'}", markup=False, highlight=False, soft_wrap=True)
+    err.print(f"trace: {summary['trace']}", markup=False, highlight=False)
 
 
 def _maybe_exit_now() -> None:

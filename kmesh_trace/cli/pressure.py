@@ -3,34 +3,34 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import Optional
 
 import typer
 from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import (
-    CapacityBytesOption,
+    AllowIncompleteOption,
+    CapacityBytesFlags,
     CapacityOption,
-    KvBytesOption,
-    MAX_BLOCKS,
-    ModelConfigOption,
+    EngineOption,
     Output,
+    RayOption,
     ScenarioOption,
+    TraceOrScenarioArgument,
     approximate_tokens_note,
-    capacities_of_input,
     check_plot_option,
     emit,
     err,
     handles_errors,
-    one_capacity_flag,
     open_input,
     out,
     output_options,
     parse_ints,
+    plot_option,
     progress_of,
 )
-from kmesh_trace.distributed import RAY_HELP, check_ray_option
+from kmesh_trace.cli.flags import flags, takes_flags
+from kmesh_trace.distributed import check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.executor import InProcess, OnRay
 from kmesh_trace.schema import PressureEdges
@@ -43,73 +43,95 @@ def register(app: typer.Typer) -> None:
     app.command("pressure")(pressure_cmd)
 
 
+@flags
+class PressureFlags:
+    """`pressure`'s flags."""
+
+    trace: TraceOrScenarioArgument = None
+    scenario: ScenarioOption = None
+    edges: PressureEdges = typer.Option(PressureEdges.declared, "--edges", help="Families from declared lineage, inferred exact-prefix edges, or an import's content edges (guessed from text).")
+    expiry_s: Optional[float] = typer.Option(None, "--expiry-s", parser=finite_float(0, MAX_SECONDS), help="Release a hold this many seconds after it was taken (needs trace times).")
+    max_held_blocks: Optional[int] = typer.Option(None, "--max-held-blocks", parser=bounded_int(0, MAX_BLOCKS), help="Refuse a hold that would put more blocks under hold.")
+    max_families: Optional[int] = typer.Option(None, "--max-families", parser=bounded_int(0, MAX_BLOCKS), help="Refuse a hold that would make more families hold at once.")
+    capacity_blocks: CapacityOption = None
+    sizes: CapacityBytesFlags = CapacityBytesFlags()
+    sweep_capacity: Optional[str] = typer.Option(None, "--sweep-capacity", hidden=True, help="Same as --capacity-blocks with a sweep table (kept for old scripts).")
+    plot: plot_option("With several capacities: write net tokens against capacity to FILE.png or FILE.svg.") = None
+    engine: EngineOption = None
+    allow_incomplete: AllowIncompleteOption = False
+    per_request: bool = typer.Option(False, "--per-request", help="Also list every request's hits and evictions in each arm.")
+    ray: RayOption = None
+
+    def options(self):
+        """(the analysis' options, the flag its capacities came from), checked before any input is read."""
+        from kmesh_trace.oracle.pressure import PressureOptions
+
+        if (self.trace is None) == (self.scenario is None):
+            raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
+        if self.capacity_blocks is not None and self.sweep_capacity is not None:
+            raise KmeshTraceError("give the capacities once, with --capacity-blocks.")
+        option = "--capacity-blocks" if self.sweep_capacity is None else "--sweep-capacity"
+        text = self.capacity_blocks if self.sweep_capacity is None else self.sweep_capacity
+        caps = parse_ints(text, option) if text is not None else None
+        self.sizes.check_once(text)
+        if self.plot is not None and caps is None and self.sizes.capacity is None:
+            raise KmeshTraceError("--plot draws a capacity sweep; add --capacity-blocks a,b,c.")
+        check_plot_option(self.plot, [self.trace, self.sizes.model_config])
+        check_ray_option(self.ray)
+        options = PressureOptions(self.edges, None if caps is None else tuple(caps), self.expiry_s, self.max_held_blocks,
+                                  self.max_families, sweep=self.sweep_capacity is not None or self.plot is not None)
+        options.check(option)
+        return options
+
+
 @handles_errors
 @output_options(csv=True)
-def pressure_cmd(
-    trace: Optional[Path] = typer.Argument(None, help="Trace directory, or a Mooncake/Bailian JSONL file or weka directory, read as it is, or an lmcache-agent directory, imported on the way in (or use --scenario)."),
-    scenario: ScenarioOption = None,
-    edges: PressureEdges = typer.Option(PressureEdges.declared, "--edges", help="Families from declared lineage, inferred exact-prefix edges, or an import's content edges (guessed from text)."),
-    expiry_s: Optional[float] = typer.Option(None, "--expiry-s", parser=finite_float(0, MAX_SECONDS), help="Release a hold this many seconds after it was taken (needs trace times)."),
-    max_held_blocks: Optional[int] = typer.Option(None, "--max-held-blocks", parser=bounded_int(0, MAX_BLOCKS), help="Refuse a hold that would put more blocks under hold."),
-    max_families: Optional[int] = typer.Option(None, "--max-families", parser=bounded_int(0, MAX_BLOCKS), help="Refuse a hold that would make more families hold at once."),
-    capacity_blocks: CapacityOption = None,
-    capacity: CapacityBytesOption = None,
-    kv_bytes: KvBytesOption = None,
-    model_config: ModelConfigOption = None,
-    sweep_capacity: Optional[str] = typer.Option(None, "--sweep-capacity", hidden=True, help="Same as --capacity-blocks with a sweep table (kept for old scripts)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="With several capacities: write net tokens against capacity to FILE.png or FILE.svg."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
-    allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="Analyse a capture that never closed "
-                                          "(complete: false) with a warning, instead of refusing."),
-    per_request: bool = typer.Option(False, "--per-request", help="Also list every request's hits and evictions in each arm."),
-    ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP),
-    output: Output = None,
-) -> None:
+@takes_flags
+def pressure_cmd(f: PressureFlags, output: Output = None) -> None:
     """Replay the trace stock and with family holds through the vLLM block-pool model; report the tradeoff.
 
     One capacity gives the detailed report; several (--capacity-blocks 64,96,128) a sweep table."""
-    from kmesh_trace.oracle import pressure as pr
-    from kmesh_trace.cli.inputs import PublicInput
-    from kmesh_trace.oracle.workload import Workload
-    from kmesh_trace.apps.plots import plot_pressure_sweep
+    w, options, note = _workload(f, f.options())
+    res = _pressure(w, options, f.ray)
+    res.note = note
+    if options.is_sweep:
+        if f.plot is not None:
+            from kmesh_trace.apps.plots import plot_pressure_sweep
 
-    if (trace is None) == (scenario is None):
-        raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
-    if capacity_blocks is not None and sweep_capacity is not None:
-        raise KmeshTraceError("give the capacities once, with --capacity-blocks.")
-    option = "--capacity-blocks" if sweep_capacity is None else "--sweep-capacity"
-    text = capacity_blocks if sweep_capacity is None else sweep_capacity
-    caps = parse_ints(text, option) if text is not None else None
-    one_capacity_flag(text, capacity)
-    if plot is not None and caps is None and capacity is None:
-        raise KmeshTraceError("--plot draws a capacity sweep; add --capacity-blocks a,b,c.")
-    check_plot_option(plot, [trace, model_config])
-    check_ray_option(ray)
-    options = pr.PressureOptions(edges, None if caps is None else tuple(caps), expiry_s, max_held_blocks, max_families,
-                                 sweep=sweep_capacity is not None or plot is not None)
-    options.check(option)
-    with open_input(trace, scenario, engine, allow_incomplete, direct=ray is None) as (t, w):  # Ray tasks read a trace
+            plot_pressure_sweep(res.points, f.plot, w.block_size)
+            err.print(f"wrote {f.plot}", markup=False, highlight=False, soft_wrap=True)
+        return emit(output, res.to_dict(), rows=res.rows(), render=lambda: _render_sweep(res.to_dict()))
+    d = res.to_dict(per_request=f.per_request)
+    emit(output, d, rows=d["holds"], render=lambda: _render(d))
+
+
+def _workload(f: PressureFlags, options):
+    """(the workload, the options with --capacity in blocks, the approximate-token note) of the input."""
+    from kmesh_trace.cli.inputs import PublicInput
+    from kmesh_trace.oracle import pressure as pr
+    from kmesh_trace.oracle.workload import Workload
+
+    with open_input(f.trace, f.scenario, f.engine, f.allow_incomplete, direct=f.ray is None) as (t, w):  # Ray tasks read a trace
         if t is not None:
             if not isinstance(t, PublicInput):  # a public trace read as it is has requests, never KV events only
-                pr.check_has_requests(t, engine)
-            w = Workload.from_trace(t, engine)
-        if capacity is not None:  # in bytes: converted with the engine's KV geometry, known now
-            options = replace(options, capacities=capacities_of_input(capacity, t, w, engine, kv_bytes, model_config))
+                pr.check_has_requests(t, f.engine)
+            w = Workload.from_trace(t, f.engine)
+        if f.sizes.capacity is not None:  # in bytes: converted with the engine's KV geometry, known now
+            options = replace(options, capacities=f.sizes.in_blocks(t, w, f.engine))
             options.check("--capacity")
         note = approximate_tokens_note(t) if t is not None else None
     if (untimed := pr.untimed_note(w)) is not None:
         err.print(f"note: {untimed}")
+    return w, options, note
+
+
+def _pressure(w, options, ray: str | None):
+    """The analysis, in this process or its pieces as Ray tasks."""
+    from kmesh_trace.oracle import pressure as pr
+
     executor = InProcess() if ray is None else OnRay(ray)
     with progress_of(executor, "pressure"):
-        res = pr.run(w, options, executor)
-    res.note = note
-    if options.is_sweep:
-        if plot is not None:
-            plot_pressure_sweep(res.points, plot, w.block_size)
-            err.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
-        return emit(output, res.to_dict(), rows=res.rows(), render=lambda: _render_sweep(res.to_dict()))
-    d = res.to_dict(per_request=per_request)
-    emit(output, d, rows=d["holds"], render=lambda: _render(d))
+        return pr.run(w, options, executor)
 
 
 def _render_sweep(d: dict) -> None:

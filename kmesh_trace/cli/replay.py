@@ -14,6 +14,7 @@ import typer
 from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import EXIT_BLOCKING, check_out_dir, check_out_not_in_input, err, fail, handles_errors, out, print_json, progress
+from kmesh_trace.cli.flags import flags, options_of, takes_flags
 from kmesh_trace.values import bounded_int
 
 replay_app = typer.Typer(help="Replay KV restorations natively (io_uring, O_DIRECT, GPU routes) and verify them.",
@@ -133,54 +134,69 @@ def _render(summary: dict) -> None:
         out.print(f"samples: {summary['results']}", markup=False, highlight=False)
 
 
+@flags
+class RunFlags:
+    """`replay run`'s flags; the run's own options are named as `RunConfig` names them."""
+
+    store: Path = typer.Argument(..., help="Store directory written by `replay prepare`.")
+    routes: str = typer.Option("host", "--routes", help="Comma-separated routes, alternated in pairs.")
+    pairs: int = typer.Option(4, "--pairs", parser=bounded_int(1, 1 << 20), help="Pairs of arms (A B, B A, ...).")
+    restores: int = typer.Option(100, "--restores", parser=bounded_int(1, 1 << 30), help="Measured restores per route, spread over the pairs.")
+    warmup: int = typer.Option(5, "--warmup", parser=bounded_int(0, 1 << 30), help="Warm-up restores at the start of each arm (excluded).")
+    corrupt: int = typer.Option(0, "--corrupt", parser=bounded_int(0, 1 << 30), help="Flip bytes in N payloads; each must be rejected.")
+    depth: int = typer.Option(8, "--depth", parser=bounded_int(1, 4096), help="io_uring queue depth per worker.")
+    workers: int = typer.Option(1, "--workers", parser=bounded_int(1, 1024), help="Worker rings (threads) per restore.")
+    seed: int = typer.Option(0, "--seed", help="Seed that picks the corrupted payloads.")
+    results: Path = typer.Option(None, "--out", help="Results directory (default: STORE/runs/<UTC time>).")
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON.")
+
+
 @replay_app.command("run")
 @handles_errors
-def run_cmd(
-    store: Path = typer.Argument(..., help="Store directory written by `replay prepare`."),
-    routes: str = typer.Option("host", "--routes", help="Comma-separated routes, alternated in pairs."),
-    pairs: int = typer.Option(4, "--pairs", parser=bounded_int(1, 1 << 20), help="Pairs of arms (A B, B A, ...)."),
-    restores: int = typer.Option(100, "--restores", parser=bounded_int(1, 1 << 30), help="Measured restores per route, spread over the pairs."),
-    warmup: int = typer.Option(5, "--warmup", parser=bounded_int(0, 1 << 30), help="Warm-up restores at the start of each arm (excluded)."),
-    corrupt: int = typer.Option(0, "--corrupt", parser=bounded_int(0, 1 << 30), help="Flip bytes in N payloads; each must be rejected."),
-    depth: int = typer.Option(8, "--depth", parser=bounded_int(1, 4096), help="io_uring queue depth per worker."),
-    workers: int = typer.Option(1, "--workers", parser=bounded_int(1, 1024), help="Worker rings (threads) per restore."),
-    seed: int = typer.Option(0, "--seed", help="Seed that picks the corrupted payloads."),
-    results: Path = typer.Option(None, "--out", help="Results directory (default: STORE/runs/<UTC time>)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-) -> None:
+@takes_flags
+def run_cmd(f: RunFlags) -> None:
     """Restore the store's journal through each route, verify every byte, keep every sample.
 
     Exit codes: 0 every restore verified; 1 could not run (usage, input or I/O error); 3 ran and a verification failed (a corrupted payload accepted, an intact one rejected, a buffer not returned)."""
-    from kmesh_trace.native.runner import RunConfig, open_run, run
+    from kmesh_trace.native.runner import RunConfig, open_run
 
-    cfg = RunConfig(routes=_routes(routes), pairs=pairs, restores=restores, warmup=warmup, corrupt=corrupt,
-                    depth=depth, workers=workers, seed=seed)
-    open_run(store, cfg)  # options, journal and run size: refused before the progress bar starts
-    if results is not None:  # written after the whole run: refuse a place it cannot go before it
-        check_out_dir(results, "--out")
-        check_out_not_in_input(results, [store / "payload", store / "journal.parquet"])
-    results = results or store / "runs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    with progress() as bar:
-        task = bar.add_task("restoring", total=None)
-        result = run(store, cfg, on_progress=lambda done, total: bar.update(task, completed=done, total=total),
-                     out=results)
+    cfg = options_of(RunConfig, f, routes=_routes(f.routes))
+    open_run(f.store, cfg)  # options, journal and run size: refused before the progress bar starts
+    if f.results is not None:  # written after the whole run: refuse a place it cannot go before it
+        check_out_dir(f.results, "--out")
+        check_out_not_in_input(f.results, [f.store / "payload", f.store / "journal.parquet"])
+    result = _run(f.store, cfg, f.results or f.store / "runs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
     summary = {**result.summary, "results": str(result.out)}
-    if as_json:
+    if f.as_json:
         print_json(summary)
     else:
         _render(summary)
     if not summary["ok"]:
-        problems = []
-        if summary["missed_corruptions"]:
-            problems.append(f"{len(summary['missed_corruptions'])} corrupted payload(s) were not rejected")
-        if summary["unexpected_rejections"]:
-            problems.append(f"{len(summary['unexpected_rejections'])} intact restore(s) failed verification")
-        if summary["all_buffers_returned"] is False:
-            problems.append("not every buffer was returned")
-        if any(r["consumer_mismatches"] for r in summary["routes"].values()):
-            problems.append("a GPU consumer read bytes other than those verified")
         err.print()
-        fail("; ".join(problems) + f"; see {result.out}", EXIT_BLOCKING)
+        fail("; ".join(_problems(summary)) + f"; see {result.out}", EXIT_BLOCKING)
+
+
+def _run(store: Path, cfg, results: Path):
+    """The replay, with a progress bar on the restores."""
+    from kmesh_trace.native.runner import run
+
+    with progress() as bar:
+        task = bar.add_task("restoring", total=None)
+        return run(store, cfg, on_progress=lambda done, total: bar.update(task, completed=done, total=total), out=results)
+
+
+def _problems(summary: dict) -> list[str]:
+    """What a run that failed its verification got wrong, one phrase each."""
+    problems = []
+    if summary["missed_corruptions"]:
+        problems.append(f"{len(summary['missed_corruptions'])} corrupted payload(s) were not rejected")
+    if summary["unexpected_rejections"]:
+        problems.append(f"{len(summary['unexpected_rejections'])} intact restore(s) failed verification")
+    if summary["all_buffers_returned"] is False:
+        problems.append("not every buffer was returned")
+    if any(r["consumer_mismatches"] for r in summary["routes"].values()):
+        problems.append("a GPU consumer read bytes other than those verified")
+    return problems
 
 
 def _ownership_word(drained: bool | None) -> str:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from kmesh_trace.cli.common import (
     CapacityOption,
+    EngineOption,
     JsonOption,
+    TraceArgument,
     check_out_file,
     check_out_not_in_input,
     err,
@@ -32,10 +33,10 @@ _HELP = ("Write one self-contained HTML page (no network, inline SVG plots) with
 
 @handles_errors
 def report_cmd(
-    trace: Path = typer.Argument(..., help="Trace directory."),
+    trace: TraceArgument,
     out_file: Path = typer.Option(..., "--out", "-o", help="HTML file to write (atomically)."),
     capacity_blocks: CapacityOption = None,
-    engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
+    engine: EngineOption = None,
     as_json: JsonOption = False,
 ) -> None:
     from kmesh_trace.apps.report import write_report

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Optional
 import typer
 
-from kmesh_trace.cli.common import Output, Table, emit, handles_errors, out, output_options
+from kmesh_trace.cli.common import Output, PartitionOption, Table, emit, handles_errors, out, output_options
 
 
 def register(app: typer.Typer) -> None:
@@ -21,7 +21,7 @@ def _f(v) -> str:
 @output_options(csv=True)
 def residency_cmd(
     trace: Path = typer.Argument(..., help="Trace directory holding KV-events recordings (`kmesh-trace listen`)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Only this engine partition."),
+    engine: PartitionOption = None,
     bucket_s: Optional[float] = typer.Option(None, "--bucket-s", help="Seconds per eviction-rate bucket "
                                              "(default: a tenth of the recording, at least 1 s)."),
     output: Output = None,

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from kmesh_trace.cli.display import Table
 
 from kmesh_trace.cli.common import (
+    EngineOption,
+    KvModelConfigOption,
     Output,
     ScenarioOption,
+    TraceOrScenarioArgument,
     build_scenario,
     check_out_dir,
     check_out_not_in_input,
@@ -21,9 +24,12 @@ from kmesh_trace.cli.common import (
     handles_errors,
     out,
     output_options,
+    plot_option,
     progress,
+    ray_option,
 )
-from kmesh_trace.distributed import RAY_HELP, check_ray_option
+from kmesh_trace.cli.flags import aliased, flags, hidden_alias, options_of, takes_flags
+from kmesh_trace.distributed import check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.schema import TierConnector, TierLookup, TierWrite
 from kmesh_trace.values import MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, MAX_SECONDS, bounded_int, finite_float
@@ -33,81 +39,91 @@ def register(app: typer.Typer) -> None:
     app.command("tiers")(tiers_cmd)
 
 
+GpuCapacityOption = Annotated[Optional[int], typer.Option(
+    "--capacity-blocks", parser=bounded_int(1, MAX_BLOCKS), help="GPU pool usable blocks (default: the trace's).")]
+
+
+@flags
+class TiersFlags:
+    """`tiers`'s flags; the analysis' own options are named as `TiersOptions` names them."""
+
+    trace: TraceOrScenarioArgument = None
+    scenario: ScenarioOption = None
+    capacity_blocks: GpuCapacityOption = None
+    gpu_blocks: Optional[int] = hidden_alias(GpuCapacityOption, "--gpu-blocks")
+    host: Optional[str] = typer.Option(None, "--host", help="Host-memory tier capacity: blocks, or bytes with a unit (40GiB); absent if not given.")
+    ssd: Optional[str] = typer.Option(None, "--ssd", help="SSD tier capacity: blocks, or bytes with a unit; absent if not given.")
+    host_write: TierWrite = typer.Option(TierWrite.on_evict, "--host-write", help="When the host tier stores a block.")
+    ssd_write: TierWrite = typer.Option(TierWrite.on_evict, "--ssd-write", help="When the SSD tier stores a block.")
+    chunk_tokens: Optional[int] = typer.Option(None, "--chunk-tokens", parser=bounded_int(1, MAX_BLOCKS), help="Lower-tier chunk in tokens (a multiple of the block size, e.g. 256; needs write-through). Default: one block.")
+    read_once: Optional[str] = typer.Option(None, "--read-once", help="Tiers that drop a chunk once loaded, comma-separated (host, ssd).")
+    singleflight: bool = typer.Option(False, "--singleflight/--no-singleflight", help="Concurrent needs of one chunk share one read.")
+    early_prep: bool = typer.Option(False, "--early-prep/--no-early-prep", help="Load a declared family's ancestor ahead of its children.")
+    prep_lead_s: Optional[float] = typer.Option(None, "--prep-lead-s", parser=finite_float(0, MAX_SECONDS), help="With --early-prep: prepare this long before the first child (default: when the parent finishes).")
+    connector: Optional[TierConnector] = typer.Option(None, "--vllm-connector", help="simple-cpu: reproduce vLLM's SimpleCPUOffloadConnector (eager) on one tier, --host (cpu backend) or --ssd (disk backend), replayed sequentially.")
+    lookup: TierLookup = typer.Option(TierLookup.any, "--lookup", help="any: GPU then lower tiers block by block; gpu-prefix: lower tiers only extend the GPU prefix (vLLM's connectors).")
+    kv_bytes_per_token: Optional[int] = typer.Option(None, "--kv-bytes-per-token", parser=bounded_int(1, MAX_KV_BYTES_PER_TOKEN), help="KV bytes per token (default: the capture's engine metadata).")
+    model_config: KvModelConfigOption = None
+    restore_results: Optional[Path] = typer.Option(None, "--restore-results", help="A `replay run --out` directory: restore costs measured on the target host.")
+    ssd_route: Optional[str] = typer.Option(None, "--ssd-route", help="Which measured route restores the SSD tier (default: the most direct measured).")
+    host_gbps: Optional[float] = typer.Option(None, "--host-gbps", parser=finite_float(0, 1e6, lo_open=True), help="Host tier restore throughput, GB/s.")
+    ssd_gbps: Optional[float] = typer.Option(None, "--ssd-gbps", parser=finite_float(0, 1e6, lo_open=True), help="SSD tier restore throughput, GB/s.")
+    host_latency_ms: float = typer.Option(0.0, "--host-latency-ms", parser=finite_float(0, MAX_SECONDS), help="Host tier latency per request's reads, ms.")
+    ssd_latency_ms: float = typer.Option(0.0, "--ssd-latency-ms", parser=finite_float(0, MAX_SECONDS), help="SSD tier latency per request's reads, ms.")
+    prefill_tokens_per_s: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True), help="Prefill throughput (default: fitted on the capture's measured prefills).")
+    sweep_host: Optional[str] = typer.Option(None, "--sweep-host", help="Host capacities to sweep, comma-separated (0: absent).")
+    sweep_ssd: Optional[str] = typer.Option(None, "--sweep-ssd", help="SSD capacities to sweep, comma-separated (0: absent).")
+    within: float = typer.Option(5.0, "--within", parser=finite_float(0, 100), help="With a sweep: report the smallest configuration within this percent of the best.")
+    plot: plot_option("With a sweep: write the host x SSD heatmap to FILE.png or FILE.svg.") = None
+    journal: Optional[Path] = typer.Option(None, "--journal", help="Write the SSD tier's reads as a replay store (journal + payloads) for `replay run`.")
+    journal_max_restores: int = typer.Option(16, "--journal-max-restores", parser=bounded_int(1, 1 << 20), help="With --journal: at most this many restores.")
+    children: int = typer.Option(5, "--children", parser=bounded_int(1, 1 << 20), help="family-burst: number of children.")
+    ancestor_mib: float = typer.Option(48, "--ancestor-mib", parser=finite_float(0, 1 << 30, lo_open=True), help="family-burst: ancestor size in MiB.")
+    chunks: int = typer.Option(16, "--chunks", parser=bounded_int(1, 1 << 20), help="family-burst: chunks per ancestor.")
+    engine: EngineOption = None
+    ray: ray_option(" With a sweep: one task per configuration.") = None
+
+    def options(self):
+        """The analysis' options (`TiersOptions`), the capacity from --capacity-blocks or its old name."""
+        from kmesh_trace.oracle.tiers import TiersOptions
+
+        capacity, flag = aliased(self.capacity_blocks, "--capacity-blocks", self.gpu_blocks, "--gpu-blocks")
+        return options_of(TiersOptions, self, capacity_blocks=capacity, capacity_flag=flag)
+
+
 @handles_errors
 @output_options()
-def tiers_cmd(
-    trace: Optional[Path] = typer.Argument(None, help="Trace directory, or a Mooncake/Bailian JSONL file or weka directory, read as it is, or an lmcache-agent directory, imported on the way in (or use --scenario)."),
-    scenario: ScenarioOption = None,
-    capacity_blocks: Optional[int] = typer.Option(None, "--capacity-blocks", parser=bounded_int(1, MAX_BLOCKS), help="GPU pool usable blocks (default: the trace's)."),
-    gpu_blocks: Optional[int] = typer.Option(None, "--gpu-blocks", parser=bounded_int(1, MAX_BLOCKS), hidden=True, help="Deprecated: the old name of --capacity-blocks."),
-    host: Optional[str] = typer.Option(None, "--host", help="Host-memory tier capacity: blocks, or bytes with a unit (40GiB); absent if not given."),
-    ssd: Optional[str] = typer.Option(None, "--ssd", help="SSD tier capacity: blocks, or bytes with a unit; absent if not given."),
-    host_write: TierWrite = typer.Option(TierWrite.on_evict, "--host-write", help="When the host tier stores a block."),
-    ssd_write: TierWrite = typer.Option(TierWrite.on_evict, "--ssd-write", help="When the SSD tier stores a block."),
-    chunk_tokens: Optional[int] = typer.Option(None, "--chunk-tokens", parser=bounded_int(1, MAX_BLOCKS), help="Lower-tier chunk in tokens (a multiple of the block size, e.g. 256; needs write-through). Default: one block."),
-    read_once: Optional[str] = typer.Option(None, "--read-once", help="Tiers that drop a chunk once loaded, comma-separated (host, ssd)."),
-    singleflight: bool = typer.Option(False, "--singleflight/--no-singleflight", help="Concurrent needs of one chunk share one read."),
-    early_prep: bool = typer.Option(False, "--early-prep/--no-early-prep", help="Load a declared family's ancestor ahead of its children."),
-    prep_lead_s: Optional[float] = typer.Option(None, "--prep-lead-s", parser=finite_float(0, MAX_SECONDS), help="With --early-prep: prepare this long before the first child (default: when the parent finishes)."),
-    vllm_connector: Optional[TierConnector] = typer.Option(None, "--vllm-connector", help="simple-cpu: reproduce vLLM's SimpleCPUOffloadConnector (eager) on one tier, --host (cpu backend) or --ssd (disk backend), replayed sequentially."),
-    lookup: TierLookup = typer.Option(TierLookup.any, "--lookup", help="any: GPU then lower tiers block by block; gpu-prefix: lower tiers only extend the GPU prefix (vLLM's connectors)."),
-    kv_bytes: Optional[int] = typer.Option(None, "--kv-bytes-per-token", parser=bounded_int(1, MAX_KV_BYTES_PER_TOKEN), help="KV bytes per token (default: the capture's engine metadata)."),
-    model_config: Optional[Path] = typer.Option(None, "--model-config", help="Hugging Face config.json giving the KV bytes per token."),
-    restore_results: Optional[Path] = typer.Option(None, "--restore-results", help="A `replay run --out` directory: restore costs measured on the target host."),
-    ssd_route: Optional[str] = typer.Option(None, "--ssd-route", help="Which measured route restores the SSD tier (default: the most direct measured)."),
-    host_gbps: Optional[float] = typer.Option(None, "--host-gbps", parser=finite_float(0, 1e6, lo_open=True), help="Host tier restore throughput, GB/s."),
-    ssd_gbps: Optional[float] = typer.Option(None, "--ssd-gbps", parser=finite_float(0, 1e6, lo_open=True), help="SSD tier restore throughput, GB/s."),
-    host_latency_ms: float = typer.Option(0.0, "--host-latency-ms", parser=finite_float(0, MAX_SECONDS), help="Host tier latency per request's reads, ms."),
-    ssd_latency_ms: float = typer.Option(0.0, "--ssd-latency-ms", parser=finite_float(0, MAX_SECONDS), help="SSD tier latency per request's reads, ms."),
-    prefill_tps: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True), help="Prefill throughput (default: fitted on the capture's measured prefills)."),
-    sweep_host: Optional[str] = typer.Option(None, "--sweep-host", help="Host capacities to sweep, comma-separated (0: absent)."),
-    sweep_ssd: Optional[str] = typer.Option(None, "--sweep-ssd", help="SSD capacities to sweep, comma-separated (0: absent)."),
-    within: float = typer.Option(5.0, "--within", parser=finite_float(0, 100), help="With a sweep: report the smallest configuration within this percent of the best."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="With a sweep: write the host x SSD heatmap to FILE.png or FILE.svg."),
-    journal: Optional[Path] = typer.Option(None, "--journal", help="Write the SSD tier's reads as a replay store (journal + payloads) for `replay run`."),
-    journal_max_restores: int = typer.Option(16, "--journal-max-restores", parser=bounded_int(1, 1 << 20), help="With --journal: at most this many restores."),
-    children: int = typer.Option(5, "--children", parser=bounded_int(1, 1 << 20), help="family-burst: number of children."),
-    ancestor_mib: float = typer.Option(48, "--ancestor-mib", parser=finite_float(0, 1 << 30, lo_open=True), help="family-burst: ancestor size in MiB."),
-    chunks: int = typer.Option(16, "--chunks", parser=bounded_int(1, 1 << 20), help="family-burst: chunks per ancestor."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Engine partition, for traces with several."),
-    ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP + " With a sweep: one task per configuration."),
-    output: Output = None,
-) -> None:
+@takes_flags
+def tiers_cmd(f: TiersFlags, output: Output = None) -> None:
     """Simulate the trace through the GPU pool and host/SSD tiers; hits by tier, bytes read, seconds saved, TTFT."""
-    from kmesh_trace.oracle import tiers as tm
-
-    if capacity_blocks is not None and gpu_blocks is not None:
-        raise KmeshTraceError("give --capacity-blocks once (--gpu-blocks is its old name).")
-    options = tm.TiersOptions(
-        capacity_blocks=capacity_blocks if gpu_blocks is None else gpu_blocks, host=host, ssd=ssd,
-        host_write=host_write.value, ssd_write=ssd_write.value, chunk_tokens=chunk_tokens, read_once=read_once,
-        singleflight=singleflight, early_prep=early_prep, prep_lead_s=prep_lead_s,
-        connector=vllm_connector.value if vllm_connector else None, lookup=lookup.value, kv_bytes_per_token=kv_bytes,
-        model_config=model_config, restore_results=restore_results, ssd_route=ssd_route, host_gbps=host_gbps,
-        ssd_gbps=ssd_gbps, host_latency_ms=host_latency_ms, ssd_latency_ms=ssd_latency_ms,
-        prefill_tokens_per_s=prefill_tps, sweep_host=sweep_host, sweep_ssd=sweep_ssd, within=within,
-        children=children, ancestor_mib=ancestor_mib, chunks=chunks,
-        capacity_flag="--capacity-blocks" if gpu_blocks is None else "--gpu-blocks")
-    _check_outputs(trace, scenario, options, ray, plot, journal)
-    if scenario is not None and scenario.value == "family-burst":
-        report = tm.run_family_burst(options)
-    else:
-        from kmesh_trace.oracle.executor import InProcess, OnRay
-
-        executor = InProcess() if ray is None else OnRay(ray)
-        with _input(trace, scenario, engine, direct=ray is None) as source, _sweep_progress(executor):
-            report = tm.run(source, options, executor)
-        for note in report.notes:
-            err.print(f"note: {note}")
-        if plot is not None:
-            from kmesh_trace.apps.plots import plot_tier_sweep
-
-            plot_tier_sweep(report.sweep, plot, report.head["block_size"])
-            err.print(f"wrote {plot}", markup=False, highlight=False, soft_wrap=True)
-        if journal is not None:
-            report.journal = _write_journal(report.results[-1], journal, journal_max_restores, report.head["trace"])
+    options = f.options()
+    _check_outputs(f.trace, f.scenario, options, f.ray, f.plot, f.journal)
+    report = _tiers(f, options)
     d = report.to_dict()
     emit(output, d, render=lambda: _show(report.lines(d)))
+
+
+def _tiers(f: TiersFlags, options):
+    """The analysis on the input the flags name: a built-in family burst, or a trace or scenario's workload."""
+    from kmesh_trace.oracle import tiers as tm
+
+    if f.scenario is not None and f.scenario.value == "family-burst":
+        return tm.run_family_burst(options)
+    from kmesh_trace.oracle.executor import InProcess, OnRay
+
+    executor = InProcess() if f.ray is None else OnRay(f.ray)
+    with _input(f.trace, f.scenario, f.engine, direct=f.ray is None) as source, _sweep_progress(executor):
+        report = tm.run(source, options, executor)
+    for note in report.notes:
+        err.print(f"note: {note}")
+    if f.plot is not None:
+        from kmesh_trace.apps.plots import plot_tier_sweep
+
+        plot_tier_sweep(report.sweep, f.plot, report.head["block_size"])
+        err.print(f"wrote {f.plot}", markup=False, highlight=False, soft_wrap=True)
+    if f.journal is not None:
+        report.journal = _write_journal(report.results[-1], f.journal, f.journal_max_restores, report.head["trace"])
+    return report
 
 
 def _check_outputs(trace, scenario, options, ray, plot, journal) -> None:
