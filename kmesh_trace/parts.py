@@ -25,7 +25,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from kmesh_trace import schema
+import kmesh_trace.schema as schema
 from kmesh_trace.errors import CorruptTraceError, KmeshTraceError, TraceNotFoundError
 from kmesh_trace.paths import inside
 from kmesh_trace.writer import ENGINES_DIR, MARKER

@@ -24,6 +24,8 @@ import numpy as np
 
 from kmesh_trace.native.kernels import I32, I64, P, check, declare, ptr
 from kmesh_trace.oracle.interruptible import run_interruptible
+from kmesh_trace.oracle.stream import AccessStream, RequestColumns
+from kmesh_trace.oracle.stream_index import obj_pointers
 
 # hold statuses and release reasons, as codes (`STATUSES[code]`, `REASONS[code]`; pool_steps.h's KP_TAKEN, ...)
 STATUSES = ("taken", "refused_blocks", "refused_families", "empty", "not_needed")
@@ -36,10 +38,7 @@ NUM_RECORD_ROWS = 8
 
 def pool_inputs(requests, block_size: int, stream=None, columns=None):
     """The kernel's per-request arrays for `requests` (their AccessStream `stream` when built already), or,
-    without requests, for `stream` and its `columns` (`kmesh_trace.oracle.workload.RequestColumns`)."""
-    from kmesh_trace.oracle.stream import AccessStream
-    from kmesh_trace.oracle.workload import RequestColumns
-
+    without requests, for `stream` and its `columns` (`kmesh_trace.oracle.stream.RequestColumns`)."""
     if stream is None:
         stream = AccessStream.from_requests(requests, block_size)
     if columns is None:
@@ -93,14 +92,6 @@ def replay_compiled(requests, block_size: int, num_usable_blocks: int, timed: bo
 
 _pool_replay = declare("ks_pool_replay", [P, P, P, P, P, P, P, P, I64, I32, I64, I64, I64, I32, P, P, P, P, I64, I64,
                                           I64, I64, P, P, P, P, P, P, P], I64)
-
-
-def obj_pointers(obj: np.ndarray) -> tuple:
-    """A stream's dense ids (int32 or int64, contiguous: the caller keeps them) as the kernels take them:
-    (int32 pointer, int64 pointer), one of them NULL."""
-    if obj.dtype == np.int32:
-        return ptr(obj, np.int32), None
-    return None, ptr(obj, np.int64)
 
 
 def stream_pointers(IN: tuple) -> list:

@@ -31,12 +31,13 @@ from kmesh_trace.oracle.policies import POLICIES, PolicyResult, get_policy, repl
 from kmesh_trace.oracle.policies.base import result_of
 from kmesh_trace.oracle.prefill_cost import PrefillCost
 from kmesh_trace.oracle.executor import Executor, InProcess, Task
+from kmesh_trace.oracle.headroom_curve import WIDE_BRACKET, headroom_curve
 from kmesh_trace.oracle.options import option
+from kmesh_trace.oracle.sampled_curve import SAMPLED_POLICIES, partitioned_curve, sampled_curve
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, pool_capacity
+from kmesh_trace.oracle.tasks import task_source, workload_at
 from kmesh_trace.oracle.workload import Workload
 
-#: A bracket wider than this share of belady's hit tokens makes the headroom a range, not a number.
-WIDE_BRACKET = 0.05
 DEFAULT_POLICIES = ("infinite", "lru", "vllm", "belady-prefix", "belady")
 #: Replays (policy, capacity) points and returns their results in the same order.
 Simulate = Callable[[list[tuple[str, int]]], list[PolicyResult]]
@@ -111,7 +112,7 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
                          num_usable_blocks: int | None = None, simulate: Simulate | None = None,
                          groups: tuple = (), retention_interval: int | None = 0) -> HeadroomResult:
     """`simulate(points)`, when given, replays the (policy, capacity) points (e.g. as distributed tasks,
-    `kmesh_trace.oracle.tasks.headroom_point`) and returns their results in order. `groups`: the engine's
+    `headroom_point`) and returns their results in order. `groups`: the engine's
     KV cache groups (and vLLM's retention interval); on a hybrid engine each replay is `policies.replay_point`'s
     (docs/DESIGN.md, "Hybrid models")."""
     block_size = check_block_size(block_size)
@@ -152,6 +153,12 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
                      "a prefix cache may not reach belady, so the headroom is a range, not a number.")
     return res
 
+
+
+def headroom_point(source, engine: str | None, policy: str, capacity: int) -> PolicyResult:
+    """The task of one policy at one capacity over one engine's requests (`source`: a location, or a
+    Workload: `oracle.tasks.workload_at`); on a hybrid engine's trace as `policies.replay_point` replays it."""
+    return replay_point(workload_at(source, engine), policy, capacity)
 
 
 def _find(results: list[PolicyResult], policy: str, capacity: int) -> PolicyResult | None:
@@ -252,8 +259,6 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
     HeadroomResult at the given capacities. `executor` runs the curve's grid replays (forked workers
     share the workload) or, when remote (Ray), the replays at given capacities, one task per point
     reading the trace itself. `fitted`: the trace's fitted prefill cost, used without a throughput."""
-    from kmesh_trace.oracle.headroom_curve import headroom_curve
-
     executor = executor or InProcess()
     cost, fit = options.prefill_cost(), None
     if cost is None and fitted is not None:
@@ -285,8 +290,6 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
         return res
     simulate = None
     if executor.remote:  # one task per (policy, capacity) point, each reading its own input
-        from kmesh_trace.oracle.tasks import headroom_point, task_source
-
         source, engine = task_source(workload, executor), workload.engine
         where = f"engine={engine}" if engine else "the trace"
         simulate = lambda points: executor.map(  # noqa: E731
@@ -326,8 +329,6 @@ def auto_sample_rate(num_accesses: int, budget: int | None) -> float | None:
 
 
 def _sampled(workload: Workload, options: HeadroomOptions, names, caps, executor: Executor, note, *, auto=False):
-    from kmesh_trace.oracle.sampled_curve import SAMPLED_POLICIES, partitioned_curve, sampled_curve
-
     if auto:  # policies the sample cannot replay are left out, and said so
         names = [n for n in names or SAMPLED_POLICIES if n in SAMPLED_POLICIES]
     if options.partitions is not None:

@@ -28,15 +28,15 @@ import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.curves import CURVES, HitCurve
-from kmesh_trace.oracle.headroom import WIDE_BRACKET
 from kmesh_trace.oracle.executor import Executor, ForkPool, Task
 from kmesh_trace.oracle.interruptible import run_all_interruptible
 from kmesh_trace.oracle.policies import POLICIES, Workload, get_policy
 from kmesh_trace.oracle.policies.infinite import infinite_hits
 from kmesh_trace.oracle.prefill_cost import PrefillCost
-from kmesh_trace.oracle.stream import AccessStream, RequestBlocks, check_block_size, pool_capacity
-from kmesh_trace.oracle.workload import RequestColumns
+from kmesh_trace.oracle.stream import AccessStream, RequestBlocks, RequestColumns, check_block_size, pool_capacity
 
+#: A bracket wider than this share of belady's hit tokens makes the headroom a range, not a number.
+WIDE_BRACKET = 0.05
 WINDOWS = ("all", "last-half")
 DEFAULT_CURVE_POLICIES = ("lru", "vllm", "belady-prefix", "belady")
 FRACTIONS = (0.5, 0.9, 0.99)

@@ -17,17 +17,17 @@ public trace read as it is (`kmesh_trace.cli.inputs.PublicInput`) holds its invo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from kmesh_trace import schema
 from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid, refuse_hybrid, retention_of_metadata
-from kmesh_trace.oracle.stream import (AccessStream, RequestBlocks, check_block_size, duplicated_request, engine_geometry,
-                                      requests_from_rows)
+from kmesh_trace.oracle.families import families
+from kmesh_trace.oracle.stream import (AccessStream, RequestBlocks, RequestColumns, check_block_size, duplicated_request,
+                                      engine_geometry, requests_from_rows, set_declared_parents)
 
-__all__ = ["InvocationColumns", "RequestColumns", "TraceSource", "Workload", "location_of"]
+__all__ = ["InvocationColumns", "RequestColumns", "TraceSource", "Workload", "location_of", "request_blocks"]
 
 #: The invocation columns the loader reads (checked against the contract), plus the partition.
 COLUMNS = schema.INVOCATIONS.select(
@@ -87,46 +87,6 @@ class InvocationColumns:
                    "prompt_token_ids": None, "output_token_ids": None, "prompt_block_hashes": hashes[off[i]:off[i + 1]],
                    "arrival_ns": self.arrival_ns[i], "finish_ns": None if finish is None else finish[i],
                    "num_cached_tokens": None, "engine": engine}
-
-
-@dataclass(frozen=True)
-class RequestColumns:
-    """What the `vllm` pool model reads of each request beside its blocks, in arrival order, as arrays: its
-    output tokens, arrival and finish times (0 where a request has none; `timed`: every request has both, so
-    the pool replays them concurrently). A workload without RequestBlocks carries them (`Workload.columns`)."""
-
-    num_output_tokens: np.ndarray  # int64
-    arrival_ns: np.ndarray  # int64, 0 where missing
-    finish_ns: np.ndarray  # int64, 0 where missing
-    timed: bool
-
-    @classmethod
-    def of_requests(cls, requests: Sequence[RequestBlocks]) -> "RequestColumns":
-        return cls.of_values(list(map(attrgetter("num_output_tokens"), requests)),
-                             list(map(attrgetter("arrival_ns"), requests)), list(map(attrgetter("finish_ns"), requests)))
-
-    @classmethod
-    def of_values(cls, num_output_tokens, arrival_ns, finish_ns) -> "RequestColumns":
-        """From per-request values (lists or arrays; None or a null entry: missing), as `of_requests` reads them."""
-        n = len(num_output_tokens)
-        arrival, a_ok = _filled(arrival_ns, n)
-        finish, f_ok = _filled(finish_ns, n)
-        out, _ = _filled(num_output_tokens, n)
-        return cls(out, arrival, finish, n > 0 and a_ok and f_ok)
-
-
-def _filled(values, n: int) -> tuple[np.ndarray, bool]:
-    """`values` as int64 with 0 for a missing entry, and whether none was missing (None: all missing)."""
-    if values is None:
-        return np.zeros(n, np.int64), n == 0
-    if isinstance(values, np.ndarray) and values.dtype != object:
-        return values.astype(np.int64, copy=False), True
-    missing = values.count(None) if isinstance(values, list) else sum(v is None for v in values)
-    if missing == n:  # none has one (a sequential stream)
-        return np.zeros(n, np.int64), n == 0
-    if missing == 0:
-        return np.fromiter(values, np.int64, n), True
-    return np.fromiter((v or 0 for v in values), np.int64, n), False
 
 
 @dataclass
@@ -200,9 +160,7 @@ class Workload:
         return cols is not None and cols.timed
 
     def families(self, edges: str = "auto") -> tuple[list[str], str]:
-        """(family key per request, declared or inferred): `kmesh_trace.oracle.fleet.families`."""
-        from kmesh_trace.oracle.fleet import families
-
+        """(family key per request, declared or inferred): `kmesh_trace.oracle.families.families`."""
         return families(self, edges)
 
     def lineage(self, kind: str) -> dict[int, int] | None:
@@ -226,8 +184,6 @@ class Workload:
 
         from kmesh_trace.lineage import declared_parents
         from kmesh_trace.oracle.kv_stream import scan_invocations
-        from kmesh_trace.oracle.stream import set_declared_parents
-
         if merged:
             block_size = check_block_size(source.block_size)
             pools = {m.get("num_usable_blocks") for m in source.engines.values()}
@@ -259,8 +215,6 @@ class Workload:
     @classmethod
     def _from_columns(cls, source, columns: InvocationColumns, engine: str | None, requests: bool) -> "Workload":
         """`from_trace` of a source whose one partition's invocations are in memory: the same workload."""
-        from kmesh_trace.oracle.stream import set_declared_parents
-
         block_size, usable = engine_geometry(source, engine)
         order = columns.order()
         where = location_of(source)
@@ -283,6 +237,11 @@ class Workload:
         set_declared_parents(reqs, columns.declared_parents)
         return cls(block_size, reqs, None, usable, edges={}, num_partitions=len(source.engines), engine=engine,
                    location=where)
+
+
+def request_blocks(trace, engine: str | None = None) -> list[RequestBlocks]:
+    """`Workload.from_trace(trace, engine).requests`, for callers that want only the requests."""
+    return list(Workload.from_trace(trace, engine).requests)
 
 
 def _groups_of(source, engine: str | None, merged: bool) -> tuple:

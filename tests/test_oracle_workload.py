@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kmesh_trace.oracle.fleet import families
+from kmesh_trace.oracle.families import families
 from kmesh_trace.oracle.workload import Workload
 from kmesh_trace.parts import open_parts
 from kmesh_trace.trace import open_trace

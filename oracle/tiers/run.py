@@ -4,7 +4,8 @@
 a run reads (one engine's requests, geometry, and where the KV bytes and the prefill fit come from).
 A run resolves the restore costs, the KV bytes per token and the prefill model, builds the tier
 configuration, and simulates either the GPU pool alone and the configuration, or a host x SSD sweep
-(one task per configuration, in process or on Ray, through one `kmesh_trace.oracle.executor.Executor`). The
+(one task per configuration, `tiers_point`, in process or on Ray, through one
+`kmesh_trace.oracle.executor.Executor`). The
 reports give the JSON (`to_dict`) and the human rendering (`lines`, `kmesh_trace.oracle.tiers.render`).
 """
 
@@ -17,13 +18,14 @@ from typing import Any
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.options import option
 from kmesh_trace.oracle.stream import RequestBlocks
-from kmesh_trace.oracle.tiers import render
+from kmesh_trace.oracle.tasks import workload_at
+import kmesh_trace.oracle.tiers.render as render
 from kmesh_trace.oracle.tiers.config import SIMPLE_CPU, TIER_NAMES, RestoreCost, TierConfig, TierSpec, simple_cpu
 from kmesh_trace.oracle.tiers.result import TierResult
 from kmesh_trace.oracle.tiers.simulate import simulate_tiers, with_stream
 from kmesh_trace.oracle.tiers.sweep import SweepResult, sweep_configs, sweep_tiers
 
-__all__ = ["TiersOptions", "TiersInput", "TiersReport", "ArmsReport", "run", "run_family_burst"]
+__all__ = ["TiersOptions", "TiersInput", "TiersReport", "ArmsReport", "run", "run_family_burst", "tiers_point"]
 
 
 @dataclass(frozen=True)
@@ -261,10 +263,9 @@ def measured_loads(source: TiersInput) -> dict | None:
 
 
 def _run_configs(source: TiersInput, configs: list[TierConfig], kw: dict, executor) -> list[TierResult]:
-    """One task per configuration (`kmesh_trace.oracle.tasks.tiers_point`): on a remote executor (Ray) each
+    """One task per configuration (`tiers_point`): on a remote executor (Ray) each
     reads the engine's parts itself when the input came from a trace; in process they share the requests."""
     from kmesh_trace.oracle.executor import InProcess, Task
-    from kmesh_trace.oracle.tasks import tiers_point
 
     executor = executor or InProcess()
     where = source.source if source.location is None else f"engine={source.engine}" if source.engine else "the trace"
@@ -273,3 +274,11 @@ def _run_configs(source: TiersInput, configs: list[TierConfig], kw: dict, execut
         kw = with_stream(kw, source.requests)
     return executor.map(tiers_point, [Task(f"{where}: {c.label}", (task_source, source.engine, c, kw))
                                       for c in configs])
+
+
+def tiers_point(source, engine: str | None, config, options: dict):
+    """The task of one tier configuration over one engine's requests (`source`: a location, or the
+    requests); `options`: simulate_tiers's other keywords (block size, KV bytes per token, costs, prefill)."""
+    if isinstance(source, str):
+        source = workload_at(source, engine).requests
+    return simulate_tiers(source, config, **options)
