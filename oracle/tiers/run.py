@@ -71,7 +71,7 @@ class TiersOptions:
 
     def restore_costs(self) -> tuple[dict[str, RestoreCost], list[str]]:
         """(restore cost per tier, notes on where they came from): measured results, then the flags."""
-        from kmesh_trace.oracle import tier_costs as tc
+        import kmesh_trace.oracle.tier_costs as tc
 
         costs: dict = {}
         notes: list[str] = []
@@ -166,7 +166,7 @@ class ArmsReport:
 
 def run_family_burst(options: TiersOptions) -> ArmsReport:
     from kmesh_trace.datasets.workloads.family_burst import family_burst
-    from kmesh_trace.oracle import tier_costs as tc
+    import kmesh_trace.oracle.tier_costs as tc
     from kmesh_trace.oracle.tiers.family_burst import family_burst_arms
 
     o = options
@@ -183,7 +183,7 @@ def run_family_burst(options: TiersOptions) -> ArmsReport:
 def run(source: TiersInput, options: TiersOptions, executor=None) -> TiersReport:
     """`options` over `source`. A sweep runs one task per configuration through `executor`
     (`kmesh_trace.oracle.executor`; default in this process), whose `on_start`/`on_done` follow it."""
-    from kmesh_trace.oracle import tier_costs as tc
+    import kmesh_trace.oracle.tier_costs as tc
     from kmesh_trace.oracle.stream import pool_capacity
     from kmesh_trace.resources import check_fits, pool_bytes
 
