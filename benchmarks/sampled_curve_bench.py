@@ -33,7 +33,7 @@ from oracle_peer_bench import DATASETS, build_agentic  # noqa: E402
 
 
 def load_stream(src: Path):
-    from kmesh_trace.cli.inputs import read_directly
+    from kmesh_trace.sources import read_directly
     from kmesh_trace.oracle.workload import Workload
 
     public = read_directly(src, on_import=lambda *a, **k: None)

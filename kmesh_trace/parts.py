@@ -54,6 +54,8 @@ class EngineMetadata:
     (both hold `engines`: engine id -> metadata)."""
 
     engines: dict[str, dict[str, Any]]
+    #: A trace on disk holds no invocations in memory (`kmesh_trace.sources.TraceSource`): read them with `scan`.
+    invocations_in_memory = None
 
     @property
     def metadata(self) -> dict[str, Any]:

@@ -162,7 +162,7 @@ class _Rows:
 
     @classmethod
     def in_memory(cls, public) -> "_Rows":
-        """From a public trace read into memory (`kmesh_trace.cli.inputs.PublicInput`): hash-only rows."""
+        """From a public trace read into memory (`kmesh_trace.sources.PublicInput`): hash-only rows."""
         inv, (engine,) = public.invocations_in_memory, public.engines
         n = len(inv)
 
@@ -184,10 +184,10 @@ class _Rows:
 
 def lineage_report(trace, *, edge_kind: str | None = None, engine: str | None = None) -> LineageReport:
     """The lineage shape of an opened trace (`kmesh_trace.trace.open_trace`), or of a public trace read into
-    memory (`kmesh_trace.cli.inputs.PublicInput`, without polars); see the module docstring."""
+    memory (`kmesh_trace.sources.PublicInput`, without polars); see the module docstring."""
     if engine is not None and engine not in trace.engines:
         raise KmeshTraceError(f"the trace has no engine {engine!r}; its engines are {', '.join(trace.engines)}.")
-    in_memory = getattr(trace, "invocations_in_memory", None) is not None
+    in_memory = trace.invocations_in_memory is not None
     if in_memory:  # one engine partition, its declared edges only
         kinds = {EdgeKind.declared.value: len(trace.edges)} if trace.edges else {}
     else:

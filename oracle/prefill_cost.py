@@ -195,7 +195,7 @@ def usable_fit(trace, engine: str | None = None) -> "tuple[PrefillCost | None, F
     else (None, the report or None, why there are no seconds). Every why names --prefill-tokens-per-s,
     the flag that gives the seconds anyway."""
     no_timings = "an import has no prefill timings; give --prefill-tokens-per-s for seconds"
-    if getattr(trace, "invocations_in_memory", None) is not None:  # a public trace read as it is: as its import
+    if trace.invocations_in_memory is not None:  # a public trace read as it is: as its import
         return None, None, no_timings
     try:
         cost, report = PrefillCost.fit(trace, engine)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from kmesh_trace.oracle.workload import Workload
-from kmesh_trace.parts import open_parts, parts_signature
 
 __all__ = ["load_at", "stream_at", "task_source", "workload_at"]
 
@@ -25,6 +24,8 @@ _LOADED: dict[tuple, tuple[tuple, Any]] = {}
 def load_at(location: str, engines: tuple[str, ...] | None, what: str, build: Callable[[Any], Any]) -> Any:
     """`build(parts)` over the engine partitions `engines` (None: all) of the trace at `location`,
     reused while the parts are unchanged. One input stays cached per worker."""
+    from kmesh_trace.parts import open_parts, parts_signature  # deferred: it loads pyarrow and polars
+
     parts = open_parts(location, engines)
     key = (location, engines, what)
     signature = parts_signature(parts, ("invocations", "lineage"))

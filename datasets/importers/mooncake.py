@@ -9,7 +9,7 @@ Two readers share one definition of a valid line (`_record_values`) and of a bad
 writes a trace (Arrow's JSON reader first, the plain line-by-line path when any line is off), and
 `read_mooncake` returns the same rows in memory without pyarrow (a compiled reader of plain-shaped lines first,
 `mooncake_lines`, then msgspec, then the same plain path), for analyses that read the file as it is
-(`kmesh_trace.cli.inputs`).
+(`kmesh_trace.sources`).
 """
 
 from __future__ import annotations

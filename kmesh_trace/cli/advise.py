@@ -76,7 +76,7 @@ def advise_cmd(
     check_plot_option(plot, [trace, model_config])
     import_options = None
     if tokenizer is not None or block_size is not None:
-        from kmesh_trace.cli.inputs import sniff
+        from kmesh_trace.sources import sniff
 
         if sniff(trace) != "requests":
             raise KmeshTraceError("--tokenizer and --block-size apply to a request dataset (OpenAI-compatible JSONL, "

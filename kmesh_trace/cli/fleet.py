@@ -69,7 +69,7 @@ def fleet_cmd(
     one_capacity_flag(capacity_blocks, capacity)
     check_plot_option(plot, [trace, model_config])
     check_ray_option(ray)
-    from kmesh_trace.cli.inputs import read_directly
+    from kmesh_trace.sources import read_directly
 
     parts = read_directly(trace, on_import=err.print) if ray is None else None  # in memory (never empty), not for Ray's tasks
     if parts is None:
@@ -96,7 +96,7 @@ def fleet_cmd(
 def _trace_parts(trace: str):
     """The trace's parts (metadata only: the tasks read them), a public trace imported first; refused when
     there is nothing to route."""
-    from kmesh_trace.cli.inputs import trace_location
+    from kmesh_trace.sources import trace_location
     from kmesh_trace.parts import open_parts
 
     parts = open_parts(trace_location(trace, on_import=err.print))

@@ -69,7 +69,7 @@ def pressure_cmd(
 
     One capacity gives the detailed report; several (--capacity-blocks 64,96,128) a sweep table."""
     from kmesh_trace.oracle import pressure as pr
-    from kmesh_trace.cli.inputs import PublicInput
+    from kmesh_trace.sources import PublicInput
     from kmesh_trace.oracle.workload import Workload
     from kmesh_trace.apps.plots import plot_pressure_sweep
 

@@ -106,11 +106,11 @@ class TiersInput:
     def from_trace(cls, t, name: str, engine: str | None = None) -> TiersInput:
         """An open trace's engine partition (`engine`, None: the only one); `name` is how the output names
         it (the user's path: a public trace's import lives elsewhere, where its tasks read it). `t` may be
-        a public trace read into memory (`kmesh_trace.cli.inputs.PublicInput`): never empty, and no task
+        a public trace read into memory (`kmesh_trace.sources.PublicInput`): never empty, and no task
         reads it from a location."""
         from kmesh_trace.oracle.workload import Workload
 
-        in_memory = getattr(t, "invocations_in_memory", None) is not None
+        in_memory = t.invocations_in_memory is not None
         if not in_memory:
             from kmesh_trace.trace import check_has_requests
 
