@@ -24,7 +24,7 @@ import numpy as np
 
 from kmesh_trace.native.kernels import I32, I64, P, check, declare, ptr
 from kmesh_trace.oracle.interruptible import run_interruptible
-from kmesh_trace.oracle.stream import AccessStream, RequestColumns
+from kmesh_trace.oracle.stream import AccessStream, RequestColumns, kept_and_eligible
 from kmesh_trace.oracle.stream_index import obj_pointers
 
 # hold statuses and release reasons, as codes (`STATUSES[code]`, `REASONS[code]`; pool_steps.h's KP_TAKEN, ...)
@@ -43,7 +43,7 @@ def pool_inputs(requests, block_size: int, stream=None, columns=None):
         stream = AccessStream.from_requests(requests, block_size)
     if columns is None:
         columns = RequestColumns.of_requests(requests)
-    listed = np.minimum(stream.num_reads, stream.num_prompt_tokens // block_size)
+    listed, _ = kept_and_eligible(stream.num_reads, stream.num_prompt_tokens, block_size)
     return stream, listed, columns.num_output_tokens, columns.arrival_ns, columns.finish_ns
 
 

@@ -247,7 +247,7 @@ class AccessStream:
         n_req = len(requests)
         prompt_tokens = np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n_req)
         num_reads = np.fromiter((len(r.prompt_hashes) for r in requests), np.int64, n_req)
-        n_full, n_elig = _kept_and_eligible(num_reads, prompt_tokens, block_size)
+        n_full, n_elig = kept_and_eligible(num_reads, prompt_tokens, block_size)
         n_out = np.fromiter((len(r.output_hashes) for r in requests), np.int64, n_req)
         req_start = np.zeros(n_req + 1, np.int64)
         np.cumsum(n_full + n_out, out=req_start[1:])
@@ -266,7 +266,7 @@ class AccessStream:
         eligible. One pass over the hashes (oracle/stream_index.py), no stream-long temporaries."""
         num_reads = np.asarray(num_reads, np.int64)
         prompt_tokens = np.asarray(num_prompt_tokens, np.int64)
-        n_full, n_elig = _kept_and_eligible(num_reads, prompt_tokens, block_size)
+        n_full, n_elig = kept_and_eligible(num_reads, prompt_tokens, block_size)
         if starts is None:
             starts = np.cumsum(num_reads) - num_reads
         req_start = np.zeros(len(num_reads) + 1, np.int64)
@@ -305,9 +305,10 @@ class AccessStream:
                             np.tile(self.num_reads, times), m * times)
 
 
-def _kept_and_eligible(num_reads: np.ndarray, prompt_tokens: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+def kept_and_eligible(num_reads: np.ndarray, prompt_tokens: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Per request: the listed prompt blocks that are accesses (the full ones, `num_full_prompt_blocks`)
-    and those of them that are hit-eligible (`max_hit_blocks`)."""
+    and those of them that are hit-eligible (`max_hit_blocks`). The one statement of the rule: the stream,
+    the pool kernel's inputs and the tier stream all take it from here."""
     n_full = np.maximum(np.minimum(num_reads, prompt_tokens // block_size), 0)
     n_elig = np.minimum(num_reads, np.maximum(prompt_tokens - 1, 0) // block_size)
     return n_full, n_elig

@@ -28,8 +28,10 @@ from operator import attrgetter
 import numpy as np
 
 from kmesh_trace.native.kernels import I32, I64, P, check, declare, ptr
-from kmesh_trace.oracle.blockpool_compiled import obj_pointers, stream_pointers
+from kmesh_trace.oracle.blockpool_compiled import pool_inputs, stream_pointers
 from kmesh_trace.oracle.interruptible import run_interruptible
+from kmesh_trace.oracle.stream import AccessStream, kept_and_eligible
+from kmesh_trace.oracle.stream_index import leading_flags, obj_pointers
 
 __all__ = ["TierStream", "tier_stream", "replay_tiers_compiled"]
 
@@ -180,10 +182,6 @@ def tier_stream(requests, block_size: int) -> TierStream | None:
     replay takes those). Its pool part is `AccessStream.from_arrays` over the requests' accesses, the
     stream `simulate_pool` replays (`AccessStream.from_requests`'s); the tails are looked up among its hashes
     in one pass, so every hash is sorted once."""
-    from kmesh_trace.oracle.blockpool_compiled import pool_inputs
-    from kmesh_trace.oracle.stream import AccessStream
-    from kmesh_trace.oracle.stream_index import leading_flags
-
     requests = list(requests)
     try:
         flat = _Flat.of(requests)
@@ -191,11 +189,10 @@ def tier_stream(requests, block_size: int) -> TierStream | None:
         return None
     n = len(requests)
     p_tokens = np.fromiter(map(attrgetter("num_prompt_tokens"), requests), np.int64, n)
-    listed = np.minimum(flat.plen, p_tokens // block_size)
+    listed, n_elig = kept_and_eligible(flat.plen, p_tokens, block_size)
     access = flat.accesses(listed)
     req_start = np.zeros(n + 1, np.int64)
     np.cumsum(listed + flat.olen, out=req_start[1:])
-    n_elig = np.minimum(flat.plen, np.maximum(p_tokens - 1, 0) // block_size)
     stream = AccessStream.from_arrays(block_size, access, leading_flags(req_start, n_elig), req_start, p_tokens,
                                       flat.plen)
     tails = flat.tails(listed)
