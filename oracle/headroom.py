@@ -24,14 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.oracle.policies import POLICIES, PolicyResult, get_policy, replay_point  # noqa: F401 (replay_point: re-exported)
+from kmesh_trace.oracle.policies import POLICIES, PolicyResult, get_policy, replay_point
 from kmesh_trace.oracle.policies.base import result_of
 from kmesh_trace.oracle.prefill_cost import PrefillCost
 from kmesh_trace.oracle.executor import Executor, InProcess, Task
-from kmesh_trace.oracle.headroom_curve import WIDE_BRACKET, headroom_curve
+from kmesh_trace.oracle.headroom_curve import WIDE_BRACKET, headroom_curve, stock_choice
 from kmesh_trace.oracle.options import option
 from kmesh_trace.oracle.sampled_curve import SAMPLED_POLICIES, partitioned_curve, sampled_curve
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, pool_capacity
@@ -122,7 +120,8 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
     caps = [int(c) for c in capacities] if capacities else [pool_capacity(None, num_usable_blocks)]
     if any(c <= 0 for c in caps):
         raise KmeshTraceError("capacities must be positive block counts.")
-    workload = Workload(block_size, requests, groups=tuple(groups), retention_interval=retention_interval)
+    workload = Workload(block_size, requests, num_usable_blocks=num_usable_blocks, groups=tuple(groups),
+                        retention_interval=retention_interval)
     points = [(name, c) for name in names for c in caps]
     if simulate is not None:
         results = simulate(points)
@@ -134,16 +133,14 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
         from kmesh_trace.oracle.hybrid_pool import analysis_note
 
         notes.append(analysis_note(workload.groups))
-    captured = bool(requests) and all(r.stock_cached_tokens is not None for r in requests)
-    if captured and num_usable_blocks:
+    tokens, stock_notes = stock_choice(workload, "model")
+    if tokens is not None:
         cap = int(num_usable_blocks)
-        tokens = np.fromiter((r.stock_cached_tokens for r in requests), np.int64, len(requests))
         stock, source = result_of("stock", cap, workload.stream, tokens // block_size), "capture"
         stock.measured_hit_tokens = tokens
     else:
         cap = int(num_usable_blocks) if num_usable_blocks in caps else caps[0]
-        if captured:
-            notes.append("the capture has engine hit counts but no usable-block count; stock is the vllm model.")
+        notes += stock_notes
         stock = _find(results, "vllm", cap) or replay_point(workload, "vllm", cap)
         source = "vllm"
     bound = _find(results, "belady", cap) or replay_point(workload, "belady", cap)
@@ -279,13 +276,8 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
     if rate is not None:
         return _sampled(workload, replace(options, sample=rate), names, caps, executor, note, auto=True)
     if options.wants_curve:  # a window: the curve's result, at the given capacities if any
-        bare = workload.requests is None
-        res = headroom_curve(workload.requests, workload.block_size, policies=names, window=options.window,
-                             num_usable_blocks=workload.num_usable_blocks, cost=cost, cost_fit=fit, executor=executor,
-                             progress=progress, stream=workload.stream if bare else None,
-                             stock_tokens=workload.stock_tokens if bare else None, grid=caps,
-                             columns=workload.columns if bare else None, groups=workload.groups,
-                             retention_interval=workload.retention_interval)
+        res = headroom_curve(workload, policies=names, window=options.window, cost=cost, cost_fit=fit,
+                             executor=executor, progress=progress, grid=caps)
         res.note = note
         return res
     simulate = None
