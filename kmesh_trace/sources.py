@@ -37,8 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
+from kmesh_trace.audit.fields import INPUT_KEYS, OUTPUT_KEYS
+from kmesh_trace.datasets.importers.request_shapes import is_request_record, is_sharegpt
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
 from kmesh_trace.paths import TRACE_MARKER, check_trace_directory
+
 
 class TraceSource(Protocol):
     """The reading side of a trace that the analyses need (`Trace`, `TraceParts` and `PublicInput` have it):
@@ -141,8 +144,6 @@ def sniff(path: Path) -> str | None:
     if not path.is_file():
         raise InputFormatError(f"{path} does not exist." if not path.exists() else f"{path} is not a readable file.")
     record, keys = _first_record(path)
-    from kmesh_trace.datasets.importers.request_shapes import is_request_record, is_sharegpt
-
     if isinstance(record, dict):
         keys = set(record)
     if keys is not None:
@@ -196,8 +197,6 @@ def _unlike(files: list[Path], *wanted: set[str], keyless_ok: bool = False) -> l
 def _directory_format(path: Path) -> str:
     """weka (.json conversations) or lmcache-agent (.jsonl agent traces, here or one level down), when every
     such file looks like one; else one sentence naming a file that does not."""
-    from kmesh_trace.audit.fields import INPUT_KEYS, OUTPUT_KEYS
-
     weka = sorted(p for p in path.iterdir() if p.suffix.lower() == ".json" and p.is_file())
     if weka:
         others = _unlike(weka, {"requests", "block_size", "hash_id_scope"}, keyless_ok=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Literal, Sequence
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.lineage import PrefixIndex
 from kmesh_trace.oracle.stream import RequestBlocks
 from kmesh_trace.schema import FleetEdges, vocabulary
 
@@ -31,8 +32,6 @@ def infer_exact_prefix_edges(requests: Sequence[RequestBlocks], block_size: int)
     child's full prompt blocks; the latest such request on ties. Block-granular: a parent's partial
     tail block is not compared. The inference is `kmesh_trace.lineage.PrefixIndex`, the capture's own,
     over chained block hashes (equal hashes at a position mean equal prefixes; checked anyway)."""
-    from kmesh_trace.lineage import PrefixIndex
-
     index = PrefixIndex()
     edges: dict[int, int] = {}
     for r in requests:

@@ -42,10 +42,12 @@ from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.blockpool import PoolReplay, PoolResult, simulate_pool
 from kmesh_trace.oracle.executor import Executor, InProcess, Task
 from kmesh_trace.oracle.families import EDGE_MODES, families
+from kmesh_trace.oracle.hybrid_pool import HybridPoolReplay, simulate_hybrid_pool
 from kmesh_trace.oracle.options import option
-from kmesh_trace.oracle.stream import RequestBlocks
+from kmesh_trace.oracle.stream import RequestBlocks, pool_capacity
 from kmesh_trace.oracle.tasks import workload_at
 from kmesh_trace.oracle.workload import Workload, location_of
+from kmesh_trace.resources import check_fits, fleet_bytes
 from kmesh_trace.schema import FleetEdges
 
 __all__ = ["DEFAULT_OVERLOAD", "EDGE_MODES", "GLOBAL", "ROUTINGS", "FleetPoint", "FleetResult", "FleetRun",
@@ -91,8 +93,6 @@ def _replay(workload: Workload, capacity_blocks: int):
     """One engine's step-by-step replay: the hybrid pool for a hybrid engine's workload (the groups are the
     trace's), else the single-group pool."""
     if workload.hybrid:
-        from kmesh_trace.oracle.hybrid_pool import HybridPoolReplay
-
         return HybridPoolReplay([], workload.groups, capacity_blocks, workload.timed, workload.retention_interval)
     return PoolReplay([], workload.block_size, capacity_blocks, None, workload.timed)
 
@@ -206,8 +206,6 @@ def simulate_run(workload: Workload, policy: str, num_engines: int, capacity_blo
         check_options([], [num_engines], [capacity_blocks], overload)
         reqs = workload.requests
         if workload.hybrid:
-            from kmesh_trace.oracle.hybrid_pool import simulate_hybrid_pool
-
             pools = [simulate_hybrid_pool(list(reqs), workload.groups, num_usable_blocks=num_engines * capacity_blocks,
                                           timed=workload.timed, retention_interval=workload.retention_interval)]
         else:
@@ -348,8 +346,6 @@ class FleetOptions:
 
     def resolved(self, source) -> tuple[list[int], list[int]]:
         """(fleet sizes, capacities): the options', else the trace's engines and their one pool size."""
-        from kmesh_trace.oracle.stream import pool_capacity
-
         ns = list(self.engines) if self.engines is not None else [len(source.engines)]
         if self.capacities is not None:
             return ns, list(self.capacities)
@@ -361,8 +357,6 @@ class FleetOptions:
 
     def check(self, source) -> tuple[list[int], list[int]]:
         """The resolved (fleet sizes, capacities), refused before any work when invalid or too large for memory."""
-        from kmesh_trace.resources import check_fits, fleet_bytes
-
         ns, caps = self.resolved(source)
         check_options(self.routings, ns, caps, self.overload)
         given = (("--engines", self.engines), ("--capacity-blocks", self.capacities))

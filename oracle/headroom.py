@@ -25,16 +25,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.oracle.policies import POLICIES, PolicyResult, get_policy, replay_point
-from kmesh_trace.oracle.policies.base import result_of
-from kmesh_trace.oracle.prefill_cost import PrefillCost
 from kmesh_trace.oracle.executor import Executor, InProcess, Task
 from kmesh_trace.oracle.headroom_curve import WIDE_BRACKET, headroom_curve, stock_choice
+from kmesh_trace.oracle.hybrid_pool import analysis_note
 from kmesh_trace.oracle.options import option
+from kmesh_trace.oracle.policies import POLICIES, PolicyResult, get_policy, replay_point
+from kmesh_trace.oracle.policies.base import result_of
+from kmesh_trace.oracle.prefill_cost import PrefillCost, usable_fit
 from kmesh_trace.oracle.sampled_curve import SAMPLED_POLICIES, partitioned_curve, sampled_curve
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, pool_capacity
 from kmesh_trace.oracle.tasks import task_source, workload_at
 from kmesh_trace.oracle.workload import Workload
+from kmesh_trace.resources import MEMORY_FRACTION, available_memory, check_fits, pool_bytes
 
 DEFAULT_POLICIES = ("infinite", "lru", "vllm", "belady-prefix", "belady")
 #: Replays (policy, capacity) points and returns their results in the same order.
@@ -130,8 +132,6 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
 
     notes: list[str] = []
     if workload.hybrid:
-        from kmesh_trace.oracle.hybrid_pool import analysis_note
-
         notes.append(analysis_note(workload.groups))
     tokens, stock_notes = stock_choice(workload, "model")
     if tokens is not None:
@@ -151,7 +151,6 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
     return res
 
 
-
 def headroom_point(source, engine: str | None, policy: str, capacity: int) -> PolicyResult:
     """The task of one policy at one capacity over one engine's requests (`source`: a location, or a
     Workload: `oracle.tasks.workload_at`); on a hybrid engine's trace as `policies.replay_point` replays it."""
@@ -160,8 +159,6 @@ def headroom_point(source, engine: str | None, policy: str, capacity: int) -> Po
 
 def _find(results: list[PolicyResult], policy: str, capacity: int) -> PolicyResult | None:
     return next((r for r in results if r.policy == policy and r.capacity_blocks == capacity), None)
-
-
 
 
 # ---- one run of the analysis, as `kmesh-trace headroom` and the report's section run it ------------
@@ -198,8 +195,6 @@ class HeadroomOptions:
 
     def check(self) -> None:
         """Refuse contradictory options, and pools too large for memory, before any work."""
-        from kmesh_trace.resources import check_fits, pool_bytes
-
         if self.curve and self.capacities is not None:
             raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
         if self.sample is not None and self.partitions is not None:
@@ -245,8 +240,6 @@ class FittedPrefill:
 
 
 def fitted_prefill(trace, engine: str | None = None) -> FittedPrefill:
-    from kmesh_trace.oracle.prefill_cost import usable_fit
-
     return FittedPrefill(*usable_fit(trace, engine))
 
 
@@ -307,8 +300,6 @@ AUTO_RATES = (0.1, 0.01, 0.001)
 def auto_sample_rate(num_accesses: int, budget: int | None) -> float | None:
     """None when the exact curves of `num_accesses` fit `budget` bytes (None: half the memory available
     here, `resources.check_fits`'s rule), else the largest of AUTO_RATES whose sample fits."""
-    from kmesh_trace.resources import MEMORY_FRACTION, available_memory
-
     if budget is None:
         room = available_memory()
         if room is None:

@@ -29,8 +29,9 @@ import numpy as np
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.curves import CURVES, HitCurve
 from kmesh_trace.oracle.executor import Executor, ForkPool, Task
+from kmesh_trace.oracle.hybrid_pool import analysis_note, blocks_per_position
 from kmesh_trace.oracle.interruptible import run_all_interruptible
-from kmesh_trace.oracle.policies import POLICIES, Workload, get_policy
+from kmesh_trace.oracle.policies import POLICIES, Workload, get_policy, replay_point
 from kmesh_trace.oracle.policies.infinite import infinite_hits
 from kmesh_trace.oracle.prefill_cost import PrefillCost
 from kmesh_trace.oracle.stream import AccessStream, check_block_size, pool_capacity
@@ -225,8 +226,6 @@ def headroom_curve(workload: Workload, *, policies: Sequence[str] | None = None,
     # (n full-attention groups), so its steps sit at n times its capacities.
     per_position = 1
     if workload.hybrid and any(n != "vllm" for n in names):
-        from kmesh_trace.oracle.hybrid_pool import blocks_per_position
-
         per_position = blocks_per_position(workload.groups)
     stream = workload.stream
     start = stream.num_requests // 2 if window == "last-half" else 0
@@ -263,8 +262,6 @@ def headroom_curve(workload: Workload, *, policies: Sequence[str] | None = None,
     res = CurveResult(block_size, window, stream.num_requests - start, int(stream.num_reads[start:].sum()),
                       int(P[start:].sum()), int(inf[start:].sum()), grid, curves, None, cost, cost_fit)
     if workload.hybrid:
-        from kmesh_trace.oracle.hybrid_pool import analysis_note
-
         res.notes.append(analysis_note(workload.groups))
 
     # Stock: measured (capture), else the vllm model at the usable blocks.
@@ -407,8 +404,6 @@ def _curves_then_grid(workload: Workload, start: int, names: list[str], fixed: l
 
 
 def _replay_point(name: str, workload: Workload, cap: int) -> np.ndarray:
-    from kmesh_trace.oracle.policies import replay_point
-
     return replay_point(workload, name, cap).hit_blocks_per_request
 
 

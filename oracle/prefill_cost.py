@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.stream import engine_geometry
 
 #: Fewest measured prefills `fit` accepts.
 MIN_FIT_POINTS = 3
@@ -150,8 +151,6 @@ class PrefillCost:
     def fit(cls, trace, engine: str | None = None, *, overhead: bool = True) -> "tuple[PrefillCost, FitReport]":
         """Fit the model to an opened capture's measured prefills (`kmesh_trace.trace.open_trace`)."""
         import polars as pl
-
-        from kmesh_trace.oracle.stream import engine_geometry
 
         engine_geometry(trace, engine)  # the one error for an ambiguous or unknown engine
         lf = trace.scan("invocations")

@@ -35,6 +35,7 @@ from kmesh_trace.oracle.options import option
 from kmesh_trace.oracle.stream import RequestBlocks, pool_capacity
 from kmesh_trace.oracle.tasks import task_source, workload_at
 from kmesh_trace.oracle.workload import Workload
+from kmesh_trace.resources import check_fits, pool_bytes
 from kmesh_trace.schema import EdgeKind, EdgeSource, PressureEdges, vocabulary
 
 __all__ = ["FamilyRow", "PressureOptions", "PressureResult", "PressureSweep", "SweepPoint", "what_if", "what_if_trace",
@@ -324,8 +325,6 @@ class PressureOptions:
 
     def check(self, flag: str = "--capacity-blocks") -> None:
         """Refuse pools too large for memory before any work (`flag`: the option that gave the capacities)."""
-        from kmesh_trace.resources import check_fits, pool_bytes
-
         if self.capacities is not None:
             check_fits(pool_bytes(max(self.capacities)), flag, "a vLLM pool model")
 

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
+from kmesh_trace.lineage import ParentResolver
 from kmesh_trace.oracle.stream_index import NEVER, build_stream
 from kmesh_trace.resources import check_fits, pool_bytes
 
@@ -153,8 +154,6 @@ def duplicated_request(request_id: str) -> KmeshTraceError:
 
 def _resolve_parents(reqs: list[RequestBlocks], callers: list[str | None], parents: list) -> None:
     """Each request's `parent_index` from the parent its caller named, by the rule the capture uses."""
-    from kmesh_trace.lineage import ParentResolver
-
     names = ParentResolver()
     for r, caller in zip(reqs, callers):
         names.add(r.request_id, caller)

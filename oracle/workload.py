@@ -22,7 +22,9 @@ from typing import Sequence
 import numpy as np
 
 from kmesh_trace import schema
+from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid, refuse_hybrid, retention_of_metadata
+from kmesh_trace.lineage import declared_parents
 from kmesh_trace.oracle.families import families
 from kmesh_trace.oracle.stream import (AccessStream, RequestBlocks, RequestColumns, check_block_size, duplicated_request,
                                       engine_geometry, requests_from_rows, set_declared_parents)
@@ -130,7 +132,6 @@ class Workload:
             return cls._from_columns(source, in_memory, None if merged else engine, requests)
         import polars as pl
 
-        from kmesh_trace.lineage import declared_parents
         from kmesh_trace.oracle.kv_stream import scan_invocations
         if merged:
             block_size = check_block_size(source.block_size)
@@ -196,7 +197,6 @@ def _groups_of(source, engine: str | None, merged: bool) -> tuple:
     """(KV cache groups, retention interval) of the partition (`kv_groups.groups_from_metadata`,
     `kv_groups.retention_of_metadata`); merged, those every engine shares (engines of different hybrid
     layouts do not make one fleet)."""
-    from kmesh_trace.errors import KmeshTraceError
     if not merged:
         metas = [source.engines[engine] if engine is not None else source.metadata]
     else:

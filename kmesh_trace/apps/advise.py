@@ -322,6 +322,7 @@ def _pool(w, options: AdviseOptions, step) -> tuple[int, str]:
     if w.num_usable_blocks:
         return int(w.num_usable_blocks), "the engine's usable blocks"
     from kmesh_trace.oracle.headroom_curve import headroom_curve
+    from kmesh_trace.oracle.workload import Workload
 
     step("choosing a pool size")
     curve = headroom_curve(Workload(w.block_size, w.requests), policies=["lru"])

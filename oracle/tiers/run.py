@@ -15,15 +15,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kmesh_trace.datasets.workloads.family_burst import family_burst
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.executor import InProcess, Task
 from kmesh_trace.oracle.options import option
-from kmesh_trace.oracle.stream import RequestBlocks
+from kmesh_trace.oracle.stream import RequestBlocks, pool_capacity
 from kmesh_trace.oracle.tasks import workload_at
-import kmesh_trace.oracle.tiers.render as render
+import kmesh_trace.oracle.tier_costs as tc
 from kmesh_trace.oracle.tiers.config import SIMPLE_CPU, TIER_NAMES, RestoreCost, TierConfig, TierSpec, simple_cpu
+from kmesh_trace.oracle.tiers.family_burst import family_burst_arms
+import kmesh_trace.oracle.tiers.render as render
 from kmesh_trace.oracle.tiers.result import TierResult
 from kmesh_trace.oracle.tiers.simulate import simulate_tiers, with_stream
 from kmesh_trace.oracle.tiers.sweep import SweepResult, sweep_configs, sweep_tiers
+from kmesh_trace.oracle.workload import Workload
+from kmesh_trace.resources import check_fits, pool_bytes
 
 __all__ = ["TiersOptions", "TiersInput", "TiersReport", "ArmsReport", "run", "run_family_burst", "tiers_point"]
 
@@ -71,8 +77,6 @@ class TiersOptions:
 
     def restore_costs(self) -> tuple[dict[str, RestoreCost], list[str]]:
         """(restore cost per tier, notes on where they came from): measured results, then the flags."""
-        import kmesh_trace.oracle.tier_costs as tc
-
         costs: dict = {}
         notes: list[str] = []
         if self.restore_results is not None:
@@ -108,8 +112,6 @@ class TiersInput:
         it (the user's path: a public trace's import lives elsewhere, where its tasks read it). `t` may be
         a public trace read into memory (`kmesh_trace.sources.PublicInput`): never empty, and no task
         reads it from a location."""
-        from kmesh_trace.oracle.workload import Workload
-
         in_memory = t.invocations_in_memory is not None
         if not in_memory:
             from kmesh_trace.trace import check_has_requests
@@ -165,10 +167,6 @@ class ArmsReport:
 
 
 def run_family_burst(options: TiersOptions) -> ArmsReport:
-    from kmesh_trace.datasets.workloads.family_burst import family_burst
-    import kmesh_trace.oracle.tier_costs as tc
-    from kmesh_trace.oracle.tiers.family_burst import family_burst_arms
-
     o = options
     costs, _ = o.restore_costs()
     burst = family_burst(o.children, o.ancestor_mib, o.chunks)
@@ -183,10 +181,6 @@ def run_family_burst(options: TiersOptions) -> ArmsReport:
 def run(source: TiersInput, options: TiersOptions, executor=None) -> TiersReport:
     """`options` over `source`. A sweep runs one task per configuration through `executor`
     (`kmesh_trace.oracle.executor`; default in this process), whose `on_start`/`on_done` follow it."""
-    import kmesh_trace.oracle.tier_costs as tc
-    from kmesh_trace.oracle.stream import pool_capacity
-    from kmesh_trace.resources import check_fits, pool_bytes
-
     o = options
     costs, cost_notes = o.restore_costs()
     kvbpt, kv_src = tc.kv_bytes_per_token(source.metadata, o.kv_bytes_per_token, o.model_config)
@@ -265,8 +259,6 @@ def measured_loads(source: TiersInput) -> dict | None:
 def _run_configs(source: TiersInput, configs: list[TierConfig], kw: dict, executor) -> list[TierResult]:
     """One task per configuration (`tiers_point`): on a remote executor (Ray) each
     reads the engine's parts itself when the input came from a trace; in process they share the requests."""
-    from kmesh_trace.oracle.executor import InProcess, Task
-
     executor = executor or InProcess()
     where = source.source if source.location is None else f"engine={source.engine}" if source.engine else "the trace"
     task_source = source.location if executor.remote and source.location is not None else source.requests
