@@ -21,6 +21,7 @@ import os
 from typing import Any, Callable, Sequence
 
 from kmesh_trace.distributed import Task
+from kmesh_trace.oracle.interruptible import run_all_interruptible
 
 __all__ = ["Executor", "ForkPool", "InProcess", "OnRay", "Task", "Threads", "executor_for"]
 
@@ -97,8 +98,6 @@ class Threads(Executor):
         self.workers = workers
 
     def _map(self, fn, tasks: list[Task]) -> list:
-        from kmesh_trace.oracle.interruptible import run_all_interruptible
-
         on_done = self.on_done
         return run_all_interruptible([lambda t=t: fn(*t.args) for t in tasks], self.workers or os.cpu_count() or 1,
                                      None if on_done is None else lambda i: on_done(tasks[i]))

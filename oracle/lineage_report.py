@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.lineage import lineage_cycles
 from kmesh_trace.oracle.options import option
 from kmesh_trace.schema import EDGE_KINDS, EdgeKind
 
@@ -227,8 +228,6 @@ def lineage_report(trace, *, edge_kind: str | None = None, engine: str | None = 
 
 def _refuse_cycles(parent: np.ndarray, keys: list, edge_kind: str | None) -> None:
     """A cycle of parent links has no root: no family, depth or fan-out describes it. Refused, naming it."""
-    from kmesh_trace.lineage import lineage_cycles
-
     _, cycles = lineage_cycles({i: int(p) for i, p in enumerate(parent) if p >= 0})
     if cycles:
         names = " <- ".join(keys[i][1] for i in [*cycles[0], cycles[0][0]][:12])
