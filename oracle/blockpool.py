@@ -183,7 +183,7 @@ def pool_hits(requests, *, block_size: int, num_usable_blocks: int, stream=None,
               columns=None) -> tuple:
     """`simulate_pool(requests, ...)`'s per-request hit blocks (int64) and total evictions, without the rest
     of its result (a grid replays the same requests at many capacities). Without requests (None), the
-    replay of `stream` with the requests' `columns` (`kmesh_trace.oracle.workload.RequestColumns`, timed
+    replay of `stream` with the requests' `columns` (`kmesh_trace.oracle.stream.RequestColumns`, timed
     when they say so). `memo`, a dict kept with the requests (a workload's), keeps the kernel's inputs
     from one capacity to the next."""
 
