@@ -108,7 +108,9 @@ _SNIFF_BYTES = 1 << 20
 
 
 def importer(fmt: str) -> Callable:
-    """The import function of format `fmt` (mooncake, bailian, weka, lmcache-agent, requests)."""
+    """The import function of format `fmt` (mooncake, bailian, weka, lmcache-agent, requests). Each importer is
+    imported when its format is asked for: lmcache-agent and requests load pyarrow, bailian and weka the
+    compiled readers, none of which a command's start-up needs."""
     if fmt == "weka":
         from kmesh_trace.datasets.importers.weka import import_weka
 
@@ -355,7 +357,7 @@ def read_directly(path: str | Path, *, on_import: Callable[[str], None] | None =
 
 
 def _mooncake_in_memory(path: Path, engine_id: str):
-    from kmesh_trace.datasets.importers.mooncake import engine_metadata, read_mooncake
+    from kmesh_trace.datasets.importers.mooncake import engine_metadata, read_mooncake  # deferred: as `importer`
 
     cols, report = read_mooncake(path, engine_id=engine_id)
     # Per-row columns as lists whichever reader gave them (the compiled one gives int64 arrays): the workload
@@ -367,7 +369,7 @@ def _mooncake_in_memory(path: Path, engine_id: str):
 
 
 def _bailian_in_memory(path: Path, engine_id: str):
-    from kmesh_trace.datasets.importers.bailian import FORMAT, bailian_rows, engine_metadata
+    from kmesh_trace.datasets.importers.bailian import FORMAT, bailian_rows, engine_metadata  # deferred: as `importer`
     from kmesh_trace.datasets.importers.common import ImportReport
 
     report = ImportReport(FORMAT, str(path), "", engine_id)
@@ -391,7 +393,7 @@ def _bailian_in_memory(path: Path, engine_id: str):
 
 def _weka_in_memory(path: Path, engine_id: str):
     """A weka directory (or one conversation file), with the import's default arrival model."""
-    from kmesh_trace.datasets.importers.weka import FORMAT, read_weka
+    from kmesh_trace.datasets.importers.weka import FORMAT, read_weka  # deferred: as `importer`
 
     rows, report, meta = read_weka(path, engine_id=engine_id)
     c = rows.columns
@@ -413,7 +415,7 @@ def open_as_trace(path: str | Path, *, on_import: Callable[[str], None] | None =
     fmt = sniff(path)
     if fmt is None:
         check_trace_directory(path)  # before the columnar libraries load
-    from kmesh_trace.trace import open_trace
+    from kmesh_trace.trace import open_trace  # deferred: it loads polars, pyarrow and duckdb
 
     if fmt is None:
         with open_trace(path, **open_options) as t:

@@ -285,7 +285,7 @@ def lineage_for(workload: Workload, edges: str) -> dict[int, int] | None:
 
 def check_has_requests(source, engine: str | None) -> None:
     """One sentence for a KV-events recording: the what-if needs requests and lineage."""
-    from kmesh_trace.oracle.kv_stream import refuse_without_requests
+    from kmesh_trace.oracle.kv_stream import refuse_without_requests  # deferred: it loads polars and pyarrow
 
     refuse_without_requests(source, engine, "the retention what-if")
 
@@ -294,7 +294,7 @@ def what_if_trace(trace, *, engine: str | None = None, capacity_blocks: int | No
     """`what_if` over a trace (a path or an opened `Trace`), at its own usable blocks unless
     `capacity_blocks` is given; other keywords as `what_if` (the trace's exact-prefix lineage rows
     serve `edges="inferred"`)."""
-    from kmesh_trace.trace import open_trace
+    from kmesh_trace.trace import open_trace  # deferred: it loads polars, pyarrow and duckdb
 
     if isinstance(trace, (str, Path)):
         with open_trace(trace) as t:

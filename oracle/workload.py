@@ -26,8 +26,8 @@ from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid, refuse_hybrid, retention_of_metadata
 from kmesh_trace.lineage import declared_parents
 from kmesh_trace.oracle.families import families
-from kmesh_trace.oracle.stream import (AccessStream, RequestBlocks, RequestColumns, check_block_size, duplicated_request,
-                                      engine_geometry, requests_from_rows, set_declared_parents)
+from kmesh_trace.oracle.stream import (AccessStream, RequestBlocks, RequestColumns, check_block_size,
+                                      duplicated_request, engine_geometry, requests_from_rows, set_declared_parents)
 from kmesh_trace.sources import InvocationColumns, TraceSource
 
 __all__ = ["Workload", "location_of", "request_blocks"]
@@ -132,7 +132,8 @@ class Workload:
             return cls._from_columns(source, in_memory, None if merged else engine, requests)
         import polars as pl
 
-        from kmesh_trace.oracle.kv_stream import scan_invocations
+        from kmesh_trace.oracle.kv_stream import scan_invocations  # deferred: it loads polars and pyarrow
+
         if merged:
             block_size = check_block_size(source.block_size)
             pools = {m.get("num_usable_blocks") for m in source.engines.values()}

@@ -114,7 +114,7 @@ class TiersInput:
         reads it from a location."""
         in_memory = t.invocations_in_memory is not None
         if not in_memory:
-            from kmesh_trace.trace import check_has_requests
+            from kmesh_trace.trace import check_has_requests  # deferred: it loads polars, pyarrow and duckdb
 
             check_has_requests(t)
         w = Workload.from_trace(t, engine)
