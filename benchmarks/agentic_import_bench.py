@@ -92,7 +92,7 @@ CHILD_POLICY = """
 import json, sys, time, resource
 from kmesh_trace.trace import open_trace
 from kmesh_trace.oracle.policies import POLICIES, Workload
-from kmesh_trace.oracle.stream import request_blocks
+from kmesh_trace.oracle.workload import request_blocks
 t0 = time.perf_counter()
 with open_trace(sys.argv[1]) as t:
     reqs = request_blocks(t)

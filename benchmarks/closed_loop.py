@@ -193,7 +193,7 @@ def block_level(export: Path, at_block: Path, cdir: Path, usable: int) -> dict:
     """`compare_blocks`: the sequential pool model's hits on the export against the capture's, block by block."""
     from kmesh_trace.apps.closed_loop import aiperf_engine_ids, compare_blocks
     from kmesh_trace.oracle.blockpool import simulate_pool
-    from kmesh_trace.oracle.stream import request_blocks
+    from kmesh_trace.oracle.workload import request_blocks
     from kmesh_trace.trace import open_trace
 
     lines = [json.loads(x) for x in open(export)]

@@ -43,7 +43,7 @@ def _cpu_jiffies() -> tuple[int, int]:
 
 def _cpu_fleet_run(*args):
     """A fleet run as a Ray task that also reports the CPU seconds it took in its worker."""
-    from kmesh_trace.oracle.tasks import fleet_run
+    from kmesh_trace.oracle.fleet import fleet_run
 
     t = time.process_time()
     run = fleet_run(*args)

@@ -33,7 +33,8 @@ import numpy as np
 
 from kmesh_trace.oracle.policies.belady import belady_hits
 from kmesh_trace.oracle.policies.lru import lru_hits
-from kmesh_trace.oracle.stream import NEVER, AccessStream, request_blocks
+from kmesh_trace.oracle.stream import NEVER, AccessStream
+from kmesh_trace.oracle.workload import request_blocks
 from kmesh_trace.trace import open_trace
 
 DEFAULT_SRC = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "mooncake" / "conversation_trace.jsonl"

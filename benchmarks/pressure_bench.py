@@ -24,7 +24,8 @@ from pathlib import Path
 from time import perf_counter
 
 from kmesh_trace.oracle.blockpool import simulate_pool
-from kmesh_trace.oracle.pressure import hold_policy, infer_exact_prefix_edges
+from kmesh_trace.oracle.families import infer_exact_prefix_edges
+from kmesh_trace.oracle.pressure import hold_policy
 from kmesh_trace.oracle.stream import RequestBlocks
 from oracle_bench import best_of  # same folder: the script's directory is on sys.path
 
@@ -34,7 +35,7 @@ DEFAULT_SRC = DATASETS / "mooncake" / "conversation_trace.jsonl"
 
 def mooncake(src: Path) -> tuple[list[RequestBlocks], int]:
     from kmesh_trace.datasets.importers.mooncake import import_mooncake
-    from kmesh_trace.oracle.stream import request_blocks
+    from kmesh_trace.oracle.workload import request_blocks
     from kmesh_trace.trace import open_trace
 
     with tempfile.TemporaryDirectory() as d:

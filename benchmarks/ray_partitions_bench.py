@@ -71,7 +71,7 @@ def main() -> None:
     names = args.policies.split(",")
     w = Workload.from_trace(open_trace(trace), requests=False)
     t = time.perf_counter()
-    exact = headroom_curve(None, w.block_size, stream=w.stream, policies=names, window="last-half", processes=1)
+    exact = headroom_curve(Workload.of_stream(w.stream), policies=names, window="last-half", processes=1)
     exact_s = time.perf_counter() - t
     exact = exact.to_dict()
     print(f"exact, one process: {exact_s:.1f} s ({len(w.stream):,} accesses); load {os.getloadavg()[0]:.1f}",

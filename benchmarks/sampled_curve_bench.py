@@ -33,7 +33,7 @@ from oracle_peer_bench import DATASETS, build_agentic  # noqa: E402
 
 
 def load_stream(src: Path):
-    from kmesh_trace.cli.inputs import read_directly
+    from kmesh_trace.sources import read_directly
     from kmesh_trace.oracle.workload import Workload
 
     public = read_directly(src, on_import=lambda *a, **k: None)
@@ -58,6 +58,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from kmesh_trace.oracle.headroom_curve import headroom_curve
+    from kmesh_trace.oracle.workload import Workload
     from kmesh_trace.oracle.sampled_curve import partitioned_curve, sampled_curve
 
     src = args.src
@@ -75,7 +76,7 @@ def main() -> None:
           f"objects, read in {time.perf_counter() - t:.1f} s; load {os.getloadavg()[0]:.1f}", file=sys.stderr)
     names = args.policies.split(",")
     t = time.perf_counter()
-    exact = headroom_curve(None, stream.block_size, stream=stream, policies=names, window="last-half", processes=1)
+    exact = headroom_curve(Workload.of_stream(stream), policies=names, window="last-half", processes=1)
     exact_s = time.perf_counter() - t
     print(f"exact: {exact_s:.1f} s", file=sys.stderr)
     rows = []

@@ -25,7 +25,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from kmesh_trace import schema
+import kmesh_trace.schema as schema
 from kmesh_trace.errors import CorruptTraceError, KmeshTraceError, TraceNotFoundError
 from kmesh_trace.paths import inside
 from kmesh_trace.writer import ENGINES_DIR, MARKER
@@ -54,6 +54,8 @@ class EngineMetadata:
     (both hold `engines`: engine id -> metadata)."""
 
     engines: dict[str, dict[str, Any]]
+    #: A trace on disk holds no invocations in memory (`kmesh_trace.sources.TraceSource`): read them with `scan`.
+    invocations_in_memory = None
 
     @property
     def metadata(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kmesh_trace import schema
+import kmesh_trace.schema as schema
 from kmesh_trace.errors import CorruptTraceError, KmeshTraceError, QueryRefusedError, TraceNotFoundError
 from kmesh_trace.parts import EngineMetadata
 from kmesh_trace.paths import check_trace_directory, inside

@@ -191,7 +191,7 @@ _FILE_NAMES = ("decode_json", "read_json_file", "read_model_config", "Positive",
 
 def __getattr__(name: str):
     if name in _FILE_NAMES:
-        from kmesh_trace import json_files
+        from kmesh_trace import json_files  # deferred: it loads msgspec
 
         return getattr(json_files, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

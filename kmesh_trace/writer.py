@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kmesh_trace import schema
+import kmesh_trace.schema as schema
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.paths import TRACE_MARKER
 

@@ -54,7 +54,9 @@ from dataclasses import dataclass, field
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.holds import hold_status
+from kmesh_trace.oracle.blockpool_compiled import REASONS, STATUSES, TAKEN, pool_inputs, replay_compiled
 from kmesh_trace.oracle.stream import RequestBlocks, num_computed_tokens
+from kmesh_trace.oracle.stream import RequestColumns
 
 __all__ = ["HoldPolicy", "ModelHold", "PoolResult", "PoolModel", "PoolReplay", "simulate_pool"]
 
@@ -181,11 +183,9 @@ def pool_hits(requests, *, block_size: int, num_usable_blocks: int, stream=None,
               columns=None) -> tuple:
     """`simulate_pool(requests, ...)`'s per-request hit blocks (int64) and total evictions, without the rest
     of its result (a grid replays the same requests at many capacities). Without requests (None), the
-    replay of `stream` with the requests' `columns` (`kmesh_trace.oracle.workload.RequestColumns`, timed
+    replay of `stream` with the requests' `columns` (`kmesh_trace.oracle.stream.RequestColumns`, timed
     when they say so). `memo`, a dict kept with the requests (a workload's), keeps the kernel's inputs
     from one capacity to the next."""
-    from kmesh_trace.oracle.blockpool_compiled import pool_inputs, replay_compiled
-    from kmesh_trace.oracle.workload import RequestColumns
 
     if block_size <= 0 or num_usable_blocks <= 0:
         raise KmeshTraceError("block_size and num_usable_blocks must be positive; pass the engine's values.")
@@ -201,8 +201,6 @@ def pool_hits(requests, *, block_size: int, num_usable_blocks: int, stream=None,
 
 def _compiled_result(requests, block_size, num_usable_blocks, timed, stream, holds) -> PoolResult:
     """The replay by the compiled kernel (`blockpool_compiled`), as a PoolResult."""
-    from kmesh_trace.oracle.blockpool_compiled import REASONS, STATUSES, TAKEN, replay_compiled
-
     (hits, evictions, admitted, stalled, queue, deferred, records), fam, names = replay_compiled(
         requests, block_size, num_usable_blocks, timed, stream, holds)
     return compiled_pool_result(requests, block_size, num_usable_blocks, timed, hits, evictions, admitted, stalled,

@@ -25,8 +25,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kmesh_trace.native.kernels import I64, Ptr, Struct, check, declare, ptr
+from kmesh_trace.native.kernels import I64, Ptr, Struct, check, declare
 from kmesh_trace.oracle.interruptible import run_interruptible
+from kmesh_trace.oracle.stream import AccessStream, RequestColumns, kept_and_eligible
 
 # hold statuses and release reasons, as codes (`STATUSES[code]`, `REASONS[code]`; pool_steps.h's KP_TAKEN, ...)
 STATUSES = ("taken", "refused_blocks", "refused_families", "empty", "not_needed")
@@ -39,15 +40,12 @@ NUM_RECORD_ROWS = 8
 
 def pool_inputs(requests, block_size: int, stream=None, columns=None):
     """The kernel's per-request arrays for `requests` (their AccessStream `stream` when built already), or,
-    without requests, for `stream` and its `columns` (`kmesh_trace.oracle.workload.RequestColumns`)."""
-    from kmesh_trace.oracle.stream import AccessStream
-    from kmesh_trace.oracle.workload import RequestColumns
-
+    without requests, for `stream` and its `columns` (`kmesh_trace.oracle.stream.RequestColumns`)."""
     if stream is None:
         stream = AccessStream.from_requests(requests, block_size)
     if columns is None:
         columns = RequestColumns.of_requests(requests)
-    listed = np.minimum(stream.num_reads, stream.num_prompt_tokens // block_size)
+    listed, _ = kept_and_eligible(stream.num_reads, stream.num_prompt_tokens, block_size)
     return stream, listed, columns.num_output_tokens, columns.arrival_ns, columns.finish_ns
 
 
@@ -185,11 +183,4 @@ def _replay(obj, IN, timed, block_size, num_usable, num_objects, has_holds, is_p
     check(_pool_replay(ctypes.byref(args), ctypes.byref(out)), "the block-pool replay")
     return (*pool.read(out.pool), tuple(records[:, :int(out.num_records)]))
 
-
-def obj_pointers(obj: np.ndarray) -> tuple:
-    """A stream's dense ids (int32 or int64, contiguous: the caller keeps them) as the kernels take them:
-    (int32 pointer, int64 pointer), one of them NULL."""
-    if obj.dtype == np.int32:
-        return ptr(obj, np.int32), None
-    return None, ptr(obj, np.int64)
 

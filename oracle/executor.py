@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 
-from kmesh_trace.distributed import Task
+from kmesh_trace.distributed import Task, run_tasks
+from kmesh_trace.oracle.interruptible import run_all_interruptible
 
 __all__ = ["Executor", "ForkPool", "InProcess", "OnRay", "Task", "Threads", "executor_for"]
 
@@ -38,8 +39,6 @@ class Executor:
         return self._map(fn, list(tasks))
 
     def _map(self, fn, tasks: list[Task]) -> list:
-        from kmesh_trace.distributed import run_tasks
-
         return run_tasks(fn, tasks, on_done=self.on_done)
 
 
@@ -97,8 +96,6 @@ class Threads(Executor):
         self.workers = workers
 
     def _map(self, fn, tasks: list[Task]) -> list:
-        from kmesh_trace.oracle.interruptible import run_all_interruptible
-
         on_done = self.on_done
         return run_all_interruptible([lambda t=t: fn(*t.args) for t in tasks], self.workers or os.cpu_count() or 1,
                                      None if on_done is None else lambda i: on_done(tasks[i]))
@@ -114,8 +111,6 @@ class OnRay(Executor):
         self.address = address
 
     def _map(self, fn, tasks: list[Task]) -> list:
-        from kmesh_trace.distributed import run_tasks
-
         return run_tasks(fn, tasks, ray=self.address, on_done=self.on_done)
 
 

@@ -12,7 +12,7 @@ Routing policies:
 - `family`: a request goes where its family's root went; a new family goes to the least-loaded
   engine. The family is the declared `family_id`, else the root of the declared parent chain, else
   (`edges="inferred"`, or `auto` on a trace that declares no lineage) the root of the inferred
-  exact-prefix edges (`kmesh_trace.oracle.pressure.infer_exact_prefix_edges`).
+  exact-prefix edges (`kmesh_trace.oracle.families.infer_exact_prefix_edges`).
 - `prefix-aware`: the engine whose cache holds the longest prefix of the request's prompt blocks (what a
   lookup would hit now), among engines not overloaded (load <= overload x mean load + 1); ties go to
   the least-loaded, then the lowest index. It scores engines the way llm-d's precise prefix scorer
@@ -41,51 +41,21 @@ from typing import Callable, Sequence
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.blockpool import PoolReplay, PoolResult, simulate_pool
 from kmesh_trace.oracle.executor import Executor, InProcess, Task
+from kmesh_trace.oracle.families import EDGE_MODES, families
+from kmesh_trace.oracle.hybrid_pool import HybridPoolReplay, simulate_hybrid_pool
 from kmesh_trace.oracle.options import option
-from kmesh_trace.oracle.stream import RequestBlocks
+from kmesh_trace.oracle.stream import RequestBlocks, pool_capacity
+from kmesh_trace.oracle.tasks import workload_at
 from kmesh_trace.oracle.workload import Workload, location_of
-from kmesh_trace.schema import FleetEdges, vocabulary
+from kmesh_trace.resources import check_fits, fleet_bytes
+from kmesh_trace.schema import FleetEdges
 
 __all__ = ["DEFAULT_OVERLOAD", "EDGE_MODES", "GLOBAL", "ROUTINGS", "FleetPoint", "FleetResult", "FleetRun",
-           "FleetOptions", "Routed", "family_keys", "route", "run", "simulate_run", "sweep", "assemble", "check_options"]
+           "FleetOptions", "Routed", "families", "route", "run", "simulate_run", "sweep", "assemble", "check_options"]
 
 ROUTINGS = ("round-robin", "least-loaded", "family", "prefix-aware")
 GLOBAL = "global"
-EDGE_MODES = vocabulary(FleetEdges)
 DEFAULT_OVERLOAD = 1.25
-
-
-def families(workload: Workload, edges: str = "auto") -> tuple[list[str], str]:
-    """(family key per request, where the families came from: declared or inferred), kept on the workload."""
-    if edges not in EDGE_MODES:
-        raise KmeshTraceError(f"unknown edge mode {edges!r}; use one of {', '.join(EDGE_MODES)}.")
-    if edges == "auto":
-        declared = any(r.family_id is not None or r.parent_index is not None for r in workload.requests)
-        edges = "declared" if declared else "inferred"
-    key = ("families", edges)
-    if key not in workload.derived:
-        workload.derived[key] = (family_keys(workload.requests, workload.block_size, edges), edges)
-    return workload.derived[key]
-
-
-def family_keys(requests: Sequence[RequestBlocks], block_size: int, edges: str) -> list[str]:
-    """The family of each request: its declared family or the root of its `edges` tree."""
-    if edges == "declared":
-        parent = {i: r.parent_index for i, r in enumerate(requests) if r.parent_index is not None}
-    else:
-        from kmesh_trace.oracle.pressure import infer_exact_prefix_edges
-
-        parent = infer_exact_prefix_edges(list(requests), block_size)
-    keys: list[str] = []
-    for i, r in enumerate(requests):
-        p = parent.get(i)
-        if edges == "declared" and r.family_id is not None:
-            keys.append(f"family:{r.family_id}")
-        elif p is not None and p < i:
-            keys.append(keys[p])
-        else:
-            keys.append(f"root:{i}")
-    return keys
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -123,8 +93,6 @@ def _replay(workload: Workload, capacity_blocks: int):
     """One engine's step-by-step replay: the hybrid pool for a hybrid engine's workload (the groups are the
     trace's), else the single-group pool."""
     if workload.hybrid:
-        from kmesh_trace.oracle.hybrid_pool import HybridPoolReplay
-
         return HybridPoolReplay([], workload.groups, capacity_blocks, workload.timed, workload.retention_interval)
     return PoolReplay([], workload.block_size, capacity_blocks, None, workload.timed)
 
@@ -238,8 +206,6 @@ def simulate_run(workload: Workload, policy: str, num_engines: int, capacity_blo
         check_options([], [num_engines], [capacity_blocks], overload)
         reqs = workload.requests
         if workload.hybrid:
-            from kmesh_trace.oracle.hybrid_pool import simulate_hybrid_pool
-
             pools = [simulate_hybrid_pool(list(reqs), workload.groups, num_usable_blocks=num_engines * capacity_blocks,
                                           timed=workload.timed, retention_interval=workload.retention_interval)]
         else:
@@ -380,8 +346,6 @@ class FleetOptions:
 
     def resolved(self, source) -> tuple[list[int], list[int]]:
         """(fleet sizes, capacities): the options', else the trace's engines and their one pool size."""
-        from kmesh_trace.oracle.stream import pool_capacity
-
         ns = list(self.engines) if self.engines is not None else [len(source.engines)]
         if self.capacities is not None:
             return ns, list(self.capacities)
@@ -393,8 +357,6 @@ class FleetOptions:
 
     def check(self, source) -> tuple[list[int], list[int]]:
         """The resolved (fleet sizes, capacities), refused before any work when invalid or too large for memory."""
-        from kmesh_trace.resources import check_fits, fleet_bytes
-
         ns, caps = self.resolved(source)
         check_options(self.routings, ns, caps, self.overload)
         given = (("--engines", self.engines), ("--capacity-blocks", self.capacities))
@@ -414,12 +376,17 @@ def run(source, options: FleetOptions, executor: Executor | None = None) -> Flee
                  edges=FleetEdges(options.edges).value, executor=executor)
 
 
+def fleet_run(source, policy: str, num_engines: int, capacity_blocks: int, overload: float, edges: str) -> FleetRun:
+    """The task of one routing policy (or the global pool) at one fleet size and capacity (`source`: a
+    location, or a Workload: `oracle.tasks.workload_at`)."""
+    return simulate_run(workload_at(source, merged=True), policy, num_engines, capacity_blocks, overload=overload,
+                        edges=edges)
+
+
 def sweep(source, engines: list[int], capacities: list[int], routings: list[str], *, overload: float,
           edges: str, executor: Executor | None = None) -> FleetResult:
     """Every routing at every (N, C), plus the global pools, as one task each on `executor` (default: here);
     merged into a FleetResult. `source`: a Workload, or a location that each task reads."""
-    from kmesh_trace.oracle.tasks import fleet_run
-
     check_options(routings, engines, capacities, overload)
     runs = plan(engines, capacities, routings)
     tasks = [Task(f"{p} with {n * c if p == GLOBAL else n} {'blocks' if p == GLOBAL else 'engines'}"

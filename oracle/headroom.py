@@ -24,19 +24,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.oracle.policies import POLICIES, PolicyResult, get_policy, replay_point  # noqa: F401 (replay_point: re-exported)
-from kmesh_trace.oracle.policies.base import result_of
-from kmesh_trace.oracle.prefill_cost import PrefillCost
 from kmesh_trace.oracle.executor import Executor, InProcess, Task
+from kmesh_trace.oracle.headroom_curve import WIDE_BRACKET, headroom_curve, stock_choice
+from kmesh_trace.oracle.hybrid_pool import analysis_note
 from kmesh_trace.oracle.options import option
+from kmesh_trace.oracle.policies import PolicyResult, get_policy, replay_point
+from kmesh_trace.oracle.policies.base import result_of
+from kmesh_trace.oracle.prefill_cost import PrefillCost, usable_fit
+from kmesh_trace.oracle.sampled_curve import SAMPLED_POLICIES, partitioned_curve, sampled_curve
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, pool_capacity
+from kmesh_trace.oracle.tasks import task_source, workload_at
 from kmesh_trace.oracle.workload import Workload
+from kmesh_trace.resources import MEMORY_FRACTION, available_memory, check_fits, pool_bytes
 
-#: A bracket wider than this share of belady's hit tokens makes the headroom a range, not a number.
-WIDE_BRACKET = 0.05
 DEFAULT_POLICIES = ("infinite", "lru", "vllm", "belady-prefix", "belady")
 #: Replays (policy, capacity) points and returns their results in the same order.
 Simulate = Callable[[list[tuple[str, int]]], list[PolicyResult]]
@@ -111,7 +112,7 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
                          num_usable_blocks: int | None = None, simulate: Simulate | None = None,
                          groups: tuple = (), retention_interval: int | None = 0) -> HeadroomResult:
     """`simulate(points)`, when given, replays the (policy, capacity) points (e.g. as distributed tasks,
-    `kmesh_trace.oracle.tasks.headroom_point`) and returns their results in order. `groups`: the engine's
+    `headroom_point`) and returns their results in order. `groups`: the engine's
     KV cache groups (and vLLM's retention interval); on a hybrid engine each replay is `policies.replay_point`'s
     (docs/DESIGN.md, "Hybrid models")."""
     block_size = check_block_size(block_size)
@@ -121,7 +122,8 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
     caps = [int(c) for c in capacities] if capacities else [pool_capacity(None, num_usable_blocks)]
     if any(c <= 0 for c in caps):
         raise KmeshTraceError("capacities must be positive block counts.")
-    workload = Workload(block_size, requests, groups=tuple(groups), retention_interval=retention_interval)
+    workload = Workload(block_size, requests, num_usable_blocks=num_usable_blocks, groups=tuple(groups),
+                        retention_interval=retention_interval)
     points = [(name, c) for name in names for c in caps]
     if simulate is not None:
         results = simulate(points)
@@ -130,19 +132,15 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
 
     notes: list[str] = []
     if workload.hybrid:
-        from kmesh_trace.oracle.hybrid_pool import analysis_note
-
         notes.append(analysis_note(workload.groups))
-    captured = bool(requests) and all(r.stock_cached_tokens is not None for r in requests)
-    if captured and num_usable_blocks:
+    tokens, stock_notes = stock_choice(workload, "model")
+    if tokens is not None:
         cap = int(num_usable_blocks)
-        tokens = np.fromiter((r.stock_cached_tokens for r in requests), np.int64, len(requests))
         stock, source = result_of("stock", cap, workload.stream, tokens // block_size), "capture"
         stock.measured_hit_tokens = tokens
     else:
         cap = int(num_usable_blocks) if num_usable_blocks in caps else caps[0]
-        if captured:
-            notes.append("the capture has engine hit counts but no usable-block count; stock is the vllm model.")
+        notes += stock_notes
         stock = _find(results, "vllm", cap) or replay_point(workload, "vllm", cap)
         source = "vllm"
     bound = _find(results, "belady", cap) or replay_point(workload, "belady", cap)
@@ -153,11 +151,14 @@ def headroom_of_requests(requests: Sequence[RequestBlocks], block_size: int | No
     return res
 
 
+def headroom_point(source, engine: str | None, policy: str, capacity: int) -> PolicyResult:
+    """The task of one policy at one capacity over one engine's requests (`source`: a location, or a
+    Workload: `oracle.tasks.workload_at`); on a hybrid engine's trace as `policies.replay_point` replays it."""
+    return replay_point(workload_at(source, engine), policy, capacity)
+
 
 def _find(results: list[PolicyResult], policy: str, capacity: int) -> PolicyResult | None:
     return next((r for r in results if r.policy == policy and r.capacity_blocks == capacity), None)
-
-
 
 
 # ---- one run of the analysis, as `kmesh-trace headroom` and the report's section run it ------------
@@ -194,8 +195,6 @@ class HeadroomOptions:
 
     def check(self) -> None:
         """Refuse contradictory options, and pools too large for memory, before any work."""
-        from kmesh_trace.resources import check_fits, pool_bytes
-
         if self.curve and self.capacities is not None:
             raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
         if self.sample is not None and self.partitions is not None:
@@ -241,8 +240,6 @@ class FittedPrefill:
 
 
 def fitted_prefill(trace, engine: str | None = None) -> FittedPrefill:
-    from kmesh_trace.oracle.prefill_cost import usable_fit
-
     return FittedPrefill(*usable_fit(trace, engine))
 
 
@@ -252,8 +249,6 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
     HeadroomResult at the given capacities. `executor` runs the curve's grid replays (forked workers
     share the workload) or, when remote (Ray), the replays at given capacities, one task per point
     reading the trace itself. `fitted`: the trace's fitted prefill cost, used without a throughput."""
-    from kmesh_trace.oracle.headroom_curve import headroom_curve
-
     executor = executor or InProcess()
     cost, fit = options.prefill_cost(), None
     if cost is None and fitted is not None:
@@ -274,19 +269,12 @@ def run(workload: Workload, options: HeadroomOptions, executor: Executor | None 
     if rate is not None:
         return _sampled(workload, replace(options, sample=rate), names, caps, executor, note, auto=True)
     if options.wants_curve:  # a window: the curve's result, at the given capacities if any
-        bare = workload.requests is None
-        res = headroom_curve(workload.requests, workload.block_size, policies=names, window=options.window,
-                             num_usable_blocks=workload.num_usable_blocks, cost=cost, cost_fit=fit, executor=executor,
-                             progress=progress, stream=workload.stream if bare else None,
-                             stock_tokens=workload.stock_tokens if bare else None, grid=caps,
-                             columns=workload.columns if bare else None, groups=workload.groups,
-                             retention_interval=workload.retention_interval)
+        res = headroom_curve(workload, policies=names, window=options.window, cost=cost, cost_fit=fit,
+                             executor=executor, progress=progress, grid=caps)
         res.note = note
         return res
     simulate = None
     if executor.remote:  # one task per (policy, capacity) point, each reading its own input
-        from kmesh_trace.oracle.tasks import headroom_point, task_source
-
         source, engine = task_source(workload, executor), workload.engine
         where = f"engine={engine}" if engine else "the trace"
         simulate = lambda points: executor.map(  # noqa: E731
@@ -312,8 +300,6 @@ AUTO_RATES = (0.1, 0.01, 0.001)
 def auto_sample_rate(num_accesses: int, budget: int | None) -> float | None:
     """None when the exact curves of `num_accesses` fit `budget` bytes (None: half the memory available
     here, `resources.check_fits`'s rule), else the largest of AUTO_RATES whose sample fits."""
-    from kmesh_trace.resources import MEMORY_FRACTION, available_memory
-
     if budget is None:
         room = available_memory()
         if room is None:
@@ -326,8 +312,6 @@ def auto_sample_rate(num_accesses: int, budget: int | None) -> float | None:
 
 
 def _sampled(workload: Workload, options: HeadroomOptions, names, caps, executor: Executor, note, *, auto=False):
-    from kmesh_trace.oracle.sampled_curve import SAMPLED_POLICIES, partitioned_curve, sampled_curve
-
     if auto:  # policies the sample cannot replay are left out, and said so
         names = [n for n in names or SAMPLED_POLICIES if n in SAMPLED_POLICIES]
     if options.partitions is not None:

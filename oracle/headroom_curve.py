@@ -28,15 +28,16 @@ import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.curves import CURVES, HitCurve
-from kmesh_trace.oracle.headroom import WIDE_BRACKET
 from kmesh_trace.oracle.executor import Executor, ForkPool, Task
+from kmesh_trace.oracle.hybrid_pool import analysis_note, blocks_per_position
 from kmesh_trace.oracle.interruptible import run_all_interruptible
-from kmesh_trace.oracle.policies import POLICIES, Workload, get_policy
+from kmesh_trace.oracle.policies import POLICIES, Workload, get_policy, replay_point
 from kmesh_trace.oracle.policies.infinite import infinite_hits
 from kmesh_trace.oracle.prefill_cost import PrefillCost
-from kmesh_trace.oracle.stream import AccessStream, RequestBlocks, check_block_size, pool_capacity
-from kmesh_trace.oracle.workload import RequestColumns
+from kmesh_trace.oracle.stream import AccessStream, check_block_size, pool_capacity
 
+#: A bracket wider than this share of belady's hit tokens makes the headroom a range, not a number.
+WIDE_BRACKET = 0.05
 WINDOWS = ("all", "last-half")
 DEFAULT_CURVE_POLICIES = ("lru", "vllm", "belady-prefix", "belady")
 FRACTIONS = (0.5, 0.9, 0.99)
@@ -180,6 +181,19 @@ class CurveResult:
         return d
 
 
+def stock_choice(workload: Workload, model: str) -> tuple[np.ndarray | None, list[str]]:
+    """The one choice of a headroom's stock, for the point and the curve: the engine's measured hit tokens per
+    request (a capture's) when every request has them and the usable blocks they were measured at are known;
+    else None (the `vllm` model stands in), with the note a reader needs when the hit counts exist without a
+    usable-block count (`model`: what stands in, the vllm "model" or "curve")."""
+    tokens = workload.stock_tokens
+    if tokens is None:
+        return None, []
+    if workload.num_usable_blocks:
+        return tokens, []
+    return None, [f"the capture has engine hit counts but no usable-block count; stock is the vllm {model}."]
+
+
 def grid_capacities(max_capacity: int, extra: Sequence[int] = ()) -> list[int]:
     """Powers of two from 1 up to the first at or above `max_capacity`, plus `extra`, and the powers of two
     below the largest of `extra`: a capture whose curves go flat at 4 blocks in an engine of 8,191 reads
@@ -190,35 +204,28 @@ def grid_capacities(max_capacity: int, extra: Sequence[int] = ()) -> list[int]:
     return sorted(caps | extra)
 
 
-def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | None, *,
-                   policies: Sequence[str] | None = None, window: str = "all", num_usable_blocks: int | None = None,
+def headroom_curve(workload: Workload, *, policies: Sequence[str] | None = None, window: str = "all",
                    cost: PrefillCost | None = None, cost_fit: dict | None = None, grid: Sequence[int] | None = None,
-                   processes: int | None = None, progress=None, stream: AccessStream | None = None,
-                   stock_tokens: np.ndarray | None = None, executor: Executor | None = None,
-                   columns: RequestColumns | None = None, groups: tuple = (),
-                   retention_interval: int | None = 0) -> CurveResult:
-    """Curves of `policies` over `requests` (arrival order), or over a bare `stream` (with the engine's
-    measured hit tokens per request in `stock_tokens`, when known; `vllm` needs the requests' `columns`
-    beside it); see the module docstring. The grid replays run on `executor` (default: `processes`
-    forked workers). `groups`, `retention_interval`: a hybrid engine's KV cache groups (the `vllm` curve
-    replays its pool; the others replay prefix positions, `policies.replay_point`)."""
-    block_size = check_block_size(block_size)
+                   processes: int | None = None, progress=None, executor: Executor | None = None) -> CurveResult:
+    """Curves of `policies` over `workload`: its requests (arrival order), or its bare access stream (with the
+    engine's measured hit tokens per request, `Workload.stock_tokens`, when known; `vllm` needs the requests'
+    `columns` beside it); see the module docstring. The grid replays run on `executor` (default: `processes`
+    forked workers). On a hybrid engine's workload (its KV cache groups) the `vllm` curve replays its pool;
+    the others replay prefix positions (`policies.replay_point`)."""
+    block_size = check_block_size(workload.block_size)
+    num_usable_blocks = workload.num_usable_blocks
     if window not in WINDOWS:
         raise KmeshTraceError(f"unknown window {window!r}; the windows are {', '.join(WINDOWS)}.")
     names = list(policies or DEFAULT_CURVE_POLICIES)
     for name in names:
         get_policy(name)
     names = [n for n in names if n != "infinite"]  # always reported, as the reference
-    if requests is None and columns is None and "vllm" in names:
+    if workload.requests is None and workload.columns is None and "vllm" in names:
         raise KmeshTraceError("the vllm policy replays requests, not a bare access stream; build the workload from a trace.")
-    workload = Workload(block_size, requests, stream, _columns=columns, groups=tuple(groups),
-                        retention_interval=retention_interval)
     # A one-pass curve is over prefix positions; on a hybrid engine a pool of C blocks serves C // n of them
     # (n full-attention groups), so its steps sit at n times its capacities.
     per_position = 1
     if workload.hybrid and any(n != "vllm" for n in names):
-        from kmesh_trace.oracle.hybrid_pool import blocks_per_position
-
         per_position = blocks_per_position(workload.groups)
     stream = workload.stream
     start = stream.num_requests // 2 if window == "last-half" else 0
@@ -255,17 +262,11 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
     res = CurveResult(block_size, window, stream.num_requests - start, int(stream.num_reads[start:].sum()),
                       int(P[start:].sum()), int(inf[start:].sum()), grid, curves, None, cost, cost_fit)
     if workload.hybrid:
-        from kmesh_trace.oracle.hybrid_pool import analysis_note
-
         res.notes.append(analysis_note(workload.groups))
 
     # Stock: measured (capture), else the vllm model at the usable blocks.
-    if requests is not None:
-        captured = bool(requests) and all(r.stock_cached_tokens is not None for r in requests)
-        if captured:
-            stock_tokens = np.fromiter((r.stock_cached_tokens for r in requests), np.int64, len(requests))
-    captured = stock_tokens is not None
-    if captured and num_usable_blocks:
+    stock_tokens, stock_notes = stock_choice(workload, "curve")
+    if stock_tokens is not None:
         hit = int(stock_tokens[start:].sum())
         res.stock = {"source": "capture", "capacity_blocks": int(num_usable_blocks), "hit_tokens": hit,
                      "prefill_tokens": res.num_prompt_tokens - hit}
@@ -276,8 +277,7 @@ def headroom_curve(requests: Sequence[RequestBlocks] | None, block_size: int | N
             h = int(POLICIES["vllm"].simulate(workload, num_usable_blocks).hit_blocks_per_request[start:].sum())
         res.stock = {"source": "vllm", "capacity_blocks": int(num_usable_blocks), "hit_tokens": h * block_size,
                      "prefill_tokens": res.num_prompt_tokens - h * block_size}
-    if captured and not num_usable_blocks:
-        res.notes.append("the capture has engine hit counts but no usable-block count; stock is the vllm curve.")
+    res.notes += stock_notes
 
     if cost is not None:
         res.base_prefill_seconds = float(base.sum())
@@ -404,8 +404,6 @@ def _curves_then_grid(workload: Workload, start: int, names: list[str], fixed: l
 
 
 def _replay_point(name: str, workload: Workload, cap: int) -> np.ndarray:
-    from kmesh_trace.oracle.policies import replay_point
-
     return replay_point(workload, name, cap).hit_blocks_per_request
 
 

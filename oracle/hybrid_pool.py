@@ -53,6 +53,7 @@ from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.kv_groups import (CHUNKED_LOCAL, FULL, MAMBA, MLA, SLIDING_WINDOW, KVCacheGroup, describe,  # noqa: F401
                                    num_skipped_tokens, refuse_hybrid, retention_of_metadata)  # re-exported: the groups' own words
 from kmesh_trace.oracle.blockpool import _PRIVATE, PoolModel, PoolResult
+from kmesh_trace.oracle.hybrid_pool_compiled import replay_hybrid_compiled
 from kmesh_trace.oracle.stream import RequestBlocks, num_computed_tokens
 
 __all__ = ["HybridPoolReplay", "analysis_note", "blocks_per_position", "check_groups", "check_retention",
@@ -441,8 +442,6 @@ def simulate_hybrid_pool(requests: list[RequestBlocks], groups, *, num_usable_bl
                          timed: bool | None = None, retention_interval: int | None = 0) -> PoolResult:
     """`simulate_pool` for a hybrid model's `groups` (`kmesh_trace.kv_groups`); see the module docstring. The
     replay runs compiled (`hybrid_pool_compiled`, tested equal to `HybridPoolReplay`, the reference)."""
-    from kmesh_trace.oracle.hybrid_pool_compiled import replay_hybrid_compiled
-
     groups = tuple(groups)
     bs = check_groups(groups)
     retention_interval = check_retention(retention_interval, bs)

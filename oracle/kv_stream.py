@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from kmesh_trace import schema
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.stream import check_block_size
 from kmesh_trace.writer import to_contract
 
 MAX_PREFIX_WALK = 1 << 16  # blocks of one rebuilt prefix (a cycle in bad data must end)
@@ -105,8 +106,6 @@ def rebuilt_rows(events: pl.DataFrame, block_size: int, engine: str) -> tuple[li
 
 def rebuilt_invocations(trace, engine: str) -> pl.DataFrame:
     """One KV-events partition's rebuilt invocations, with the `engine` column, as `Trace.scan` gives them."""
-    from kmesh_trace.oracle.stream import check_block_size
-
     block_size = check_block_size(trace.engines[engine].get("block_size"))
     ev = (trace.scan("block_events").filter(pl.col("engine") == engine)
           .filter(pl.col("medium").is_null() | (pl.col("medium") == "GPU"))

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.lineage import lineage_cycles
 from kmesh_trace.oracle.options import option
 from kmesh_trace.schema import EDGE_KINDS, EdgeKind
 
@@ -162,7 +163,7 @@ class _Rows:
 
     @classmethod
     def in_memory(cls, public) -> "_Rows":
-        """From a public trace read into memory (`kmesh_trace.cli.inputs.PublicInput`): hash-only rows."""
+        """From a public trace read into memory (`kmesh_trace.sources.PublicInput`): hash-only rows."""
         inv, (engine,) = public.invocations_in_memory, public.engines
         n = len(inv)
 
@@ -184,10 +185,10 @@ class _Rows:
 
 def lineage_report(trace, *, edge_kind: str | None = None, engine: str | None = None) -> LineageReport:
     """The lineage shape of an opened trace (`kmesh_trace.trace.open_trace`), or of a public trace read into
-    memory (`kmesh_trace.cli.inputs.PublicInput`, without polars); see the module docstring."""
+    memory (`kmesh_trace.sources.PublicInput`, without polars); see the module docstring."""
     if engine is not None and engine not in trace.engines:
         raise KmeshTraceError(f"the trace has no engine {engine!r}; its engines are {', '.join(trace.engines)}.")
-    in_memory = getattr(trace, "invocations_in_memory", None) is not None
+    in_memory = trace.invocations_in_memory is not None
     if in_memory:  # one engine partition, its declared edges only
         kinds = {EdgeKind.declared.value: len(trace.edges)} if trace.edges else {}
     else:
@@ -227,8 +228,6 @@ def lineage_report(trace, *, edge_kind: str | None = None, engine: str | None = 
 
 def _refuse_cycles(parent: np.ndarray, keys: list, edge_kind: str | None) -> None:
     """A cycle of parent links has no root: no family, depth or fan-out describes it. Refused, naming it."""
-    from kmesh_trace.lineage import lineage_cycles
-
     _, cycles = lineage_cycles({i: int(p) for i, p in enumerate(parent) if p >= 0})
     if cycles:
         names = " <- ".join(keys[i][1] for i in [*cycles[0], cycles[0][0]][:12])

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.stream import engine_geometry
 
 #: Fewest measured prefills `fit` accepts.
 MIN_FIT_POINTS = 3
@@ -151,8 +152,6 @@ class PrefillCost:
         """Fit the model to an opened capture's measured prefills (`kmesh_trace.trace.open_trace`)."""
         import polars as pl
 
-        from kmesh_trace.oracle.stream import engine_geometry
-
         engine_geometry(trace, engine)  # the one error for an ambiguous or unknown engine
         lf = trace.scan("invocations")
         if engine is not None:
@@ -195,7 +194,7 @@ def usable_fit(trace, engine: str | None = None) -> "tuple[PrefillCost | None, F
     else (None, the report or None, why there are no seconds). Every why names --prefill-tokens-per-s,
     the flag that gives the seconds anyway."""
     no_timings = "an import has no prefill timings; give --prefill-tokens-per-s for seconds"
-    if getattr(trace, "invocations_in_memory", None) is not None:  # a public trace read as it is: as its import
+    if trace.invocations_in_memory is not None:  # a public trace read as it is: as its import
         return None, None, no_timings
     try:
         cost, report = PrefillCost.fit(trace, engine)

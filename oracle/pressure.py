@@ -8,7 +8,7 @@ every other request (parents included) is *other*. Per request, held hits minus 
 and `net_cached_tokens` = saved - displaced = all held hits - all stock hits.
 
 Words as `lineage` uses them: a hold is taken per *parent* (`holds`, one row each); a *family* is a
-declared family id, else the tree of edges under one root (`num_families`, `family_keys`).
+declared family id, else the tree of edges under one root (`num_families`; `oracle/families.py` names them).
 
 Edges: `declared` uses each request's `parent_index` (and `num_expected_children` when declared: a
 hold is released after that many child admissions, else after all the children the edges list);
@@ -30,9 +30,12 @@ from pathlib import Path
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
 from kmesh_trace.oracle.blockpool import HoldPolicy, PoolResult, simulate_pool
 from kmesh_trace.oracle.executor import Executor, InProcess, Task
+from kmesh_trace.oracle.families import family_keys, infer_exact_prefix_edges
 from kmesh_trace.oracle.options import option
 from kmesh_trace.oracle.stream import RequestBlocks, pool_capacity
+from kmesh_trace.oracle.tasks import task_source, workload_at
 from kmesh_trace.oracle.workload import Workload
+from kmesh_trace.resources import check_fits, pool_bytes
 from kmesh_trace.schema import EdgeKind, EdgeSource, PressureEdges, vocabulary
 
 __all__ = ["FamilyRow", "PressureOptions", "PressureResult", "PressureSweep", "SweepPoint", "what_if", "what_if_trace",
@@ -178,29 +181,6 @@ class SweepPoint:
         return dict(self.__dict__)
 
 
-def infer_exact_prefix_edges(requests: list[RequestBlocks], block_size: int) -> dict[int, int]:
-    """child index -> parent index: the earlier request with the longest cached chain (its full prompt
-    blocks, then the full generated blocks the stream identifies) that is a proper prefix of the
-    child's full prompt blocks; the latest such request on ties. Block-granular: a parent's partial
-    tail block is not compared. The inference is `kmesh_trace.lineage.PrefixIndex`, the capture's own,
-    over chained block hashes (equal hashes at a position mean equal prefixes; checked anyway)."""
-    from kmesh_trace.lineage import PrefixIndex
-
-    index = PrefixIndex()
-    edges: dict[int, int] = {}
-    for r in requests:
-        n_full = r.num_full_prompt_blocks(block_size)
-        mine = r.prompt_hashes[:n_full]
-        found = index.longest_prefix(mine, max_len=len(mine) - 1, latest=True)
-        if found is not None:
-            edges[r.index] = found[0]
-        chain = list(mine)
-        if len(chain) == n_full:
-            chain += r.output_hashes
-        index.add(r.index, chain)
-    return edges
-
-
 def hold_policy(requests: list[RequestBlocks], edges: dict[int, int], *, expiry_s: float | None = None,
                 max_held_blocks: int | None = None, max_families: int | None = None,
                 use_declared_counts: bool = True) -> HoldPolicy:
@@ -256,29 +236,12 @@ def what_if(requests: list[RequestBlocks], *, block_size: int, num_usable_blocks
     policy = hold_policy(requests, e, expiry_s=expiry_s, max_held_blocks=max_held_blocks, max_families=max_families)
     stock = simulate_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, timed=timed)
     held = simulate_pool(requests, block_size=block_size, num_usable_blocks=num_usable_blocks, holds=policy, timed=timed)
-    family = family_keys(requests, e)
+    family = family_keys(requests, e, naming="lineage")
     return PressureResult(
         block_size=block_size, capacity_blocks=num_usable_blocks, edges=edges, stock=stock, held=held,
         child_indices=sorted(e), families=_families(requests, e, family, stock, held),
         request_ids=[r.request_id for r in requests], edge_source=source, num_families=len(set(family.values())),
     )
-
-
-def family_keys(requests: list[RequestBlocks], edges: dict[int, int]) -> dict[int, str]:
-    """Request index -> family, as `lineage` (kmesh_trace.oracle.lineage_report) names it: the request's
-    declared family id, else "root:" + the request id of its edge tree's root; for every request that
-    declares a family or has an edge (the others are singletons, in no family)."""
-    has_children = set(edges.values())
-    root: dict[int, int] = {}
-    out: dict[int, str] = {}
-    for r in requests:  # arrival order: a parent is always earlier than its child
-        i = r.index
-        root[i] = root.get(edges[i], edges[i]) if i in edges else i
-        if r.family_id is not None:
-            out[i] = r.family_id
-        elif i in edges or i in has_children:
-            out[i] = f"root:{requests[root[i]].request_id}"
-    return out
 
 
 def _families(requests, edges, family: dict[int, str], stock: PoolResult, held: PoolResult) -> list[FamilyRow]:
@@ -322,7 +285,7 @@ def lineage_for(workload: Workload, edges: str) -> dict[int, int] | None:
 
 def check_has_requests(source, engine: str | None) -> None:
     """One sentence for a KV-events recording: the what-if needs requests and lineage."""
-    from kmesh_trace.oracle.kv_stream import refuse_without_requests
+    from kmesh_trace.oracle.kv_stream import refuse_without_requests  # deferred: it loads polars and pyarrow
 
     refuse_without_requests(source, engine, "the retention what-if")
 
@@ -331,7 +294,7 @@ def what_if_trace(trace, *, engine: str | None = None, capacity_blocks: int | No
     """`what_if` over a trace (a path or an opened `Trace`), at its own usable blocks unless
     `capacity_blocks` is given; other keywords as `what_if` (the trace's exact-prefix lineage rows
     serve `edges="inferred"`)."""
-    from kmesh_trace.trace import open_trace
+    from kmesh_trace.trace import open_trace  # deferred: it loads polars, pyarrow and duckdb
 
     if isinstance(trace, (str, Path)):
         with open_trace(trace) as t:
@@ -362,8 +325,6 @@ class PressureOptions:
 
     def check(self, flag: str = "--capacity-blocks") -> None:
         """Refuse pools too large for memory before any work (`flag`: the option that gave the capacities)."""
-        from kmesh_trace.resources import check_fits, pool_bytes
-
         if self.capacities is not None:
             check_fits(pool_bytes(max(self.capacities)), flag, "a vLLM pool model")
 
@@ -395,11 +356,19 @@ class PressureSweep:
         return self.to_dict()["sweep"]
 
 
+def pressure_point(source, engine: str | None, capacity: int, options: dict, whole: bool):
+    """The task of the retention what-if at one capacity over one engine's requests (`source`: a location,
+    or a Workload, whose lineage edges of the kind `options["edges"]` reads serve it): the whole
+    PressureResult when `whole`, else its SweepPoint. `options`: what_if's other keywords."""
+    w = workload_at(source, engine)
+    r = what_if(w.requests, block_size=w.block_size, num_usable_blocks=capacity,
+                lineage=lineage_for(w, options["edges"]), **options)
+    return r if whole else sweep_point(r)
+
+
 def run(workload: Workload, options: PressureOptions, executor: Executor | None = None) -> PressureResult | PressureSweep:
     """The what-if of `options` over `workload`: one PressureResult at one capacity (the trace's usable
     blocks by default), or a PressureSweep; on a remote executor, one task per capacity reads the trace."""
-    from kmesh_trace.oracle.tasks import pressure_point, task_source
-
     workload.refuse_hybrid("pressure")
     executor = executor or InProcess()
     opts = options.what_if_options()

@@ -28,6 +28,7 @@ from kmesh_trace.oracle.policies.infinite import infinite_hits
 from kmesh_trace.oracle.sampling import (Share, error_bound, measured_eligible, merged_curve, partition_shares,
                                          rate_share, scaled_curve, sub_stream)
 from kmesh_trace.oracle.stream import AccessStream
+from kmesh_trace.oracle.tasks import stream_at, task_source
 from kmesh_trace.oracle.workload import Workload
 
 __all__ = ["SAMPLED_POLICIES", "partitioned_curve", "partition_levels", "sampled_curve"]
@@ -133,8 +134,6 @@ def partition_levels(source, engine: str | None, share: Share, names: Sequence[s
     """One partition's work (a task): its exact stack curves, `belady-prefix` etc. at each grid capacity C / k
     (hit blocks over the measured requests), and its infinite-cache hits. `source`: a Workload, or a
     trace location (a Ray task reads it: `oracle.tasks.stream_at`)."""
-    from kmesh_trace.oracle.tasks import stream_at
-
     stream = stream_at(source, engine)
     part = sub_stream(stream, share)
     curves = {n: CURVES[n](part, start) for n in names if n in CURVES}
@@ -147,8 +146,6 @@ def partitioned_curve(workload: Workload, k: int, *, policies: Sequence[str] | N
                       grid: Sequence[int] | None = None, executor: Executor | None = None) -> CurveResult:
     """The curve of `workload` from `k` partitions of its block ids, each a task on `executor` (Ray tasks read
     the trace themselves), merged: exact for the infinite cache, error-bounded at finite capacities."""
-    from kmesh_trace.oracle.tasks import task_source
-
     names = _names(policies)
     stream = workload.stream
     start = _start(stream, window)

@@ -22,11 +22,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import attrgetter
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
+from kmesh_trace.lineage import ParentResolver
+from kmesh_trace.oracle.stream_index import NEVER, build_stream
 from kmesh_trace.resources import check_fits, pool_bytes
 
 
@@ -151,8 +154,6 @@ def duplicated_request(request_id: str) -> KmeshTraceError:
 
 def _resolve_parents(reqs: list[RequestBlocks], callers: list[str | None], parents: list) -> None:
     """Each request's `parent_index` from the parent its caller named, by the rule the capture uses."""
-    from kmesh_trace.lineage import ParentResolver
-
     names = ParentResolver()
     for r, caller in zip(reqs, callers):
         names.add(r.request_id, caller)
@@ -210,19 +211,7 @@ def engine_geometry(trace, engine: str | None = None) -> tuple[int, int | None]:
     return check_block_size(meta.get("block_size")), meta.get("num_usable_blocks")
 
 
-def request_blocks(trace, engine: str | None = None) -> list[RequestBlocks]:
-    """`Workload.from_trace(trace, engine).requests` (kmesh_trace.oracle.workload), for callers that
-    want only the requests."""
-    from kmesh_trace.oracle.workload import Workload
-
-    return list(Workload.from_trace(trace, engine).requests)
-
-
 # ---- the flat access stream ----------------------------------------------------------------------
-
-#: next_use value of an access whose object is never read again as a counted (hit-eligible) read.
-NEVER = np.iinfo(np.int64).max
-
 
 @dataclass
 class AccessStream:
@@ -254,12 +243,10 @@ class AccessStream:
 
     @classmethod
     def from_requests(cls, requests: Sequence[RequestBlocks], block_size: int) -> "AccessStream":
-        from kmesh_trace.oracle.stream_index import build_stream
-
         n_req = len(requests)
         prompt_tokens = np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n_req)
         num_reads = np.fromiter((len(r.prompt_hashes) for r in requests), np.int64, n_req)
-        n_full, n_elig = _kept_and_eligible(num_reads, prompt_tokens, block_size)
+        n_full, n_elig = kept_and_eligible(num_reads, prompt_tokens, block_size)
         n_out = np.fromiter((len(r.output_hashes) for r in requests), np.int64, n_req)
         req_start = np.zeros(n_req + 1, np.int64)
         np.cumsum(n_full + n_out, out=req_start[1:])
@@ -276,11 +263,9 @@ class AccessStream:
         from `flat[starts[r]]` when given: rows in any order, nothing gathered); its accesses are the full
         blocks among them (the first num_prompt_tokens[r] // block_size), the first `max_hit_blocks` of them
         eligible. One pass over the hashes (oracle/stream_index.py), no stream-long temporaries."""
-        from kmesh_trace.oracle.stream_index import build_stream
-
         num_reads = np.asarray(num_reads, np.int64)
         prompt_tokens = np.asarray(num_prompt_tokens, np.int64)
-        n_full, n_elig = _kept_and_eligible(num_reads, prompt_tokens, block_size)
+        n_full, n_elig = kept_and_eligible(num_reads, prompt_tokens, block_size)
         if starts is None:
             starts = np.cumsum(num_reads) - num_reads
         req_start = np.zeros(len(num_reads) + 1, np.int64)
@@ -293,8 +278,6 @@ class AccessStream:
                     num_prompt_tokens: np.ndarray, num_reads: np.ndarray) -> "AccessStream":
         """The stream of these accesses: dense object ids numbered as `np.unique` numbers the hashes, and
         next uses as `next_uses` gives them, in linear time (oracle/stream_index.py)."""
-        from kmesh_trace.oracle.stream_index import build_stream
-
         hashes = np.asarray(hashes)
         n = len(hashes)
         obj, eligible, nxt, num_objects = build_stream(hashes, np.zeros(1, np.int64), np.array([n], np.int64), None,
@@ -321,9 +304,10 @@ class AccessStream:
                             np.tile(self.num_reads, times), m * times)
 
 
-def _kept_and_eligible(num_reads: np.ndarray, prompt_tokens: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+def kept_and_eligible(num_reads: np.ndarray, prompt_tokens: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Per request: the listed prompt blocks that are accesses (the full ones, `num_full_prompt_blocks`)
-    and those of them that are hit-eligible (`max_hit_blocks`)."""
+    and those of them that are hit-eligible (`max_hit_blocks`). The one statement of the rule: the stream,
+    the pool kernel's inputs and the tier stream all take it from here."""
     n_full = np.maximum(np.minimum(num_reads, prompt_tokens // block_size), 0)
     n_elig = np.minimum(num_reads, np.maximum(prompt_tokens - 1, 0) // block_size)
     return n_full, n_elig
@@ -340,3 +324,45 @@ def next_uses(obj: np.ndarray, eligible: np.ndarray) -> np.ndarray:
     keep = eligible[dst]
     nxt[src[keep]] = dst[keep]
     return nxt
+
+
+# ---- the per-request columns the pool model reads ------------------------------------------------
+
+@dataclass(frozen=True)
+class RequestColumns:
+    """What the `vllm` pool model reads of each request beside its blocks, in arrival order, as arrays: its
+    output tokens, arrival and finish times (0 where a request has none; `timed`: every request has both, so
+    the pool replays them concurrently). A workload without RequestBlocks carries them (`Workload.columns`)."""
+
+    num_output_tokens: np.ndarray  # int64
+    arrival_ns: np.ndarray  # int64, 0 where missing
+    finish_ns: np.ndarray  # int64, 0 where missing
+    timed: bool
+
+    @classmethod
+    def of_requests(cls, requests: Sequence[RequestBlocks]) -> "RequestColumns":
+        return cls.of_values(list(map(attrgetter("num_output_tokens"), requests)),
+                             list(map(attrgetter("arrival_ns"), requests)), list(map(attrgetter("finish_ns"), requests)))
+
+    @classmethod
+    def of_values(cls, num_output_tokens, arrival_ns, finish_ns) -> "RequestColumns":
+        """From per-request values (lists or arrays; None or a null entry: missing), as `of_requests` reads them."""
+        n = len(num_output_tokens)
+        arrival, a_ok = _filled(arrival_ns, n)
+        finish, f_ok = _filled(finish_ns, n)
+        out, _ = _filled(num_output_tokens, n)
+        return cls(out, arrival, finish, n > 0 and a_ok and f_ok)
+
+
+def _filled(values, n: int) -> tuple[np.ndarray, bool]:
+    """`values` as int64 with 0 for a missing entry, and whether none was missing (None: all missing)."""
+    if values is None:
+        return np.zeros(n, np.int64), n == 0
+    if isinstance(values, np.ndarray) and values.dtype != object:
+        return values.astype(np.int64, copy=False), True
+    missing = values.count(None) if isinstance(values, list) else sum(v is None for v in values)
+    if missing == n:  # none has one (a sequential stream)
+        return np.zeros(n, np.int64), n == 0
+    if missing == 0:
+        return np.fromiter(values, np.int64, n), True
+    return np.fromiter((v or 0 for v in values), np.int64, n), False

@@ -17,7 +17,9 @@ import ctypes
 import numpy as np
 
 from kmesh_trace.native.kernels import I64, P, U64, Ptr, Struct, check, declare, ptr
-from kmesh_trace.oracle.blockpool_compiled import obj_pointers
+
+#: next_use value of an access whose object is never read again as a counted (hit-eligible) read.
+NEVER = np.iinfo(np.int64).max
 
 
 class _BuildIn(Struct):
@@ -45,6 +47,14 @@ _infinite = declare("ks_stream_infinite_hits", [P, P, P, P, I64, I64, P], I64)
 _SIGNED = 1 << 63
 
 
+def obj_pointers(obj: np.ndarray) -> tuple:
+    """A stream's dense ids (int32 or int64, contiguous: the caller keeps them) as the kernels take them:
+    (int32 pointer, int64 pointer), one of them NULL."""
+    if obj.dtype == np.int32:
+        return ptr(obj, np.int32), None
+    return None, ptr(obj, np.int64)
+
+
 def leading_flags(req_start: np.ndarray, n_first: np.ndarray) -> np.ndarray:
     """One bool per access: it is among the first `n_first[r]` accesses of its request r."""
     req_start = np.ascontiguousarray(req_start, np.int64)
@@ -65,8 +75,6 @@ def build_stream(flat: np.ndarray, starts: np.ndarray, n_keep: np.ndarray, n_eli
     other as unsigned 64-bit. `obj` is int32 while the ids fit, else int64; `next_use` is int64, NEVER
     (oracle/stream.py) where there is no eligible next use. `wide_table`: the kernel's hash table with the
     64-bit slots it takes past 2**32 - 1 accesses (tests use it on small streams)."""
-    from kmesh_trace.oracle.stream import NEVER
-
     flat = np.asarray(flat)
     key_xor = _SIGNED if flat.dtype.kind == "i" else 0
     flat = np.ascontiguousarray(flat, np.int64 if key_xor else np.uint64).view(np.uint64)

@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from kmesh_trace.errors import InputFormatError, KmeshTraceError
+from kmesh_trace.oracle.prefill_cost import PrefillCost, usable_fit
 from kmesh_trace.oracle.tiers.config import RestoreCost
+from kmesh_trace.values import ReplayBench, ReplaySummary, kv_bytes_refusal, read_json_file, read_model_config
 
 __all__ = ["kv_bytes_per_token", "kv_bytes_from_config", "restore_costs_from_results", "prefill_model",
            "parse_capacity", "SSD_ROUTES"]
@@ -35,8 +37,6 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2
 
 def kv_bytes_from_config(path: Path, dtype: str | None = None) -> int:
     """KV bytes per token of a Hugging Face `config.json` (a file or a directory holding one)."""
-    from kmesh_trace.values import read_model_config
-
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
@@ -56,8 +56,6 @@ def kv_bytes_from_config(path: Path, dtype: str | None = None) -> int:
 def kv_bytes_per_token(metadata: dict | None, given: int | None = None,
                        config: Path | None = None) -> tuple[int | None, str]:
     """(KV bytes per token, where it came from): the caller's value, the model config, the capture."""
-    from kmesh_trace.values import kv_bytes_refusal
-
     if given is not None:
         value, src, source = int(given), "flag", "--kv-bytes-per-token"
     elif config is not None:
@@ -75,8 +73,6 @@ def kv_bytes_per_token(metadata: dict | None, given: int | None = None,
 
 def restore_costs_from_results(path: Path, ssd_route: str | None = None) -> tuple[dict[str, RestoreCost], list[str]]:
     """Restore costs of the tiers from a `replay run` results directory, and notes on what was used."""
-    from kmesh_trace.values import ReplayBench, ReplaySummary, read_json_file
-
     path = Path(path)
     if not (path / "summary.json").is_file():
         raise KmeshTraceError(f"{path} has no summary.json; give a `kmesh-trace replay run --out` directory.")
@@ -149,14 +145,10 @@ def _summary_restore_bytes(path: Path, summary) -> int:
 def prefill_model(trace=None, tokens_per_s: float | None = None, engine: str | None = None):
     """(prefill cost model, a description, its FitReport or None): a given throughput wins; else the
     capture's measured prefill times are fitted; else (None, what to do, None)."""
-    from kmesh_trace.oracle.prefill_cost import PrefillCost
-
     if tokens_per_s is not None:
         return PrefillCost.from_throughput(tokens_per_s), f"{tokens_per_s:,.0f} tokens/s (--prefill-tokens-per-s)", None
     if trace is None:
         return None, "no prefill cost: pass --prefill-tokens-per-s", None
-    from kmesh_trace.oracle.prefill_cost import usable_fit
-
     cost, report, why = usable_fit(trace, engine)
     if cost is None:
         return None, f"no prefill cost ({why})", report

@@ -7,126 +7,36 @@ around them: the block size, the engine's usable blocks, the engine's measured h
 captured stock), and the lineage table's edges by kind (child index -> parent index). Declared
 parents are applied to the requests, the same way for every analysis.
 
-The source is anything with the reading side of a trace (`TraceSource`): `kmesh_trace.trace.Trace`
-(a local directory) and `kmesh_trace.parts.TraceParts` (a pyarrow filesystem, what a Ray task reads).
-A KV-events recording's invocations are rebuilt from its events (`kmesh_trace.oracle.kv_stream`). A
-public trace read as it is (`kmesh_trace.cli.inputs.PublicInput`) holds its invocations in memory
-(`InvocationColumns`): its workload is built from them the same way, without polars or pyarrow.
+The source is anything with the reading side of a trace (`kmesh_trace.sources.TraceSource`):
+`kmesh_trace.trace.Trace` (a local directory), `kmesh_trace.parts.TraceParts` (a pyarrow filesystem, what a
+Ray task reads), or a public trace read as it is (`kmesh_trace.sources.PublicInput`), which holds its
+invocations in memory (`InvocationColumns`): its workload is built from them the same way, without polars
+or pyarrow. A KV-events recording's invocations are rebuilt from its events (`kmesh_trace.oracle.kv_stream`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import attrgetter
-from typing import Any, Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from kmesh_trace import schema
+from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid, refuse_hybrid, retention_of_metadata
-from kmesh_trace.oracle.stream import (AccessStream, RequestBlocks, check_block_size, duplicated_request, engine_geometry,
-                                      requests_from_rows)
+from kmesh_trace.lineage import declared_parents
+from kmesh_trace.oracle.families import families
+from kmesh_trace.oracle.stream import (AccessStream, RequestBlocks, RequestColumns, check_block_size,
+                                      duplicated_request, engine_geometry, requests_from_rows, set_declared_parents)
+from kmesh_trace.sources import InvocationColumns, TraceSource
 
-__all__ = ["InvocationColumns", "RequestColumns", "TraceSource", "Workload", "location_of"]
+__all__ = ["Workload", "location_of", "request_blocks"]
 
 #: The invocation columns the loader reads (checked against the contract), plus the partition.
 COLUMNS = schema.INVOCATIONS.select(
     "request_id", "caller_request_id", "seq", "family_id", "parent_id", "num_expected_children", "num_prompt_tokens",
     "num_output_tokens", "prompt_token_ids", "output_token_ids", "prompt_block_hashes", "arrival_ns", "finish_ns",
     "num_cached_tokens")
-
-
-class TraceSource(Protocol):
-    """The reading side of a trace that the loader needs (`Trace` and `TraceParts` have it)."""
-
-    engines: dict[str, dict[str, Any]]
-
-    @property
-    def metadata(self) -> dict[str, Any]: ...
-
-    @property
-    def block_size(self) -> int | None: ...
-
-    def scan(self, name: str): ...
-
-
-@dataclass
-class InvocationColumns:
-    """The invocations of one engine partition held in memory, as an importer would write them (row i is seq
-    i): what `Workload.from_trace` reads from a source that has them (`invocations_in_memory`) instead of its
-    invocations table. Hash-only rows (no token ids, no captured hits, no caller names), as the public
-    formats give them; `declared_parents`: child request id -> parent request id (None: dangling), the
-    declared lineage edges as `kmesh_trace.lineage.declared_parents` reads them back from a trace."""
-
-    request_id: list[str]
-    num_prompt_tokens: list[int]
-    num_output_tokens: list[int]
-    arrival_ns: list[int]
-    hash_offsets: list[int]  # row i lists hashes[hash_offsets[i]:hash_offsets[i + 1]]
-    hashes: Sequence[int]  # a list, or an array('Q') (8 bytes a hash)
-    family_id: list[str | None] | None = None
-    parent_id: list[str | None] | None = None
-    declared_parents: dict[str, str | None] = field(default_factory=dict)
-    finish_ns: list[int | None] | None = None  # None: no row has a finish time (Mooncake, Bailian)
-
-    def __len__(self) -> int:
-        return len(self.request_id)
-
-    def order(self) -> list[int]:
-        """Rows by arrival, then seq: the order `Workload.from_trace` sorts a trace's invocations in."""
-        return sorted(range(len(self)), key=self.arrival_ns.__getitem__)  # stable: ties stay in seq order
-
-    def rows(self, order: Sequence[int], engine: str):
-        """The rows in `order` as the dicts `requests_from_rows` reads (a trace's invocation columns)."""
-        off, hashes, family, parent, finish = self.hash_offsets, self.hashes, self.family_id, self.parent_id, self.finish_ns
-        for i in order:
-            yield {"request_id": self.request_id[i], "caller_request_id": None, "seq": i,
-                   "family_id": None if family is None else family[i],
-                   "parent_id": None if parent is None else parent[i], "num_expected_children": None,
-                   "num_prompt_tokens": self.num_prompt_tokens[i], "num_output_tokens": self.num_output_tokens[i],
-                   "prompt_token_ids": None, "output_token_ids": None, "prompt_block_hashes": hashes[off[i]:off[i + 1]],
-                   "arrival_ns": self.arrival_ns[i], "finish_ns": None if finish is None else finish[i],
-                   "num_cached_tokens": None, "engine": engine}
-
-
-@dataclass(frozen=True)
-class RequestColumns:
-    """What the `vllm` pool model reads of each request beside its blocks, in arrival order, as arrays: its
-    output tokens, arrival and finish times (0 where a request has none; `timed`: every request has both, so
-    the pool replays them concurrently). A workload without RequestBlocks carries them (`Workload.columns`)."""
-
-    num_output_tokens: np.ndarray  # int64
-    arrival_ns: np.ndarray  # int64, 0 where missing
-    finish_ns: np.ndarray  # int64, 0 where missing
-    timed: bool
-
-    @classmethod
-    def of_requests(cls, requests: Sequence[RequestBlocks]) -> "RequestColumns":
-        return cls.of_values(list(map(attrgetter("num_output_tokens"), requests)),
-                             list(map(attrgetter("arrival_ns"), requests)), list(map(attrgetter("finish_ns"), requests)))
-
-    @classmethod
-    def of_values(cls, num_output_tokens, arrival_ns, finish_ns) -> "RequestColumns":
-        """From per-request values (lists or arrays; None or a null entry: missing), as `of_requests` reads them."""
-        n = len(num_output_tokens)
-        arrival, a_ok = _filled(arrival_ns, n)
-        finish, f_ok = _filled(finish_ns, n)
-        out, _ = _filled(num_output_tokens, n)
-        return cls(out, arrival, finish, n > 0 and a_ok and f_ok)
-
-
-def _filled(values, n: int) -> tuple[np.ndarray, bool]:
-    """`values` as int64 with 0 for a missing entry, and whether none was missing (None: all missing)."""
-    if values is None:
-        return np.zeros(n, np.int64), n == 0
-    if isinstance(values, np.ndarray) and values.dtype != object:
-        return values.astype(np.int64, copy=False), True
-    missing = values.count(None) if isinstance(values, list) else sum(v is None for v in values)
-    if missing == n:  # none has one (a sequential stream)
-        return np.zeros(n, np.int64), n == 0
-    if missing == 0:
-        return np.fromiter(values, np.int64, n), True
-    return np.fromiter((v or 0 for v in values), np.int64, n), False
 
 
 @dataclass
@@ -200,9 +110,7 @@ class Workload:
         return cols is not None and cols.timed
 
     def families(self, edges: str = "auto") -> tuple[list[str], str]:
-        """(family key per request, declared or inferred): `kmesh_trace.oracle.fleet.families`."""
-        from kmesh_trace.oracle.fleet import families
-
+        """(family key per request, declared or inferred): `kmesh_trace.oracle.families.families`."""
         return families(self, edges)
 
     def lineage(self, kind: str) -> dict[int, int] | None:
@@ -219,14 +127,12 @@ class Workload:
         without token ids (imports) is flattened column-wise, without a RequestBlocks per invocation
         (`requests` stays None, `columns` holds what the `vllm` pool model reads); one with token ids still
         builds them (its blocks must be hashed)."""
-        in_memory = getattr(source, "invocations_in_memory", None)
+        in_memory = source.invocations_in_memory
         if in_memory is not None and (not merged or len(source.engines) == 1):  # one partition: merged is it
             return cls._from_columns(source, in_memory, None if merged else engine, requests)
         import polars as pl
 
-        from kmesh_trace.lineage import declared_parents
-        from kmesh_trace.oracle.kv_stream import scan_invocations
-        from kmesh_trace.oracle.stream import set_declared_parents
+        from kmesh_trace.oracle.kv_stream import scan_invocations  # deferred: it loads polars and pyarrow
 
         if merged:
             block_size = check_block_size(source.block_size)
@@ -259,8 +165,6 @@ class Workload:
     @classmethod
     def _from_columns(cls, source, columns: InvocationColumns, engine: str | None, requests: bool) -> "Workload":
         """`from_trace` of a source whose one partition's invocations are in memory: the same workload."""
-        from kmesh_trace.oracle.stream import set_declared_parents
-
         block_size, usable = engine_geometry(source, engine)
         order = columns.order()
         where = location_of(source)
@@ -285,11 +189,15 @@ class Workload:
                    location=where)
 
 
+def request_blocks(trace, engine: str | None = None) -> list[RequestBlocks]:
+    """`Workload.from_trace(trace, engine).requests`, for callers that want only the requests."""
+    return list(Workload.from_trace(trace, engine).requests)
+
+
 def _groups_of(source, engine: str | None, merged: bool) -> tuple:
     """(KV cache groups, retention interval) of the partition (`kv_groups.groups_from_metadata`,
     `kv_groups.retention_of_metadata`); merged, those every engine shares (engines of different hybrid
     layouts do not make one fleet)."""
-    from kmesh_trace.errors import KmeshTraceError
     if not merged:
         metas = [source.engines[engine] if engine is not None else source.metadata]
     else:

@@ -1,4 +1,4 @@
-"""Public traces read as they are (kmesh_trace.cli.inputs): a Mooncake or Bailian JSONL
+"""Public traces read as they are (kmesh_trace.sources): a Mooncake or Bailian JSONL
 file, a weka directory or file and an LMCache agent directory open as the trace their import writes,
 recognised from their content; anything else is one sentence."""
 
@@ -10,14 +10,14 @@ import shutil
 import pytest
 
 from bailian_data import generate_bailian
-from kmesh_trace.cli.inputs import open_as_trace, sniff
+from kmesh_trace.sources import open_as_trace, sniff
 from kmesh_trace.errors import InputFormatError
 from kmesh_trace.trace import open_trace
 
 
 def _same_as_import(src, fmt, tmp_path):
     """The trace `open_input` yields equals the one `import` writes, row for row."""
-    from kmesh_trace.cli.inputs import importer
+    from kmesh_trace.sources import importer
 
     importer(fmt)(src, tmp_path / "imported", engine_id=f"import-{fmt}")
     heard = []
@@ -114,7 +114,7 @@ def test_a_file_of_malformed_mooncake_lines_is_refused(tmp_path):
 ])
 def test_commands_read_a_public_file_as_its_import(tmp_path, cli, command):
     """Each analysis on a Bailian JSONL file prints exactly what it prints on the file's import."""
-    from kmesh_trace.cli.inputs import importer
+    from kmesh_trace.sources import importer
 
     src = tmp_path / "bailian.jsonl"
     generate_bailian(src, num_sessions=8)
@@ -131,7 +131,7 @@ def test_commands_read_a_public_file_as_its_import(tmp_path, cli, command):
 
 def test_headroom_reads_the_mooncake_file_as_its_import(tmp_path, cli, shared_datasets):
     src = shared_datasets / "mooncake" / "conversation_trace.jsonl"
-    from kmesh_trace.cli.inputs import importer
+    from kmesh_trace.sources import importer
 
     importer("mooncake")(src, tmp_path / "imported", engine_id="import-mooncake")
     args = ["--window", "last-half", "--policies", "lru,belady-prefix", "--json"]

@@ -64,7 +64,7 @@ def test_predicted_and_measured_hits_agree_block_by_block(served):
     from kmesh_trace.apps.closed_loop import compare_blocks
     from kmesh_trace.datasets.importers.mooncake import import_mooncake
     from kmesh_trace.oracle.blockpool import simulate_pool
-    from kmesh_trace.oracle.stream import request_blocks
+    from kmesh_trace.oracle.workload import request_blocks
     from kmesh_trace.trace import open_trace
 
     tmp, lines = served

@@ -1,4 +1,4 @@
-"""A public JSONL read straight into the workload (and the peer figures; kmesh_trace.cli.inputs
+"""A public JSONL read straight into the workload (and the peer figures; kmesh_trace.sources
 `read_directly`): the same workload as the imported trace gives, the same bad lines counted, and no polars,
 pyarrow or duckdb loaded for it."""
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bailian_data import generate_bailian
-from kmesh_trace.cli.inputs import importer, read_directly
+from kmesh_trace.sources import importer, read_directly
 from kmesh_trace.oracle.workload import Workload
 from kmesh_trace.trace import open_trace
 

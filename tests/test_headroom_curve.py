@@ -30,7 +30,7 @@ def test_grid_is_powers_of_two_past_the_depth_plus_the_stock_capacity():
 @pytest.mark.parametrize("window", ["all", "last-half"])
 def test_curve_agrees_with_the_replays_at_every_grid_capacity(window):
     reqs = fork_tree_requests(aligned=False)
-    res = headroom_curve(reqs, BLOCK_SIZE, window=window, num_usable_blocks=300, cost=COST, processes=2)
+    res = headroom_curve(Workload(BLOCK_SIZE, reqs, num_usable_blocks=300), window=window, cost=COST, processes=2)
     start = len(reqs) // 2 if window == "last-half" else 0
     w = Workload(BLOCK_SIZE, reqs)
     assert res.grid == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]
@@ -62,10 +62,11 @@ def test_grid_replays_beside_the_curves_equal_the_curves_then_the_grid(policies,
 
     reqs = fork_tree_requests(aligned=False)
     for window in ("all", "last-half"):
-        kw = dict(policies=policies, window=window, num_usable_blocks=300, cost=COST, grid=grid)
-        plain = headroom_curve(reqs, BLOCK_SIZE, executor=InProcess(), **kw).to_dict()
+        kw = dict(policies=policies, window=window, cost=COST, grid=grid)
+        plain = headroom_curve(Workload(BLOCK_SIZE, reqs, num_usable_blocks=300), executor=InProcess(), **kw).to_dict()
         for processes in (1, 2, 3):
-            assert headroom_curve(reqs, BLOCK_SIZE, processes=processes, **kw).to_dict() == plain, (window, processes)
+            res = headroom_curve(Workload(BLOCK_SIZE, reqs, num_usable_blocks=300), processes=processes, **kw)
+            assert res.to_dict() == plain, (window, processes)
 
 
 def test_simulate_grid_in_worker_processes_equals_one_after_another():
@@ -93,7 +94,7 @@ def test_a_wide_bracket_is_flagged():
     rows = [{"request_id": str(i), "num_prompt_tokens": 9, "num_output_tokens": 0, "prompt_block_hashes": h}
             for i, h in enumerate([[1, 2, 3], [5, 2, 6], [7, 2, 8], [9, 2, 10]])]
     reqs = requests_from_rows(rows, 4)
-    res = headroom_curve(reqs, 4, policies=["belady-prefix", "belady"], grid=[1])
+    res = headroom_curve(Workload(4, reqs), policies=["belady-prefix", "belady"], grid=[1])
     assert res.wide_brackets() == [1] and "is a range, not a number" in res.notes[0]
     fixed = headroom_of_requests(reqs, 4, [1], ["belady-prefix", "belady"])
     assert fixed.bracket() == {"belady_prefix_prefill_tokens": 36, "belady_prefill_tokens": 24, "width_tokens": 12,

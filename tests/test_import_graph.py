@@ -1,17 +1,22 @@
-"""The import graph points one way: base <- analyses <- applications; no test module imports another.
+"""The import graph points one way, floor by floor, with no circle; no test module imports another.
 
 Every module's imports are read with `ast` (module level, inside functions and under `TYPE_CHECKING`
-alike: a deferred import is still a dependency) and each module is put in its layer by where it lives:
+alike: a deferred import is still a dependency) and each module is put on its floor by `FLOORS`, the
+longest dotted prefix that names it:
 
-- base: the modules directly inside `kmesh_trace/` (the schema, the writer and reader, errors, paths,
-  values, ...): they import only the base;
-- analyses: `kmesh_trace.{capture,audit,oracle,native,datasets}` (the top-level folders `capture/`,
-  `audit/`, `oracle/`, `native/`, `datasets/`): they import the base and each other, never an
-  application;
-- applications: `kmesh_trace.apps` and `kmesh_trace.cli`: they may import anything.
+- base: the modules directly inside `kmesh_trace/` (the schema, values, errors, paths, the trace
+  writer and reader, the inputs: `sources`), the importers (`datasets/importers/`), the capture
+  (`capture/`), the corpus and capture audits (`audit/`) and the C boundary (`native/`);
+- model: what the analyses replay: the access stream, the workload, families, the pool models, the
+  policies and their curves, the tier kernels, the cost models, the executor, the workload generators
+  (`datasets/workloads/`);
+- analyses: headroom (and its curves), pressure, tiers, fleet, lineage, residency, model error;
+- applications: `kmesh_trace.apps` (report, advise, plots, export, the demo);
+- cli: `kmesh_trace.cli`.
 
-The source folders come from pyproject.toml's `package-dir`, so a new package is classified without
-editing this file (a package outside the three layers fails `test_every_package_has_a_layer`).
+A module imports only modules of its floor or a lower one. The source folders come from pyproject.toml's
+`package-dir`, so a new package is read without editing this file; a module no row of `FLOORS` names fails
+`test_every_package_has_a_layer`.
 """
 
 from __future__ import annotations
@@ -28,11 +33,44 @@ else:  # pragma: no cover
     tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE, ANALYSES, APPLICATIONS = 0, 1, 2
-LAYER_NAMES = {BASE: "base", ANALYSES: "analyses", APPLICATIONS: "applications"}
-ANALYSIS_PACKAGES = ("kmesh_trace.capture", "kmesh_trace.audit", "kmesh_trace.oracle", "kmesh_trace.native",
-                     "kmesh_trace.datasets")
-APPLICATION_PACKAGES = ("kmesh_trace.apps", "kmesh_trace.cli")
+BASE, MODEL, ANALYSES, APPLICATIONS, CLI = range(5)
+LAYER_NAMES = {BASE: "base", MODEL: "model", ANALYSES: "analyses", APPLICATIONS: "applications", CLI: "cli"}
+#: Dotted prefix -> floor; the longest prefix naming a module wins. The base modules directly inside
+#: `kmesh_trace/` are the `kmesh_trace` row (a subpackage needs a row of its own).
+FLOORS = {
+    "kmesh_trace": BASE,
+    "kmesh_trace.audit": BASE,
+    "kmesh_trace.capture": BASE,
+    "kmesh_trace.datasets": MODEL,
+    "kmesh_trace.datasets.importers": BASE,
+    "kmesh_trace.datasets.workloads": MODEL,
+    "kmesh_trace.native": BASE,
+    "kmesh_trace.oracle": MODEL,
+    "kmesh_trace.oracle.fleet": ANALYSES,
+    "kmesh_trace.oracle.headroom": ANALYSES,
+    "kmesh_trace.oracle.headroom_curve": ANALYSES,
+    "kmesh_trace.oracle.lineage_report": ANALYSES,
+    "kmesh_trace.oracle.model_error": ANALYSES,
+    "kmesh_trace.oracle.pressure": ANALYSES,
+    "kmesh_trace.oracle.residency": ANALYSES,
+    "kmesh_trace.oracle.sampled_curve": ANALYSES,
+    "kmesh_trace.oracle.tiers": ANALYSES,  # the package: `run`, its report and the family-burst arms
+    "kmesh_trace.oracle.tiers.compiled": MODEL,
+    "kmesh_trace.oracle.tiers.config": MODEL,
+    "kmesh_trace.oracle.tiers.connector": MODEL,
+    "kmesh_trace.oracle.tiers.prep": MODEL,
+    "kmesh_trace.oracle.tiers.replay": MODEL,
+    "kmesh_trace.oracle.tiers.result": MODEL,
+    "kmesh_trace.oracle.tiers.simulate": MODEL,
+    "kmesh_trace.oracle.tiers.store": MODEL,
+    "kmesh_trace.oracle.tiers.sweep": MODEL,
+    "kmesh_trace.oracle.tiers.timing": MODEL,
+    "kmesh_trace.apps": APPLICATIONS,
+    "kmesh_trace.cli": CLI,
+}
+#: Subpackages whose modules the base prefix `kmesh_trace` must not claim (each has its own row).
+SUBPACKAGES = ("kmesh_trace.apps", "kmesh_trace.audit", "kmesh_trace.capture", "kmesh_trace.cli",
+               "kmesh_trace.datasets", "kmesh_trace.native", "kmesh_trace.oracle")
 
 
 def package_dirs() -> dict[str, Path]:
@@ -92,14 +130,14 @@ def resolve(name: str, modules: dict[str, Path]) -> str | None:
 
 
 def layer(module: str) -> int | None:
-    """The layer of a project module, from the package it lives in."""
-    package = ".".join(module.split(".")[:2])
-    if package in ANALYSIS_PACKAGES:
-        return ANALYSES
-    if package in APPLICATION_PACKAGES:
-        return APPLICATIONS
-    if module == "kmesh_trace" or module.count(".") == 1:
-        return BASE  # a module directly inside kmesh_trace/
+    """The floor of a project module: the `FLOORS` row of its longest dotted prefix (None: no row names it)."""
+    parts = module.split(".")
+    for cut in range(len(parts), 0, -1):
+        head = ".".join(parts[:cut])
+        if head in FLOORS:
+            if head == "kmesh_trace" and module != "kmesh_trace" and (module.count(".") > 1 or module in SUBPACKAGES):
+                return None  # a subpackage of kmesh_trace with no row of its own
+            return FLOORS[head]
     return None
 
 
@@ -137,7 +175,7 @@ def test_every_package_has_a_layer():
 
 
 def test_imports_point_one_way():
-    """base <- analyses <- applications: no module imports one of a higher layer, deferred or not."""
+    """base <- model <- analyses <- applications <- cli: no module imports one of a higher floor, deferred or not."""
     upward = upward_imports()
     assert not upward, f"{len(upward)} upward import(s):\n" + "\n".join(upward)
 
@@ -153,11 +191,16 @@ def test_the_jsonl_classifier_is_a_leaf_both_audit_and_importers_use():
 
 
 def test_the_check_catches_an_upward_import(tmp_path):
-    """The classification would flag a base module importing an analysis or an application."""
+    """The classification would flag a base module importing the model, the model an analysis, and so on."""
     assert layer("kmesh_trace.schema") == BASE
+    assert layer("kmesh_trace.datasets.importers.mooncake") == BASE
+    assert layer("kmesh_trace.oracle.stream") == MODEL
+    assert layer("kmesh_trace.oracle.tiers.compiled") == MODEL
     assert layer("kmesh_trace.oracle.pressure") == ANALYSES
+    assert layer("kmesh_trace.oracle.tiers.run") == ANALYSES
     assert layer("kmesh_trace.apps.report") == APPLICATIONS
-    assert layer("kmesh_trace.cli.tiers") == APPLICATIONS
+    assert layer("kmesh_trace.cli.tiers") == CLI
+    assert layer("kmesh_trace.newpackage.module") is None  # a new subpackage needs its row
     module = tmp_path / "fake.py"
     module.write_text("def f():\n    from kmesh_trace.oracle.stream import request_blocks\n")
     assert imported_names(module, "kmesh_trace.fake")[0] == ("kmesh_trace.oracle.stream", 2)

@@ -14,7 +14,7 @@ from kmesh_trace.oracle.policies import Workload
 from kmesh_trace.oracle.policies.belady import belady_hits, belady_reference
 from kmesh_trace.oracle.policies.infinite import infinite_hits, infinite_reference
 from kmesh_trace.oracle.policies.lru import lru_hits, lru_reference
-from kmesh_trace.oracle.stream import request_blocks
+from kmesh_trace.oracle.workload import request_blocks
 from kmesh_trace.trace import open_trace
 
 pytestmark = pytest.mark.shared_data

@@ -9,7 +9,8 @@ from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.policies.base import reference_accesses
 from kmesh_trace.oracle.stream import (NEVER, AccessStream, RequestBlocks, chain_block_hashes, engine_geometry,
                                        next_uses, num_cached_blocks, num_computed_tokens, pool_capacity,
-                                       request_blocks, requests_from_rows, token_block_hashes)
+                                       requests_from_rows, token_block_hashes)
+from kmesh_trace.oracle.workload import request_blocks
 from kmesh_trace.trace import open_trace
 from kmesh_trace.writer import TraceWriter
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kmesh_trace.oracle.fleet import families
+from kmesh_trace.oracle.families import families
 from kmesh_trace.oracle.workload import Workload
 from kmesh_trace.parts import open_parts
 from kmesh_trace.trace import open_trace
@@ -54,10 +54,7 @@ def test_a_hash_only_trace_is_flattened_without_requests_into_the_same_stream(tm
 def _curves(workload: Workload, window: str = "all") -> dict:
     from kmesh_trace.oracle.headroom_curve import headroom_curve
 
-    bare = workload.requests is None
-    return headroom_curve(workload.requests, workload.block_size, window=window,
-                          num_usable_blocks=workload.num_usable_blocks, stream=workload.stream if bare else None,
-                          columns=workload.columns if bare else None, processes=1).to_dict()
+    return headroom_curve(workload, window=window, processes=1).to_dict()
 
 
 def _hash_only(path, *, timed: bool, n: int = 300, seed: int = 0):

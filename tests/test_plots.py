@@ -8,6 +8,7 @@ from kmesh_trace.datasets.workloads.fork_tree import fork_tree_requests
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.headroom import headroom_of_requests
 from kmesh_trace.oracle.pressure import SweepPoint
+from kmesh_trace.oracle.workload import Workload
 from kmesh_trace.apps.plots import check_plot_path, plot_headroom, plot_pressure_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -87,7 +88,7 @@ def test_headroom_plots_keep_legends_off_the_data_ticks_at_the_capacities_and_on
     assert [t.get_text() for t in ax.get_xticklabels()] == ["64", "128", "256", "512"]
     colours = {line.get_label(): to_hex(line.get_color()) for line in ax.get_lines()}
     assert colours["lru"] == to_hex(POLICY_COLORS["lru"]) and colours["belady"] == to_hex(POLICY_COLORS["belady"])
-    curve = headroom_curve(fork_tree_requests(), 16, policies=["belady", "lru"])  # the other order
+    curve = headroom_curve(Workload(16, fork_tree_requests()), policies=["belady", "lru"])  # the other order
     fig, axes = _drawn(monkeypatch, lambda: plot_headroom_curve(curve, tmp_path / "c.png"))
     (ax, box, legend), = axes
     assert legend.get_window_extent().x0 >= box.x1

@@ -55,7 +55,7 @@ def stream():
 
 @pytest.fixture(scope="module")
 def exact(stream):
-    return headroom_curve(None, 16, stream=stream, policies=POLICIES, window="last-half", processes=1)
+    return headroom_curve(Workload.of_stream(stream), policies=POLICIES, window="last-half", processes=1)
 
 
 def max_delta(exact, other, name) -> float:

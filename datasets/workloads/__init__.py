@@ -16,6 +16,8 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from kmesh_trace.errors import KmeshTraceError
+
 if TYPE_CHECKING:
     from kmesh_trace.oracle.workload import Workload
 
@@ -51,8 +53,6 @@ def names() -> list[str]:
 
 def get(name: str) -> Scenario:
     """The scenario called `name`; an unknown name is one error listing the known ones."""
-    from kmesh_trace.errors import KmeshTraceError
-
     try:
         return SCENARIOS[name]
     except KeyError:

@@ -17,6 +17,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from kmesh_trace.oracle.stream import requests_from_rows
+from kmesh_trace.oracle.workload import Workload
+
 
 @dataclass(frozen=True)
 class PlannedRequest:
@@ -118,9 +121,6 @@ def request_rows(plan: AgentWorkload, seed: int = 0) -> list[dict]:
 
 
 def _built(size: str):
-    from kmesh_trace.oracle.stream import requests_from_rows
-    from kmesh_trace.oracle.workload import Workload
-
     plan = agent_workload(size=size)
     return Workload(plan.block_size, requests_from_rows(request_rows(plan), plan.block_size),
                     num_usable_blocks=plan.num_gpu_blocks - 1,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.stream import RequestBlocks, token_block_hashes
+from kmesh_trace.oracle.workload import Workload
 
 BLOCK_SIZE = 256
 DEFAULT_CHILDREN = 5
@@ -61,8 +62,6 @@ def built():
     """The default family burst as a registry workload: the parent (its prompt is the ancestor) finishes,
     then its children arrive together; the GPU pool holds every child and nothing competes."""
     from dataclasses import replace
-
-    from kmesh_trace.oracle.workload import Workload
 
     b = family_burst()
     n = len(b.ancestor_hashes) * b.block_size

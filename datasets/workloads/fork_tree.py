@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from kmesh_trace.oracle.stream import RequestBlocks, requests_from_rows
+from kmesh_trace.oracle.workload import Workload
 from kmesh_trace.writer import TraceWriter
 
 BLOCK_SIZE = 16
@@ -76,8 +77,6 @@ def write_fork_tree(out: str | Path, *, num_usable_blocks: int = NUM_USABLE_BLOC
 
 
 def _built(aligned: bool):
-    from kmesh_trace.oracle.workload import Workload
-
     return Workload(BLOCK_SIZE, fork_tree_requests(aligned=aligned), num_usable_blocks=NUM_USABLE_BLOCKS)
 
 

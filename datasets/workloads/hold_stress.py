@@ -34,6 +34,7 @@ import random
 from dataclasses import dataclass
 
 from kmesh_trace.oracle.stream import RequestBlocks, token_block_hashes
+from kmesh_trace.oracle.workload import Workload
 
 NAME = "hold-stress"
 NUM_PHYSICAL_BLOCKS = 129  # including vLLM's null block
@@ -106,8 +107,6 @@ def hold_stress(scale: int = 1, parent_output: list[int] | None = None, seed: in
 
 
 def _built(scale: int):
-    from kmesh_trace.oracle.workload import Workload
-
     sc = hold_stress(scale)
     return Workload(sc.block_size, sc.request_blocks(), num_usable_blocks=sc.num_usable_blocks)
 

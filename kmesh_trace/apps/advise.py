@@ -322,9 +322,10 @@ def _pool(w, options: AdviseOptions, step) -> tuple[int, str]:
     if w.num_usable_blocks:
         return int(w.num_usable_blocks), "the engine's usable blocks"
     from kmesh_trace.oracle.headroom_curve import headroom_curve
+    from kmesh_trace.oracle.workload import Workload
 
     step("choosing a pool size")
-    curve = headroom_curve(w.requests, w.block_size, policies=["lru"])
+    curve = headroom_curve(Workload(w.block_size, w.requests), policies=["lru"])
     half = curve.capacity_for_fraction()["lru"]["0.5"] or 0  # 0: nothing repeats, so no cache size helps
     bs = w.block_size
     longest = max(-(-(r.num_prompt_tokens + (r.num_output_tokens or 0)) // bs) for r in w.requests)

@@ -74,7 +74,7 @@ class AdviseFlags:
         """A request dataset's tokenizer and block size, for its import (refused for any other input)."""
         if self.tokenizer is None and self.block_size is None:
             return None
-        from kmesh_trace.cli.inputs import sniff
+        from kmesh_trace.sources import sniff
 
         if sniff(self.trace) != "requests":
             raise KmeshTraceError("--tokenizer and --block-size apply to a request dataset (OpenAI-compatible JSONL, "

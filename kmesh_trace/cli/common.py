@@ -386,7 +386,7 @@ def open_input(trace, scenario, engine: str | None, allow_incomplete: bool, *, d
     """(the opened trace, None) for a TRACE argument, checked as every analysis checks it (requests, a
     complete capture), or (None, its Workload) for a --scenario; the trace stays open inside the block.
     TRACE may be a public trace read as it is (a Mooncake or Bailian JSONL file, a weka or lmcache-agent
-    directory: `kmesh_trace.cli.inputs`). With `direct`, for a command that reads only the workload, the
+    directory: `kmesh_trace.sources`). With `direct`, for a command that reads only the workload, the
     engine metadata and the notes below, a format that `read_directly` reads comes as its `PublicInput`
     (in memory, complete, with requests) instead of an imported trace. `import_options` go to the importer of
     a public trace (a request dataset's tokenizer and block size)."""
@@ -394,14 +394,14 @@ def open_input(trace, scenario, engine: str | None, allow_incomplete: bool, *, d
         yield None, build_scenario(scenario)
         return
     if direct:
-        from kmesh_trace.cli.inputs import read_directly
+        from kmesh_trace.sources import read_directly
 
         public = read_directly(trace, on_import=err.print)
         if public is not None:
             yield public, None
             return
     from kmesh_trace.audit.capture import check_complete
-    from kmesh_trace.cli.inputs import open_as_trace
+    from kmesh_trace.sources import open_as_trace
     from kmesh_trace.trace import check_has_requests
 
     with open_as_trace(trace, on_import=err.print, until_exit=True, import_options=import_options) as t:

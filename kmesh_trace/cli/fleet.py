@@ -90,7 +90,7 @@ class FleetFlags:
 def fleet_cmd(f: FleetFlags, output: Output = None) -> None:
     """Hit ratio, prefill tokens and load imbalance of each routing policy, and its gap to a global pool."""
     routings = f.check()
-    from kmesh_trace.cli.inputs import read_directly
+    from kmesh_trace.sources import read_directly
 
     parts = read_directly(f.trace, on_import=err.print) if f.ray is None else None  # in memory (never empty), not for Ray's tasks
     if parts is None:
@@ -118,7 +118,7 @@ def _fleet(parts, options, ray: str | None):
 def _trace_parts(trace: str):
     """The trace's parts (metadata only: the tasks read them), a public trace imported first; refused when
     there is nothing to route."""
-    from kmesh_trace.cli.inputs import trace_location
+    from kmesh_trace.sources import trace_location
     from kmesh_trace.parts import open_parts
 
     parts = open_parts(trace_location(trace, on_import=err.print))

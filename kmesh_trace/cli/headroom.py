@@ -176,7 +176,7 @@ def render(d: dict) -> None:
 def _fitted(trace, engine):
     """The prefill cost fitted to a capture's measured prefills (`oracle.headroom.fitted_prefill`), said on
     stderr: the fit's quality, and why there are no seconds when it is not usable."""
-    from kmesh_trace.cli.inputs import PublicInput
+    from kmesh_trace.sources import PublicInput
     from kmesh_trace.oracle.headroom import FittedPrefill, fitted_prefill
 
     if isinstance(trace, PublicInput):  # read as it is: no prefill timings, as its import would have none

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 from kmesh_trace.cli.display import Table
-from kmesh_trace.cli.inputs import importer
+from kmesh_trace.sources import importer
 
 from kmesh_trace.cli.common import SummaryJsonOption, check_out_dir, check_out_not_in_input, err, handles_errors, out, print_json, progress
 from kmesh_trace.cli.flags import flags, takes_flags

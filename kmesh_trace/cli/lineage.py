@@ -56,8 +56,8 @@ def lineage_cmd(
 @contextmanager
 def _input(trace: Path):
     """The opened trace with requests, or a public trace read into memory as its import would read
-    (`kmesh_trace.cli.inputs.read_directly`); other public traces are imported on the way in."""
-    from kmesh_trace.cli.inputs import open_as_trace, read_directly
+    (`kmesh_trace.sources.read_directly`); other public traces are imported on the way in."""
+    from kmesh_trace.sources import open_as_trace, read_directly
 
     public = read_directly(trace, on_import=err.print)
     if public is not None:

@@ -107,7 +107,7 @@ def pressure_cmd(f: PressureFlags, output: Output = None) -> None:
 
 def _workload(f: PressureFlags, options):
     """(the workload, the options with --capacity in blocks, the approximate-token note) of the input."""
-    from kmesh_trace.cli.inputs import PublicInput
+    from kmesh_trace.sources import PublicInput
     from kmesh_trace.oracle import pressure as pr
     from kmesh_trace.oracle.workload import Workload
 

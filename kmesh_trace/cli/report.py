@@ -54,7 +54,7 @@ def report_cmd(
 def _refuse_a_public_trace(path: Path) -> None:
     """A public trace (a Mooncake or Bailian JSONL file, a weka or LMCache agent directory) that the analyses
     read as it is: the page reads a trace directory, so say how to make one."""
-    from kmesh_trace.cli.inputs import sniff
+    from kmesh_trace.sources import sniff
     from kmesh_trace.errors import InputFormatError, KmeshTraceError
 
     try:

@@ -150,7 +150,7 @@ def _input(trace: Optional[Path], scenario, engine: Optional[str], *, direct: bo
     if scenario is not None:  # any built-in workload but family-burst: a stream with no capture metadata
         yield TiersInput.from_workload(build_scenario(scenario), scenario.value)
         return
-    from kmesh_trace.cli.inputs import open_as_trace, read_directly
+    from kmesh_trace.sources import open_as_trace, read_directly
 
     public = read_directly(trace, on_import=err.print) if direct else None
     if public is not None:  # in memory, as its import would read: the same requests, no prefill timings

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.hybrid_pool import position_capacity
 from kmesh_trace.oracle.policies.base import Policy, PolicyResult, Workload, result_of
 
 #: name -> (module under kmesh_trace.oracle.policies, class), in the order analyses list them.
@@ -65,8 +66,6 @@ def replay_point(workload: Workload, policy: str, capacity: int) -> PolicyResult
     bound), reported at the pool's `capacity`."""
     if not workload.hybrid or policy == "vllm":
         return get_policy(policy).simulate(workload, capacity)
-    from kmesh_trace.oracle.hybrid_pool import position_capacity
-
     positions = position_capacity(workload.groups, capacity)
     if positions == 0:  # not one position's blocks in every full-attention group: no hit
         stream = workload.stream

@@ -9,13 +9,12 @@ import numpy as np
 
 from kmesh_trace.oracle.policies.base import StreamPolicy, reference_accesses
 from kmesh_trace.oracle.stream import AccessStream, RequestBlocks
+from kmesh_trace.oracle.stream_index import infinite_hits as hits
 
 
 def infinite_hits(stream: AccessStream) -> np.ndarray:
     """Per-request hit blocks: eligible reads that are not their object's first access (one C pass,
     oracle/stream_index.py; tests compare it with numpy's and with `infinite_reference`)."""
-    from kmesh_trace.oracle.stream_index import infinite_hits as hits
-
     return hits(stream)
 
 

@@ -28,8 +28,10 @@ from operator import attrgetter
 import numpy as np
 
 from kmesh_trace.native.kernels import I64, P, Ptr, Struct, check, declare, ptr
-from kmesh_trace.oracle.blockpool_compiled import PoolArrays, PoolResultStruct, PoolStreamStruct, obj_pointers
+from kmesh_trace.oracle.blockpool_compiled import PoolArrays, PoolResultStruct, PoolStreamStruct, pool_inputs
 from kmesh_trace.oracle.interruptible import run_interruptible
+from kmesh_trace.oracle.stream import AccessStream, kept_and_eligible
+from kmesh_trace.oracle.stream_index import leading_flags, obj_pointers
 
 __all__ = ["TierArrays", "TierStream", "tier_stream", "replay_tiers_compiled"]
 
@@ -216,10 +218,6 @@ def tier_stream(requests, block_size: int) -> TierStream | None:
     replay takes those). Its pool part is `AccessStream.from_arrays` over the requests' accesses, the
     stream `simulate_pool` replays (`AccessStream.from_requests`'s); the tails are looked up among its hashes
     in one pass, so every hash is sorted once."""
-    from kmesh_trace.oracle.blockpool_compiled import pool_inputs
-    from kmesh_trace.oracle.stream import AccessStream
-    from kmesh_trace.oracle.stream_index import leading_flags
-
     requests = list(requests)
     try:
         flat = _Flat.of(requests)
@@ -227,11 +225,10 @@ def tier_stream(requests, block_size: int) -> TierStream | None:
         return None
     n = len(requests)
     p_tokens = np.fromiter(map(attrgetter("num_prompt_tokens"), requests), np.int64, n)
-    listed = np.minimum(flat.plen, p_tokens // block_size)
+    listed, n_elig = kept_and_eligible(flat.plen, p_tokens, block_size)
     access = flat.accesses(listed)
     req_start = np.zeros(n + 1, np.int64)
     np.cumsum(listed + flat.olen, out=req_start[1:])
-    n_elig = np.minimum(flat.plen, np.maximum(p_tokens - 1, 0) // block_size)
     stream = AccessStream.from_arrays(block_size, access, leading_flags(req_start, n_elig), req_start, p_tokens,
                                       flat.plen)
     tails = flat.tails(listed)

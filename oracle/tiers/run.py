@@ -4,7 +4,8 @@
 a run reads (one engine's requests, geometry, and where the KV bytes and the prefill fit come from).
 A run resolves the restore costs, the KV bytes per token and the prefill model, builds the tier
 configuration, and simulates either the GPU pool alone and the configuration, or a host x SSD sweep
-(one task per configuration, in process or on Ray, through one `kmesh_trace.oracle.executor.Executor`). The
+(one task per configuration, `tiers_point`, in process or on Ray, through one
+`kmesh_trace.oracle.executor.Executor`). The
 reports give the JSON (`to_dict`) and the human rendering (`lines`, `kmesh_trace.oracle.tiers.render`).
 """
 
@@ -14,16 +15,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kmesh_trace.datasets.workloads.family_burst import family_burst
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.executor import InProcess, Task
 from kmesh_trace.oracle.options import option
-from kmesh_trace.oracle.stream import RequestBlocks
-from kmesh_trace.oracle.tiers import render
+from kmesh_trace.oracle.stream import RequestBlocks, pool_capacity
+from kmesh_trace.oracle.tasks import workload_at
+import kmesh_trace.oracle.tier_costs as tc
 from kmesh_trace.oracle.tiers.config import SIMPLE_CPU, TIER_NAMES, RestoreCost, TierConfig, TierSpec, simple_cpu
+from kmesh_trace.oracle.tiers.family_burst import family_burst_arms
+import kmesh_trace.oracle.tiers.render as render
 from kmesh_trace.oracle.tiers.result import TierResult
 from kmesh_trace.oracle.tiers.simulate import simulate_tiers, with_stream
 from kmesh_trace.oracle.tiers.sweep import SweepResult, sweep_configs, sweep_tiers
+from kmesh_trace.oracle.workload import Workload
+from kmesh_trace.resources import check_fits, pool_bytes
 
-__all__ = ["TiersOptions", "TiersInput", "TiersReport", "ArmsReport", "run", "run_family_burst"]
+__all__ = ["TiersOptions", "TiersInput", "TiersReport", "ArmsReport", "run", "run_family_burst", "tiers_point"]
 
 
 @dataclass(frozen=True)
@@ -69,8 +77,6 @@ class TiersOptions:
 
     def restore_costs(self) -> tuple[dict[str, RestoreCost], list[str]]:
         """(restore cost per tier, notes on where they came from): measured results, then the flags."""
-        from kmesh_trace.oracle import tier_costs as tc
-
         costs: dict = {}
         notes: list[str] = []
         if self.restore_results is not None:
@@ -104,13 +110,11 @@ class TiersInput:
     def from_trace(cls, t, name: str, engine: str | None = None) -> TiersInput:
         """An open trace's engine partition (`engine`, None: the only one); `name` is how the output names
         it (the user's path: a public trace's import lives elsewhere, where its tasks read it). `t` may be
-        a public trace read into memory (`kmesh_trace.cli.inputs.PublicInput`): never empty, and no task
+        a public trace read into memory (`kmesh_trace.sources.PublicInput`): never empty, and no task
         reads it from a location."""
-        from kmesh_trace.oracle.workload import Workload
-
-        in_memory = getattr(t, "invocations_in_memory", None) is not None
+        in_memory = t.invocations_in_memory is not None
         if not in_memory:
-            from kmesh_trace.trace import check_has_requests
+            from kmesh_trace.trace import check_has_requests  # deferred: it loads polars, pyarrow and duckdb
 
             check_has_requests(t)
         w = Workload.from_trace(t, engine)
@@ -163,10 +167,6 @@ class ArmsReport:
 
 
 def run_family_burst(options: TiersOptions) -> ArmsReport:
-    from kmesh_trace.datasets.workloads.family_burst import family_burst
-    from kmesh_trace.oracle import tier_costs as tc
-    from kmesh_trace.oracle.tiers.family_burst import family_burst_arms
-
     o = options
     costs, _ = o.restore_costs()
     burst = family_burst(o.children, o.ancestor_mib, o.chunks)
@@ -181,10 +181,6 @@ def run_family_burst(options: TiersOptions) -> ArmsReport:
 def run(source: TiersInput, options: TiersOptions, executor=None) -> TiersReport:
     """`options` over `source`. A sweep runs one task per configuration through `executor`
     (`kmesh_trace.oracle.executor`; default in this process), whose `on_start`/`on_done` follow it."""
-    from kmesh_trace.oracle import tier_costs as tc
-    from kmesh_trace.oracle.stream import pool_capacity
-    from kmesh_trace.resources import check_fits, pool_bytes
-
     o = options
     costs, cost_notes = o.restore_costs()
     kvbpt, kv_src = tc.kv_bytes_per_token(source.metadata, o.kv_bytes_per_token, o.model_config)
@@ -261,11 +257,8 @@ def measured_loads(source: TiersInput) -> dict | None:
 
 
 def _run_configs(source: TiersInput, configs: list[TierConfig], kw: dict, executor) -> list[TierResult]:
-    """One task per configuration (`kmesh_trace.oracle.tasks.tiers_point`): on a remote executor (Ray) each
+    """One task per configuration (`tiers_point`): on a remote executor (Ray) each
     reads the engine's parts itself when the input came from a trace; in process they share the requests."""
-    from kmesh_trace.oracle.executor import InProcess, Task
-    from kmesh_trace.oracle.tasks import tiers_point
-
     executor = executor or InProcess()
     where = source.source if source.location is None else f"engine={source.engine}" if source.engine else "the trace"
     task_source = source.location if executor.remote and source.location is not None else source.requests
@@ -273,3 +266,11 @@ def _run_configs(source: TiersInput, configs: list[TierConfig], kw: dict, execut
         kw = with_stream(kw, source.requests)
     return executor.map(tiers_point, [Task(f"{where}: {c.label}", (task_source, source.engine, c, kw))
                                       for c in configs])
+
+
+def tiers_point(source, engine: str | None, config, options: dict):
+    """The task of one tier configuration over one engine's requests (`source`: a location, or the
+    requests); `options`: simulate_tiers's other keywords (block size, KV bytes per token, costs, prefill)."""
+    if isinstance(source, str):
+        source = workload_at(source, engine).requests
+    return simulate_tiers(source, config, **options)

@@ -8,10 +8,12 @@ import numpy as np
 
 from kmesh_trace.oracle.blockpool import compiled_pool_result
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size
+from kmesh_trace.oracle.tiers.compiled import replay_tiers_compiled, tier_stream
 from kmesh_trace.oracle.tiers.config import SIMPLE_CPU, PrefillSeconds, RestoreCost, TierConfig
 from kmesh_trace.oracle.tiers.connector import SimpleCPUReplay
 from kmesh_trace.oracle.tiers.replay import TierReplay
 from kmesh_trace.oracle.tiers.result import TierReads, TierResult, tier_result
+from kmesh_trace.values import token_bytes
 
 __all__ = ["simulate_tiers", "with_stream"]
 
@@ -51,8 +53,6 @@ def _compiled(requests, config, block_size, kv_bytes_per_token, costs, prefill, 
               stream) -> TierResult | None:
     """The compiled replay's TierResult (`kmesh_trace.oracle.tiers.compiled`), or None when it cannot take
     the stream (hashes that are not 64-bit unsigned integers)."""
-    from kmesh_trace.oracle.tiers.compiled import replay_tiers_compiled, tier_stream
-
     if stream is None or stream.block_size != block_size or len(stream.requests) != len(requests):
         stream = tier_stream(requests, block_size)
     out = None if stream is None else replay_tiers_compiled(
@@ -78,8 +78,6 @@ def _check_read_bytes(requests: list[RequestBlocks], config: TierConfig, block_s
                       kv_bytes_per_token: int) -> None:
     """Refuse, in one sentence, KV bytes per token at which the most the replay could read (every block of every
     request, plus a whole chunk per request) would not fit its int64 byte counters."""
-    from kmesh_trace.values import token_bytes
-
     chunk = max((t.chunk_blocks for t in config.tiers), default=1)
     blocks = sum(len(r.prompt_hashes) + len(r.output_hashes) for r in requests) + chunk * len(requests)
     token_bytes(blocks * block_size, kv_bytes_per_token, "the blocks the tiers could read")
@@ -88,6 +86,4 @@ def _check_read_bytes(requests: list[RequestBlocks], config: TierConfig, block_s
 def with_stream(kw: dict, requests) -> dict:
     """`simulate_tiers`'s keywords with the requests' compiled stream (`TierStream`), built once for the
     configurations replayed over them in this process."""
-    from kmesh_trace.oracle.tiers.compiled import tier_stream
-
     return {**kw, "stream": tier_stream(requests, kw["block_size"])}

@@ -76,7 +76,7 @@ def sweep_tiers(requests: Sequence[RequestBlocks], base: TierConfig, host_blocks
     """`simulate_tiers` over host x SSD capacities (0: the tier is absent) at `base`'s GPU capacity; the
     other tier settings come from `base` (a tier missing there uses one-block on-evict chunks).
     `simulate(configs)`, when given, runs the configurations (e.g. as distributed tasks,
-    `kmesh_trace.oracle.tasks.tiers_point`) and returns their results in order."""
+    `kmesh_trace.oracle.tiers.run.tiers_point`) and returns their results in order."""
     if within_pct < 0:
         raise KmeshTraceError("--within must be a percentage >= 0.")
     configs = sweep_configs(base, host_blocks, ssd_blocks)

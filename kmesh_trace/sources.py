@@ -1,4 +1,10 @@
-"""What an analysis command reads as its TRACE: a trace directory, or a public trace read as it is.
+"""Opening an input: what an analysis reads as its TRACE, a trace directory or a public trace read as it is,
+as a `TraceSource`.
+
+`TraceSource` is the reading side of a trace every analysis needs: `kmesh_trace.trace.Trace` (a local
+directory, `open_as_trace`), `kmesh_trace.parts.TraceParts` (a pyarrow filesystem, what a Ray task reads)
+and `PublicInput` (a public trace read into memory, `read_directly`), whose invocations are in memory
+(`invocations_in_memory`, `InvocationColumns`; None for a trace on disk).
 
 A Mooncake or Bailian JSONL file, a directory (or one file) of kv-cache-tester conversations
 (weka) and a directory of LMCache agent traces are imported on the way in, with the importer's own
@@ -13,7 +19,7 @@ An analysis run in this process (headroom, pressure, tiers, fleet, lineage; not 
 trace directory) takes a Mooncake or Bailian JSONL file or a weka directory without the temporary trace:
 `read_directly` reads it into memory (`PublicInput`, the importer's own reader and checks, every bad line
 counted as the import counts it), and the workload is built from it as from the imported trace
-(`kmesh_trace.oracle.workload.InvocationColumns`; lineage: `kmesh_trace.oracle.lineage_report`) -- the same
+(`InvocationColumns`; lineage: `kmesh_trace.oracle.lineage_report`) -- the same
 numbers, without polars, pyarrow or duckdb. LMCache agent traces carry token ids and content edges
 the import derives with the corpus audit; they still go through the import.
 """
@@ -29,10 +35,70 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
-from kmesh_trace.errors import InputFormatError
+from kmesh_trace.audit.fields import INPUT_KEYS, OUTPUT_KEYS
+from kmesh_trace.datasets.importers.request_shapes import is_request_record, is_sharegpt
+from kmesh_trace.errors import InputFormatError, KmeshTraceError
 from kmesh_trace.paths import TRACE_MARKER, check_trace_directory
+
+
+class TraceSource(Protocol):
+    """The reading side of a trace that the analyses need (`Trace`, `TraceParts` and `PublicInput` have it):
+    the engine partitions' metadata, the invocations held in memory (None: read them with `scan`), and
+    `scan(table)`, a polars LazyFrame of one of the trace's tables."""
+
+    engines: dict[str, dict[str, Any]]
+    invocations_in_memory: "InvocationColumns | None"
+
+    @property
+    def metadata(self) -> dict[str, Any]: ...
+
+    @property
+    def block_size(self) -> int | None: ...
+
+    def scan(self, name: str): ...
+
+
+@dataclass
+class InvocationColumns:
+    """The invocations of one engine partition held in memory, as an importer would write them (row i is seq
+    i): what `Workload.from_trace` (oracle/workload.py) reads from a source that has them (`invocations_in_memory`)
+    instead of its invocations table. Hash-only rows (no token ids, no captured hits, no caller names), as the public
+    formats give them; `declared_parents`: child request id -> parent request id (None: dangling), the
+    declared lineage edges as `kmesh_trace.lineage.declared_parents` reads them back from a trace."""
+
+    request_id: list[str]
+    num_prompt_tokens: list[int]
+    num_output_tokens: list[int]
+    arrival_ns: list[int]
+    hash_offsets: list[int]  # row i lists hashes[hash_offsets[i]:hash_offsets[i + 1]]
+    hashes: Sequence[int]  # a list, or an array('Q') (8 bytes a hash)
+    family_id: list[str | None] | None = None
+    parent_id: list[str | None] | None = None
+    declared_parents: dict[str, str | None] = field(default_factory=dict)
+    finish_ns: list[int | None] | None = None  # None: no row has a finish time (Mooncake, Bailian)
+
+    def __len__(self) -> int:
+        return len(self.request_id)
+
+    def order(self) -> list[int]:
+        """Rows by arrival, then seq: the order `Workload.from_trace` sorts a trace's invocations in."""
+        return sorted(range(len(self)), key=self.arrival_ns.__getitem__)  # stable: ties stay in seq order
+
+    def rows(self, order: Sequence[int], engine: str):
+        """The rows in `order` as the dicts `requests_from_rows` (oracle/stream.py) reads (a trace's invocation
+        columns)."""
+        off, hashes, family, parent, finish = self.hash_offsets, self.hashes, self.family_id, self.parent_id, self.finish_ns
+        for i in order:
+            yield {"request_id": self.request_id[i], "caller_request_id": None, "seq": i,
+                   "family_id": None if family is None else family[i],
+                   "parent_id": None if parent is None else parent[i], "num_expected_children": None,
+                   "num_prompt_tokens": self.num_prompt_tokens[i], "num_output_tokens": self.num_output_tokens[i],
+                   "prompt_token_ids": None, "output_token_ids": None, "prompt_block_hashes": hashes[off[i]:off[i + 1]],
+                   "arrival_ns": self.arrival_ns[i], "finish_ns": None if finish is None else finish[i],
+                   "num_cached_tokens": None, "engine": engine}
+
 
 #: The fields that name a JSONL record's format, checked in this order.
 _RECORD_FIELDS = (("bailian", {"chat_id", "parent_chat_id", "hash_ids"}),
@@ -42,7 +108,9 @@ _SNIFF_BYTES = 1 << 20
 
 
 def importer(fmt: str) -> Callable:
-    """The import function of format `fmt` (mooncake, bailian, weka, lmcache-agent, requests)."""
+    """The import function of format `fmt` (mooncake, bailian, weka, lmcache-agent, requests). Each importer is
+    imported when its format is asked for: lmcache-agent and requests load pyarrow, bailian and weka the
+    compiled readers, none of which a command's start-up needs."""
     if fmt == "weka":
         from kmesh_trace.datasets.importers.weka import import_weka
 
@@ -78,8 +146,6 @@ def sniff(path: Path) -> str | None:
     if not path.is_file():
         raise InputFormatError(f"{path} does not exist." if not path.exists() else f"{path} is not a readable file.")
     record, keys = _first_record(path)
-    from kmesh_trace.datasets.importers.request_shapes import is_request_record, is_sharegpt
-
     if isinstance(record, dict):
         keys = set(record)
     if keys is not None:
@@ -133,8 +199,6 @@ def _unlike(files: list[Path], *wanted: set[str], keyless_ok: bool = False) -> l
 def _directory_format(path: Path) -> str:
     """weka (.json conversations) or lmcache-agent (.jsonl agent traces, here or one level down), when every
     such file looks like one; else one sentence naming a file that does not."""
-    from kmesh_trace.audit.fields import INPUT_KEYS, OUTPUT_KEYS
-
     weka = sorted(p for p in path.iterdir() if p.suffix.lower() == ".json" and p.is_file())
     if weka:
         others = _unlike(weka, {"requests", "block_size", "hash_id_scope"}, keyless_ok=True)
@@ -241,7 +305,7 @@ class PublicInput:
     path: Path
     format: str
     engines: dict[str, dict[str, Any]]
-    invocations_in_memory: Any  # kmesh_trace.oracle.workload.InvocationColumns
+    invocations_in_memory: InvocationColumns
     edges: list[tuple[str, str | None]] = field(default_factory=list)
     agent_id: list[str | None] | None = None  # per row, for lineage (weka's sub-agents)
     location: str | None = field(default=None)  # no trace directory: tasks get the workload itself
@@ -258,6 +322,11 @@ class PublicInput:
     def row_counts(self) -> dict[str, int]:
         """Rows per table, as `Trace.row_counts` counts an imported trace's."""
         return {"invocations": len(self.invocations_in_memory), "lineage": len(self.edges)}
+
+    def scan(self, name: str):
+        """No table to scan: the analyses read `invocations_in_memory` and `edges` instead."""
+        raise KmeshTraceError(f"{self.path} was read into memory; it has no {name} table to scan "
+                              f"(`kmesh-trace import {self.format}` writes one).")
 
 
 #: The formats `read_directly` reads into memory.
@@ -288,8 +357,7 @@ def read_directly(path: str | Path, *, on_import: Callable[[str], None] | None =
 
 
 def _mooncake_in_memory(path: Path, engine_id: str):
-    from kmesh_trace.datasets.importers.mooncake import engine_metadata, read_mooncake
-    from kmesh_trace.oracle.workload import InvocationColumns
+    from kmesh_trace.datasets.importers.mooncake import engine_metadata, read_mooncake  # deferred: as `importer`
 
     cols, report = read_mooncake(path, engine_id=engine_id)
     # Per-row columns as lists (the reader gives int64 arrays): the workload reads them row by row; the hashes
@@ -300,9 +368,8 @@ def _mooncake_in_memory(path: Path, engine_id: str):
 
 
 def _bailian_in_memory(path: Path, engine_id: str):
-    from kmesh_trace.datasets.importers.bailian import FORMAT, bailian_rows, engine_metadata
+    from kmesh_trace.datasets.importers.bailian import FORMAT, bailian_rows, engine_metadata  # deferred: as `importer`
     from kmesh_trace.datasets.importers.common import ImportReport
-    from kmesh_trace.oracle.workload import InvocationColumns
 
     report = ImportReport(FORMAT, str(path), "", engine_id)
     inv = InvocationColumns([], [], [], [], [0], array("Q"), [], [])
@@ -325,8 +392,7 @@ def _bailian_in_memory(path: Path, engine_id: str):
 
 def _weka_in_memory(path: Path, engine_id: str):
     """A weka directory (or one conversation file), with the import's default arrival model."""
-    from kmesh_trace.datasets.importers.weka import FORMAT, read_weka
-    from kmesh_trace.oracle.workload import InvocationColumns
+    from kmesh_trace.datasets.importers.weka import FORMAT, read_weka  # deferred: as `importer`
 
     rows, report, meta = read_weka(path, engine_id=engine_id)
     c = rows.columns
@@ -348,7 +414,7 @@ def open_as_trace(path: str | Path, *, on_import: Callable[[str], None] | None =
     fmt = sniff(path)
     if fmt is None:
         check_trace_directory(path)  # before the columnar libraries load
-    from kmesh_trace.trace import open_trace
+    from kmesh_trace.trace import open_trace  # deferred: it loads polars, pyarrow and duckdb
 
     if fmt is None:
         with open_trace(path, **open_options) as t:
