@@ -10,7 +10,7 @@ import torch  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
@@ -18,6 +18,8 @@ from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadWorkerMetadata  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from kmesh_trace.apps.tiny_engine import cpu_engine_env, write_tiny_model  # noqa: E402
+
+init_none_hash(sha256)  # vLLM's engine does this at start; a module run alone must too
 
 
 def _connector(inner: dict, proxy: bool) -> dict:
