@@ -100,7 +100,7 @@ def tiers_cmd(f: TiersFlags, output: Output = None) -> None:
     _check_outputs(f.trace, f.scenario, options, f.ray, f.plot, f.journal)
     report = _tiers(f, options)
     d = report.to_dict()
-    emit(output, d, render=lambda: _show(report.lines(d)))
+    emit(output, d, render=lambda: render(report))
 
 
 def _tiers(f: TiersFlags, options):
@@ -178,11 +178,12 @@ def _sweep_progress(executor):
             bar.stop()
 
 
-def _show(items: list) -> None:
-    """A report's lines, tables and notes (`kmesh_trace.oracle.tiers.render`) on the consoles."""
+def render(report) -> None:
+    """A `TiersReport` or the family burst's `ArmsReport` on the consoles: its lines, tables and notes
+    (`oracle/tiers/render.py` lays them out)."""
     from kmesh_trace.oracle.tiers.render import Note, TableRows
 
-    for item in items:
+    for item in report.lines():
         if isinstance(item, TableRows):
             table = Table(title=item.title, title_justify="left")
             for header, justify, short in item.columns:
