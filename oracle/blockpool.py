@@ -49,12 +49,12 @@ the fleet what-if feeds one request at a time.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.holds import hold_status
 from kmesh_trace.oracle.blockpool_compiled import REASONS, STATUSES, TAKEN, pool_inputs, replay_compiled
+from kmesh_trace.oracle.lru_store import LruStore
 from kmesh_trace.oracle.stream import RequestBlocks, num_computed_tokens
 from kmesh_trace.oracle.stream import RequestColumns
 
@@ -239,8 +239,8 @@ class PoolModel:
         self.block_key: list = [None] * n
         # hash -> block id, or a list of block ids (oldest first) when vLLM caches duplicates.
         self.cached: dict = {}
-        # OrderedDict keys = block ids in queue order; C-level O(1) popleft, remove, append, prepend.
-        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, n))
+        # Block ids in queue order (head: next evicted); C-level O(1) popleft, remove, append, prepend.
+        self.free = LruStore.fromkeys(range(1, n))
 
     def lookup(self, hashes: list[int], max_blocks: int) -> list[int]:
         cached = self.cached

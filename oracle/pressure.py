@@ -290,6 +290,14 @@ def check_has_requests(source, engine: str | None) -> None:
     refuse_without_requests(source, engine, "the retention what-if")
 
 
+def workload_of(trace, engine: str | None = None) -> Workload:
+    """The workload `run` reads from an opened trace's engine partition (`engine`, None: the only one), refused
+    in one sentence when it is a KV-events recording; a public trace read into memory always has requests."""
+    if trace.invocations_in_memory is None:
+        check_has_requests(trace, engine)
+    return Workload.from_trace(trace, engine)
+
+
 def what_if_trace(trace, *, engine: str | None = None, capacity_blocks: int | None = None, **kwargs) -> PressureResult:
     """`what_if` over a trace (a path or an opened `Trace`), at its own usable blocks unless
     `capacity_blocks` is given; other keywords as `what_if` (the trace's exact-prefix lineage rows

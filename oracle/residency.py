@@ -24,6 +24,7 @@ import polars as pl
 
 from kmesh_trace import schema
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.options import option
 
 GPU = "GPU"
 
@@ -56,6 +57,35 @@ class Residency:
                 "eviction_rate": self.buckets, "movement": self.movement, "num_cleared": self.num_cleared,
                 "num_touched_blocks": self.num_touched, "num_removed_unseen": self.num_removed_unseen,
                 "hits_recorded": self.hits_recorded, **({"by_group": self.by_group} if self.by_group else {})}
+
+
+@dataclass(frozen=True)
+class ResidencyOptions:
+    """What `kmesh-trace residency` is asked (its flags name the fields; `oracle/options.py`)."""
+
+    bucket_s: float | None = option("--bucket-s")  # None: a tenth of the recording, at least 1 s
+
+
+@dataclass
+class ResidencyResult:
+    """`residency`'s result: one `Residency` per KV-events partition read."""
+
+    engines: list[Residency]
+
+    def to_dict(self) -> dict:
+        return {"engines": [r.to_dict() for r in self.engines]}
+
+    def rows(self) -> list[dict]:
+        """One row per (engine, medium): the counts, and the p50 / p95 of lifetimes and reuse gaps."""
+        return [{"engine": r.engine, "medium": m, **{k: v for k, v in x.items() if not isinstance(v, dict)},
+                 **{f"lifetime_{q}_s": x["lifetime_s"][q] for q in ("p50", "p95")},
+                 **{f"reuse_gap_{q}_s": x["reuse_gap_s"][q] for q in ("p50", "p95")}}
+                for r in self.engines for m, x in r.media.items()]
+
+
+def run(trace, options: ResidencyOptions, engine: str | None = None) -> ResidencyResult:
+    """The residency `options` ask for, over engine `engine` (None: every KV-events one) of an opened trace."""
+    return ResidencyResult(residency(trace, engine, options.bucket_s))
 
 
 #: The shortest eviction-rate bucket, and the most buckets one recording is cut into.

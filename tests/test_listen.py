@@ -297,6 +297,11 @@ def test_without_hits_the_stream_analyses_refuse_in_one_sentence_and_residency_r
     assert (cpu["num_stored"], cpu["num_removed"]) == (1, 1)
     assert e["movement"] == {"gpu_to_lower": 1, "lower_to_gpu": 1, "gpu_evicted_kept_lower": 1}
     assert e["hits_recorded"] is False
+    from kmesh_trace.oracle import residency as rs
+    from kmesh_trace.trace import open_trace
+
+    with open_trace(out) as t:  # the command is the analysis' one entry and its result's dict
+        assert json.loads(json.dumps(rs.run(t, rs.ResidencyOptions()).to_dict())) == json.loads(r.stdout)
     human = cli(["residency", out])
     assert human.exit_code == 0 and "residency by medium" in human.stdout
 

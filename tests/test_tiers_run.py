@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kmesh_trace.oracle.tiers import TiersInput, TiersOptions, run
+from kmesh_trace.oracle.tiers import TiersOptions, run
 
 
 def test_run_is_what_the_command_prints(cli):
@@ -12,7 +12,7 @@ def test_run_is_what_the_command_prints(cli):
 
     options = TiersOptions(host="8", ssd="32", host_gbps=10.0, ssd_gbps=2.0, prefill_tokens_per_s=4000.0,
                            singleflight=True, early_prep=True)
-    report = run(TiersInput.from_workload(get("hold-stress").build(), "hold-stress"), options)
+    report = run(get("hold-stress").build(), options, name="scenario:hold-stress")
     r = cli(["tiers", "--scenario", "hold-stress", "--host", "8", "--ssd", "32", "--host-gbps", "10", "--ssd-gbps", "2",
              "--prefill-tokens-per-s", "4000", "--singleflight", "--early-prep", "--json"])
     assert r.exit_code == 0, r.output

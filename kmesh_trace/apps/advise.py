@@ -415,14 +415,11 @@ def _tier_rungs(ctx: _Context) -> tuple[list[Rung], str | None]:
 
     w = ctx.workload
     o = ctx.options
-    meta = ctx.source.engines[ctx.engine] if ctx.engine is not None else ctx.source.metadata
-    src = tm.TiersInput(list(w.requests), w.block_size, w.num_usable_blocks, ctx.source_arg, meta, ctx.source,
-                        None, ctx.engine)
     sizes = _tier_sizes(ctx.capacity, w.stream.num_objects)
     common = dict(capacity_blocks=ctx.capacity, kv_bytes_per_token=o.kv_bytes_per_token, model_config=o.model_config,
                   prefill_tokens_per_s=o.prefill_tokens_per_s)
     host_opts = tm.TiersOptions(**common, sweep_host=",".join(map(str, [0] + sizes)))
-    host = tm.run(src, host_opts).sweep
+    host = tm.run(w, host_opts, name=ctx.source_arg, engine=ctx.engine, trace=ctx.source).sweep
     results = [row[0] for row in host.results]
     h0, hmax = results[0].hit_tokens, results[-1].hit_tokens
     if hmax <= h0:
@@ -450,7 +447,7 @@ def _tier_rungs(ctx: _Context) -> tuple[list[Rung], str | None]:
     if results[i90].hit_tokens >= h0 + 0.99 * (hmax - h0):
         return out, "no SSD rung: the 90% host tier already reaches 99% of what lower tiers can add"
     ssd_opts = tm.TiersOptions(**common, sweep_host=str(size90), sweep_ssd=",".join(map(str, [0] + sizes)))
-    ssd = tm.run(src, ssd_opts).sweep
+    ssd = tm.run(w, ssd_opts, name=ctx.source_arg, engine=ctx.engine, trace=ctx.source).sweep
     row = ssd.results[0]
     j = next((k for k, r in enumerate(row) if r.hit_tokens >= h0 + 0.99 * (hmax - h0)), len(row) - 1)
     ssd_size = ([0] + sizes)[j]

@@ -103,7 +103,7 @@ def fleet_cmd(f: FleetFlags, output: Output = None) -> None:
 
         plot_fleet(result, f.plot)
         err.print(f"wrote {f.plot}", markup=False, highlight=False, soft_wrap=True)
-    emit(output, result.to_dict(), rows=result.rows(), render=lambda: _render(result.to_dict()))
+    emit(output, result.to_dict(), rows=result.rows(), render=lambda: render(result))
 
 
 def _fleet(parts, options, ray: str | None):
@@ -130,7 +130,9 @@ def _trace_parts(trace: str):
     return parts
 
 
-def _render(d: dict) -> None:
+def render(result) -> None:
+    """A `FleetResult` on the console: one table per (fleet size, capacity), its notes, the legend."""
+    d = result.to_dict()
     out.print(f"fleet: {d['num_requests']:,} requests, {d['block_size']}-token blocks, load = {d['load']}"
               + (f", families {d['family_source']}" if d["family_source"] else ""))
     for p in d["points"]:

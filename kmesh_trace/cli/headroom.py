@@ -124,9 +124,7 @@ def headroom_cmd(f: HeadroomFlags, output: Output = None) -> None:
         err.print(f"wrote {f.plot}", markup=False, highlight=False, soft_wrap=True)
     for line in res.notes:
         err.print(f"note: {line}")
-    human = (lambda: _render_curve(res, w.block_size, options.window, res.cost)) if options.wants_curve else (
-        lambda: render(res.to_dict()))
-    emit(output, res.to_dict(), rows=res.rows(), render=human)
+    emit(output, res.to_dict(), rows=res.rows(), render=lambda: render(res))
 
 
 def _workload(f: HeadroomFlags, options):
@@ -155,7 +153,16 @@ def _headroom(w, options, executor, fitted, note):
         return hr.run(w, options, executor, fitted=fitted, note=note)
 
 
-def render(d: dict) -> None:
+def render(res) -> None:
+    """A headroom result on the console: its curve (`CurveResult`), or its given capacities (`HeadroomResult`)."""
+    from kmesh_trace.oracle.headroom_curve import CurveResult
+
+    (render_curve if isinstance(res, CurveResult) else render_capacities)(res)
+
+
+def render_capacities(res) -> None:
+    """A `HeadroomResult`: each policy at each given capacity, the headroom, the bracket."""
+    d = res.to_dict()
     rt = Table(title=f"headroom ({d['block_size']}-token blocks)", title_justify="left")
     for h in ("policy", "capacity", "hit_blocks", "hit_tokens", "prefill", "hit_ratio"):
         rt.add_column(h, justify="left" if h == "policy" else "right")
@@ -214,7 +221,10 @@ def sampled_label(sampling: dict) -> list[str]:
     return [part for line in lines for part in textwrap.wrap(line, 80, subsequent_indent="  ")]  # 80 columns
 
 
-def _render_curve(res, block_size, window, cost) -> None:
+def render_curve(res) -> None:
+    """A `CurveResult`: hit ratio by capacity, the capacities reaching a share of the infinite cache, the stock,
+    the estimated prefill seconds."""
+    block_size, window, cost = res.block_size, res.window, res.cost
     rows = res.along_grid()
     pols = list(res.curves)
     if res.sampling is not None:

@@ -50,7 +50,7 @@ def lineage_cmd(
     for n in rep.notes:
         if n != note:
             err.print(f"note: {n}", markup=False, highlight=False)
-    emit(output, d, rows=d["families"], render=lambda: _render(d))
+    emit(output, d, rows=d["families"], render=lambda: render(rep))
 
 
 @contextmanager
@@ -70,7 +70,9 @@ def _input(trace: Path):
         yield t
 
 
-def _render(d: dict) -> None:
+def render(rep) -> None:
+    """A `LineageReport` on the console: its counts, the distributions, the largest families."""
+    d = rep.to_dict()
     edges_text = (f"{d['num_edges']:,} {d['edge_kind']} edges ({d['num_dangling_edges']:,} dangling)"
                   if d["edge_kind"] else "no lineage edges")
     out.print(f"{d['num_requests']:,} requests, {d['num_families']:,} families, {d['num_singletons']:,} singletons; "

@@ -100,22 +100,18 @@ def pressure_cmd(f: PressureFlags, output: Output = None) -> None:
 
             plot_pressure_sweep(res.points, f.plot, w.block_size)
             err.print(f"wrote {f.plot}", markup=False, highlight=False, soft_wrap=True)
-        return emit(output, res.to_dict(), rows=res.rows(), render=lambda: _render_sweep(res.to_dict()))
+        return emit(output, res.to_dict(), rows=res.rows(), render=lambda: render(res))
     d = res.to_dict(per_request=f.per_request)
-    emit(output, d, rows=d["holds"], render=lambda: _render(d))
+    emit(output, d, rows=d["holds"], render=lambda: render(res, per_request=f.per_request))
 
 
 def _workload(f: PressureFlags, options):
     """(the workload, the options with --capacity in blocks, the approximate-token note) of the input."""
-    from kmesh_trace.sources import PublicInput
     from kmesh_trace.oracle import pressure as pr
-    from kmesh_trace.oracle.workload import Workload
 
     with open_input(f.trace, f.scenario, f.engine, f.allow_incomplete, direct=f.ray is None) as (t, w):  # Ray tasks read a trace
         if t is not None:
-            if not isinstance(t, PublicInput):  # a public trace read as it is has requests, never KV events only
-                pr.check_has_requests(t, f.engine)
-            w = Workload.from_trace(t, f.engine)
+            w = pr.workload_of(t, f.engine)
         if f.sizes.capacity is not None:  # in bytes: converted with the engine's KV geometry, known now
             options = replace(options, capacities=f.sizes.in_blocks(t, w, f.engine))
             options.check("--capacity")
@@ -134,7 +130,20 @@ def _pressure(w, options, ray: str | None):
         return pr.run(w, options, executor)
 
 
-def _render_sweep(d: dict) -> None:
+def render(res, *, per_request: bool = False) -> None:
+    """A pressure result on the console: a sweep's table (`PressureSweep`), or one capacity's report
+    (`PressureResult`, with every request's rows when `per_request`)."""
+    from kmesh_trace.oracle.pressure import PressureSweep
+
+    if isinstance(res, PressureSweep):
+        render_sweep(res)
+    else:
+        render_result(res, per_request=per_request)
+
+
+def render_sweep(res) -> None:
+    """A `PressureSweep`: one row per capacity."""
+    d = res.to_dict()
     rt = Table(title=f"retention pressure by capacity ({d['block_size']}-token blocks, {d['edges']} edges)",
                    title_justify="left")
     for h in ("capacity", "stock_hits", "held_hits", "saved", "displaced", "net"):
@@ -146,7 +155,9 @@ def _render_sweep(d: dict) -> None:
     out.print(rt)
 
 
-def _render(d: dict) -> None:
+def render_result(res, *, per_request: bool = False) -> None:
+    """A `PressureResult`: both arms, the holds per parent, the requests when `per_request`, the totals."""
+    d = res.to_dict(per_request=per_request)
     at = Table(title=f"retention pressure: {d['capacity_blocks']:,} blocks of {d['block_size']} tokens, "
                          f"{d['num_requests']:,} requests, {d['num_children']:,} children ({d['edges']} edges)",
                    title_justify="left")

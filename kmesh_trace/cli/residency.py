@@ -27,21 +27,17 @@ def residency_cmd(
     output: Output = None,
 ) -> None:
     """How long blocks stay resident, how soon dropped blocks come back, evictions over time, GPU <-> CPU movement."""
-    from kmesh_trace.oracle.residency import residency
+    from kmesh_trace.oracle import residency as rs
     from kmesh_trace.trace import open_trace
 
     with open_trace(trace) as t:
-        results = residency(t, engine, bucket_s)
-    d = {"engines": [r.to_dict() for r in results]}
-    rows = [{"engine": r.engine, "medium": m, **{k: v for k, v in x.items() if not isinstance(v, dict)},
-             **{f"lifetime_{q}_s": x["lifetime_s"][q] for q in ("p50", "p95")},
-             **{f"reuse_gap_{q}_s": x["reuse_gap_s"][q] for q in ("p50", "p95")}}
-            for r in results for m, x in r.media.items()]
-    emit(output, d, rows=rows, render=lambda: _render(d))
+        res = rs.run(t, rs.ResidencyOptions(bucket_s), engine)
+    emit(output, res.to_dict(), rows=res.rows(), render=lambda: render(res))
 
 
-def _render(d: dict) -> None:
-    for e in d["engines"]:
+def render(res) -> None:
+    """A `ResidencyResult` on the console."""
+    for e in res.to_dict()["engines"]:
         mv = e["movement"]
         out.print(f"engine {e['engine']}: {e['span_s']:,.1f} s recorded; {e['num_touched_blocks']:,} touched blocks "
                   f"({'hits recorded' if e['hits_recorded'] else 'no hits: no request reported kv_cache_report_mode full'}); "

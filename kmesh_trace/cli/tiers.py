@@ -100,7 +100,7 @@ def tiers_cmd(f: TiersFlags, output: Output = None) -> None:
     _check_outputs(f.trace, f.scenario, options, f.ray, f.plot, f.journal)
     report = _tiers(f, options)
     d = report.to_dict()
-    emit(output, d, render=lambda: _show(report.lines(d)))
+    emit(output, d, render=lambda: render(report))
 
 
 def _tiers(f: TiersFlags, options):
@@ -112,8 +112,8 @@ def _tiers(f: TiersFlags, options):
     from kmesh_trace.oracle.executor import InProcess, OnRay
 
     executor = InProcess() if f.ray is None else OnRay(f.ray)
-    with _input(f.trace, f.scenario, f.engine, direct=f.ray is None) as source, _sweep_progress(executor):
-        report = tm.run(source, options, executor)
+    with _input(f.trace, f.scenario, direct=f.ray is None) as (source, name), _sweep_progress(executor):
+        report = tm.run(source, options, executor, name=name, engine=f.engine)
     for note in report.notes:
         err.print(f"note: {note}")
     if f.plot is not None:
@@ -142,23 +142,21 @@ def _check_outputs(trace, scenario, options, ray, plot, journal) -> None:
 
 
 @contextmanager
-def _input(trace: Optional[Path], scenario, engine: Optional[str], *, direct: bool):
-    """The run's input: a trace's engine partition (kept open: the prefill fit reads it), a public trace read
-    as it is (`direct`: not for Ray tasks, which read a trace directory), or a built-in workload."""
-    from kmesh_trace.oracle.tiers import TiersInput
-
+def _input(trace: Optional[Path], scenario, *, direct: bool):
+    """(the run's input, its name in the output): a trace (kept open: the prefill fit reads it), a public
+    trace read as it is (`direct`: not for Ray tasks, which read a trace directory), or a built-in workload."""
     if scenario is not None:  # any built-in workload but family-burst: a stream with no capture metadata
-        yield TiersInput.from_workload(build_scenario(scenario), scenario.value)
+        yield build_scenario(scenario), f"scenario:{scenario.value}"
         return
     from kmesh_trace.sources import open_as_trace, read_directly
 
     public = read_directly(trace, on_import=err.print) if direct else None
     if public is not None:  # in memory, as its import would read: the same requests, no prefill timings
-        yield TiersInput.from_trace(public, str(trace), engine)
+        yield public, str(trace)
         return
 
     with open_as_trace(trace, on_import=err.print, until_exit=True) as t:  # a public trace: imported first
-        yield TiersInput.from_trace(t, str(trace), engine)
+        yield t, str(trace)
 
 
 @contextmanager
@@ -180,11 +178,12 @@ def _sweep_progress(executor):
             bar.stop()
 
 
-def _show(items: list) -> None:
-    """A report's lines, tables and notes (`kmesh_trace.oracle.tiers.render`) on the consoles."""
+def render(report) -> None:
+    """A `TiersReport` or the family burst's `ArmsReport` on the consoles: its lines, tables and notes
+    (`oracle/tiers/render.py` lays them out)."""
     from kmesh_trace.oracle.tiers.render import Note, TableRows
 
-    for item in items:
+    for item in report.lines():
         if isinstance(item, TableRows):
             table = Table(title=item.title, title_justify="left")
             for header, justify, short in item.columns:

@@ -10,12 +10,12 @@ Inserting into a full cache evicts the least recently used block.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
 
 from kmesh_trace.native.kernels import I64, P
+from kmesh_trace.oracle.lru_store import LruStore
 from kmesh_trace.oracle.kernel_ids import declare_widths, replay_at
 from kmesh_trace.oracle.policies.base import StreamPolicy, reference_accesses
 from kmesh_trace.oracle.stream import AccessStream, RequestBlocks
@@ -29,7 +29,7 @@ def lru_hits(stream: AccessStream, capacity: int) -> tuple[np.ndarray, int]:
 
 
 def lru_reference(requests: Sequence[RequestBlocks], block_size: int, capacity: int) -> tuple[list[int], int]:
-    cache: OrderedDict[int, None] = OrderedDict()  # last = most recently used
+    cache = LruStore()
     hits, evictions = [], 0
     for accesses in reference_accesses(requests, block_size):
         h = 0
@@ -40,14 +40,8 @@ def lru_reference(requests: Sequence[RequestBlocks], block_size: int, capacity: 
         hits.append(h)
         if capacity <= 0:
             continue
-        for block, _ in reversed(accesses):
-            if block in cache:
-                cache.move_to_end(block)
-                continue
-            if len(cache) == capacity:
-                cache.popitem(last=False)
-                evictions += 1
-            cache[block] = None
+        left, _ = cache.put([block for block, _ in reversed(accesses)], capacity)
+        evictions += len(left)
     return hits, evictions
 
 

@@ -66,10 +66,11 @@ from kmesh_trace.oracle.tiers.config import (
 )
 from kmesh_trace.oracle.tiers.family_burst import family_burst_arms
 from kmesh_trace.oracle.tiers.result import TierRead, TierResult
-from kmesh_trace.oracle.tiers.run import ArmsReport, TiersInput, TiersOptions, TiersReport, run, run_family_burst
+from kmesh_trace.oracle.tiers.run import ArmsReport, TiersOptions, TiersReport, run, run_family_burst, workload_of
 from kmesh_trace.oracle.tiers.simulate import simulate_tiers
 from kmesh_trace.oracle.tiers.sweep import SweepResult, sweep_tiers
 
 __all__ = ["simple_cpu", "TierSpec", "RestoreCost", "TierConfig", "TierResult", "TierRead", "PrefillSeconds",
            "simulate_tiers", "sweep_tiers", "SweepResult", "family_burst_arms", "TIER_NAMES", "WRITE_POLICIES",
-           "LOOKUP_MODES", "run", "run_family_burst", "TiersOptions", "TiersInput", "TiersReport", "ArmsReport"]
+           "LOOKUP_MODES", "run", "run_family_burst", "TiersOptions", "TiersReport", "ArmsReport",
+           "workload_of"]

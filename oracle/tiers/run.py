@@ -1,7 +1,8 @@
 """`tiers` as one call: `run(source, options) -> TiersReport`, `run_family_burst(options) -> ArmsReport`.
 
-`TiersOptions` holds every choice with its default (the CLI's defaults are these); `TiersInput` is what
-a run reads (one engine's requests, geometry, and where the KV bytes and the prefill fit come from).
+`TiersOptions` holds every choice with its default (the CLI's defaults are these); a run reads an opened
+trace's engine partition, or a `Workload` (a built-in one, or one already read, with the trace it came
+from for the KV bytes per token, the prefill fit and the measured loads).
 A run resolves the restore costs, the KV bytes per token and the prefill model, builds the tier
 configuration, and simulates either the GPU pool alone and the configuration, or a host x SSD sweep
 (one task per configuration, `tiers_point`, in process or on Ray, through one
@@ -31,7 +32,7 @@ from kmesh_trace.oracle.tiers.sweep import SweepResult, sweep_configs, sweep_tie
 from kmesh_trace.oracle.workload import Workload
 from kmesh_trace.resources import check_fits, pool_bytes
 
-__all__ = ["TiersOptions", "TiersInput", "TiersReport", "ArmsReport", "run", "run_family_burst", "tiers_point"]
+__all__ = ["TiersOptions", "TiersReport", "ArmsReport", "run", "run_family_burst", "tiers_point", "workload_of"]
 
 
 @dataclass(frozen=True)
@@ -91,42 +92,17 @@ class TiersOptions:
         return costs, notes
 
 
-@dataclass
-class TiersInput:
-    """What a run reads: one engine's requests in arrival order and their geometry; `metadata` (the
-    engine's, for the KV bytes per token) and `trace` (for the prefill fit) are absent for a built-in
-    workload; `location` is what a Ray task reads itself (None: tasks are given the requests)."""
+def workload_of(trace, engine: str | None = None) -> Workload:
+    """The workload of an opened trace's engine partition (`engine`, None: the only one), refused when it has
+    no requests or models a hybrid engine. A public trace read into memory (`kmesh_trace.sources.PublicInput`)
+    is never empty."""
+    if trace.invocations_in_memory is None:
+        from kmesh_trace.trace import check_has_requests  # deferred: it loads polars, pyarrow and duckdb
 
-    requests: list[RequestBlocks]
-    block_size: int
-    usable_blocks: int | None
-    source: str  # as the output names it: the trace's path, or scenario:NAME
-    metadata: dict = field(default_factory=dict)
-    trace: Any = None
-    location: str | None = None
-    engine: str | None = None
-
-    @classmethod
-    def from_trace(cls, t, name: str, engine: str | None = None) -> TiersInput:
-        """An open trace's engine partition (`engine`, None: the only one); `name` is how the output names
-        it (the user's path: a public trace's import lives elsewhere, where its tasks read it). `t` may be
-        a public trace read into memory (`kmesh_trace.sources.PublicInput`): never empty, and no task
-        reads it from a location."""
-        in_memory = t.invocations_in_memory is not None
-        if not in_memory:
-            from kmesh_trace.trace import check_has_requests  # deferred: it loads polars, pyarrow and duckdb
-
-            check_has_requests(t)
-        w = Workload.from_trace(t, engine)
-        w.refuse_hybrid("tiers")
-        meta = t.engines[engine] if engine is not None else t.metadata
-        return cls(list(w.requests), w.block_size, w.num_usable_blocks, name, meta, t,
-                   None if in_memory else w.location, engine)
-
-    @classmethod
-    def from_workload(cls, w, name: str) -> TiersInput:
-        """A scenario's workload (`kmesh_trace.oracle.workload.Workload`, from `--scenario`): no capture metadata."""
-        return cls(w.requests, w.block_size, w.num_usable_blocks, f"scenario:{name}")
+        check_has_requests(trace)
+    w = Workload.from_trace(trace, engine)
+    w.refuse_hybrid("tiers")
+    return w
 
 
 @dataclass
@@ -178,16 +154,28 @@ def run_family_burst(options: TiersOptions) -> ArmsReport:
                        "costs": {k: v.to_dict() for k, v in costs.items()}, "prefill": prefill_src, "arms": arms})
 
 
-def run(source: TiersInput, options: TiersOptions, executor=None) -> TiersReport:
-    """`options` over `source`. A sweep runs one task per configuration through `executor`
-    (`kmesh_trace.oracle.executor`; default in this process), whose `on_start`/`on_done` follow it."""
+def run(source, options: TiersOptions, executor=None, *, name: str, engine: str | None = None,
+        trace=None) -> TiersReport:
+    """`options` over `source`: an opened trace (`kmesh_trace.sources.TraceSource`), whose engine partition
+    `engine` (None: the only one) is read here; or a `Workload` already built, of `trace` (the opened trace it
+    was read from: its engine metadata, prefill timings and transfers) or of none (a built-in workload).
+    `name` is how the output names the input (the user's path, or scenario:NAME). A sweep runs one task per
+    configuration through `executor` (`kmesh_trace.oracle.executor`; default in this process), whose
+    `on_start`/`on_done` follow it; a remote executor's tasks read a trace on disk themselves."""
+    if isinstance(source, Workload):
+        w, location = source, None
+    else:
+        trace, w = source, workload_of(source, engine)
+        location = None if source.invocations_in_memory is not None else w.location
+    requests = list(w.requests)
+    metadata = {} if trace is None else trace.engines[engine] if engine is not None else trace.metadata
     o = options
     costs, cost_notes = o.restore_costs()
-    kvbpt, kv_src = tc.kv_bytes_per_token(source.metadata, o.kv_bytes_per_token, o.model_config)
-    prefill, prefill_src, fit = tc.prefill_model(source.trace, o.prefill_tokens_per_s, source.engine)
-    gpu = pool_capacity(o.capacity_blocks, source.usable_blocks)
+    kvbpt, kv_src = tc.kv_bytes_per_token(metadata, o.kv_bytes_per_token, o.model_config)
+    prefill, prefill_src, fit = tc.prefill_model(trace, o.prefill_tokens_per_s, engine)
+    gpu = pool_capacity(o.capacity_blocks, w.num_usable_blocks)
     check_fits(pool_bytes(gpu), o.capacity_flag, "a vLLM pool model")  # the lower tiers grow with the data
-    bs = source.block_size
+    bs = w.block_size
     block_bytes = bs * kvbpt if kvbpt else None
     if o.chunk_tokens is not None and (o.chunk_tokens <= 0 or o.chunk_tokens % bs):
         raise KmeshTraceError(f"--chunk-tokens must be a positive multiple of the block size ({bs}).")
@@ -214,7 +202,7 @@ def run(source: TiersInput, options: TiersOptions, executor=None) -> TiersReport
         base = simple_cpu(gpu, tiers[0].capacity_blocks, tiers[0].name)
         kw["timed"] = False
         notes.append("the simple-cpu connector model replays the trace sequentially (one request at a time)")
-    head = {"trace": source.source, "block_size": bs, "gpu_blocks": gpu, "kv_bytes_per_token": kvbpt,
+    head = {"trace": name, "block_size": bs, "gpu_blocks": gpu, "kv_bytes_per_token": kvbpt,
             "kv_bytes_source": kv_src, "costs": {k: v.to_dict() for k, v in costs.items()}, "cost_notes": cost_notes,
             "prefill": prefill_src, "prefill_model": prefill.to_json() if prefill is not None else None,
             "prefill_fit": {k: v for k, v in fit.to_json().items() if k != "points"} if fit is not None else None}
@@ -223,15 +211,15 @@ def run(source: TiersInput, options: TiersOptions, executor=None) -> TiersReport
         ss = [tc.parse_capacity(x, block_bytes, "--sweep-ssd") for x in (o.sweep_ssd or "0").split(",")]
         sweep_base = TierConfig(gpu, tuple(spec(n, 1) for n in TIER_NAMES), o.singleflight, o.early_prep,
                                 o.prep_lead_s, o.lookup)
-        sw = sweep_tiers(source.requests, sweep_base, hs, ss, within_pct=o.within,
-                         simulate=lambda configs: _run_configs(source, configs, kw, executor))
+        sw = sweep_tiers(requests, sweep_base, hs, ss, within_pct=o.within,
+                         simulate=lambda configs: _run_configs(requests, (name, location, engine), configs, kw, executor))
         return TiersReport(head, [], sw, notes)
-    kw = with_stream(kw, source.requests)
-    results = [simulate_tiers(source.requests, TierConfig(gpu), **kw)]  # the GPU pool alone, for comparison
+    kw = with_stream(kw, requests)
+    results = [simulate_tiers(requests, TierConfig(gpu), **kw)]  # the GPU pool alone, for comparison
     if tiers:
-        results.append(simulate_tiers(source.requests, base, **kw))
+        results.append(simulate_tiers(requests, base, **kw))
     notes.extend(dict.fromkeys(n for r in results for n in r.notes))
-    measured = measured_loads(source)
+    measured = measured_loads(trace, engine)
     if measured is not None and tiers:
         modelled = int(sum(results[-1].hit_blocks_by_tier[t.name].sum() for t in tiers))
         head["measured_loads"] = {**measured, "modelled_lower_tier_hit_blocks": modelled,
@@ -242,29 +230,31 @@ def run(source: TiersInput, options: TiersOptions, executor=None) -> TiersReport
     return TiersReport(head, results, None, notes)
 
 
-def measured_loads(source: TiersInput) -> dict | None:
-    """What the capture's proxy connector recorded loading into the engine (transfers, direction load,
-    status ok): {connector, num_loads, num_blocks}; None without such transfers."""
-    t = source.trace
+def measured_loads(t, engine: str | None) -> dict | None:
+    """What the capture's proxy connector recorded loading into engine `engine` (None: any) of trace `t`
+    (transfers, direction load, status ok): {connector, num_loads, num_blocks}; None without such transfers."""
     counts = getattr(t, "row_counts", None)  # a public trace read into memory has no tables
     if counts is None or not hasattr(t, "sql") or not counts().get("transfers"):
         return None
-    where = "direction = 'load' AND status = 'ok'" + (f" AND engine = '{source.engine}'" if source.engine else "")
+    where = "direction = 'load' AND status = 'ok'" + (f" AND engine = '{engine}'" if engine else "")
     rows = t.sql(f"SELECT string_agg(DISTINCT connector, ', '), count(*), sum(num_blocks) FROM transfers "
                  f"WHERE {where}").rows()
     conn, n, blocks = rows[0]
     return {"connector": conn, "num_loads": int(n), "num_blocks": int(blocks or 0)} if n else None
 
 
-def _run_configs(source: TiersInput, configs: list[TierConfig], kw: dict, executor) -> list[TierResult]:
-    """One task per configuration (`tiers_point`): on a remote executor (Ray) each
-    reads the engine's parts itself when the input came from a trace; in process they share the requests."""
+def _run_configs(requests: list[RequestBlocks], where_from: tuple, configs: list[TierConfig], kw: dict,
+                 executor) -> list[TierResult]:
+    """One task per configuration (`tiers_point`): on a remote executor (Ray) each reads the engine's parts
+    itself when the input came from a trace on disk (`where_from`: its name, location or None, and engine); in
+    process they share the requests."""
+    name, location, engine = where_from
     executor = executor or InProcess()
-    where = source.source if source.location is None else f"engine={source.engine}" if source.engine else "the trace"
-    task_source = source.location if executor.remote and source.location is not None else source.requests
+    where = name if location is None else f"engine={engine}" if engine else "the trace"
+    task_source = location if executor.remote and location is not None else requests
     if not executor.remote:  # the configurations share the compiled replay's stream
-        kw = with_stream(kw, source.requests)
-    return executor.map(tiers_point, [Task(f"{where}: {c.label}", (task_source, source.engine, c, kw))
+        kw = with_stream(kw, requests)
+    return executor.map(tiers_point, [Task(f"{where}: {c.label}", (task_source, engine, c, kw))
                                       for c in configs])
 
 

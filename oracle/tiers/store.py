@@ -9,8 +9,9 @@ room hands them on unchanged), the simple-cpu connector its stores without refre
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Iterable
+
+from kmesh_trace.oracle.lru_store import LruStore
 
 __all__ = ["TierStore"]
 
@@ -22,7 +23,7 @@ class TierStore:
     __slots__ = ("lru", "capacity", "chunk", "num_stores")
 
     def __init__(self, num_chunks: int, chunk_blocks: int = 1):
-        self.lru: OrderedDict = OrderedDict()  # chunk key -> None, least recent first
+        self.lru = LruStore()  # chunk keys, least recent first
         self.capacity = num_chunks
         self.chunk = chunk_blocks
         self.num_stores = 0
@@ -34,28 +35,13 @@ class TierStore:
         cap = self.capacity
         if cap <= 0:
             return list(keys) if pass_through else []
-        lru = self.lru
-        move, popitem = lru.move_to_end, lru.popitem
-        left = []
-        n = len(lru)
-        stored = 0
-        for k in keys:
-            if k in lru:
-                if refresh:
-                    move(k)
-                continue
-            stored += 1
-            lru[k] = None
-            if n < cap:
-                n += 1
-            else:
-                left.append(popitem(False)[0])
+        left, stored = self.lru.put(keys, cap, refresh=refresh)
         self.num_stores += stored
         return left
 
     def refresh(self, key) -> None:
         """A load that keeps the chunk makes it the most recently used."""
-        self.lru.move_to_end(key)
+        self.lru.touch(key)
 
     def discard(self, key) -> None:
         """A read-once load removes the chunk (it may already be gone)."""
