@@ -105,6 +105,12 @@ def headroom_cmd(
     check_plot_option(plot, [trace, model_config])  # a bad --plot must fail before the replays, not after them
     check_ray_option(ray)
     options.check()
+    from kmesh_trace.oracle.streamed_curve import choose_path, streamed_run
+    if scenario is None and capacity is None and engine is None and choose_path(trace, options, remote=ray is not None):
+        with err.status("replaying") as status:  # a curve too long to hold in memory: its stream built on disk
+            res = streamed_run(trace, options, executor_for(processes, ray),
+                               progress=lambda what: status.update(f"replaying: {what}"))
+        return _emit(res, plot, output, lambda: _render_curve(res, res.block_size, options.window, res.cost))
     with open_input(trace, scenario, engine, allow_incomplete, direct=ray is None) as (t, w):  # Ray tasks read a trace
         if capacity is not None:
             options = replace(options, capacities=capacities_of_input(capacity, t, w, engine, kv_bytes, model_config))
