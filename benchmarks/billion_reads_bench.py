@@ -68,20 +68,22 @@ def build(out: Path, min_reads: int, stagger_s: float = 30.0) -> dict:
     events = [(k * stagger_s + t, k, ci, j) for k in range(copies) for ci, conv in enumerate(convs)
               for j, (t, _, _, _) in enumerate(conv)]
     events.sort()
+    import numpy as np
+
+    # Per request: its ids as an array and where its fresh ids (-1: a partial last block) are.
+    arrays = [[(np.array(ids, np.int64), [g for g, h in enumerate(ids) if h < 0]) for _, _, _, ids in conv]
+              for conv in convs]
     fresh = FRESH
     marks, reads, written = {}, 0, 0
     wanted = sorted({int(x) for x in (1e7, 2e7, 5e7, 1e8, 2e8, 5e8, 1e9, 2e9)})
     with open(out, "w", buffering=16 << 20) as f:
         for t, k, ci, j in events:
             _, n_in, n_out, ids = convs[ci][j]
-            base = (k * len(convs) + ci) << 24
-            out_ids = []
-            for h in ids:
-                if h < 0:
-                    fresh += 1
-                    out_ids.append(fresh)
-                else:
-                    out_ids.append(base + h)
+            arr, holes = arrays[ci][j]
+            out_ids = (arr + ((k * len(convs) + ci) << 24)).tolist()
+            for g in holes:
+                fresh += 1
+                out_ids[g] = fresh
             line = json.dumps({"timestamp": int(t * 1000), "input_length": n_in, "output_length": n_out,
                                "hash_ids": out_ids}) + "\n"
             f.write(line)
