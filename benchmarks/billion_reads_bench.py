@@ -8,10 +8,13 @@ that reaches the size: the same time-ordered merge, shorter). Fresh ids here sta
 2^40 meets the copies' own ids past 65,536 conversation copies).
 
 Each point runs `kmesh-trace headroom FILE --window last-half --json` in a fresh process under GNU time
-(whole process: wall seconds, peak RSS), with the bounded-memory path forced (`--streamed`) or left to choose.
+(whole process: wall seconds, CPU seconds, peak RSS), by the bounded-memory path (forced: `--sample 1` with a
+`--memory-budget` the in-memory curve does not fit), the in-memory one (a budget it fits) or the one `headroom`
+chooses; with --peer-python, kvcache-simulator's sweep on the same file right after (its warm-up run untimed).
 
     KMESH_DATASETS=/work/shared/datasets .venv/bin/python benchmarks/billion_reads_bench.py build --reads 1e9
-    .venv/bin/python benchmarks/billion_reads_bench.py run --reads 1e7,1e8 [--as-limit-gib 9] [--out DIR]
+    .venv/bin/python benchmarks/billion_reads_bench.py run --reads 1e7,1e8 [--paths streamed,in-memory,auto]
+        [--as-limit-gib G] [--out FILE.jsonl] [--peer-python /tmp/peer/bin/python]
 """
 
 from __future__ import annotations
@@ -26,43 +29,17 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve()
-DATASETS = Path(os.environ.get("KMESH_DATASETS") or HERE.parents[2] / "shared" / "datasets")
+from oracle_peer_bench import PEER, agentic_conversations
+
 BIN = Path(sys.executable).parent
-BLOCK = 512
 WORK = Path("/tmp/billion")
 FRESH = 1 << 62
-
-
-def _flatten(requests, t0=0.0):
-    for r in requests:
-        if r.get("type") == "subagent":
-            yield from _flatten(r.get("requests", []), t0 + float(r.get("t", 0.0)))
-        else:
-            yield t0 + float(r["t"]), int(r["in"]), int(r.get("out", 0)), r["hash_ids"]
-
-
-def conversations() -> list[list[tuple]]:
-    files = sorted((DATASETS / "weka-claude-code").glob("trace_*.json"))
-    if not files:
-        sys.exit(f"no weka-claude-code samples under {DATASETS} (set KMESH_DATASETS)")
-    convs = []
-    for f in files:
-        d = json.loads(f.read_text())
-        per = BLOCK // int(d["block_size"])
-        reqs = []
-        for t, n_in, n_out, hashes in _flatten(d["requests"]):
-            n_blocks = -(-n_in // BLOCK)
-            ids = [int(hashes[per * (g + 1) - 1]) if per * (g + 1) <= len(hashes) else -1 for g in range(n_blocks)]
-            reqs.append((t, n_in, n_out, ids))
-        convs.append(reqs)
-    return convs
 
 
 def build(out: Path, min_reads: int, stagger_s: float = 30.0) -> dict:
     """The agentic stream of at least `min_reads` block reads (oracle_peer_bench.build_agentic's, fresh ids
     from 2^62), and where it reaches each size of the series (`out`.index.json: reads -> bytes of whole lines)."""
-    convs = conversations()
+    convs = agentic_conversations()
     reads_per_round = sum(len(r[3]) for c in convs for r in c)
     copies = math.ceil(min_reads / reads_per_round)
     events = [(k * stagger_s + t, k, ci, j) for k in range(copies) for ci, conv in enumerate(convs)
@@ -94,3 +71,131 @@ def build(out: Path, min_reads: int, stagger_s: float = 30.0) -> dict:
     meta = {"copies": copies, "requests": len(events), "block_reads": reads, "bytes": written, "prefixes": marks}
     Path(str(out) + ".index.json").write_text(json.dumps(meta, indent=1))
     return meta
+
+
+def prefix(src: Path, reads: int, out: Path) -> dict:
+    """The first whole lines of `src` that hold at least `reads` block reads, copied to `out`."""
+    got = lines = 0
+    with open(src, "rb") as f, open(out, "wb") as g:
+        for line in f:
+            g.write(line)
+            lines += 1
+            got += line.count(b",") - 2  # 3 commas between the fields, k - 1 between k ids
+            if got >= reads:
+                break
+    if got < reads:
+        sys.exit(f"{src} holds {got:,} block reads, fewer than {reads:,}")
+    return {"block_reads": got, "requests": lines, "bytes": out.stat().st_size}
+
+
+def timed(cmd: list[str], as_limit: int | None = None) -> dict:
+    """Wall seconds, user + system seconds and peak RSS (GNU time, whole process) of `cmd`, its stdout and the
+    tail of its stderr; under `prlimit --as` when `as_limit` bytes are given."""
+    pre = ["prlimit", f"--as={as_limit}"] if as_limit else []
+    with tempfile.NamedTemporaryFile(suffix=".time") as tf:
+        res = subprocess.run([*pre, "/usr/bin/time", "-f", "%e %U %S %M", "-o", tf.name, *cmd], capture_output=True,
+                             text=True)
+        last = Path(tf.name).read_text().split("\n")
+    wall, user, sys_s, kib = [ln for ln in last if ln.strip()][-1].split()
+    return {"rc": res.returncode, "wall_s": float(wall), "cpu_s": float(user) + float(sys_s),
+            "peak_rss_bytes": int(kib) * 1024, "stdout": res.stdout, "stderr_tail": res.stderr[-3000:]}
+
+
+def run_point(src: Path, path: str, as_limit: int | None) -> dict:
+    """`headroom SRC --window last-half --json` by `path`: "streamed" (forced: --sample 1 under a budget the
+    in-memory curve does not fit), "in-memory" (a budget it fits) or "auto"."""
+    flags = {"streamed": ["--sample", "1", "--memory-budget", "0.001"], "in-memory": ["--memory-budget", "64"],
+             "auto": []}[path]
+    cmd = [str(BIN / "kmesh-trace"), "headroom", str(src), "--window", "last-half", "--json", *flags]
+    r = timed(cmd, as_limit)
+    r["command"] = " ".join(cmd)
+    r["path"] = path
+    r["bounded_note"] = "bounded memory" in r["stderr_tail"]
+    if r["rc"] == 0:
+        d = json.loads(r.pop("stdout"))
+        r["num_reads_measured"] = d["num_reads"]
+        r["result_sha256"] = __import__("hashlib").sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+        r["curves"] = {k: len(v["capacities"]) for k, v in d["curves"].items()}
+        r["lru_last_capacity"] = d["curves"]["lru"]["capacities"][-1]
+        r["infinite_hit_ratio"] = d["infinite"]["hit_ratio"]
+        r["grid"] = len(d["grid"])
+    else:
+        r.pop("stdout")
+    return r
+
+
+def run_peer(src: Path, caps: list[int], python: str) -> dict:
+    """kvcache-simulator's sweep (lru + optimal at `caps`, warm-up the first half), benchmarks/oracle_peer_bench.py's
+    script, whole process."""
+    cmd = [python, "-c", PEER, str(src), ",".join(map(str, caps))]
+    r = timed(cmd)
+    r["command"] = f"{python} -c PEER {src} {','.join(map(str, caps))}"
+    r["path"] = "peer"
+    if r["rc"] == 0:
+        out = json.loads(r.pop("stdout"))
+        r.update(unique_blocks=out["unique_blocks"], block_reads=out["block_reads"])
+    return r
+
+
+def record(row: dict, out: Path | None) -> None:
+    print(json.dumps(row), flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("--reads", type=float, default=1e9)
+    b.add_argument("--out", type=Path, default=WORK / "agentic-1e9.jsonl")
+    r = sub.add_parser("run")
+    r.add_argument("--src", type=Path, default=WORK / "agentic-1e9.jsonl")
+    r.add_argument("--reads", default="1e7,1e8")
+    r.add_argument("--paths", default="streamed", help="comma-separated: streamed, in-memory, auto")
+    r.add_argument("--as-limit-gib", type=float, default=None, help="prlimit --as for every run")
+    r.add_argument("--out", type=Path, default=None, help="append one JSON line per run to this file")
+    r.add_argument("--keep", action="store_true", help="keep the prefix files")
+    r.add_argument("--peer-python", default=None, help="also run kvcache-simulator (installed for this python) "
+                   "after ours on each size, at 10 capacities from 16 blocks to our lru curve's depth")
+    args = ap.parse_args()
+    if args.cmd == "build":
+        WORK.mkdir(exist_ok=True)
+        t0 = time.time()
+        meta = build(args.out, int(args.reads))
+        print(json.dumps({**meta, "seconds": round(time.time() - t0, 1)}))
+        return
+    as_limit = int(args.as_limit_gib * 2**30) if args.as_limit_gib else None
+    for n in (int(float(x)) for x in args.reads.split(",")):
+        src = args.src
+        made = None
+        info = {}
+        if n < 10**9 or src.stat().st_size > 1.05 * n * 14:  # a prefix of the file
+            made = WORK / f"agentic-{n:.0e}.jsonl".replace("+", "")
+            if not made.exists():
+                info = prefix(src, n, made)
+            src = made
+        for path in args.paths.split(","):
+            row = {"reads": n, "file": str(src), "file_bytes": src.stat().st_size, **info,
+                   "load_avg": os.getloadavg(), **run_point(src, path, as_limit)}
+            row["load_avg_after"] = os.getloadavg()
+            row["bytes_per_read"] = round(row["peak_rss_bytes"] / n, 2)
+            record(row, args.out)
+        if args.peer_python:
+            import numpy as np
+
+            depth = row.get("lru_last_capacity") or 2**20
+            caps = sorted({int(round(x)) for x in np.geomspace(16, max(depth, 32), 10)})
+            run_peer(src, caps[:1], args.peer_python)  # compiles its C++ simulator once, outside the timing
+            peer = {"reads": n, "file": str(src), "load_avg": os.getloadavg(), "capacities": caps,
+                    **run_peer(src, caps, args.peer_python)}
+            peer["load_avg_after"] = os.getloadavg()
+            peer["bytes_per_read"] = round(peer["peak_rss_bytes"] / n, 2)
+            record(peer, args.out)
+        if made is not None and not args.keep:
+            made.unlink()
+
+
+if __name__ == "__main__":
+    main()

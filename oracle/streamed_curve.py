@@ -6,11 +6,11 @@ kernels' own (per object and per capacity), not the stream's 13 bytes an access.
   (datasets/importers/mooncake_lines.py), never whole; a line it does not take (anything but the plain shape)
   stops the path with an error that names `--sample`, the way that reads any file.
 - Ids: each hash gets a dense int32 id at its first sighting, from a hash table that lives across pieces
-  (native/kernels/streamed_stream.c); only the distinct hashes are held. The ids number the objects in
+  (native/kernels/streamed_stream.c); only the distinct hashes are held (about 16 bytes each). The ids number the objects in
   another order than the in-memory stream's ranks; no policy's result depends on the numbering (the
   curves and the replays index state by id and never compare ids), and the tests compare the two paths'
   JSON byte for byte.
-- Next uses: a backward pass over the pieces written (one int64 a distinct object held), written to disk.
+- Next uses: a backward pass over the pieces written (4 bytes a distinct object held), written to disk.
 - The curves: the stream's three columns (ids, eligible flags, next uses) are mapped from their files, and
   `headroom_curve` runs on them as on any stream, its kernels unchanged (so its result is the in-memory
   one by construction). While they run, a thread drops the mapped pages behind them every
@@ -253,7 +253,7 @@ class DiskStream:
 
     def _next_uses(self, n: int, piece: int) -> None:
         """Pass 2: next uses, piece by piece from the stream's end, into `next_use`."""
-        nxt = np.full(max(self.num_objects, 1), NEVER, np.int64)
+        nxt = np.full(max(self.num_objects, 1), -1, np.int32)  # positions < 2^30
         with open(self.dir / "obj", "rb") as fo, open(self.dir / "eligible", "rb") as fe, \
                 open(self.dir / "next_use", "wb") as fn:
             fn.truncate(8 * n)
@@ -266,7 +266,7 @@ class DiskStream:
                 obj = np.fromfile(fo, np.int32, m)
                 fe.seek(start)
                 elig = np.fromfile(fe, np.bool_, m)
-                _next_uses(ptr(obj, np.int32), ptr(elig, np.bool_), m, start, ptr(nxt, np.int64), int(NEVER),
+                _next_uses(ptr(obj, np.int32), ptr(elig, np.bool_), m, start, ptr(nxt, np.int32), int(NEVER),
                            ptr(out, np.int64))
                 os.pwrite(fn.fileno(), out[:m].data, 8 * start)
                 end = start

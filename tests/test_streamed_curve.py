@@ -118,12 +118,12 @@ def test_next_uses_backward_in_pieces_are_next_uses():
     rng = np.random.default_rng(5)
     obj = rng.integers(0, 300, 20_000).astype(np.int32)
     eligible = rng.random(20_000) < 0.7
-    nxt = np.full(300, np.iinfo(np.int64).max, np.int64)
+    nxt = np.full(300, -1, np.int32)
     out = np.empty(len(obj), np.int64)
     for end in range(len(obj), 0, -613):
         start = max(end - 613, 0)
         o, e, piece = obj[start:end], eligible[start:end], np.empty(end - start, np.int64)
-        kernel(ptr(o, np.int32), ptr(e, np.bool_), end - start, start, ptr(nxt, np.int64),
+        kernel(ptr(o, np.int32), ptr(e, np.bool_), end - start, start, ptr(nxt, np.int32),
                int(np.iinfo(np.int64).max), ptr(piece, np.int64))
         out[start:end] = piece
     assert np.array_equal(out, next_uses(obj, eligible))
