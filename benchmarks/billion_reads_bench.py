@@ -144,6 +144,37 @@ def record(row: dict, out: Path | None) -> None:
             f.write(json.dumps(row) + "\n")
 
 
+def plot(series: Path, out: Path) -> None:
+    """Wall seconds, CPU seconds and peak RSS against block reads, log-log, one line per path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in series.read_text().splitlines() if line.strip()]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for path in sorted({r["path"] for r in rows}):
+        pts = sorted((r["reads"], r["wall_s"], r["cpu_s"], r["peak_rss_bytes"]) for r in rows
+                     if r["path"] == path and r.get("rc") == 0)
+        if not pts:
+            continue
+        x = [p[0] for p in pts]
+        ax_t.plot(x, [p[1] for p in pts], "o-", label=f"{path}: wall")
+        ax_t.plot(x, [p[2] for p in pts], "s--", label=f"{path}: CPU (user + system)")
+        ax_m.plot(x, [p[3] / 2**30 for p in pts], "o-", label=path)
+    for ax, what in ((ax_t, "seconds"), (ax_m, "peak RSS, GiB (whole process)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("block reads")
+        ax.set_ylabel(what)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    ax_m.axhline(8, color="red", lw=0.8, ls=":")
+    fig.suptitle("headroom FILE --window last-half --json (default curve), agentic stream; loaded 2-core machine")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -159,7 +190,13 @@ def main() -> None:
     r.add_argument("--keep", action="store_true", help="keep the prefix files")
     r.add_argument("--peer-python", default=None, help="also run kvcache-simulator (installed for this python) "
                    "after ours on each size, at 10 capacities from 16 blocks to our lru curve's depth")
+    pl = sub.add_parser("plot")
+    pl.add_argument("series", type=Path)
+    pl.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    if args.cmd == "plot":
+        plot(args.series, args.out)
+        return
     if args.cmd == "build":
         WORK.mkdir(exist_ok=True)
         t0 = time.time()

@@ -15,6 +15,7 @@
 #include "kernels.h"
 
 #define KS_ETOOMANY (-75) /* more distinct hashes than int32 ids */
+#define AHEAD 16            /* accesses ahead whose memory is asked for */
 
 /* A slot holds id + 1 (0: empty) and keys[id] the hash: 4 bytes a slot, 8 a distinct hash. */
 typedef struct {
@@ -92,6 +93,8 @@ KS_EXPORT int64_t ks_idtable_assign(void *p, const uint64_t *hashes, int64_t n, 
 {
     idtable_t *t = p;
     for (int64_t i = 0; i < n; i++) {
+        if (i + AHEAD < n) /* the slot a later hash reads: the table is far larger than the caches */
+            __builtin_prefetch(&t->slots[spread(hashes[i + AHEAD]) & (uint64_t)t->mask]);
         uint64_t k = hashes[i];
         int64_t j = (int64_t)(spread(k) & (uint64_t)t->mask);
         uint32_t s;
@@ -123,6 +126,8 @@ KS_EXPORT void ks_streamed_next_uses(const int32_t *obj, const uint8_t *eligible
                                      int32_t *nxt, int64_t never, int64_t *next_use)
 {
     for (int64_t i = n - 1; i >= 0; i--) {
+        if (i >= AHEAD)
+            __builtin_prefetch(&nxt[obj[i - AHEAD]], 1);
         int32_t o = obj[i];
         next_use[i] = nxt[o] < 0 ? never : nxt[o];
         nxt[o] = eligible[i] ? (int32_t)(first + i) : -1;
