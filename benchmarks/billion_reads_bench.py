@@ -251,7 +251,9 @@ def main() -> None:
         src = args.src
         made = None
         info = {}
-        if n < 10**9 or src.stat().st_size > 1.05 * n * 14:  # a prefix of the file
+        index = Path(str(src) + ".index.json")
+        whole = json.loads(index.read_text())["block_reads"] if index.exists() else None
+        if whole is None or whole > 1.01 * n:  # a prefix of the file
             made = WORK / f"agentic-{n:.0e}.jsonl".replace("+", "")
             if not made.exists():
                 info = prefix(src, n, made)
