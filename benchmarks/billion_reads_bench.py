@@ -204,6 +204,7 @@ def plot(series: Path, out: Path) -> None:
         ax_t.plot(x, [p[1] for p in pts], "o-", label=f"{path}: wall")
         ax_t.plot(x, [p[2] for p in pts], "s--", label=f"{path}: CPU (user + system)")
         ax_m.plot(x, [p[3] / 2**30 for p in pts], "o-", label=path)
+    ax_m.axhline(8e9 / 2**30, color="red", lw=0.8, ls=":", label="8 GB")
     for ax, what in ((ax_t, "seconds"), (ax_m, "peak RSS, GiB (whole process)")):
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -211,7 +212,6 @@ def plot(series: Path, out: Path) -> None:
         ax.set_ylabel(what)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    ax_m.axhline(8, color="red", lw=0.8, ls=":")
     fig.suptitle("headroom FILE --window last-half --json (default curve), agentic stream; loaded 2-core machine")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
