@@ -81,7 +81,9 @@ def _flatten(requests, t0=0.0):
             yield t0 + float(r["t"]), int(r["in"]), int(r.get("out", 0)), r["hash_ids"]
 
 
-def build_agentic(out: Path, min_reads: int, stagger_s: float) -> dict:
+def agentic_conversations() -> list[list[tuple]]:
+    """Per Claude Code sample, its requests (time, input tokens, output tokens, 512-token block ids; -1: a
+    partial last block, which gets a fresh id per copy)."""
     files = sorted((DATASETS / "weka-claude-code").glob("trace_*.json"))
     if not files:
         sys.exit(f"no weka-claude-code samples under {DATASETS}")
@@ -96,6 +98,11 @@ def build_agentic(out: Path, min_reads: int, stagger_s: float) -> dict:
             ids = [int(hashes[per * (g + 1) - 1]) if per * (g + 1) <= len(hashes) else -1 for g in range(n_blocks)]
             reqs.append((t, n_in, n_out, ids))
         convs.append(reqs)
+    return convs
+
+
+def build_agentic(out: Path, min_reads: int, stagger_s: float) -> dict:
+    convs = agentic_conversations()
     reads_per_round = sum(len(r[3]) for c in convs for r in c)
     copies = math.ceil(min_reads / reads_per_round)
     events = []

@@ -113,18 +113,36 @@ def headroom_cmd(f: HeadroomFlags, output: Output = None) -> None:
     """Prefill tokens (and seconds) the stock cache failed to reuse that an ideal cache of the same capacity
     would have: at the given capacities, or along the whole capacity axis."""
     options = f.options()
-    w, options, fitted, note = _workload(f, options)
     executor = executor_for(f.processes, f.ray)
-    options.check_executor(executor)
-    res = _headroom(w, options, executor, fitted, note)
+    res = _on_disk(f, options, executor) or _in_memory(f, options, executor)
     if f.plot is not None:
         from kmesh_trace.apps.plots import plot_headroom, plot_headroom_curve
+        from kmesh_trace.oracle.headroom_curve import CurveResult
 
-        (plot_headroom_curve if options.wants_curve else plot_headroom)(res, f.plot)
+        (plot_headroom_curve if isinstance(res, CurveResult) else plot_headroom)(res, f.plot)
         err.print(f"wrote {f.plot}", markup=False, highlight=False, soft_wrap=True)
     for line in res.notes:
         err.print(f"note: {line}")
     emit(output, res.to_dict(), rows=res.rows(), render=lambda: render(res))
+
+
+def _on_disk(f: HeadroomFlags, options, executor):
+    """The curve of a Mooncake file too long to hold in memory, its stream built on disk (a status line on
+    stderr); None when the input is not one (`oracle.streamed_curve.choose_path`)."""
+    from kmesh_trace.oracle.streamed_curve import choose_path, streamed_run
+
+    if f.scenario is not None or f.sizes.capacity is not None or f.engine is not None or \
+            not choose_path(f.trace, options, remote=f.ray is not None):
+        return None
+    with err.status("replaying") as status:
+        return streamed_run(f.trace, options, executor, progress=lambda what: status.update(f"replaying: {what}"))
+
+
+def _in_memory(f: HeadroomFlags, options, executor):
+    """The analysis of the input read into memory (or, with --ray, read by the tasks)."""
+    w, options, fitted, note = _workload(f, options)
+    options.check_executor(executor)
+    return _headroom(w, options, executor, fitted, note)
 
 
 def _workload(f: HeadroomFlags, options):

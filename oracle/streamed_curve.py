@@ -1,0 +1,346 @@
+"""The exact headroom curve of a Mooncake JSONL file too long for its stream to be held: the stream is built
+piece by piece onto disk, and the curve kernels read it from there, so the memory the analysis holds is the
+kernels' own (per object and per capacity), not the stream's 13 bytes an access.
+
+- Input: the file is read in pieces of `CHUNK_BYTES` by the compiled line reader
+  (datasets/importers/mooncake_lines.py), never whole; a line it does not take (anything but the plain shape)
+  stops the path with an error that names `--sample`, the way that reads any file.
+- Ids: each hash gets a dense int32 id at its first sighting, from a hash table that lives across pieces
+  (native/kernels/streamed_stream.c); only the distinct hashes are held (about 16 bytes each). The ids number the objects in
+  another order than the in-memory stream's ranks; no policy's result depends on the numbering (the
+  curves and the replays index state by id and never compare ids), and the tests compare the two paths'
+  JSON byte for byte.
+- Next uses: a backward pass over the pieces written (4 bytes a distinct object held), written to disk.
+- The curves: the stream's three columns (ids, eligible flags, next uses) are mapped from their files, and
+  `headroom_curve` runs on them as on any stream, its kernels unchanged (so its result is the in-memory
+  one by construction). While they run, a thread drops the mapped pages behind them every
+  `DROP_INTERVAL_S` (madvise MADV_DONTNEED: the pages stay in the page cache, a kernel that reads one again
+  maps it again), so the resident part of the stream stays what the kernels read in that interval.
+
+`choose_path` picks the path before anything is read, from the file's size and the block reads per byte of
+its first `SNIFF_BYTES`: in memory when the exact curves fit the memory budget (`--memory-budget`, default
+half the memory available), else this path when its own needs fit it, else the in-memory path, whose
+sampled curve says why. `--sample 1` (the exact curve, whatever the budget) takes this path when the
+in-memory one does not fit. Rows must come in arrival order (timestamps not decreasing), as a recorded
+trace does; a file that does not is refused with the way round it (`--sample`).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import tempfile
+import threading
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.native.kernels import I64, P, U64, check, declare, ptr
+from kmesh_trace.oracle.stream import NEVER, AccessStream, _kept_and_eligible
+from kmesh_trace.oracle.workload import RequestColumns, Workload
+
+#: Bytes of the file read at a time (and the largest piece of the stream held in memory, about).
+CHUNK_BYTES = 16 << 20
+#: Accesses per piece of the backward next-use pass.
+NEXT_USE_PIECE = 1 << 23
+#: Seconds between two drops of the mapped stream pages the kernels have read.
+DROP_INTERVAL_S = 0.2
+#: Bytes of the file's head read to estimate its block reads per byte.
+SNIFF_BYTES = 4 << 20
+#: What this path holds, per block read (the kernels' per-object and per-capacity state, the grid's hits per
+#: request: 7.9 B a read in all at 10^8 reads of the agentic stream of benchmarks/billion_reads_bench.py) and
+#: beside them (the interpreter, libraries and the pieces in flight).
+STREAMED_BYTES_PER_READ = 8
+STREAMED_FIXED_BYTES = 256 << 20
+#: Disk the stream takes: int32 ids, a bool and an int64 next use an access.
+DISK_BYTES_PER_ACCESS = 13
+
+_new = declare("ks_idtable_new", [I64], P)
+_free = declare("ks_idtable_free", [P])
+_assign = declare("ks_idtable_assign", [P, P, I64, P], I64)
+_next_uses = declare("ks_streamed_next_uses", [P, P, I64, I64, P, I64, P])
+_ETOOMANY = -75
+
+
+# ---- which path ------------------------------------------------------------------------------------------
+
+def estimated_reads(path: Path) -> int:
+    """Block reads of Mooncake JSONL `path`, estimated from its size and the hash ids per byte of its head
+    (the whole file when it is no longer)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(SNIFF_BYTES)
+    if len(head) < size:  # whole lines only
+        head = head[:head.rfind(b"\n") + 1] or head
+    lines = head.count(b"\n") + (not head.endswith(b"\n"))
+    # Per line, 3 commas separate the 4 fields and k - 1 the k ids.
+    ids = max(head.count(b",") - 2 * lines, 0)
+    return int(ids * size / max(len(head), 1))
+
+
+def choose_path(path, options, *, remote: bool = False) -> bool:
+    """True when `headroom` should build the stream of `path` on disk (this module), False for the in-memory
+    path: see the module docstring. Only a default-shaped curve of one Mooncake JSONL file is taken here."""
+    from kmesh_trace.oracle.headroom import EXACT_CURVE_BYTES_PER_ACCESS
+
+    if path is None or remote or not options.wants_curve or options.capacities is not None:
+        return False
+    if options.partitions is not None or options.sample not in (None, 1):
+        return False
+    path = Path(path)
+    if "://" in str(path) or not path.is_file():
+        return False
+    if not _is_mooncake(path):
+        return False
+    budget = _budget(options.memory_budget_gib)
+    if budget is None:
+        return False
+    reads = estimated_reads(path)
+    if reads * EXACT_CURVE_BYTES_PER_ACCESS <= budget:
+        return False  # the in-memory curve fits
+    return options.sample == 1 or streamed_bytes(reads) <= budget
+
+
+def _is_mooncake(path: Path) -> bool:
+    """The file's first non-blank line is a Mooncake record (its four fields), as the format's sniffer finds."""
+    import json
+
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    return False
+                return isinstance(rec, dict) and {"timestamp", "input_length", "output_length", "hash_ids"} <= rec.keys()
+    return False
+
+
+def streamed_bytes(reads: int) -> int:
+    """What this path is expected to hold for a stream of `reads` block reads."""
+    return STREAMED_FIXED_BYTES + reads * STREAMED_BYTES_PER_READ
+
+
+def _budget(gib: float | None) -> int | None:
+    if gib is not None:
+        return int(gib * 2**30)
+    from kmesh_trace.resources import MEMORY_FRACTION, available_memory
+
+    room = available_memory()
+    return None if room is None else int(room * MEMORY_FRACTION)
+
+
+# ---- the stream on disk ------------------------------------------------------------------------------------
+
+class DiskStream:
+    """The access stream of a Mooncake JSONL file, written under a temporary directory: `stream` (its
+    columns mapped from there) and the per-request columns the vllm pool model reads. Use as a context
+    manager: the files go when it closes."""
+
+    def __init__(self, path: Path, block_size: int, *, chunk_bytes: int = CHUNK_BYTES,
+                 piece: int = NEXT_USE_PIECE, tmp_dir: str | None = None) -> None:
+        self.path, self.block_size = Path(path), int(block_size)
+        self.dir = Path(tempfile.mkdtemp(prefix="kmesh-stream-", dir=tmp_dir))
+        self.stream: AccessStream | None = None
+        self.columns: RequestColumns | None = None
+        self._maps: list = []
+        try:
+            self._check_disk()
+            self._build(chunk_bytes, piece)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_disk(self) -> None:
+        need = estimated_reads(self.path) * DISK_BYTES_PER_ACCESS
+        free = shutil.disk_usage(self.dir).free
+        if need > free:
+            raise KmeshTraceError(f"the stream of {self.path.name} takes about {need / 2**30:,.1f} GiB on disk and "
+                                  f"{self.dir.parent} has {free / 2**30:,.1f} GiB free; point TMPDIR elsewhere, or "
+                                  "give --sample RATE.")
+
+    def _build(self, chunk_bytes: int, piece: int) -> None:
+        per_request = self._ids_and_flags(chunk_bytes)
+        tokens, num_reads, n_full, n_out, arrival = per_request
+        n = int(n_full.sum())
+        if n >= 2**30:  # the belady curve's times are int32 (oracle/curves.py)
+            raise KmeshTraceError(f"the exact curves handle up to 2^30 block accesses, not {n:,}; give --sample RATE.")
+        self._next_uses(n, piece)
+        req_start = np.zeros(len(tokens) + 1, np.int64)
+        np.cumsum(n_full, out=req_start[1:])
+        obj, eligible, next_use = (self._map(name, dtype, n) for name, dtype in
+                                   (("obj", np.int32), ("eligible", np.bool_), ("next_use", np.int64)))
+        self.stream = AccessStream(self.block_size, obj, eligible, next_use, req_start, tokens, num_reads,
+                                   self.num_objects)
+        self.columns = RequestColumns.of_values(n_out, arrival, None)
+
+    def _ids_and_flags(self, chunk_bytes: int) -> tuple[np.ndarray, ...]:
+        """Pass 1: the file's rows in pieces; each piece's kept blocks get their ids and eligible flags, written
+        to `obj` and `eligible`. Returns the per-request columns (prompt tokens, listed reads, kept blocks,
+        output tokens, arrival)."""
+        from kmesh_trace.datasets.importers.mooncake_lines import _GIVE_UP, LineColumns, _Buffer
+        from kmesh_trace.oracle.stream_index import leading_flags
+
+        table = _new(1 << 20)
+        if not table:
+            raise MemoryError("the stream's id table")
+        cols: dict[str, list[np.ndarray]] = {k: [] for k in ("tokens", "reads", "full", "out", "arrival")}
+        last_arrival = None
+        self.num_objects = 0
+        try:
+            with open(self.path, "rb") as f, _Buffer(chunk_bytes) as buf, \
+                    open(self.dir / "obj", "wb") as fo, open(self.dir / "eligible", "wb") as fe:
+                lines = _line_columns(buf.size)
+                have, at_start = 0, True
+                while True:
+                    if have == buf.size:  # one line longer than the buffer
+                        buf.grow()
+                        lines = _line_columns(buf.size, lines)
+                    got = f.readinto(buf.view[have:])
+                    length, at_end = have + got, got == 0
+                    used = lines.parse(buf.array, length, at_start, at_end)
+                    if used < 0:
+                        raise KmeshTraceError(
+                            f"{self.path.name}: a line is not in the plain Mooncake shape (four integer fields and a flat "
+                            "list), which the bounded-memory curve reads; give --sample RATE for a sampled curve."
+                            if used == _GIVE_UP else f"{self.path.name} changed while it was read.")
+                    rows = int(lines.counts[0])
+                    if rows:
+                        arrival = lines.arrival_ns[:rows]
+                        if (last_arrival is not None and arrival[0] < last_arrival) or (np.diff(arrival) < 0).any():
+                            raise KmeshTraceError(
+                                f"{self.path.name}: rows are not in arrival order (a timestamp goes back), which the "
+                                "bounded-memory curve reads in one pass; sort the file by timestamp, or give --sample RATE.")
+                        last_arrival = int(arrival[-1])
+                        self._piece(lines, rows, table, cols, fo, fe, leading_flags)
+                        lines.counts[0] = lines.counts[1] = 0  # the next piece's rows and hashes from 0
+                    if at_end:
+                        break
+                    buf.array[:length - used] = buf.array[used:length]
+                    have, at_start = length - used, at_start and used == 0
+        finally:
+            _free(table)
+        if not cols["tokens"]:
+            raise KmeshTraceError(f"{self.path.name} holds no request.")
+        return tuple(np.concatenate(cols[k]) for k in ("tokens", "reads", "full", "out", "arrival"))
+
+    def _piece(self, lines, rows: int, table, cols, fo, fe, leading_flags) -> None:
+        off = lines.offsets[:rows + 1]
+        hashes = lines._hash_view
+        tokens = lines.num_prompt_tokens[:rows].copy()
+        num_reads = np.diff(off)
+        n_full, n_elig = _kept_and_eligible(num_reads, tokens, self.block_size)
+        total = int(n_full.sum())
+        starts = np.zeros(rows + 1, np.int64)
+        np.cumsum(n_full, out=starts[1:])
+        # The first n_full[r] hashes of each row, rows back to back.
+        idx = np.arange(total, dtype=np.int64) + np.repeat(off[:-1] - starts[:-1], n_full)
+        kept = np.ascontiguousarray(hashes[idx])
+        ids = np.empty(total, np.int32)
+        got = _assign(table, ptr(kept, np.uint64), total, ptr(ids, np.int32))
+        if got == _ETOOMANY:
+            raise KmeshTraceError(f"{self.path.name} has more than 2^31 - 1 distinct blocks; give --sample RATE.")
+        self.num_objects = check(got, "the stream's ids")
+        ids.tofile(fo)
+        leading_flags(starts, n_elig).tofile(fe)
+        for k, v in (("tokens", tokens), ("reads", num_reads), ("full", n_full),
+                     ("out", lines.num_output_tokens[:rows].copy()), ("arrival", lines.arrival_ns[:rows].copy())):
+            cols[k].append(v)
+
+    def _next_uses(self, n: int, piece: int) -> None:
+        """Pass 2: next uses, piece by piece from the stream's end, into `next_use`."""
+        nxt = np.full(max(self.num_objects, 1), -1, np.int32)  # positions < 2^30
+        with open(self.dir / "obj", "rb") as fo, open(self.dir / "eligible", "rb") as fe, \
+                open(self.dir / "next_use", "wb") as fn:
+            fn.truncate(8 * n)
+            out = np.empty(min(piece, max(n, 1)), np.int64)
+            end = n
+            while end > 0:
+                start = max(end - piece, 0)
+                m = end - start
+                fo.seek(4 * start)
+                obj = np.fromfile(fo, np.int32, m)
+                fe.seek(start)
+                elig = np.fromfile(fe, np.bool_, m)
+                _next_uses(ptr(obj, np.int32), ptr(elig, np.bool_), m, start, ptr(nxt, np.int32), int(NEVER),
+                           ptr(out, np.int64))
+                os.pwrite(fn.fileno(), out[:m].data, 8 * start)
+                end = start
+
+    def _map(self, name: str, dtype, n: int) -> np.ndarray:
+        if n == 0:
+            return np.zeros(0, dtype)
+        a = np.memmap(self.dir / name, dtype=dtype, mode="r", shape=(n,))
+        self._maps.append(a._mmap)
+        return a
+
+    @contextmanager
+    def dropping(self, interval: float = DROP_INTERVAL_S):
+        """While inside: the mapped pages of the stream dropped every `interval` seconds (see the module)."""
+        stop = threading.Event()
+
+        def drop() -> None:
+            while not stop.wait(interval):
+                for m in self._maps:
+                    try:
+                        m.madvise(mmap.MADV_DONTNEED)
+                    except (ValueError, OSError):  # closed meanwhile
+                        pass
+
+        t = threading.Thread(target=drop, name="drop-stream-pages", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join()
+
+    def close(self) -> None:
+        self.stream = None
+        self._maps.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "DiskStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _line_columns(buf_size: int, old=None):
+    """Columns with room for every row and hash a buffer of `buf_size` bytes can hold (a row takes more than
+    8 bytes, a hash at least 2), the line counts carried over from `old`."""
+    from kmesh_trace.datasets.importers.mooncake_lines import LineColumns
+
+    cols = LineColumns(buf_size // 8 + 1, buf_size // 2 + 1)
+    if old is not None:
+        cols.counts[:] = old.counts
+    return cols
+
+
+# ---- the curve -------------------------------------------------------------------------------------------
+
+def streamed_run(path, options, executor=None, *, progress=None, chunk_bytes: int = CHUNK_BYTES,
+                 piece: int = NEXT_USE_PIECE):
+    """`oracle.headroom.run` of the Mooncake JSONL file `path` on its stream built on disk: the same
+    CurveResult (a file read as it is has no prefill timings and no usable-block count), with a note that
+    says which path ran."""
+    from kmesh_trace.datasets.importers.mooncake import engine_metadata
+    from kmesh_trace.oracle.headroom import run
+
+    block_size, fitted, note = engine_metadata(Path(path))["block_size"], None, None
+
+    step = progress or (lambda what: None)
+    step("building the stream on disk")
+    with DiskStream(Path(path), block_size, chunk_bytes=chunk_bytes, piece=piece) as disk:
+        stream = disk.stream
+        workload = Workload(block_size, None, stream, None, None, _columns=disk.columns)
+        with disk.dropping():
+            res = run(workload, replace(options, sample=1), executor, fitted=fitted, note=note, progress=progress)
+        res.notes.append(f"bounded memory: the stream of {len(stream):,} block accesses was built on disk and read "
+                         "from there (the exact curves; the in-memory stream would not fit the memory budget).")
+    return res

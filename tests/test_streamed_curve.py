@@ -1,0 +1,182 @@
+"""The exact curve of a Mooncake JSONL file with its stream built on disk (oracle/streamed_curve.py): the
+stream built in pieces is the in-memory stream up to the numbering of the objects, the `headroom` JSON is
+the in-memory one byte for byte with pieces small enough that every boundary is crossed many times, the
+path is chosen by the memory budget, says so in a note (never in the JSON), and refuses what it cannot read
+in one pass."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle import streamed_curve
+from kmesh_trace.oracle.headroom import HeadroomOptions
+from kmesh_trace.oracle.stream import next_uses
+from kmesh_trace.oracle.streamed_curve import DiskStream, choose_path, estimated_reads
+from kmesh_trace.native.kernels import I64, P, declare, ptr
+
+BLOCK = 512
+
+
+def conversations(seed=11, num_conversations=300, turns=14, prompts=25):
+    """Mooncake records: conversations whose every turn re-reads its growing prefix after one of `prompts`
+    system prompts, a partial last block of its own, interleaved in time (about 10^5 block reads)."""
+    rng = np.random.default_rng(seed)
+    events, next_id = [], 1 << 40
+    for c in range(num_conversations):
+        prefix = list(range(c % prompts * 1000, c % prompts * 1000 + int(rng.integers(2, 12))))
+        t = rng.uniform(0, 5000)
+        for _ in range(turns):
+            grow = int(rng.integers(1, 10))
+            prefix = prefix + list(range(next_id, next_id + grow))
+            next_id += grow
+            tail = int(rng.integers(0, BLOCK))  # a partial last block: its own id, never reused
+            ids = prefix + ([next_id] if tail else [])
+            next_id += 1
+            events.append((int(t * 1000), BLOCK * len(prefix) + tail, int(rng.integers(0, 400)), ids))
+            t += rng.exponential(30)
+    events.sort(key=lambda e: e[0])
+    return events
+
+
+def write_jsonl(path, events):
+    with open(path, "w") as f:
+        for ts, n_in, n_out, ids in events:
+            f.write(json.dumps({"timestamp": ts, "input_length": n_in, "output_length": n_out, "hash_ids": ids}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def events():
+    return conversations()
+
+
+@pytest.fixture(scope="module")
+def jsonl(tmp_path_factory, events):
+    return write_jsonl(tmp_path_factory.mktemp("streamed") / "agentic.jsonl", events)
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """Pieces of 4 KiB of text and 777 accesses: thousands of boundaries on the test stream."""
+    monkeypatch.setattr(streamed_curve, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(streamed_curve, "NEXT_USE_PIECE", 777)
+
+
+def in_memory_stream(path):
+    from kmesh_trace.cli.inputs import read_directly
+    from kmesh_trace.oracle.workload import Workload
+
+    w = Workload.from_trace(read_directly(path), None, requests=False)
+    return w.stream, w.columns
+
+
+def test_stream_on_disk_is_the_in_memory_stream(jsonl):
+    stream, columns = in_memory_stream(jsonl)
+    assert len(stream) > 100_000
+    with DiskStream(jsonl, BLOCK, chunk_bytes=4096, piece=1001) as disk:
+        d = disk.stream
+        assert (len(d), d.num_objects) == (len(stream), stream.num_objects)
+        # The same objects, numbered by first sighting: one id here for each there, and back.
+        pairs = np.unique(np.stack([np.asarray(stream.obj), np.asarray(d.obj)]), axis=1)
+        assert pairs.shape[1] == stream.num_objects == len(np.unique(pairs[1]))
+        first_seen = np.unique(np.asarray(d.obj), return_index=True)[1]
+        assert np.array_equal(first_seen, np.sort(first_seen))  # id k is the k-th object seen
+        for name in ("eligible", "next_use", "req_start", "num_prompt_tokens", "num_reads"):
+            assert np.array_equal(np.asarray(getattr(stream, name)), np.asarray(getattr(d, name))), name
+        for name in ("num_output_tokens", "arrival_ns", "finish_ns"):
+            assert np.array_equal(getattr(columns, name), getattr(disk.columns, name)), name
+        assert disk.columns.timed == columns.timed
+        where = disk.dir
+    assert not where.exists()  # the files go with it
+
+
+def test_id_table_numbers_hashes_at_their_first_sighting():
+    new, free = declare("ks_idtable_new", [I64], P), declare("ks_idtable_free", [P])
+    assign = declare("ks_idtable_assign", [P, P, I64, P], I64)
+    rng = np.random.default_rng(3)
+    hashes = rng.choice(np.array([0, 2**64 - 1, *rng.integers(0, 2**63, 5000)], np.uint64), 60_000)
+    table, seen, ids = new(1), {}, []
+    try:
+        for part in np.array_split(hashes, 17):  # across pieces, through many doublings of the table
+            out = np.empty(len(part), np.int32)
+            got = assign(table, ptr(np.ascontiguousarray(part), np.uint64), len(part), ptr(out, np.int32))
+            ids.extend(out.tolist())
+            for h in part.tolist():
+                seen.setdefault(h, len(seen))
+            assert got == len(seen)
+    finally:
+        free(table)
+    assert ids == [seen[h] for h in hashes.tolist()]
+
+
+def test_next_uses_backward_in_pieces_are_next_uses():
+    kernel = declare("ks_streamed_next_uses", [P, P, I64, I64, P, I64, P])
+    rng = np.random.default_rng(5)
+    obj = rng.integers(0, 300, 20_000).astype(np.int32)
+    eligible = rng.random(20_000) < 0.7
+    nxt = np.full(300, -1, np.int32)
+    out = np.empty(len(obj), np.int64)
+    for end in range(len(obj), 0, -613):
+        start = max(end - 613, 0)
+        o, e, piece = obj[start:end], eligible[start:end], np.empty(end - start, np.int64)
+        kernel(ptr(o, np.int32), ptr(e, np.bool_), end - start, start, ptr(nxt, np.int32),
+               int(np.iinfo(np.int64).max), ptr(piece, np.int64))
+        out[start:end] = piece
+    assert np.array_equal(out, next_uses(obj, eligible))
+
+
+@pytest.mark.parametrize("extra", [[], ["--policies", "lru,belady"], ["--prefill-tokens-per-s", "5000"]])
+def test_cli_json_is_the_in_memory_json_byte_for_byte(cli, jsonl, small_pieces, extra):
+    args = ["headroom", jsonl, "--window", "last-half", "--json", *extra]
+    mem = cli(args)
+    assert mem.exit_code == 0, mem.output
+    assert "bounded memory" not in mem.stderr
+    # --sample 1: the exact curve whatever the budget; under the in-memory curve's need, from disk
+    disk = cli([*args, "--sample", "1", "--memory-budget", "0.0001"])
+    assert disk.exit_code == 0, disk.output
+    assert disk.stdout == mem.stdout
+    assert "note: bounded memory: the stream of" in disk.stderr and "built on disk" in disk.stderr
+
+
+def test_cli_human_output_names_the_path(cli, jsonl, small_pieces):
+    r = cli(["headroom", jsonl, "--window", "last-half", "--sample", "1", "--memory-budget", "0.0001"])
+    assert r.exit_code == 0, r.output
+    assert "bounded memory" in r.stderr and "lru" in r.stdout
+
+
+def test_path_is_chosen_by_the_memory_budget(jsonl, monkeypatch):
+    reads = estimated_reads(jsonl)
+    stream, _ = in_memory_stream(jsonl)
+    assert 0.8 < reads / int(stream.num_reads.sum()) < 1.25
+    curve = HeadroomOptions(window="last-half")
+    assert not choose_path(jsonl, curve)  # fits: in memory
+    assert not choose_path(jsonl, HeadroomOptions(window="last-half", memory_budget_gib=1.0))
+    # Between this path's need per read and the in-memory curve's (16 B an access beyond the stream)
+    tight = HeadroomOptions(window="last-half", memory_budget_gib=reads * 10 / 2**30)
+    assert not choose_path(jsonl, tight)  # neither fits (this path's fixed part): the in-memory path samples
+    monkeypatch.setattr(streamed_curve, "STREAMED_FIXED_BYTES", 0)
+    assert choose_path(jsonl, tight)  # the in-memory curve does not fit, this one does
+    assert not choose_path(jsonl, tight, remote=True)
+    for other in (HeadroomOptions((8,), window="last-half", memory_budget_gib=0.001),  # given capacities
+                  HeadroomOptions(window="last-half", sample=0.1, memory_budget_gib=0.001),
+                  HeadroomOptions(window="last-half", partitions=2, memory_budget_gib=0.001)):
+        assert not choose_path(jsonl, other)
+    forced = HeadroomOptions(window="last-half", sample=1, memory_budget_gib=1e-6)
+    assert choose_path(jsonl, forced)
+
+
+def test_refuses_rows_out_of_time_order_and_lines_it_cannot_read(tmp_path, events):
+    late = write_jsonl(tmp_path / "late.jsonl", [events[1], events[0], *events[2:50]])
+    with pytest.raises(KmeshTraceError, match="not in arrival order"):
+        DiskStream(late, BLOCK, tmp_dir=str(tmp_path))
+    odd = tmp_path / "odd.jsonl"
+    write_jsonl(odd, events[:20])
+    with open(odd, "a") as f:
+        f.write('{"timestamp": 1e9, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n')
+    with pytest.raises(KmeshTraceError, match="--sample RATE"):
+        DiskStream(odd, BLOCK, tmp_dir=str(tmp_path))
+    assert not list(tmp_path.glob("kmesh-stream-*"))
