@@ -3,7 +3,7 @@ piece by piece onto disk, and the curve kernels read it from there, so the memor
 kernels' own (per object and per capacity), not the stream's 13 bytes an access.
 
 - Input: the file is read in pieces of `CHUNK_BYTES` by the compiled line reader
-  (datasets/importers/mooncake_lines.py), never whole; a line it does not take (anything but the plain shape)
+  (datasets/importers/mooncake.py), never whole; a line it does not take (anything but the plain shape)
   stops the path with an error that names `--sample`, the way that reads any file.
 - Ids: each hash gets a dense int32 id at its first sighting, from a hash table that lives across pieces
   (native/kernels/streamed_stream.c); only the distinct hashes are held (about 16 bytes each). The ids number the objects in
@@ -39,8 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.native.kernels import I64, P, U64, check, declare, ptr
-from kmesh_trace.oracle.stream import NEVER, AccessStream, _kept_and_eligible
+from kmesh_trace.native.kernels import I64, P, check, declare, ptr
+from kmesh_trace.oracle.stream import AccessStream, kept_and_eligible
+from kmesh_trace.oracle.stream_index import NEVER
 from kmesh_trace.oracle.workload import RequestColumns, Workload
 
 #: Bytes of the file read at a time (and the largest piece of the stream held in memory, about).
@@ -182,7 +183,7 @@ class DiskStream:
         """Pass 1: the file's rows in pieces; each piece's kept blocks get their ids and eligible flags, written
         to `obj` and `eligible`. Returns the per-request columns (prompt tokens, listed reads, kept blocks,
         output tokens, arrival)."""
-        from kmesh_trace.datasets.importers.mooncake_lines import _GIVE_UP, LineColumns, _Buffer
+        from kmesh_trace.datasets.importers.mooncake import _REFUSED, _Buffer
         from kmesh_trace.oracle.stream_index import leading_flags
 
         table = _new(1 << 20)
@@ -194,20 +195,20 @@ class DiskStream:
         try:
             with open(self.path, "rb") as f, _Buffer(chunk_bytes) as buf, \
                     open(self.dir / "obj", "wb") as fo, open(self.dir / "eligible", "wb") as fe:
-                lines = _line_columns(buf.size)
-                have, at_start = 0, True
+                lines = _LineColumns(buf.size, self.block_size)
+                have = 0
                 while True:
                     if have == buf.size:  # one line longer than the buffer
                         buf.grow()
-                        lines = _line_columns(buf.size, lines)
+                        lines = _LineColumns(buf.size, self.block_size, lines)
                     got = f.readinto(buf.view[have:])
                     length, at_end = have + got, got == 0
-                    used = lines.parse(buf.array, length, at_start, at_end)
+                    used = lines.parse(buf.array, length, at_end)
                     if used < 0:
                         raise KmeshTraceError(
                             f"{self.path.name}: a line is not in the plain Mooncake shape (four integer fields and a flat "
                             "list), which the bounded-memory curve reads; give --sample RATE for a sampled curve."
-                            if used == _GIVE_UP else f"{self.path.name} changed while it was read.")
+                            if used == _REFUSED else f"{self.path.name} changed while it was read.")
                     rows = int(lines.counts[0])
                     if rows:
                         arrival = lines.arrival_ns[:rows]
@@ -221,7 +222,7 @@ class DiskStream:
                     if at_end:
                         break
                     buf.array[:length - used] = buf.array[used:length]
-                    have, at_start = length - used, at_start and used == 0
+                    have = length - used
         finally:
             _free(table)
         if not cols["tokens"]:
@@ -233,7 +234,7 @@ class DiskStream:
         hashes = lines._hash_view
         tokens = lines.num_prompt_tokens[:rows].copy()
         num_reads = np.diff(off)
-        n_full, n_elig = _kept_and_eligible(num_reads, tokens, self.block_size)
+        n_full, n_elig = kept_and_eligible(num_reads, tokens, self.block_size)
         total = int(n_full.sum())
         starts = np.zeros(rows + 1, np.int64)
         np.cumsum(n_full, out=starts[1:])
@@ -311,15 +312,28 @@ class DiskStream:
         self.close()
 
 
-def _line_columns(buf_size: int, old=None):
-    """Columns with room for every row and hash a buffer of `buf_size` bytes can hold (a row takes more than
-    8 bytes, a hash at least 2), the line counts carried over from `old`."""
-    from kmesh_trace.datasets.importers.mooncake_lines import LineColumns
+class _LineColumns:
+    """Room for every row and hash a buffer of `buf_size` bytes can hold (a row takes more than 8 bytes, a hash
+    at least 2), filled by the importer's compiled parse (datasets/importers/mooncake.py); the line counts
+    carried over from `old`. A line the parse refuses ends the read: this path takes the plain shape only."""
 
-    cols = LineColumns(buf_size // 8 + 1, buf_size // 2 + 1)
-    if old is not None:
-        cols.counts[:] = old.counts
-    return cols
+    def __init__(self, buf_size: int, block_size: int, old: "_LineColumns | None" = None) -> None:
+        rows, hashes = buf_size // 8 + 1, buf_size // 2 + 1
+        self.block_size = block_size
+        self.lineno, self.arrival_ns, self.num_prompt_tokens, self.num_output_tokens = (
+            np.empty(rows, np.int64) for _ in range(4))
+        self.offsets = np.zeros(rows + 1, np.int64)
+        self._hash_view = np.zeros(hashes, np.uint64)
+        self.counts = np.zeros(7, np.int64) if old is None else old.counts.copy()
+
+    def parse(self, buf: np.ndarray, length: int, at_end: bool) -> int:
+        """Bytes of buf[:length] consumed (whole lines), or a negative code (the line refused, or no room)."""
+        from kmesh_trace.datasets.importers.mooncake import _parse
+
+        return _parse(ptr(buf, np.uint8), length, at_end, self.block_size, ptr(self.lineno, np.int64),
+                      ptr(self.arrival_ns, np.int64), ptr(self.num_prompt_tokens, np.int64),
+                      ptr(self.num_output_tokens, np.int64), ptr(self.offsets, np.int64),
+                      ptr(self._hash_view, np.uint64), len(self.lineno), len(self._hash_view), ptr(self.counts, np.int64))
 
 
 # ---- the curve -------------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def small_pieces(monkeypatch):
 
 
 def in_memory_stream(path):
-    from kmesh_trace.cli.inputs import read_directly
+    from kmesh_trace.sources import read_directly
     from kmesh_trace.oracle.workload import Workload
 
     w = Workload.from_trace(read_directly(path), None, requests=False)
@@ -176,7 +176,7 @@ def test_refuses_rows_out_of_time_order_and_lines_it_cannot_read(tmp_path, event
     odd = tmp_path / "odd.jsonl"
     write_jsonl(odd, events[:20])
     with open(odd, "a") as f:
-        f.write('{"timestamp": 1e9, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n')
-    with pytest.raises(KmeshTraceError, match="--sample RATE"):
+        f.write('{"timestamp": 9000000000000, "input_length": "5", "output_length": 1, "hash_ids": [1]}\n')
+    with pytest.raises(KmeshTraceError, match="not in the plain Mooncake shape"):
         DiskStream(odd, BLOCK, tmp_dir=str(tmp_path))
     assert not list(tmp_path.glob("kmesh-stream-*"))
