@@ -41,7 +41,11 @@ class Job:
             self.out.mkdir(parents=True)
             env = {k: v for k, v in {**os.environ, **(self.env or {})}.items() if v is not None}  # None: unset
             argv = [str(a) for a in self.argv(self.out)]
-            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            with _STARTING:  # no job starts once the session has ended (cleanup below)
+                if _ENDED.is_set():
+                    raise RuntimeError("the test session ended before this job started")
+                self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                             env=env)
             try:
                 stdout, stderr = self.proc.communicate(timeout=self.timeout)
             except subprocess.TimeoutExpired:
@@ -57,6 +61,8 @@ class Job:
 
 JOBS: list[Job] = []
 _ROOT: list[Path] = []
+_STARTING = threading.Lock()
+_ENDED = threading.Event()
 
 
 def job(module: str, name: str, argv: Callable[[Path], list[str]], env: dict | None = None,
@@ -74,7 +80,7 @@ def _root() -> Path:
 
 def start(modules_in_order: list[str]) -> None:
     """Run, on one background thread, the jobs of these modules (in this order), one at a time."""
-    order = {m: i for i, m in reversed(list(enumerate(modules_in_order)))}
+    order = {m: i for i, m in enumerate(modules_in_order)}
     queue = sorted((j for j in JOBS if j.module in order), key=lambda j: order[j.module])
     if not queue:
         return
@@ -97,7 +103,10 @@ def finished(j: Job) -> tuple[Path, subprocess.CompletedProcess]:
 
 
 def cleanup() -> None:
-    """At the session's end: kill a job still running (a session stopped early), remove the outputs."""
+    """At the session's end: start no more jobs, kill one still running (a session stopped early), remove the
+    outputs."""
+    with _STARTING:
+        _ENDED.set()
     for j in JOBS:
         if j.proc is not None and j.proc.poll() is None:
             j.proc.kill()
