@@ -37,6 +37,26 @@ def pytest_collection_modifyitems(items):
             test._hypothesis_internal_use_settings = settings(own, max_examples=CI_MAX_EXAMPLES, database=None)
 
 
+def pytest_collection_finish(session):
+    """Start the subprocess jobs of the selected modules in the background (tests/background.py)."""
+    if session.config.option.collectonly:
+        return
+    import background
+
+    modules: dict[str, None] = {}
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if module is not None:
+            modules.setdefault(module.__name__)
+    background.start(list(modules))
+
+
+def pytest_sessionfinish(session):
+    import background
+
+    background.cleanup()
+
+
 def datasets_dir() -> Path:
     env = os.environ.get("KMESH_DATASETS")
     return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "datasets"

@@ -21,8 +21,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm")
-pytest.importorskip("openai", reason="the worked example uses the openai package (pip install -e '.[dev]')")
+import background  # tests/ is on sys.path
+from requires import skip_module_without
+
+# Looked up, not imported: importing vLLM here would slow the collection and this file's own script.
+skip_module_without("vllm")
+skip_module_without("openai", "the worked example uses the openai package (pip install -e '.[dev]')")
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "CAPTURE.md"
 FENCE = re.compile(r"^```([a-z]*)(?: ([\w-]+))?\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -48,56 +52,76 @@ def test_every_block_is_a_command_that_runs_here_or_says_where_it_runs():
             assert "vllm serve" in body or "sglang.launch_server" in body
 
 
-@pytest.fixture
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_the_worked_example_runs_as_written(tmp_path, free_port):
+def run_blocks(tmp: Path) -> dict:
+    """Run the page's blocks in `tmp` as the module docstring says: {"error": why it stopped early or None,
+    "stopped_rc": terminal 1's exit status, "outputs": [[block, stdout, stderr], ...] of the blocks run}."""
+    port_number = free_port()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's own default
     env.pop("KMESH_TRACE_DIR", None)
-    port = lambda body: body.replace("8000", str(free_port))  # noqa: E731
+    port = lambda body: body.replace("8000", str(port_number))  # noqa: E731
     server = None
-    log = open(tmp_path / "terminal-1.log", "w")
-    outputs = []
+    log = open(tmp / "terminal-1.log", "w")
+    result = {"error": None, "stopped_rc": None, "outputs": []}
 
     def tail() -> str:
         log.flush()
-        return (tmp_path / "terminal-1.log").read_text()[-4000:]
+        return (tmp / "terminal-1.log").read_text()[-4000:]
 
     def stop() -> int:
         os.killpg(server.pid, signal.SIGINT)  # Ctrl-C in terminal 1
         return server.wait(timeout=180)
 
     try:
-        stopped_rc = None
         for lang, tag, body in blocks():
             if tag == "gpu-host" or lang == "text":
                 continue
-            if tag == "after-stop" and stopped_rc is None:
-                stopped_rc = stop()
-                assert stopped_rc == 0, tail()
+            if tag == "after-stop" and result["stopped_rc"] is None:
+                result["stopped_rc"] = stop()
+                if result["stopped_rc"] != 0:
+                    result["error"] = f"terminal 1 exited with {result['stopped_rc']}:\n{tail()}"
+                    return result
             if tag == "terminal-1":
-                server = subprocess.Popen(["bash", "-euo", "pipefail", "-c", port(body)], cwd=tmp_path, env=env,
+                server = subprocess.Popen(["bash", "-euo", "pipefail", "-c", port(body)], cwd=tmp, env=env,
                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 continue
             cmd = ["bash", "-euo", "pipefail", "-c", port(body)] if lang == "sh" else [sys.executable, "-c", body]
             try:
-                r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                                   timeout=START_TIMEOUT_S)
+                r = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                pytest.fail(f"this block did not finish within {START_TIMEOUT_S} s:\n{body}\nserver:\n{tail()}")
-            assert r.returncode == 0, f"{body}\nexit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}\n{tail()}"
-            outputs.append((body, r.stdout, r.stderr))
-        assert stopped_rc == 0
+                result["error"] = f"this block did not finish within {START_TIMEOUT_S} s:\n{body}\nserver:\n{tail()}"
+                return result
+            if r.returncode != 0:
+                result["error"] = f"{body}\nexit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}\n{tail()}"
+                return result
+            result["outputs"].append([body, r.stdout, r.stderr])
+        return result
     finally:
         if server is not None and server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
+
+
+# The page's commands run in a process of their own (this file is its script: `python THIS_FILE OUT`, which
+# writes OUT/result.json), started in the background when the collection ends (tests/background.py), so that it
+# runs beside the tests before it.
+PAGE = background.job(__name__, "page", lambda out: [sys.executable, __file__, out])
+
+
+def test_the_worked_example_runs_as_written():
+    tmp_path, proc = background.finished(PAGE)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["error"] is None, result["error"]
+    assert result["stopped_rc"] == 0
+    outputs = result["outputs"]
 
     summary = json.loads((tmp_path / "capture.json").read_text())
     (e,) = summary["engines"].values()
@@ -110,3 +134,8 @@ def test_the_worked_example_runs_as_written(tmp_path, free_port):
     assert "headroom" in audit
     in_process = outputs[-1][1]  # the Python example prints the engine ids it recorded
     assert re.search(r"\['[\w.-]+-\d+-0'\]", in_process), in_process
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    (out / "result.json").write_text(json.dumps(run_blocks(out)))

@@ -3,12 +3,16 @@
 One in-process engine run (module fixture) serves most assertions: a family workload (an ancestor,
 children declaring it, unrelated competing requests that force evictions, a late child) captured
 while vLLM publishes its own KV events over ZMQ `ipc://`. A second in-process engine runs the proxy
-connector around vLLM's ExampleConnector. The default multiprocess mode and a SIGKILLed capture run
-in subprocesses (this file is also their script: `python test_capture_engine.py MODE OUT`).
+connector around vLLM's ExampleConnector. The default multiprocess mode, a SIGKILLed capture and
+`kmesh-trace capture` around a script run in subprocesses (this file is also their script: `python
+test_capture_engine.py MODE OUT`), started before they are needed so that they run on the core the
+in-process tests leave idle: two in the background from the collection's end, the one to be killed with
+the module.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+import background  # tests/ is on sys.path
 from tiny_llm import BLOCK, NUM_BLOCKS, engine_env, family_workload, generate, make_llm, params, write_model  # tests/ is on sys.path
 from capture_runs import captured_with_kv_events
 
@@ -77,7 +82,33 @@ if __name__ == "__main__":
 
 pytestmark = pytest.mark.engine
 
+KMESH = str(Path(sys.executable).with_name("kmesh-trace"))
 
+
+# The multiprocess mode and `kmesh-trace capture` around the script start in the background when the collection
+# ends (tests/background.py), so they run beside the tests before them; KMESH_TRACE_DIR unset (None).
+MP = background.job(__name__, "mp", lambda out: [sys.executable, HERE, "mp", out], env={"KMESH_TRACE_DIR": None})
+CLI = background.job(__name__, "cli", lambda out: [KMESH, "capture", "--out", out / "trace", "--json", "--",
+                                                   sys.executable, HERE, "cli", out], env={"KMESH_TRACE_DIR": None})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def killed(tmp_path_factory):
+    """The script waiting to be SIGKILLed, started with the module (autouse, so before `family_run`: it starts
+    up while the in-process engine runs): (out, Popen, log file). Killed at the module's end if still running."""
+    if importlib.util.find_spec("vllm") is None:  # not imported here: that would delay the subprocess's start
+        pytest.skip("vllm is not installed")
+    out = tmp_path_factory.mktemp("capture_killed")
+    env = {**os.environ}
+    env.pop("KMESH_TRACE_DIR", None)
+    log = out / "script.log"
+    with open(log, "w") as f:  # a file, not a pipe: nobody reads it while the module's other tests run
+        proc = subprocess.Popen([sys.executable, str(HERE), "kill", str(out)], stdout=f, stderr=subprocess.STDOUT,
+                                env=env)
+    yield out, proc, log
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -296,21 +327,13 @@ def test_proxy_connector_records_stores_and_loads(tmp_path):
 
 # ---- multiprocess mode and SIGKILL (subprocesses) -------------------------------------------------
 
-def _run_script(mode: str, out: Path) -> subprocess.Popen:
-    env = {**os.environ}
-    env.pop("KMESH_TRACE_DIR", None)
-    return subprocess.Popen([sys.executable, str(HERE), mode, str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
-
-
-def test_multiprocess_engine_is_captured_in_its_own_process(tmp_path):
+def test_multiprocess_engine_is_captured_in_its_own_process():
     from kmesh_trace.trace import open_trace
 
-    proc = _run_script("mp", tmp_path)
-    log, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, log[-3000:]
-    data = json.loads((tmp_path / "outputs.json").read_text())
-    trace = open_trace(tmp_path / "trace")
+    out, proc = background.finished(MP)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    data = json.loads((out / "outputs.json").read_text())
+    trace = open_trace(out / "trace")
     (meta,) = trace.engines.values()
     assert meta["complete"] is True and meta["pid"] != data["pid"]  # the engine-core process wrote it
     rows = _by_caller(trace)
@@ -320,22 +343,24 @@ def test_multiprocess_engine_is_captured_in_its_own_process(tmp_path):
     assert kinds == {"declared", "exact_prefix"}
 
 
-def test_sigkilled_capture_leaves_readable_parts(tmp_path):
+def test_sigkilled_capture_leaves_readable_parts(killed):
     from kmesh_trace.trace import open_trace
 
-    proc = _run_script("kill", tmp_path)
+    out, proc, log = killed
     try:
         deadline = time.monotonic() + 300
-        for line in proc.stdout:
-            if line.startswith("READY") or time.monotonic() > deadline:
+        while not any(line.startswith("READY") for line in log.read_text().splitlines()):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            if time.monotonic() > deadline:
                 break
+            time.sleep(0.2)
         time.sleep(1.0)  # several flush intervals (0.2 s)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
-    data = json.loads((tmp_path / "outputs.json").read_text())
-    trace = open_trace(tmp_path / "trace")
+    data = json.loads((out / "outputs.json").read_text())
+    trace = open_trace(out / "trace")
     (meta,) = trace.engines.values()
     assert meta["complete"] is False
     rows = _by_caller(trace)
@@ -344,20 +369,18 @@ def test_sigkilled_capture_leaves_readable_parts(tmp_path):
     assert ev["seq"].to_list() == list(range(ev.height)) and ev.height > 0
 
 
-def test_cli_capture_runs_a_command_under_the_plugin(tmp_path, cli):
-    import sys as _sys
-
+def test_cli_capture_runs_a_command_under_the_plugin():
     from kmesh_trace.trace import open_trace
 
-    result = cli(["capture", "--out", tmp_path / "trace", "--json", "--", _sys.executable, HERE, "cli", tmp_path])
-    assert result.exit_code == 0, result.output[-3000:]
+    out, proc = background.finished(CLI)  # `kmesh-trace capture --out OUT/trace --json -- python THIS_FILE cli OUT`
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     # the command's own output passes through first; the summary is the last thing on stdout
-    start = result.stdout.rindex("\n{\n") + 1 if not result.stdout.startswith("{\n") else 0
-    summary = json.loads(result.stdout[start:])
+    start = proc.stdout.rindex("\n{\n") + 1 if not proc.stdout.startswith("{\n") else 0
+    summary = json.loads(proc.stdout[start:])
     (eid,) = summary["engines"]
     assert summary["engines"][eid]["complete"] is True and summary["engines"][eid]["num_dropped_events"] == 0
     assert summary["engines"][eid]["rows"]["invocations"] == 2 and summary["exit_code"] == 0
-    data = json.loads((tmp_path / "outputs.json").read_text())
-    rows = _by_caller(open_trace(tmp_path / "trace"))
+    data = json.loads((out / "outputs.json").read_text())
+    rows = _by_caller(open_trace(out / "trace"))
     assert {k: r["output_token_ids"] for k, r in rows.items()} == {o["request_id"]: o["output"] for o in data["outputs"]}
 

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm")
+from requires import skip_module_without  # noqa: E402  (tests/ is on sys.path)
+
+skip_module_without("vllm")  # looked up, not imported (tests/requires.py)
 
 from vllm_server import START_TIMEOUT_S, Server  # noqa: E402
 

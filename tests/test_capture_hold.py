@@ -1,8 +1,9 @@
 """The live family hold controller (capture/hold.py) on a real vLLM engine, against the what-if.
 
 hold-stress with every size doubled (32-token blocks, 129 physical blocks, sequential requests, the
-child's prompt carrying the parent's real output) runs twice in-process, each arm captured: stock,
-and held (`KMESH_HOLD=1`). The what-if computed from the stock capture alone
+child's prompt carrying the parent's real output) runs twice in one process (this file is its script,
+started in the background when the collection ends), each arm captured: stock, and held
+(`KMESH_HOLD=1`). The what-if computed from the stock capture alone
 (`kmesh_trace.oracle.pressure.what_if_trace`) must predict the hit tokens each request measured in
 both arms; in the held arm the controller's references show up as held/released block events, and
 at the end every block is back in the free queue with no reference left.
@@ -10,7 +11,14 @@ at the end every block is back in the free queue with no reference left.
 
 from __future__ import annotations
 
+import pickle
+import sys
+from pathlib import Path
+
 import pytest
+
+import background  # tests/ is on sys.path
+from requires import skip_module_without
 
 pytestmark = pytest.mark.engine
 
@@ -66,16 +74,30 @@ def _run_arm(tmp, *, hold: bool, monkeypatch) -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
-def arms(tmp_path_factory):
-    pytest.importorskip("vllm")
+def _run_arms(out: Path) -> None:
+    """Both arms, in a process of their own (this file is its script: `python THIS_FILE OUT`), pickled to
+    OUT/arms.pkl."""
     mp = pytest.MonkeyPatch()
     try:
-        stock = _run_arm(tmp_path_factory.mktemp("hold_stock"), hold=False, monkeypatch=mp)
-        held = _run_arm(tmp_path_factory.mktemp("hold_held"), hold=True, monkeypatch=mp)
+        (out / "stock").mkdir()
+        stock = _run_arm(out / "stock", hold=False, monkeypatch=mp)
+        (out / "held").mkdir()
+        held = _run_arm(out / "held", hold=True, monkeypatch=mp)
     finally:
         mp.undo()
-    return stock, held
+    (out / "arms.pkl").write_bytes(pickle.dumps((stock, held)))
+
+
+# Started in the background when the collection ends (tests/background.py): it runs beside the tests before it.
+ARMS = background.job(__name__, "arms", lambda out: [sys.executable, __file__, out])
+
+
+@pytest.fixture(scope="module")
+def arms():
+    skip_module_without("vllm")
+    out, proc = background.finished(ARMS)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return pickle.loads((out / "arms.pkl").read_bytes())
 
 
 def test_measured_hits_equal_the_what_if_from_the_stock_capture(arms):
@@ -138,3 +160,7 @@ def test_all_blocks_return_and_all_references_drain(arms):
     assert ev.filter(ev["event"] == "released")["block_id"].to_list() == held_ids[::-1]
     stock_kinds = set(open_trace(stock["trace"]).frame("block_events")["event"])
     assert stock_kinds == {"allocated", "touched", "cached", "freed", "evicted"}  # no controller, no holds
+
+
+if __name__ == "__main__":
+    _run_arms(Path(sys.argv[1]))

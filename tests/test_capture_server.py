@@ -21,7 +21,9 @@ import time
 
 import pytest
 
-pytest.importorskip("vllm")
+from requires import skip_module_without  # noqa: E402  (tests/ is on sys.path)
+
+skip_module_without("vllm")  # looked up, not imported (tests/requires.py)
 
 PROMPT = list(range(1, 101))  # 100 tokens: 3 full 32-token blocks
 

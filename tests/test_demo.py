@@ -5,24 +5,26 @@ Perfetto timeline must validate and match the invocations table.
 """
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
 
+import background  # tests/ is on sys.path
 from kmesh_trace import open_trace
 
 pytestmark = pytest.mark.engine
 
 
+# A subprocess, as a user runs it: the engine and its capture live and end with the command. It starts in
+# the background when the collection ends (tests/background.py), so it runs beside the tests before this module.
+DEMO = background.job(__name__, "demo", lambda out: [sys.executable, "-m", "kmesh_trace.cli", "demo", "--out", out,
+                                                     "--size", "small"],
+                      env={"VLLM_LOGGING_LEVEL": "WARNING"})
+
+
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
-    # A subprocess, as a user runs it: the engine and its capture live and end with the command.
-    proc = subprocess.run([sys.executable, "-m", "kmesh_trace.cli", "demo", "--out", str(out), "--size", "small"],
-                          capture_output=True, text=True, env=env, timeout=600)
+def demo():
+    out, proc = background.finished(DEMO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc
 

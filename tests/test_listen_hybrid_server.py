@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm")
+from requires import skip_module_without  # noqa: E402  (tests/ is on sys.path)
+
+skip_module_without("vllm")  # looked up, not imported (tests/requires.py)
 openai = pytest.importorskip("openai")
 
 from listen_servers import KMESH, start_captured_server, wait_healthy  # noqa: E402 (tests/ is on sys.path)

@@ -24,7 +24,9 @@ from pathlib import Path
 import pytest
 from listen_servers import KMESH, start_captured_server, wait_healthy
 
-pytest.importorskip("vllm")
+from requires import skip_module_without  # noqa: E402  (tests/ is on sys.path)
+
+skip_module_without("vllm")  # looked up, not imported (tests/requires.py)
 openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.engine
