@@ -455,10 +455,10 @@ def test_a_read_error_inside_a_jsonl_file_names_the_file(tmp_path, monkeypatch):
     p.write_text('{"a": 1}\n' * 3)
 
     def broken(*a, **k):
-        yield 1, {"a": 1}
+        yield 1, b'{"a": 1}'
         raise OSError(5, "Input/output error")  # what a failing disk gives a reader mid-file: no file name
 
-    monkeypatch.setattr(common, "_records", broken)
+    monkeypatch.setattr(common, "_lines", broken)
     rep = common.ImportReport("x", str(p), "o", "e")
     with pytest.raises(InputFormatError, match=f"cannot read {p}: Input/output error"):
         list(common.iter_records(p, rep))
