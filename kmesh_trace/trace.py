@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import kmesh_trace.schema as schema
-from kmesh_trace.errors import CorruptTraceError, KmeshTraceError, QueryRefusedError, TraceNotFoundError
+from kmesh_trace.errors import CorruptTraceError, KmeshTraceError, QueryRefusedError
 from kmesh_trace.parts import EngineMetadata
 from kmesh_trace.paths import check_trace_directory, inside
 from kmesh_trace.writer import ENGINES_DIR, LOSS_SUFFIX, MARKER

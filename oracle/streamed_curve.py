@@ -183,7 +183,7 @@ class DiskStream:
         """Pass 1: the file's rows in pieces; each piece's kept blocks get their ids and eligible flags, written
         to `obj` and `eligible`. Returns the per-request columns (prompt tokens, listed reads, kept blocks,
         output tokens, arrival)."""
-        from kmesh_trace.datasets.importers.mooncake import _REFUSED, _Buffer
+        from kmesh_trace.datasets.importers.mooncake import REFUSED, PlainPieces, ReadBuffer
         from kmesh_trace.oracle.stream_index import leading_flags
 
         table = _new(1 << 20)
@@ -193,14 +193,14 @@ class DiskStream:
         last_arrival = None
         self.num_objects = 0
         try:
-            with open(self.path, "rb") as f, _Buffer(chunk_bytes) as buf, \
+            with open(self.path, "rb") as f, ReadBuffer(chunk_bytes) as buf, \
                     open(self.dir / "obj", "wb") as fo, open(self.dir / "eligible", "wb") as fe:
-                lines = _LineColumns(buf.size, self.block_size)
+                lines = PlainPieces(buf.size, self.block_size)
                 have = 0
                 while True:
                     if have == buf.size:  # one line longer than the buffer
                         buf.grow()
-                        lines = _LineColumns(buf.size, self.block_size, lines)
+                        lines = PlainPieces(buf.size, self.block_size, lines)
                     got = f.readinto(buf.view[have:])
                     length, at_end = have + got, got == 0
                     used = lines.parse(buf.array, length, at_end)
@@ -208,7 +208,7 @@ class DiskStream:
                         raise KmeshTraceError(
                             f"{self.path.name}: a line is not in the plain Mooncake shape (four integer fields and a flat "
                             "list), which the bounded-memory curve reads; give --sample RATE for a sampled curve."
-                            if used == _REFUSED else f"{self.path.name} changed while it was read.")
+                            if used == REFUSED else f"{self.path.name} changed while it was read.")
                     rows = int(lines.counts[0])
                     if rows:
                         arrival = lines.arrival_ns[:rows]
@@ -310,30 +310,6 @@ class DiskStream:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class _LineColumns:
-    """Room for every row and hash a buffer of `buf_size` bytes can hold (a row takes more than 8 bytes, a hash
-    at least 2), filled by the importer's compiled parse (datasets/importers/mooncake.py); the line counts
-    carried over from `old`. A line the parse refuses ends the read: this path takes the plain shape only."""
-
-    def __init__(self, buf_size: int, block_size: int, old: "_LineColumns | None" = None) -> None:
-        rows, hashes = buf_size // 8 + 1, buf_size // 2 + 1
-        self.block_size = block_size
-        self.lineno, self.arrival_ns, self.num_prompt_tokens, self.num_output_tokens = (
-            np.empty(rows, np.int64) for _ in range(4))
-        self.offsets = np.zeros(rows + 1, np.int64)
-        self._hash_view = np.zeros(hashes, np.uint64)
-        self.counts = np.zeros(7, np.int64) if old is None else old.counts.copy()
-
-    def parse(self, buf: np.ndarray, length: int, at_end: bool) -> int:
-        """Bytes of buf[:length] consumed (whole lines), or a negative code (the line refused, or no room)."""
-        from kmesh_trace.datasets.importers.mooncake import _parse
-
-        return _parse(ptr(buf, np.uint8), length, at_end, self.block_size, ptr(self.lineno, np.int64),
-                      ptr(self.arrival_ns, np.int64), ptr(self.num_prompt_tokens, np.int64),
-                      ptr(self.num_output_tokens, np.int64), ptr(self.offsets, np.int64),
-                      ptr(self._hash_view, np.uint64), len(self.lineno), len(self._hash_view), ptr(self.counts, np.int64))
 
 
 # ---- the curve -------------------------------------------------------------------------------------------

@@ -391,15 +391,15 @@ def test_the_columns_are_sized_by_the_numbers_not_the_commas(tmp_path, chunk_byt
     src = tmp_path / "in.jsonl"
     src.write_bytes(b'{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [1' + b"," * 100_000
                     + b"]}\n" + GOOD + b"\n")
-    with open(src, "rb") as f, mooncake._Buffer(chunk_bytes or mooncake.CHUNK_BYTES) as buf:
+    with open(src, "rb") as f, mooncake.ReadBuffer(chunk_bytes or mooncake.CHUNK_BYTES) as buf:
         rows, hashes = mooncake._column_sizes(f, buf)
     assert (rows, hashes) == (2, 9)  # no block or chunk boundary falls in a run of digits here
     assert _check(tmp_path, src.read_bytes()) == [1]
     src.write_bytes(_file(VALID))
-    with open(src, "rb") as f, mooncake._Buffer(mooncake.CHUNK_BYTES) as buf:
+    with open(src, "rb") as f, mooncake.ReadBuffer(mooncake.CHUNK_BYTES) as buf:
         assert mooncake._column_sizes(f, buf) == (len(VALID), sum(len(_line_numbers(v)) for v in VALID))
     src.write_bytes(b"{" * 1000 + b"\n" + GOOD)
-    with open(src, "rb") as f, mooncake._Buffer(mooncake.CHUNK_BYTES) as buf:
+    with open(src, "rb") as f, mooncake.ReadBuffer(mooncake.CHUNK_BYTES) as buf:
         assert mooncake._column_sizes(f, buf)[0] == 2
 
 

@@ -43,7 +43,7 @@ CHUNK_BYTES = 4 << 20
 #: Why a row whose hashes are not all 64-bit unsigned integers is malformed.
 HASH_FAULT = "field hash_ids holds a value that is not a 64-bit unsigned integer"
 
-_REFUSED, _ROOM = -1, -2  # native/kernels/mooncake_lines.c's MC_REFUSED, MC_ROOM
+REFUSED, _ROOM = -1, -2  # native/kernels/mooncake_lines.c's MC_REFUSED, MC_ROOM
 _ROWS, _HASHES, _LINES, _BLANK, _AT, _END, _NEXT = range(7)  # its counts' slots
 _BRACES, _NUMBERS, _NEWLINES = range(3)  # its bounds' slots
 
@@ -219,7 +219,7 @@ def _read_compiled(src: Path, judge: _Judge, report: ImportReport, on_bytes) -> 
     """The file read by the compiled parse, each line it refuses judged by `judge`; None when reading fails or
     the file changes between the passes (the plain reader then reads it all, and says how it fails)."""
     try:
-        with open(src, "rb") as f, _Buffer(CHUNK_BYTES) as buf:
+        with open(src, "rb") as f, ReadBuffer(CHUNK_BYTES) as buf:
             reader = _Compiled(*_column_sizes(f, buf), judge)
             f.seek(0)
             have = 0
@@ -270,7 +270,7 @@ class _Compiled:
                           ptr(self._hash_view, np.uint64), len(c.lineno), len(c.hashes), ptr(counts, np.int64))
             if used >= 0:
                 return pos + used
-            if used != _REFUSED or not self._judged(buf[pos + counts[_AT]:pos + counts[_END]].tobytes()):
+            if used != REFUSED or not self._judged(buf[pos + counts[_AT]:pos + counts[_END]].tobytes()):
                 return None
             pos += int(counts[_NEXT])
 
@@ -303,7 +303,7 @@ class _Compiled:
         return c
 
 
-def _column_sizes(f, buf: "_Buffer") -> tuple[int, int]:
+def _column_sizes(f, buf: "ReadBuffer") -> tuple[int, int]:
     """(rows, hashes) that bound the columns of the file `f` reads (the first pass): a row is a line holding a
     '{', a hash a run of digits."""
     bounds = np.zeros(3, np.int64)
@@ -312,7 +312,7 @@ def _column_sizes(f, buf: "_Buffer") -> tuple[int, int]:
     return int(min(bounds[_BRACES], bounds[_NEWLINES] + 1)), int(bounds[_NUMBERS])
 
 
-class _Buffer:
+class ReadBuffer:
     """The reused read buffer, an anonymous mapping of its own: a malloc'd one would raise the allocator's
     mmap threshold to its size when freed, and every later allocation below it would stay on the heap
     (~15 MB more resident over a whole analysis at 16 MB)."""
@@ -341,8 +341,31 @@ class _Buffer:
             self.mm.close()
             self.size = 0
 
-    def __enter__(self) -> "_Buffer":
+    def __enter__(self) -> "ReadBuffer":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class PlainPieces:
+    """Room for every row and hash a buffer of `buf_size` bytes can hold (a row takes more than 8 bytes, a hash
+    at least 2), filled by the compiled parse, piece after piece (the bounded-memory curve's reader,
+    oracle/streamed_curve.py); the line counts
+    carried over from `old`. A line the parse refuses ends the read: this path takes the plain shape only."""
+
+    def __init__(self, buf_size: int, block_size: int, old: "PlainPieces | None" = None) -> None:
+        rows, hashes = buf_size // 8 + 1, buf_size // 2 + 1
+        self.block_size = block_size
+        self.lineno, self.arrival_ns, self.num_prompt_tokens, self.num_output_tokens = (
+            np.empty(rows, np.int64) for _ in range(4))
+        self.offsets = np.zeros(rows + 1, np.int64)
+        self._hash_view = np.zeros(hashes, np.uint64)
+        self.counts = np.zeros(7, np.int64) if old is None else old.counts.copy()
+
+    def parse(self, buf: np.ndarray, length: int, at_end: bool) -> int:
+        """Bytes of buf[:length] consumed (whole lines), or a negative code (the line refused, or no room)."""
+        return _parse(ptr(buf, np.uint8), length, at_end, self.block_size, ptr(self.lineno, np.int64),
+                      ptr(self.arrival_ns, np.int64), ptr(self.num_prompt_tokens, np.int64),
+                      ptr(self.num_output_tokens, np.int64), ptr(self.offsets, np.int64),
+                      ptr(self._hash_view, np.uint64), len(self.lineno), len(self._hash_view), ptr(self.counts, np.int64))

@@ -40,7 +40,6 @@ from __future__ import annotations
 import errno
 import functools
 import inspect
-import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass

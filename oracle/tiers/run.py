@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kmesh_trace.datasets.workloads.family_burst import family_burst
 from kmesh_trace.errors import KmeshTraceError
@@ -28,7 +27,7 @@ from kmesh_trace.oracle.tiers.family_burst import family_burst_arms
 import kmesh_trace.oracle.tiers.render as render
 from kmesh_trace.oracle.tiers.result import TierResult
 from kmesh_trace.oracle.tiers.simulate import simulate_tiers, with_stream
-from kmesh_trace.oracle.tiers.sweep import SweepResult, sweep_configs, sweep_tiers
+from kmesh_trace.oracle.tiers.sweep import SweepResult, sweep_tiers
 from kmesh_trace.oracle.workload import Workload
 from kmesh_trace.resources import check_fits, pool_bytes
 
