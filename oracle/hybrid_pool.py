@@ -50,14 +50,14 @@ from functools import partial
 from dataclasses import dataclass
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.kv_groups import (CHUNKED_LOCAL, FULL, MAMBA, MLA, SLIDING_WINDOW, KVCacheGroup, describe,  # noqa: F401
-                                   num_skipped_tokens, refuse_hybrid, retention_of_metadata)  # re-exported: the groups' own words
+from kmesh_trace.kv_groups import (CHUNKED_LOCAL, FULL, MAMBA, MLA, SLIDING_WINDOW, KVCacheGroup, describe,
+                                   num_skipped_tokens)
 from kmesh_trace.oracle.blockpool import _PRIVATE, PoolModel, PoolResult
 from kmesh_trace.oracle.hybrid_pool_compiled import replay_hybrid_compiled
 from kmesh_trace.oracle.stream import RequestBlocks, num_computed_tokens
 
 __all__ = ["HybridPoolReplay", "analysis_note", "blocks_per_position", "check_groups", "check_retention",
-           "pool_block_bytes", "position_capacity", "refuse_hybrid", "retention_of_metadata", "simulate_hybrid_pool"]
+           "pool_block_bytes", "position_capacity", "simulate_hybrid_pool"]
 
 NULL = 0  # vLLM's null block: stands for a skipped block in a block table; never freed or counted
 

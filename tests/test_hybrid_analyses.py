@@ -10,7 +10,7 @@ import json
 import pytest
 
 from kmesh_trace.kv_groups import KVCacheGroup
-from kmesh_trace.oracle.headroom import replay_point
+from kmesh_trace.oracle.policies import replay_point
 from kmesh_trace.oracle.hybrid_pool import pool_block_bytes, position_capacity, simulate_hybrid_pool
 from kmesh_trace.oracle.policies import POLICIES
 from kmesh_trace.oracle.workload import Workload
