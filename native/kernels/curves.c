@@ -136,32 +136,92 @@ static inline int64_t scan(const uint8_t *slots, int64_t lo, int64_t hi, int64_t
 }
 
 typedef struct {
-    int32_t *sm, *ms; /* nodes 1..nb-1 internal, nb + b summarises block b */
+    int32_t sm, ms; /* the sum of its slots, the smallest suffix sum after a last touch (INF32: none) */
+} tt_node;
+
+typedef struct {
+    tt_node *node; /* nodes 1..nb-1 internal, nb + b summarises block b */
     uint8_t *slots;
     int64_t nb;
 } time_tree_t;
 
+/* (sum, smallest suffix sum after a last touch) of two slots side by side, indexed by their states
+ * (earlier slot's in the low 4 bits): filled once by pair_table_init. */
+static tt_node PAIR[256];
+
+__attribute__((constructor)) static void pair_table_init(void)
+{
+    for (int k = 0; k < 256; k++) {
+        uint8_t two[2] = {(uint8_t)(k & 15), (uint8_t)(k >> 4)};
+        int32_t m;
+        int32_t s = (int32_t)scan(two, 0, 2, 0, &m, NULL);
+        PAIR[k] = (tt_node){s, m};
+    }
+}
+
+static inline tt_node join_nodes(tt_node l, tt_node r)
+{
+    int32_t a = l.ms + r.sm;
+    return (tt_node){l.sm + r.sm, a < r.ms ? a : r.ms};
+}
+
 static inline void tt_leaf(time_tree_t *tt, int64_t b)
 {
-    int32_t m;
-    int64_t s = scan(tt->slots, b * BLK, (b + 1) * BLK, 0, &m, NULL);
-    tt->sm[tt->nb + b] = (int32_t)s;
-    tt->ms[tt->nb + b] = m;
+    uint64_t w;
+    memcpy(&w, tt->slots + b * BLK, 8);
+    uint64_t k = (w & 0x000f000f000f000fULL) | ((w >> 4) & 0x00f000f000f000f0ULL); /* pair i in byte 2i */
+    tt_node a = join_nodes(PAIR[k & 255], PAIR[(k >> 16) & 255]);
+    tt_node c = join_nodes(PAIR[(k >> 32) & 255], PAIR[(k >> 48) & 255]);
+    tt->node[tt->nb + b] = join_nodes(a, c);
+}
+
+static inline tt_node tt_joined(const time_tree_t *tt, int64_t i)
+{
+    tt_node l = tt->node[2 * i], r = tt->node[2 * i + 1];
+    int32_t a = l.ms + r.sm;
+    return (tt_node){l.sm + r.sm, a < r.ms ? a : r.ms};
 }
 
 static inline void tt_join(time_tree_t *tt, int64_t i)
 {
-    int32_t sr = tt->sm[2 * i + 1], a = tt->ms[2 * i] + sr, b = tt->ms[2 * i + 1];
-    tt->sm[i] = tt->sm[2 * i] + sr;
-    tt->ms[i] = a < b ? a : b;
+    tt->node[i] = tt_joined(tt, i);
+}
+
+/* From node i up to the root, stopping at the first node its children leave unchanged (every node above
+ * it is then up to date). */
+static inline void tt_up(time_tree_t *tt, int64_t i)
+{
+    for (; i >= 1; i >>= 1) {
+        tt_node v = tt_joined(tt, i), o = tt->node[i];
+        if (v.sm == o.sm && v.ms == o.ms)
+            return;
+        tt->node[i] = v;
+    }
 }
 
 static inline void tt_pull(time_tree_t *tt, int64_t j)
 {
     int64_t b = j / BLK;
     tt_leaf(tt, b);
-    for (int64_t i = (tt->nb + b) >> 1; i >= 1; i >>= 1)
-        tt_join(tt, i);
+    tt_up(tt, (tt->nb + b) >> 1);
+}
+
+/* tt_pull of slots j and k together: their paths joined where they meet, so that changes that cancel
+ * (a sum + 1 below one, - 1 below the other) stop there. */
+static inline void tt_pull2(time_tree_t *tt, int64_t j, int64_t k)
+{
+    int64_t a = j / BLK, b = k / BLK;
+    tt_leaf(tt, a);
+    if (b != a)
+        tt_leaf(tt, b);
+    int64_t ia = (tt->nb + a) >> 1, ib = (tt->nb + b) >> 1;
+    while (ia != ib) {
+        tt_join(tt, ia);
+        tt_join(tt, ib);
+        ia >>= 1;
+        ib >>= 1;
+    }
+    tt_up(tt, ia);
 }
 
 static void tt_build(time_tree_t *tt)
@@ -175,22 +235,20 @@ static void tt_build(time_tree_t *tt)
 static int tt_alloc(time_tree_t *tt, int64_t nb)
 {
     tt->nb = nb;
-    tt->sm = calloc((size_t)(2 * nb), sizeof(int32_t));
-    tt->ms = malloc((size_t)(2 * nb) * sizeof(int32_t));
+    tt->node = malloc((size_t)(2 * nb) * sizeof(tt_node));
     tt->slots = calloc((size_t)(nb * BLK), 1);
-    if (!tt->sm || !tt->ms || !tt->slots)
+    if (!tt->node || !tt->slots)
         return KS_ENOMEM;
     for (int64_t i = 0; i < 2 * nb; i++)
-        tt->ms[i] = INF32;
+        tt->node[i] = (tt_node){0, INF32};
     return 0;
 }
 
 static void tt_free(time_tree_t *tt)
 {
-    free(tt->sm);
-    free(tt->ms);
+    free(tt->node);
     free(tt->slots);
-    tt->sm = tt->ms = NULL;
+    tt->node = NULL;
     tt->slots = NULL;
 }
 
@@ -206,7 +264,7 @@ static int64_t first_balanced(const time_tree_t *tt, int64_t p)
     int64_t a = 0;
     for (int64_t q = k - 1; q >= 0; q--) {
         after[q] = a;
-        a += tt->sm[nodes[q]];
+        a += tt->node[nodes[q]].sm;
     }
     int64_t first;
     int64_t total = scan(tt->slots, p + 1, (bp + 1) * BLK, a, NULL, &first);
@@ -217,11 +275,11 @@ static int64_t first_balanced(const time_tree_t *tt, int64_t p)
     for (int64_t q = 0; q < k; q++) {
         int64_t i = nodes[q];
         a = after[q];
-        if (tt->ms[i] + a != 0)
+        if (tt->node[i].ms + a != 0)
             continue;
         while (i < nb) {
-            int64_t sr = tt->sm[2 * i + 1];
-            if (tt->ms[2 * i] + a + sr == 0) {
+            int64_t sr = tt->node[2 * i + 1].sm;
+            if (tt->node[2 * i].ms + a + sr == 0) {
                 a += sr;
                 i = 2 * i;
             } else {
@@ -264,27 +322,96 @@ static int tt_move(time_tree_t *tt, int64_t *base, int64_t *low, int64_t t, cons
     return 0;
 }
 
-static inline void set_critical(int32_t *tree, int64_t csize, int64_t c, int32_t when)
+/* The capacities' critical times under a 16-ary min tree: level 0 holds capacity c's time at c (INF32: not
+ * tracked, or capacity 0), each level above the minimum of 16 below it, up to one root. Sixteen children
+ * are one cache line, compared at once, so a search reads a line a level, four levels for 65,536 capacities. */
+#define FAN 16
+#define MAX_LEVELS 12
+
+typedef struct {
+    int32_t *lv[MAX_LEVELS];
+    int levels; /* lv[levels - 1] is the root (one value) */
+} cap_tree_t;
+
+static void ct_free(cap_tree_t *ct)
 {
-    int64_t i = c + csize;
-    tree[i] = when;
-    for (i >>= 1; i >= 1; i >>= 1)
-        tree[i] = tree[2 * i] < tree[2 * i + 1] ? tree[2 * i] : tree[2 * i + 1];
+    for (int l = 0; l < ct->levels; l++)
+        free(ct->lv[l]);
+    ct->levels = 0;
+}
+
+/* Level 0 from times[1..top) (INF32 elsewhere), every level above built from it. */
+static int ct_build(cap_tree_t *ct, int64_t size, const int32_t *times, int64_t top)
+{
+    ct->levels = 0;
+    for (int64_t n = size;; n = (n + FAN - 1) / FAN) {
+        int64_t padded = n < FAN ? FAN : (n + FAN - 1) / FAN * FAN;
+        int32_t *v = aligned_alloc(64, (size_t)padded * sizeof(int32_t));
+        if (!v)
+            return KS_ENOMEM;
+        ct->lv[ct->levels++] = v;
+        for (int64_t i = 0; i < padded; i++)
+            v[i] = INF32;
+        if (ct->levels == 1) {
+            for (int64_t c = 1; c < top; c++)
+                v[c] = times[c];
+        } else {
+            const int32_t *below = ct->lv[ct->levels - 2];
+            for (int64_t g = 0; g < n; g++) {
+                int32_t m = INF32;
+                for (int k = 0; k < FAN; k++)
+                    m = below[FAN * g + k] < m ? below[FAN * g + k] : m;
+                v[g] = m;
+            }
+        }
+        if (n == 1)
+            return 0;
+    }
+}
+
+static inline int32_t ct_root(const cap_tree_t *ct)
+{
+    return ct->lv[ct->levels - 1][0];
+}
+
+/* The smallest capacity critical at or before s (the root is <= s). */
+static inline int64_t ct_first_at_or_before(const cap_tree_t *ct, int32_t s)
+{
+    int64_t i = 0;
+    for (int l = ct->levels - 2; l >= 0; l--) {
+        const int32_t *v = ct->lv[l] + FAN * i;
+        uint32_t mask = 0;
+        for (int k = 0; k < FAN; k++)
+            mask |= (uint32_t)(v[k] <= s) << k;
+        i = FAN * i + __builtin_ctz(mask);
+    }
+    return i;
+}
+
+static inline void set_critical(cap_tree_t *ct, int64_t c, int32_t when)
+{
+    ct->lv[0][c] = when;
+    for (int l = 1; l < ct->levels; l++) {
+        c /= FAN;
+        const int32_t *v = ct->lv[l - 1] + FAN * c;
+        int32_t m = v[0];
+        for (int k = 1; k < FAN; k++)
+            m = v[k] < m ? v[k] : m;
+        if (ct->lv[l][c] == m)
+            return;
+        ct->lv[l][c] = m;
+    }
 }
 
 /* The capacity tree doubled. Capacities at or above the old size were created without being tracked (each
  * at its creation time, never critical since); their critical times come back from the accesses that created
  * them (a fresh access creates one at 2u, its dummy one at 2u + 1), one bit per access in `fresh`. */
-static int more_capacities(int32_t **crit, int32_t **ctree, int64_t *csize, int64_t num_caps, const uint8_t *fresh)
+static int more_capacities(int32_t **crit, cap_tree_t *ct, int64_t *csize, int64_t num_caps, const uint8_t *fresh)
 {
     int64_t old = *csize, size = 2 * old, top = num_caps < size ? num_caps : size;
     int32_t *grown = malloc((size_t)size * sizeof(int32_t));
-    int32_t *tree = malloc((size_t)(2 * size) * sizeof(int32_t));
-    if (!grown || !tree) {
-        free(grown);
-        free(tree);
+    if (!grown)
         return KS_ENOMEM;
-    }
     memcpy(grown, *crit, (size_t)old * sizeof(int32_t));
     for (int64_t c = old; c < size; c++)
         grown[c] = -1;
@@ -298,24 +425,17 @@ static int more_capacities(int32_t **crit, int32_t **ctree, int64_t *csize, int6
             grown[c] = (int32_t)(2 * u + 1);
         c++;
     }
-    for (int64_t i = 0; i < 2 * size; i++)
-        tree[i] = INF32;
-    for (int64_t c = 1; c < top; c++)
-        tree[size + c] = grown[c];
-    for (int64_t i = size - 1; i >= 1; i--)
-        tree[i] = tree[2 * i] < tree[2 * i + 1] ? tree[2 * i] : tree[2 * i + 1];
+    ct_free(ct);
     free(*crit);
-    free(*ctree);
     *crit = grown;
-    *ctree = tree;
     *csize = size;
-    return 0;
+    return ct_build(ct, size, grown, top);
 }
 
 /* The belady curve of the stream (obj32 ids; n < 2^30: times 2t + 1 are int32). Returns the histograms'
  * length (out->count, out->possum), KS_ENOMEM, or KS_EBADSTREAM; out->window and out->tracked: the final
  * sizes of the two trees (slots, capacities). */
-KS_EXPORT int64_t ks_curves_belady_levels(const ks_access_stream *stream, int64_t measure_from,
+KS_EXPORT KS_WIDE_VECTORS int64_t ks_curves_belady_levels(const ks_access_stream *stream, int64_t measure_from,
                                           int64_t first_blocks, int64_t first_caps, ks_curve_out *out)
 {
     const int32_t *obj = KS_IDS(stream, int32_t);
@@ -333,21 +453,21 @@ KS_EXPORT int64_t ks_curves_belady_levels(const ks_access_stream *stream, int64_
     hist_t h;
     time_tree_t tt = {0};
     int rc = hist_init(&h);
-    int32_t *ctree = malloc((size_t)(2 * csize) * sizeof(int32_t));
+    cap_tree_t ct = {0};
     int32_t *crit = malloc((size_t)csize * sizeof(int32_t));
     uint8_t *fresh = calloc((size_t)((n >> 3) + 1), 1);
     int32_t *last = malloc((size_t)(num_objects > 0 ? num_objects : 1) * sizeof(int32_t));
     int64_t *thr = malloc((size_t)longest * sizeof(int64_t));
-    if (tt_alloc(&tt, first_blocks) < 0 || !ctree || !crit || !fresh || !last || !thr)
+    if (tt_alloc(&tt, first_blocks) < 0 || !crit || !fresh || !last || !thr)
         rc = KS_ENOMEM;
     if (rc < 0)
         goto done;
-    for (int64_t i = 0; i < 2 * csize; i++)
-        ctree[i] = INF32;
     for (int64_t i = 0; i < csize; i++)
         crit[i] = -1;
     for (int64_t i = 0; i < num_objects; i++)
         last[i] = -1;
+    if ((rc = ct_build(&ct, csize, crit, 0)) < 0)
+        goto done;
     int64_t base = 0, low = 0, num_caps = 0;
     for (int64_t r = 0; r < num_requests && rc == 0; r++) {
         int64_t nh = 0;
@@ -362,37 +482,35 @@ KS_EXPORT int64_t ks_curves_belady_levels(const ks_access_stream *stream, int64_
                     goto done;
                 }
                 int64_t s = first_balanced(&tt, p - base) + 2 * base, d;
-                if (ctree[1] > s) { /* no tracked capacity is critical by s: the smallest untracked one is */
+                if (ct_root(&ct) > s) { /* no tracked capacity is critical by s: the smallest untracked one is */
                     d = csize;
-                    if ((rc = more_capacities(&crit, &ctree, &csize, num_caps, fresh)) < 0)
+                    if ((rc = more_capacities(&crit, &ct, &csize, num_caps, fresh)) < 0)
                         goto done;
                 } else {
-                    int64_t i = 1;
-                    while (i < csize)
-                        i = ctree[2 * i] <= s ? 2 * i : 2 * i + 1;
-                    d = i - csize;
+                    d = ct_first_at_or_before(&ct, (int32_t)s);
                 }
                 thr[nh++] = d;
                 int32_t old = crit[d];
+                crit[d] = (int32_t)(2 * t);
+                set_critical(&ct, d, (int32_t)(2 * t));
+                tt.slots[p - base] &= (uint8_t)~S_TOUCH; /* the object's last touch moves to t */
                 if (old >= 0 && (old >> 1) >= base) { /* an earlier mark before the window is never read again */
                     tt.slots[(old >> 1) - base] &= (uint8_t)~((old & 1) ? S_CAP_DUMMY : S_CAP_READ);
-                    tt_pull(&tt, (old >> 1) - base);
+                    tt_pull2(&tt, (old >> 1) - base, p - base);
+                } else {
+                    tt_pull(&tt, p - base);
                 }
-                crit[d] = (int32_t)(2 * t);
-                set_critical(ctree, csize, d, (int32_t)(2 * t));
-                tt.slots[p - base] &= (uint8_t)~S_TOUCH; /* the object's last touch moves to t */
-                tt_pull(&tt, p - base);
             } else { /* a fresh object (first access, write, or a read after a write): a new capacity */
                 fresh[t >> 3] |= (uint8_t)(1 << (t & 7));
                 if (0 < num_caps && num_caps < csize) {
                     crit[num_caps] = (int32_t)(2 * t);
-                    set_critical(ctree, csize, num_caps, (int32_t)(2 * t));
+                    set_critical(&ct, num_caps, (int32_t)(2 * t));
                 }
                 num_caps++;
             }
             if (0 < num_caps && num_caps < csize) { /* the dummy after t: a fresh object, a new capacity */
                 crit[num_caps] = (int32_t)(2 * t + 1);
-                set_critical(ctree, csize, num_caps, (int32_t)(2 * t + 1));
+                set_critical(&ct, num_caps, (int32_t)(2 * t + 1));
             }
             num_caps++;
             tt.slots[t - base] = S_DONE | S_CAP_READ | S_TOUCH | S_CAP_DUMMY;
@@ -406,7 +524,7 @@ KS_EXPORT int64_t ks_curves_belady_levels(const ks_access_stream *stream, int64_
     out->tracked = csize;
 done:
     tt_free(&tt);
-    free(ctree);
+    ct_free(&ct);
     free(crit);
     free(fresh);
     free(last);

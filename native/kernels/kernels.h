@@ -23,6 +23,14 @@
 #define KS_IDS(s, T) \
     ((const T *)(sizeof(T) == sizeof(int32_t) ? (const void *)(s)->obj32 : (const void *)(s)->obj64))
 
+/* A kernel whose inner loops compare or take minima over a cache line of int32 values is also built for
+ * AVX2, chosen at load time where the CPU has it (GCC and Clang function multi-versioning on x86-64). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KS_WIDE_VECTORS __attribute__((target_clones("avx2", "default")))
+#else
+#define KS_WIDE_VECTORS
+#endif
+
 #define KS_LIKELY(x) __builtin_expect(!!(x), 1)
 #define KS_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
