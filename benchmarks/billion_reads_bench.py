@@ -142,15 +142,21 @@ def timed(cmd: list[str], as_limit: int | None = None) -> dict:
             "peak_rss_bytes": int(kib) * 1024, "stdout": res.stdout, "stderr_tail": res.stderr[-3000:]}
 
 
+IN_MEMORY = ("import sys; import kmesh_trace.oracle.streamed_curve as s; s.STREAMED_FROM_READS = 1 << 62; "
+             "from kmesh_trace.cli import main; sys.argv[0] = 'kmesh-trace'; main()")
+
+
 def run_point(src: Path, path: str, as_limit: int | None) -> dict:
     """`headroom SRC --window last-half --json` by `path`: "streamed" (forced: --sample 1 under a budget the
-    in-memory curve does not fit), "in-memory" (a budget it fits), "exact" (--sample 1: in memory when the default
-    budget fits it, else streamed) or "auto" (no flag)."""
+    in-memory curve does not fit), "in-memory" (a budget it fits, and the disk path's length rule,
+    `streamed_curve.STREAMED_FROM_READS`, off), "exact" (--sample 1) or "auto" (no flag: what users run)."""
     flags = {"streamed": ["--sample", "1", "--memory-budget", "0.001"], "in-memory": ["--memory-budget", "64"],
              "exact": ["--sample", "1"], "auto": []}[path]
-    cmd = [str(BIN / "kmesh-trace"), "headroom", str(src), "--window", "last-half", "--json", *flags]
+    # The in-memory path at any length: the CLI with the disk path's length rule switched off.
+    cli = [sys.executable, "-c", IN_MEMORY] if path == "in-memory" else [str(BIN / "kmesh-trace")]
+    cmd = [*cli, "headroom", str(src), "--window", "last-half", "--json", *flags]
     r = timed(cmd, as_limit)
-    r["command"] = " ".join(cmd)
+    r["command"] = " ".join(cmd if path != "in-memory" else ["kmesh-trace (disk path's length rule off)", *cmd[3:]])
     r["path"] = path
     r["bounded_note"] = "bounded memory" in r["stderr_tail"]
     if r["rc"] == 0:

@@ -18,11 +18,13 @@ kernels' own (per object and per capacity), not the stream's 13 bytes an access.
   maps it again), so the resident part of the stream stays what the kernels read in that interval.
 
 `choose_path` picks the path before anything is read, from the file's size and the block reads per byte of
-its first `SNIFF_BYTES`: in memory when the exact curves fit the memory budget (`--memory-budget`, default
-half the memory available), else this path when its own needs fit it, else the in-memory path, whose
-sampled curve says why. `--sample 1` (the exact curve, whatever the budget) takes this path when the
-in-memory one does not fit. Rows must come in arrival order (timestamps not decreasing), as a recorded
-trace does; a file that does not is refused with the way round it (`--sample`).
+its first `SNIFF_BYTES`: this path from `STREAMED_FROM_READS` block reads on (there it takes less time than
+the in-memory path and a fraction of its memory), and below that when the in-memory curves do not fit the
+memory budget (`--memory-budget`, default half the memory available) but this path's own needs do; else the
+in-memory path, whose sampled curve says why. `--sample 1` (the exact curve, whatever the budget) takes
+this path when the in-memory one does not fit. Rows must come in arrival order (timestamps not decreasing),
+as a recorded trace does; a file that does not is refused (`Unstreamable`) with the way round it
+(`--sample`), or, where this path was chosen for its speed, read into memory instead.
 """
 
 from __future__ import annotations
@@ -83,27 +85,44 @@ def estimated_reads(path: Path) -> int:
     return int(ids * size / max(len(head), 1))
 
 
-def choose_path(path, options, *, remote: bool = False) -> bool:
-    """True when `headroom` should build the stream of `path` on disk (this module), False for the in-memory
-    path: see the module docstring. Only a default-shaped curve of one Mooncake JSONL file is taken here."""
+#: Why a curve's stream is built on disk (`choose_path`), as its note says it.
+TOO_LARGE = "the in-memory stream would not fit the memory budget"
+LARGE = "at this length the disk path is the faster, and holds a fraction of the in-memory path's memory"
+#: Block reads from which the exact curve of a Mooncake file builds its stream on disk even where the
+#: in-memory one fits. On benchmarks/billion_reads_bench.py's agentic stream (benchmarks/README.md), whole
+#: process, this path against the in-memory one: at 10^8 reads 0.88x the time and 0.59x the peak memory;
+#: at 5 x 10^7 1.04x and 0.7x; at 10^7 1.1x and 0.77x.
+STREAMED_FROM_READS = 1 << 26
+
+
+class Unstreamable(KmeshTraceError):
+    """The file cannot be read by this path (lines out of time order or of another shape, too many accesses
+    or blocks, too little disk); the in-memory path may read it."""
+
+
+def choose_path(path, options, *, remote: bool = False) -> str | None:
+    """Why `headroom` should build the stream of `path` on disk (this module: `TOO_LARGE` or `LARGE`), or None
+    for the in-memory path: see the module docstring. Only a default-shaped curve of one Mooncake JSONL file
+    is taken here."""
     from kmesh_trace.oracle.headroom import EXACT_CURVE_BYTES_PER_ACCESS
 
     if path is None or remote or not options.wants_curve or options.capacities is not None:
-        return False
+        return None
     if options.partitions is not None or options.sample not in (None, 1):
-        return False
+        return None
     path = Path(path)
     if "://" in str(path) or not path.is_file():
-        return False
+        return None
     if not _is_mooncake(path):
-        return False
+        return None
     budget = _budget(options.memory_budget_gib)
     if budget is None:
-        return False
+        return None
     reads = estimated_reads(path)
-    if reads * EXACT_CURVE_BYTES_PER_ACCESS <= budget:
-        return False  # the in-memory curve fits
-    return options.sample == 1 or streamed_bytes(reads) <= budget
+    fits = streamed_bytes(reads) <= budget
+    if reads * EXACT_CURVE_BYTES_PER_ACCESS <= budget:  # the in-memory curve fits
+        return LARGE if reads >= STREAMED_FROM_READS and fits else None
+    return TOO_LARGE if options.sample == 1 or fits else None
 
 
 def _is_mooncake(path: Path) -> bool:
@@ -160,7 +179,7 @@ class DiskStream:
         need = estimated_reads(self.path) * DISK_BYTES_PER_ACCESS
         free = shutil.disk_usage(self.dir).free
         if need > free:
-            raise KmeshTraceError(f"the stream of {self.path.name} takes about {need / 2**30:,.1f} GiB on disk and "
+            raise Unstreamable(f"the stream of {self.path.name} takes about {need / 2**30:,.1f} GiB on disk and "
                                   f"{self.dir.parent} has {free / 2**30:,.1f} GiB free; point TMPDIR elsewhere, or "
                                   "give --sample RATE.")
 
@@ -169,7 +188,7 @@ class DiskStream:
         tokens, num_reads, n_full, n_out, arrival = per_request
         n = int(n_full.sum())
         if n >= 2**30:  # the belady curve's times are int32 (oracle/curves.py)
-            raise KmeshTraceError(f"the exact curves handle up to 2^30 block accesses, not {n:,}; give --sample RATE.")
+            raise Unstreamable(f"the exact curves handle up to 2^30 block accesses, not {n:,}; give --sample RATE.")
         self._next_uses(n, piece)
         req_start = np.zeros(len(tokens) + 1, np.int64)
         np.cumsum(n_full, out=req_start[1:])
@@ -205,7 +224,7 @@ class DiskStream:
                     length, at_end = have + got, got == 0
                     used = lines.parse(buf.array, length, at_end)
                     if used < 0:
-                        raise KmeshTraceError(
+                        raise Unstreamable(
                             f"{self.path.name}: a line is not in the plain Mooncake shape (four integer fields and a flat "
                             "list), which the bounded-memory curve reads; give --sample RATE for a sampled curve."
                             if used == REFUSED else f"{self.path.name} changed while it was read.")
@@ -213,7 +232,7 @@ class DiskStream:
                     if rows:
                         arrival = lines.arrival_ns[:rows]
                         if (last_arrival is not None and arrival[0] < last_arrival) or (np.diff(arrival) < 0).any():
-                            raise KmeshTraceError(
+                            raise Unstreamable(
                                 f"{self.path.name}: rows are not in arrival order (a timestamp goes back), which the "
                                 "bounded-memory curve reads in one pass; sort the file by timestamp, or give --sample RATE.")
                         last_arrival = int(arrival[-1])
@@ -244,7 +263,7 @@ class DiskStream:
         ids = np.empty(total, np.int32)
         got = _assign(table, ptr(kept, np.uint64), total, ptr(ids, np.int32))
         if got == _ETOOMANY:
-            raise KmeshTraceError(f"{self.path.name} has more than 2^31 - 1 distinct blocks; give --sample RATE.")
+            raise Unstreamable(f"{self.path.name} has more than 2^31 - 1 distinct blocks; give --sample RATE.")
         self.num_objects = check(got, "the stream's ids")
         ids.tofile(fo)
         leading_flags(starts, n_elig).tofile(fe)
@@ -315,10 +334,10 @@ class DiskStream:
 # ---- the curve -------------------------------------------------------------------------------------------
 
 def streamed_run(path, options, executor=None, *, progress=None, chunk_bytes: int = CHUNK_BYTES,
-                 piece: int = NEXT_USE_PIECE):
+                 piece: int = NEXT_USE_PIECE, why: str = TOO_LARGE):
     """`oracle.headroom.run` of the Mooncake JSONL file `path` on its stream built on disk: the same
     CurveResult (a file read as it is has no prefill timings and no usable-block count), with a note that
-    says which path ran."""
+    says which path ran and `why` (`choose_path`'s answer)."""
     from kmesh_trace.datasets.importers.mooncake import engine_metadata
     from kmesh_trace.oracle.headroom import run
 
@@ -332,5 +351,5 @@ def streamed_run(path, options, executor=None, *, progress=None, chunk_bytes: in
         with disk.dropping():
             res = run(workload, replace(options, sample=1), executor, fitted=fitted, note=note, progress=progress)
         res.notes.append(f"bounded memory: the stream of {len(stream):,} block accesses was built on disk and read "
-                         "from there (the exact curves; the in-memory stream would not fit the memory budget).")
+                         f"from there (the exact curves; {why}).")
     return res

@@ -1,7 +1,7 @@
 """The exact curve of a Mooncake JSONL file with its stream built on disk (oracle/streamed_curve.py): the
 stream built in pieces is the in-memory stream up to the numbering of the objects, the `headroom` JSON is
 the in-memory one byte for byte with pieces small enough that every boundary is crossed many times, the
-path is chosen by the memory budget, says so in a note (never in the JSON), and refuses what it cannot read
+path is chosen by the stream's length and the memory budget, says so in a note (never in the JSON), and refuses what it cannot read
 in one pass."""
 
 from __future__ import annotations
@@ -167,6 +167,35 @@ def test_path_is_chosen_by_the_memory_budget(jsonl, monkeypatch):
         assert not choose_path(jsonl, other)
     forced = HeadroomOptions(window="last-half", sample=1, memory_budget_gib=1e-6)
     assert choose_path(jsonl, forced)
+
+
+def test_a_long_stream_takes_this_path_even_where_memory_would_hold_it(jsonl, monkeypatch):
+    curve = HeadroomOptions(window="last-half")
+    assert choose_path(jsonl, curve) is None  # short: in memory
+    monkeypatch.setattr(streamed_curve, "STREAMED_FROM_READS", estimated_reads(jsonl))
+    assert choose_path(jsonl, curve) is streamed_curve.LARGE
+    assert choose_path(jsonl, HeadroomOptions(window="last-half", sample=1)) is streamed_curve.LARGE
+    # a budget too small for the in-memory curve: chosen for the memory, whatever the length
+    assert choose_path(jsonl, HeadroomOptions(window="last-half", sample=1, memory_budget_gib=1e-6)) is \
+        streamed_curve.TOO_LARGE
+    # a budget this path's own needs do not fit either: the in-memory path samples, and says why
+    assert choose_path(jsonl, HeadroomOptions(window="last-half", memory_budget_gib=1e-6)) is None
+
+
+def test_a_long_file_this_path_cannot_read_is_read_into_memory_with_a_note(cli, tmp_path, events, monkeypatch):
+    """Rows out of arrival order: the in-memory path sorts them; where the disk path was chosen for the length
+    alone, the run goes on in memory (the same JSON) and says so; forced by the budget, it stops."""
+    late = write_jsonl(tmp_path / "late.jsonl", [events[1], events[0], *events[2:3000]])
+    args = ["headroom", late, "--window", "last-half", "--json"]
+    mem = cli(args)
+    assert mem.exit_code == 0, mem.output
+    monkeypatch.setattr(streamed_curve, "STREAMED_FROM_READS", 1)
+    long = cli(args)
+    assert long.exit_code == 0, long.output
+    assert long.stdout == mem.stdout
+    assert "the bounded-memory path stopped" in long.stderr and "not in arrival order" in long.stderr
+    forced = cli([*args, "--sample", "1", "--memory-budget", "0.0001"])
+    assert forced.exit_code != 0 and "not in arrival order" in forced.output
 
 
 def test_refuses_rows_out_of_time_order_and_lines_it_cannot_read(tmp_path, events):

@@ -127,15 +127,27 @@ def headroom_cmd(f: HeadroomFlags, output: Output = None) -> None:
 
 
 def _on_disk(f: HeadroomFlags, options, executor):
-    """The curve of a Mooncake file too long to hold in memory, its stream built on disk (a status line on
-    stderr); None when the input is not one (`oracle.streamed_curve.choose_path`)."""
-    from kmesh_trace.oracle.streamed_curve import choose_path, streamed_run
+    """The curve of a Mooncake file too long to hold in memory, or long enough for the disk path to be the
+    faster, its stream built on disk (a status line on stderr); None when the input is not one
+    (`oracle.streamed_curve.choose_path`), or when that path was chosen for its speed and cannot read the
+    file (the in-memory path reads it then, and a note says why)."""
+    from kmesh_trace.oracle.streamed_curve import LARGE, Unstreamable, choose_path, streamed_run
 
-    if f.scenario is not None or f.sizes.capacity is not None or f.engine is not None or \
-            not choose_path(f.trace, options, remote=f.ray is not None):
+    if f.scenario is not None or f.sizes.capacity is not None or f.engine is not None:
         return None
-    with err.status("replaying") as status:
-        return streamed_run(f.trace, options, executor, progress=lambda what: status.update(f"replaying: {what}"))
+    why = choose_path(f.trace, options, remote=f.ray is not None)
+    if why is None:
+        return None
+    try:
+        with err.status("replaying") as status:
+            return streamed_run(f.trace, options, executor, why=why,
+                                progress=lambda what: status.update(f"replaying: {what}"))
+    except Unstreamable as e:
+        if why is not LARGE:
+            raise
+        err.print(f"note: the bounded-memory path stopped ({e}); the in-memory path reads the file instead.",
+                  markup=False, highlight=False)
+        return None
 
 
 def _in_memory(f: HeadroomFlags, options, executor):
