@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid
 from kmesh_trace.native.kernels import I64, P, check, declare, ptr
 from kmesh_trace.oracle.stream import AccessStream, kept_and_eligible
 from kmesh_trace.oracle.stream_index import NEVER
@@ -52,6 +53,10 @@ CHUNK_BYTES = 16 << 20
 NEXT_USE_PIECE = 1 << 23
 #: Seconds between two drops of the mapped stream pages the kernels have read.
 DROP_INTERVAL_S = 0.2
+#: Rows per record batch read from a trace's invocations, and the columns read.
+TRACE_BATCH_ROWS = 1 << 16
+TRACE_COLUMNS = ["request_id", "seq", "num_prompt_tokens", "num_output_tokens", "prompt_block_hashes", "arrival_ns",
+                 "prompt_token_ids", "finish_ns", "num_cached_tokens"]
 #: Bytes of the file's head read to estimate its block reads per byte.
 SNIFF_BYTES = 4 << 20
 #: What this path holds, per block read (the kernels' per-object and per-capacity state, the grid's hits per
@@ -111,18 +116,42 @@ def choose_path(path, options, *, remote: bool = False) -> str | None:
     if options.partitions is not None or options.sample not in (None, 1):
         return None
     path = Path(path)
-    if "://" in str(path) or not path.is_file():
+    if "://" in str(path):
         return None
-    if not _is_mooncake(path):
+    if path.is_dir():
+        reads = trace_reads(path)
+    elif path.is_file() and _is_mooncake(path):
+        reads = estimated_reads(path)
+    else:
         return None
     budget = _budget(options.memory_budget_gib)
-    if budget is None:
+    if reads is None or budget is None:
         return None
-    reads = estimated_reads(path)
     fits = streamed_bytes(reads) <= budget
     if reads * EXACT_CURVE_BYTES_PER_ACCESS <= budget:  # the in-memory curve fits
         return LARGE if reads >= STREAMED_FROM_READS and fits else None
     return TOO_LARGE if options.sample == 1 or fits else None
+
+
+def trace_reads(path: Path) -> int | None:
+    """Block hashes the invocations of trace directory `path` list, from its Parquet footers; None when it is
+    not a trace of one engine partition."""
+    parts = sorted(path.glob("invocations/engine=*/part-*.parquet"))
+    if not (path / "kmesh_trace.json").is_file() or not parts or len({p.parent for p in parts}) != 1:
+        return None
+    import pyarrow.parquet as pq
+
+    reads = 0
+    try:
+        for p in parts:
+            meta = pq.read_metadata(p)
+            for g in range(meta.num_row_groups):
+                rg = meta.row_group(g)
+                reads += next((rg.column(i).num_values for i in range(rg.num_columns)
+                               if rg.column(i).path_in_schema.startswith("prompt_block_hashes.")), 0)
+    except Exception:  # a damaged part: the trace reader says what it is
+        return None
+    return reads
 
 
 def _is_mooncake(path: Path) -> bool:
@@ -157,13 +186,16 @@ def _budget(gib: float | None) -> int | None:
 # ---- the stream on disk ------------------------------------------------------------------------------------
 
 class DiskStream:
-    """The access stream of a Mooncake JSONL file, written under a temporary directory: `stream` (its
-    columns mapped from there) and the per-request columns the vllm pool model reads. Use as a context
-    manager: the files go when it closes."""
+    """The access stream of a Mooncake JSONL file, or of a hash-only trace's one engine partition (an import: a
+    `kmesh_trace.trace.Trace` opened by the caller), written under a temporary directory: `stream` (its columns
+    mapped from there) and the per-request columns the vllm pool model reads. Use as a context manager: the
+    files go when it closes."""
 
-    def __init__(self, path: Path, block_size: int, *, chunk_bytes: int = CHUNK_BYTES,
+    def __init__(self, source, block_size: int, *, chunk_bytes: int = CHUNK_BYTES,
                  piece: int = NEXT_USE_PIECE, tmp_dir: str | None = None) -> None:
-        self.path, self.block_size = Path(path), int(block_size)
+        self.trace = None if isinstance(source, (str, Path)) else source
+        self.path = Path(source) if self.trace is None else Path(self.trace.path)
+        self.block_size = int(block_size)
         self.dir = Path(tempfile.mkdtemp(prefix="kmesh-stream-", dir=tmp_dir))
         self.stream: AccessStream | None = None
         self.columns: RequestColumns | None = None
@@ -176,12 +208,12 @@ class DiskStream:
             raise
 
     def _check_disk(self) -> None:
-        need = estimated_reads(self.path) * DISK_BYTES_PER_ACCESS
+        need = (estimated_reads(self.path) if self.trace is None else trace_reads(self.path)) * DISK_BYTES_PER_ACCESS
         free = shutil.disk_usage(self.dir).free
         if need > free:
             raise Unstreamable(f"the stream of {self.path.name} takes about {need / 2**30:,.1f} GiB on disk and "
-                                  f"{self.dir.parent} has {free / 2**30:,.1f} GiB free; point TMPDIR elsewhere, or "
-                                  "give --sample RATE.")
+                               f"{self.dir.parent} has {free / 2**30:,.1f} GiB free; point TMPDIR elsewhere, or "
+                               "give --sample RATE.")
 
     def _build(self, chunk_bytes: int, piece: int) -> None:
         per_request = self._ids_and_flags(chunk_bytes)
@@ -199,10 +231,9 @@ class DiskStream:
         self.columns = RequestColumns.of_values(n_out, arrival, None)
 
     def _ids_and_flags(self, chunk_bytes: int) -> tuple[np.ndarray, ...]:
-        """Pass 1: the file's rows in pieces; each piece's kept blocks get their ids and eligible flags, written
+        """Pass 1: the input's rows in pieces; each piece's kept blocks get their ids and eligible flags, written
         to `obj` and `eligible`. Returns the per-request columns (prompt tokens, listed reads, kept blocks,
         output tokens, arrival)."""
-        from kmesh_trace.datasets.importers.mooncake import REFUSED, PlainPieces, ReadBuffer
         from kmesh_trace.oracle.stream_index import leading_flags
 
         table = _new(1 << 20)
@@ -211,47 +242,98 @@ class DiskStream:
         cols: dict[str, list[np.ndarray]] = {k: [] for k in ("tokens", "reads", "full", "out", "arrival")}
         last_arrival = None
         self.num_objects = 0
+        pieces = self._jsonl_pieces(chunk_bytes) if self.trace is None else self._trace_pieces()
         try:
-            with open(self.path, "rb") as f, ReadBuffer(chunk_bytes) as buf, \
-                    open(self.dir / "obj", "wb") as fo, open(self.dir / "eligible", "wb") as fe:
-                lines = PlainPieces(buf.size, self.block_size)
-                have = 0
-                while True:
-                    if have == buf.size:  # one line longer than the buffer
-                        buf.grow()
-                        lines = PlainPieces(buf.size, self.block_size, lines)
-                    got = f.readinto(buf.view[have:])
-                    length, at_end = have + got, got == 0
-                    used = lines.parse(buf.array, length, at_end)
-                    if used < 0:
+            with open(self.dir / "obj", "wb") as fo, open(self.dir / "eligible", "wb") as fe:
+                for offsets, hashes, tokens, n_out, arrival in pieces:
+                    if (last_arrival is not None and arrival[0] < last_arrival) or (np.diff(arrival) < 0).any():
                         raise Unstreamable(
-                            f"{self.path.name}: a line is not in the plain Mooncake shape (four integer fields and a flat "
-                            "list), which the bounded-memory curve reads; give --sample RATE for a sampled curve."
-                            if used == REFUSED else f"{self.path.name} changed while it was read.")
-                    rows = int(lines.counts[0])
-                    if rows:
-                        arrival = lines.arrival_ns[:rows]
-                        if (last_arrival is not None and arrival[0] < last_arrival) or (np.diff(arrival) < 0).any():
-                            raise Unstreamable(
-                                f"{self.path.name}: rows are not in arrival order (a timestamp goes back), which the "
-                                "bounded-memory curve reads in one pass; sort the file by timestamp, or give --sample RATE.")
-                        last_arrival = int(arrival[-1])
-                        self._piece(lines, rows, table, cols, fo, fe, leading_flags)
-                        lines.counts[0] = lines.counts[1] = 0  # the next piece's rows and hashes from 0
-                    if at_end:
-                        break
-                    buf.array[:length - used] = buf.array[used:length]
-                    have = length - used
+                            f"{self.path.name}: rows are not in arrival order (a timestamp goes back), which the "
+                            "bounded-memory curve reads in one pass; sort the file by timestamp, or give --sample RATE.")
+                    last_arrival = int(arrival[-1])
+                    self._piece(offsets, hashes, tokens, n_out, arrival, table, cols, fo, fe, leading_flags)
         finally:
+            pieces.close()
             _free(table)
         if not cols["tokens"]:
             raise KmeshTraceError(f"{self.path.name} holds no request.")
         return tuple(np.concatenate(cols[k]) for k in ("tokens", "reads", "full", "out", "arrival"))
 
-    def _piece(self, lines, rows: int, table, cols, fo, fe, leading_flags) -> None:
-        off = lines.offsets[:rows + 1]
-        hashes = lines._hash_view
-        tokens = lines.num_prompt_tokens[:rows].copy()
+    def _jsonl_pieces(self, chunk_bytes: int):
+        """(hash offsets, hashes, prompt tokens, output tokens, arrival) of each piece of the JSONL file, read
+        `chunk_bytes` at a time by the importer's compiled parse (views, valid until the next piece)."""
+        from kmesh_trace.datasets.importers.mooncake import REFUSED, PlainPieces, ReadBuffer
+
+        with open(self.path, "rb") as f, ReadBuffer(chunk_bytes) as buf:
+            lines = PlainPieces(buf.size, self.block_size)
+            have = 0
+            while True:
+                if have == buf.size:  # one line longer than the buffer
+                    buf.grow()
+                    lines = PlainPieces(buf.size, self.block_size, lines)
+                got = f.readinto(buf.view[have:])
+                length, at_end = have + got, got == 0
+                used = lines.parse(buf.array, length, at_end)
+                if used < 0:
+                    raise Unstreamable(
+                        f"{self.path.name}: a line is not in the plain Mooncake shape (four integer fields and a flat "
+                        "list), which the bounded-memory curve reads; give --sample RATE for a sampled curve."
+                        if used == REFUSED else f"{self.path.name} changed while it was read.")
+                rows = int(lines.counts[0])
+                if rows:
+                    yield (lines.offsets[:rows + 1], lines._hash_view, lines.num_prompt_tokens[:rows],
+                           lines.num_output_tokens[:rows], lines.arrival_ns[:rows])
+                    lines.counts[0] = lines.counts[1] = 0  # the next piece's rows and hashes from 0
+                if at_end:
+                    return
+                buf.array[:length - used] = buf.array[used:length]
+                have = length - used
+
+    def _trace_pieces(self):
+        """The same of each record batch of the trace's invocations, its parts in order: rows that `headroom`
+        would read in another order (seq not rising), or as more than hashes (token ids, the engine's measured
+        hits, finish times: a capture's), stop this path (`Unstreamable`)."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+        import polars as pl
+
+        (engine,) = self.trace.engines
+        meta = self.trace.engines[engine]
+        if meta.get("num_usable_blocks") or is_hybrid(groups_from_metadata(meta)):
+            raise Unstreamable(f"{self.path.name} is a capture (its pool's usable blocks, or its KV cache groups), "
+                               "which the in-memory path reads.")
+        last_seq, ids, all_cached = -1, [], True
+        for part in self.trace.parts["invocations"]:
+            for b in pq.ParquetFile(part).iter_batches(batch_size=TRACE_BATCH_ROWS, columns=TRACE_COLUMNS):
+                if b.num_rows == 0:
+                    continue
+                c = dict(zip(b.schema.names, b.columns))
+                if c["prompt_token_ids"].null_count < b.num_rows or c["finish_ns"].null_count < b.num_rows:
+                    raise Unstreamable(f"{self.path.name} holds token ids or finish times (a capture's), which the "
+                                       "in-memory path reads.")
+                if c["prompt_block_hashes"].null_count or c["arrival_ns"].null_count:
+                    raise Unstreamable(f"{self.path.name} has rows without block hashes or arrival times.")
+                seq = c["seq"].to_numpy()
+                if seq[0] <= last_seq or (np.diff(seq) <= 0).any():
+                    raise Unstreamable(f"{self.path.name}: its rows are not stored in seq order.")
+                last_seq = int(seq[-1])
+                all_cached = all_cached and c["num_cached_tokens"].null_count == 0
+                ids.append(pl.from_arrow(c["request_id"]).hash(seed=0).to_numpy())
+                lists = c["prompt_block_hashes"]
+                offsets = lists.offsets.to_numpy()
+                yield (offsets - offsets[0], lists.values.to_numpy()[offsets[0]:offsets[-1]],
+                       c["num_prompt_tokens"].to_numpy(), pc.fill_null(c["num_output_tokens"], 0).to_numpy(),
+                       c["arrival_ns"].to_numpy())
+        if all_cached and ids:
+            raise Unstreamable(f"{self.path.name} has the engine's measured hits of every request (a capture's), "
+                               "which the in-memory path reads.")
+        hashed = np.sort(np.concatenate(ids)) if ids else np.zeros(0, np.uint64)
+        if (hashed[1:] == hashed[:-1]).any():  # a repeat, or (rarely) two ids of one hash: the in-memory path judges
+            raise Unstreamable(f"{self.path.name}: a request id may appear twice, which the in-memory path checks.")
+
+    def _piece(self, off, hashes, tokens, n_out, arrival, table, cols, fo, fe, leading_flags) -> None:
+        rows = len(tokens)
+        tokens = np.array(tokens, np.int64)
         num_reads = np.diff(off)
         n_full, n_elig = kept_and_eligible(num_reads, tokens, self.block_size)
         total = int(n_full.sum())
@@ -259,7 +341,7 @@ class DiskStream:
         np.cumsum(n_full, out=starts[1:])
         # The first n_full[r] hashes of each row, rows back to back.
         idx = np.arange(total, dtype=np.int64) + np.repeat(off[:-1] - starts[:-1], n_full)
-        kept = np.ascontiguousarray(hashes[idx])
+        kept = np.ascontiguousarray(hashes[idx], np.uint64)
         ids = np.empty(total, np.int32)
         got = _assign(table, ptr(kept, np.uint64), total, ptr(ids, np.int32))
         if got == _ETOOMANY:
@@ -268,7 +350,7 @@ class DiskStream:
         ids.tofile(fo)
         leading_flags(starts, n_elig).tofile(fe)
         for k, v in (("tokens", tokens), ("reads", num_reads), ("full", n_full),
-                     ("out", lines.num_output_tokens[:rows].copy()), ("arrival", lines.arrival_ns[:rows].copy())):
+                     ("out", np.array(n_out, np.int64)), ("arrival", np.array(arrival, np.int64))):
             cols[k].append(v)
 
     def _next_uses(self, n: int, piece: int) -> None:
@@ -333,19 +415,26 @@ class DiskStream:
 
 # ---- the curve -------------------------------------------------------------------------------------------
 
-def streamed_run(path, options, executor=None, *, progress=None, chunk_bytes: int = CHUNK_BYTES,
-                 piece: int = NEXT_USE_PIECE, why: str = TOO_LARGE):
-    """`oracle.headroom.run` of the Mooncake JSONL file `path` on its stream built on disk: the same
-    CurveResult (a file read as it is has no prefill timings and no usable-block count), with a note that
-    says which path ran and `why` (`choose_path`'s answer)."""
-    from kmesh_trace.datasets.importers.mooncake import engine_metadata
+def streamed_run(source, options, executor=None, *, fitted=None, note: str | None = None, progress=None,
+                 chunk_bytes: int = CHUNK_BYTES, piece: int = NEXT_USE_PIECE, why: str = TOO_LARGE):
+    """`oracle.headroom.run` of the Mooncake JSONL file `source`, or of the hash-only trace `source` (opened and
+    checked by the caller, with its fitted prefill cost and approximate-token note, as the in-memory path
+    takes them), on its stream built on disk: the same CurveResult (the input has no usable-block count), with
+    a note that says which path ran and `why` (`choose_path`'s answer)."""
     from kmesh_trace.oracle.headroom import run
 
-    block_size, fitted, note = engine_metadata(Path(path))["block_size"], None, None
+    if isinstance(source, (str, Path)):
+        from kmesh_trace.datasets.importers.mooncake import engine_metadata
+
+        block_size = engine_metadata(Path(source))["block_size"]
+    else:
+        from kmesh_trace.oracle.stream import engine_geometry
+
+        block_size, _ = engine_geometry(source)
 
     step = progress or (lambda what: None)
     step("building the stream on disk")
-    with DiskStream(Path(path), block_size, chunk_bytes=chunk_bytes, piece=piece) as disk:
+    with DiskStream(source, block_size, chunk_bytes=chunk_bytes, piece=piece) as disk:
         stream = disk.stream
         workload = Workload(block_size, None, stream, None, None, _columns=disk.columns)
         with disk.dropping():

@@ -61,9 +61,10 @@ def jsonl(tmp_path_factory, events):
 
 @pytest.fixture
 def small_pieces(monkeypatch):
-    """Pieces of 4 KiB of text and 777 accesses: thousands of boundaries on the test stream."""
+    """Pieces of 4 KiB of text, 37 rows of a trace and 777 accesses: thousands of boundaries on the test stream."""
     monkeypatch.setattr(streamed_curve, "CHUNK_BYTES", 4096)
     monkeypatch.setattr(streamed_curve, "NEXT_USE_PIECE", 777)
+    monkeypatch.setattr(streamed_curve, "TRACE_BATCH_ROWS", 37)
 
 
 def in_memory_stream(path):
@@ -196,6 +197,55 @@ def test_a_long_file_this_path_cannot_read_is_read_into_memory_with_a_note(cli, 
     assert "the bounded-memory path stopped" in long.stderr and "not in arrival order" in long.stderr
     forced = cli([*args, "--sample", "1", "--memory-budget", "0.0001"])
     assert forced.exit_code != 0 and "not in arrival order" in forced.output
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory, jsonl):
+    """The Mooncake file imported into a trace directory (Parquet), as `kmesh-trace import` writes it."""
+    from kmesh_trace.datasets.importers.mooncake import import_mooncake
+
+    out = tmp_path_factory.mktemp("imported") / "trace"
+    import_mooncake(jsonl, out)
+    return out
+
+
+def test_an_imported_trace_streams_from_its_parquet_parts_to_the_same_json(cli, jsonl, imported, small_pieces):
+    args = ["headroom", imported, "--window", "last-half", "--json"]
+    mem = cli(args)
+    assert mem.exit_code == 0, mem.output
+    assert "bounded memory" not in mem.stderr
+    disk = cli([*args, "--sample", "1", "--memory-budget", "0.0001"])
+    assert disk.exit_code == 0, disk.output
+    assert disk.stdout == mem.stdout
+    assert "note: bounded memory: the stream of" in disk.stderr
+    assert mem.stdout == cli(["headroom", jsonl, "--window", "last-half", "--json"]).stdout  # the file read as it is
+    assert choose_path(imported, HeadroomOptions(window="last-half")) is None
+    assert choose_path(imported, HeadroomOptions(window="last-half", sample=1, memory_budget_gib=1e-6)) is \
+        streamed_curve.TOO_LARGE
+
+
+def test_a_trace_with_the_engines_measured_hits_is_read_into_memory_with_a_note(cli, tmp_path, imported, monkeypatch):
+    """A capture's measured hits (the stock) are what the in-memory path reads: the disk path stops and says so."""
+    import shutil
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    trace = tmp_path / "with-stock"
+    shutil.copytree(imported, trace)
+    (part,) = trace.glob("invocations/engine=*/part-*.parquet")
+    t = pq.read_table(part)
+    hits = pc.multiply(pc.divide(t["num_prompt_tokens"], 2), 1)
+    i = t.schema.get_field_index("num_cached_tokens")
+    pq.write_table(t.set_column(i, t.schema.field(i), hits.cast(t.schema.field(i).type)), part)
+    args = ["headroom", trace, "--window", "last-half", "--json"]
+    mem = cli(args)
+    assert mem.exit_code == 0, mem.output
+    monkeypatch.setattr(streamed_curve, "STREAMED_FROM_READS", 1)
+    long = cli(args)
+    assert long.exit_code == 0, long.output
+    assert long.stdout == mem.stdout
+    assert "the bounded-memory path stopped" in long.stderr and "measured hits" in long.stderr
 
 
 def test_refuses_rows_out_of_time_order_and_lines_it_cannot_read(tmp_path, events):

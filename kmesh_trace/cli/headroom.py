@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import replace
 from enum import Enum
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -127,11 +128,11 @@ def headroom_cmd(f: HeadroomFlags, output: Output = None) -> None:
 
 
 def _on_disk(f: HeadroomFlags, options, executor):
-    """The curve of a Mooncake file too long to hold in memory, or long enough for the disk path to be the
-    faster, its stream built on disk (a status line on stderr); None when the input is not one
-    (`oracle.streamed_curve.choose_path`), or when that path was chosen for its speed and cannot read the
-    file (the in-memory path reads it then, and a note says why)."""
-    from kmesh_trace.oracle.streamed_curve import LARGE, Unstreamable, choose_path, streamed_run
+    """The curve of a Mooncake file or an imported trace too long to hold in memory, or long enough for the disk
+    path to be the faster, its stream built on disk (a status line on stderr); None when the input is not one
+    (`oracle.streamed_curve.choose_path`), or when that path cannot read it (the in-memory path reads it then,
+    and a note says why) unless the exact curve was asked for and memory cannot hold it."""
+    from kmesh_trace.oracle.streamed_curve import TOO_LARGE, Unstreamable, choose_path
 
     if f.scenario is not None or f.sizes.capacity is not None or f.engine is not None:
         return None
@@ -139,15 +140,25 @@ def _on_disk(f: HeadroomFlags, options, executor):
     if why is None:
         return None
     try:
-        with err.status("replaying") as status:
-            return streamed_run(f.trace, options, executor, why=why,
-                                progress=lambda what: status.update(f"replaying: {what}"))
+        if Path(f.trace).is_dir():
+            with open_input(f.trace, None, None, f.allow_incomplete) as (t, _):
+                fitted = None if options.tokens_per_s is not None else _fitted(t, None)
+                return _streamed(t, options, executor, why, fitted, approximate_tokens_note(t))
+        return _streamed(f.trace, options, executor, why, None, None)
     except Unstreamable as e:
-        if why is not LARGE:
+        if why is TOO_LARGE and options.sample == 1:
             raise
-        err.print(f"note: the bounded-memory path stopped ({e}); the in-memory path reads the file instead.",
+        err.print(f"note: the bounded-memory path stopped ({e}); the in-memory path reads the input instead.",
                   markup=False, highlight=False)
         return None
+
+
+def _streamed(source, options, executor, why, fitted, note):
+    from kmesh_trace.oracle.streamed_curve import streamed_run
+
+    with err.status("replaying") as status:
+        return streamed_run(source, options, executor, why=why, fitted=fitted, note=note,
+                            progress=lambda what: status.update(f"replaying: {what}"))
 
 
 def _in_memory(f: HeadroomFlags, options, executor):
