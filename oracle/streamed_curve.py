@@ -1,10 +1,14 @@
-"""The exact headroom curve of a Mooncake JSONL file too long for its stream to be held: the stream is built
-piece by piece onto disk, and the curve kernels read it from there, so the memory the analysis holds is the
-kernels' own (per object and per capacity), not the stream's 13 bytes an access.
+"""The exact headroom curve of a Mooncake JSONL file, or of a trace imported from one, too long for its stream
+to be held (or long enough for this path to cost about the same time and less memory): the stream is built
+piece by piece onto disk, and the curve kernels read it from there, so the memory the analysis holds is the kernels' own (per object
+and per capacity), not the stream's 13 bytes an access.
 
 - Input: the file is read in pieces of `CHUNK_BYTES` by the compiled line reader
   (datasets/importers/mooncake.py), never whole; a line it does not take (anything but the plain shape)
-  stops the path with an error that names `--sample`, the way that reads any file.
+  stops the path with an error that names `--sample`, the way that reads any file. A trace is read record
+  batch by record batch (`TRACE_BATCH_ROWS` rows of its Parquet parts, each part's row group read whole by
+  pyarrow); only a hash-only one (an import: no token ids, measured hits, finish times, usable blocks or KV
+  cache groups), its rows stored in seq order, is taken.
 - Ids: each hash gets a dense int32 id at its first sighting, from a hash table that lives across pieces
   (native/kernels/streamed_stream.c); only the distinct hashes are held (about 16 bytes each). The ids number the objects in
   another order than the in-memory stream's ranks; no policy's result depends on the numbering (the
@@ -18,13 +22,15 @@ kernels' own (per object and per capacity), not the stream's 13 bytes an access.
   maps it again), so the resident part of the stream stays what the kernels read in that interval.
 
 `choose_path` picks the path before anything is read, from the file's size and the block reads per byte of
-its first `SNIFF_BYTES`: this path from `STREAMED_FROM_READS` block reads on (there it takes less time than
-the in-memory path and a fraction of its memory), and below that when the in-memory curves do not fit the
-memory budget (`--memory-budget`, default half the memory available) but this path's own needs do; else the
-in-memory path, whose sampled curve says why. `--sample 1` (the exact curve, whatever the budget) takes
-this path when the in-memory one does not fit. Rows must come in arrival order (timestamps not decreasing),
-as a recorded trace does; a file that does not is refused (`Unstreamable`) with the way round it
-(`--sample`), or, where this path was chosen for its speed, read into memory instead.
+its first `SNIFF_BYTES` (a trace: the block hashes its Parquet footers count): this path from
+`STREAMED_FROM_READS` block reads on (there it takes about the in-memory path's time and about half its
+memory), and below that when the in-memory curves do not fit the memory budget (`--memory-budget`,
+default half the memory available) but this path's own needs do; else the in-memory path, whose sampled
+curve says why. `--sample 1` (the exact curve, whatever the budget) takes this path when the in-memory one
+does not fit. Rows must come in arrival order (timestamps not decreasing), as a recorded trace does; what
+this path cannot read raises `Unstreamable`, which the CLI turns into the in-memory path (with a note), or,
+where the exact curve was asked for and memory cannot hold it, into the error with the way round it
+(`--sample`).
 """
 
 from __future__ import annotations
@@ -92,11 +98,11 @@ def estimated_reads(path: Path) -> int:
 
 #: Why a curve's stream is built on disk (`choose_path`), as its note says it.
 TOO_LARGE = "the in-memory stream would not fit the memory budget"
-LARGE = "at this length the disk path is the faster, and holds a fraction of the in-memory path's memory"
-#: Block reads from which the exact curve of a Mooncake file builds its stream on disk even where the
-#: in-memory one fits. On benchmarks/billion_reads_bench.py's agentic stream (benchmarks/README.md), whole
-#: process, this path against the in-memory one: at 10^8 reads 0.88x the time and 0.59x the peak memory;
-#: at 5 x 10^7 1.04x and 0.7x; at 10^7 1.1x and 0.77x.
+LARGE = "at this length the disk path takes about the in-memory path's time and about half its memory"
+#: Block reads from which the exact curve of a Mooncake file (or an imported trace) builds its stream on disk
+#: even where the in-memory one fits. On benchmarks/billion_reads_bench.py's agentic stream (benchmarks/README.md),
+#: whole process, this path against the in-memory one: at 10^8 reads 0.88x and 1.02x the time in two runs, and
+#: 0.57x-0.59x the peak memory; at 5 x 10^7 1.04x and 0.7x; at 10^7 1.1x and 0.77x.
 STREAMED_FROM_READS = 1 << 26
 
 
@@ -297,14 +303,18 @@ class DiskStream:
         import pyarrow.parquet as pq
         import polars as pl
 
-        (engine,) = self.trace.engines
-        meta = self.trace.engines[engine]
+        if len(self.trace.engines) != 1:
+            raise Unstreamable(f"{self.path.name} has {len(self.trace.engines)} engine partitions.")
+        (meta,) = self.trace.engines.values()
         if meta.get("num_usable_blocks") or is_hybrid(groups_from_metadata(meta)):
             raise Unstreamable(f"{self.path.name} is a capture (its pool's usable blocks, or its KV cache groups), "
                                "which the in-memory path reads.")
         last_seq, ids, all_cached = -1, [], True
         for part in self.trace.parts["invocations"]:
-            for b in pq.ParquetFile(part).iter_batches(batch_size=TRACE_BATCH_ROWS, columns=TRACE_COLUMNS):
+            f = pq.ParquetFile(part)
+            if not set(TRACE_COLUMNS) <= set(f.schema_arrow.names):
+                raise Unstreamable(f"{part.name} predates columns of the contract, which the in-memory path fills in.")
+            for b in f.iter_batches(batch_size=TRACE_BATCH_ROWS, columns=TRACE_COLUMNS):
                 if b.num_rows == 0:
                     continue
                 c = dict(zip(b.schema.names, b.columns))

@@ -129,9 +129,10 @@ def headroom_cmd(f: HeadroomFlags, output: Output = None) -> None:
 
 def _on_disk(f: HeadroomFlags, options, executor):
     """The curve of a Mooncake file or an imported trace too long to hold in memory, or long enough for the disk
-    path to be the faster, its stream built on disk (a status line on stderr); None when the input is not one
-    (`oracle.streamed_curve.choose_path`), or when that path cannot read it (the in-memory path reads it then,
-    and a note says why) unless the exact curve was asked for and memory cannot hold it."""
+    path to cost about the same time and less memory, its stream built on disk (a status line on stderr); None
+    when the input is not one (`oracle.streamed_curve.choose_path`), or when that path cannot read it (the
+    in-memory path reads it then, and a note says why) unless the exact curve was asked for and memory cannot
+    hold it."""
     from kmesh_trace.oracle.streamed_curve import TOO_LARGE, Unstreamable, choose_path
 
     if f.scenario is not None or f.sizes.capacity is not None or f.engine is not None:
