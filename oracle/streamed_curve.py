@@ -1,7 +1,7 @@
 """The exact headroom curve of a Mooncake JSONL file, or of a trace imported from one, too long for its stream
 to be held (or long enough for this path to cost about the same time and less memory): the stream is built
-piece by piece onto disk, and the curve kernels read it from there, so the memory the analysis holds is the kernels' own (per object
-and per capacity), not the stream's 13 bytes an access.
+piece by piece onto disk, and the curve kernels read it from there, so the memory the analysis holds is the
+kernels' own (per object and per capacity), not the stream's 13 bytes an access.
 
 - Input: the file is read in pieces of `CHUNK_BYTES` by the compiled line reader
   (datasets/importers/mooncake.py), never whole; a line it does not take (anything but the plain shape)
