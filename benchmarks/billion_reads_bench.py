@@ -192,8 +192,9 @@ def record(row: dict, out: Path | None) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def plot(series: Path, out: Path) -> None:
-    """Wall seconds, CPU seconds and peak RSS against block reads, log-log, one line per path."""
+def plot(series: Path, out: Path, title: str) -> None:
+    """Wall seconds, CPU seconds and peak RSS against block reads, log-log, one line per path (or per row's
+    `label`, where the plot input gives one)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -201,9 +202,11 @@ def plot(series: Path, out: Path) -> None:
 
     rows = [json.loads(line) for line in series.read_text().splitlines() if line.strip()]
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for path in sorted({r["path"] for r in rows}):
+    for r in rows:
+        r.setdefault("label", r["path"])
+    for path in sorted({r["label"] for r in rows}):
         pts = sorted((r["reads"], r["wall_s"], r["cpu_s"], r["peak_rss_bytes"]) for r in rows
-                     if r["path"] == path and r.get("rc") == 0)
+                     if r["label"] == path and r.get("rc") == 0)
         if not pts:
             continue
         x = [p[0] for p in pts]
@@ -218,7 +221,7 @@ def plot(series: Path, out: Path) -> None:
         ax.set_ylabel(what)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("headroom FILE --window last-half --json (default curve), agentic stream; loaded 2-core machine")
+    fig.suptitle(f"headroom FILE --window last-half --json (default curve), agentic stream; {title}")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
@@ -242,9 +245,10 @@ def main() -> None:
     pl = sub.add_parser("plot")
     pl.add_argument("series", type=Path)
     pl.add_argument("--out", type=Path, required=True)
+    pl.add_argument("--title", default="2-core machine", help="what the plot's title says of the machine")
     args = ap.parse_args()
     if args.cmd == "plot":
-        plot(args.series, args.out)
+        plot(args.series, args.out, args.title)
         return
     if args.cmd == "build":
         WORK.mkdir(exist_ok=True)
