@@ -132,15 +132,20 @@ def test_next_uses_backward_in_pieces_are_next_uses():
 
 @pytest.mark.parametrize("extra", [[], ["--policies", "lru,belady"], ["--prefill-tokens-per-s", "5000"]])
 def test_cli_json_is_the_in_memory_json_byte_for_byte(cli, jsonl, small_pieces, extra):
-    args = ["headroom", jsonl, "--window", "last-half", "--json", *extra]
+    _same_json_from_disk(cli, ["headroom", jsonl, "--window", "last-half", "--json", *extra])
+
+
+def _same_json_from_disk(cli, args) -> str:
+    """`args` give the same JSON in memory and, with --sample 1 under the in-memory curve's need, from disk
+    (a note says so); returns it."""
     mem = cli(args)
     assert mem.exit_code == 0, mem.output
     assert "bounded memory" not in mem.stderr
-    # --sample 1: the exact curve whatever the budget; under the in-memory curve's need, from disk
     disk = cli([*args, "--sample", "1", "--memory-budget", "0.0001"])
     assert disk.exit_code == 0, disk.output
     assert disk.stdout == mem.stdout
     assert "note: bounded memory: the stream of" in disk.stderr and "built on disk" in disk.stderr
+    return mem.stdout
 
 
 def test_cli_human_output_names_the_path(cli, jsonl, small_pieces):
@@ -188,13 +193,7 @@ def test_a_long_file_this_path_cannot_read_is_read_into_memory_with_a_note(cli, 
     alone, the run goes on in memory (the same JSON) and says so; forced by the budget, it stops."""
     late = write_jsonl(tmp_path / "late.jsonl", [events[1], events[0], *events[2:3000]])
     args = ["headroom", late, "--window", "last-half", "--json"]
-    mem = cli(args)
-    assert mem.exit_code == 0, mem.output
-    monkeypatch.setattr(streamed_curve, "STREAMED_FROM_READS", 1)
-    long = cli(args)
-    assert long.exit_code == 0, long.output
-    assert long.stdout == mem.stdout
-    assert "the bounded-memory path stopped" in long.stderr and "not in arrival order" in long.stderr
+    _read_into_memory_when_long(cli, args, monkeypatch, "not in arrival order")
     forced = cli([*args, "--sample", "1", "--memory-budget", "0.0001"])
     assert forced.exit_code != 0 and "not in arrival order" in forced.output
 
@@ -210,15 +209,8 @@ def imported(tmp_path_factory, jsonl):
 
 
 def test_an_imported_trace_streams_from_its_parquet_parts_to_the_same_json(cli, jsonl, imported, small_pieces):
-    args = ["headroom", imported, "--window", "last-half", "--json"]
-    mem = cli(args)
-    assert mem.exit_code == 0, mem.output
-    assert "bounded memory" not in mem.stderr
-    disk = cli([*args, "--sample", "1", "--memory-budget", "0.0001"])
-    assert disk.exit_code == 0, disk.output
-    assert disk.stdout == mem.stdout
-    assert "note: bounded memory: the stream of" in disk.stderr
-    assert mem.stdout == cli(["headroom", jsonl, "--window", "last-half", "--json"]).stdout  # the file read as it is
+    got = _same_json_from_disk(cli, ["headroom", imported, "--window", "last-half", "--json"])
+    assert got == cli(["headroom", jsonl, "--window", "last-half", "--json"]).stdout  # the file read as it is
     assert choose_path(imported, HeadroomOptions(window="last-half")) is None
     assert choose_path(imported, HeadroomOptions(window="last-half", sample=1, memory_budget_gib=1e-6)) is \
         streamed_curve.TOO_LARGE
@@ -235,17 +227,23 @@ def test_a_trace_with_the_engines_measured_hits_is_read_into_memory_with_a_note(
     shutil.copytree(imported, trace)
     (part,) = trace.glob("invocations/engine=*/part-*.parquet")
     t = pq.read_table(part)
-    hits = pc.multiply(pc.divide(t["num_prompt_tokens"], 2), 1)
     i = t.schema.get_field_index("num_cached_tokens")
-    pq.write_table(t.set_column(i, t.schema.field(i), hits.cast(t.schema.field(i).type)), part)
-    args = ["headroom", trace, "--window", "last-half", "--json"]
+    hits = pc.divide(t["num_prompt_tokens"], 2).cast(t.schema.field(i).type)
+    pq.write_table(t.set_column(i, t.schema.field(i), hits), part)
+    _read_into_memory_when_long(cli, ["headroom", trace, "--window", "last-half", "--json"], monkeypatch,
+                                "measured hits")
+
+
+def _read_into_memory_when_long(cli, args, monkeypatch, why: str) -> None:
+    """`args` give the in-memory JSON whether the disk path is chosen for the length or not, and, where it is, a
+    note that it stopped, saying `why`."""
     mem = cli(args)
     assert mem.exit_code == 0, mem.output
     monkeypatch.setattr(streamed_curve, "STREAMED_FROM_READS", 1)
     long = cli(args)
     assert long.exit_code == 0, long.output
     assert long.stdout == mem.stdout
-    assert "the bounded-memory path stopped" in long.stderr and "measured hits" in long.stderr
+    assert "the bounded-memory path stopped" in long.stderr and why in long.stderr
 
 
 def test_refuses_rows_out_of_time_order_and_lines_it_cannot_read(tmp_path, events):
