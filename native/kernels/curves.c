@@ -322,7 +322,11 @@ static int tt_move(time_tree_t *tt, int64_t *base, int64_t *low, int64_t t, cons
     return 0;
 }
 
-/* The capacities' critical times under a 16-ary min tree: level 0 holds capacity c's time at c (INF32: not
+/* "Not critical at any time": above every time 2t + 1 a search compares with (t < 2^30), which INF32 is not
+ * (past 2^29 accesses, times reach it). */
+#define NOT_CRITICAL INT32_MAX
+
+/* The capacities' critical times under a 16-ary min tree: level 0 holds capacity c's time at c (NOT_CRITICAL: not
  * tracked, or capacity 0), each level above the minimum of 16 below it, up to one root. Sixteen children
  * are one cache line, compared at once, so a search reads a line a level, four levels for 65,536 capacities. */
 #define FAN 16
@@ -340,7 +344,7 @@ static void ct_free(cap_tree_t *ct)
     ct->levels = 0;
 }
 
-/* Level 0 from times[1..top) (INF32 elsewhere), every level above built from it. */
+/* Level 0 from times[1..top) (NOT_CRITICAL elsewhere), every level above built from it. */
 static int ct_build(cap_tree_t *ct, int64_t size, const int32_t *times, int64_t top)
 {
     ct->levels = 0;
@@ -351,14 +355,14 @@ static int ct_build(cap_tree_t *ct, int64_t size, const int32_t *times, int64_t 
             return KS_ENOMEM;
         ct->lv[ct->levels++] = v;
         for (int64_t i = 0; i < padded; i++)
-            v[i] = INF32;
+            v[i] = NOT_CRITICAL;
         if (ct->levels == 1) {
             for (int64_t c = 1; c < top; c++)
                 v[c] = times[c];
         } else {
             const int32_t *below = ct->lv[ct->levels - 2];
             for (int64_t g = 0; g < n; g++) {
-                int32_t m = INF32;
+                int32_t m = NOT_CRITICAL;
                 for (int k = 0; k < FAN; k++)
                     m = below[FAN * g + k] < m ? below[FAN * g + k] : m;
                 v[g] = m;
