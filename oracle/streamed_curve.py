@@ -145,6 +145,8 @@ def trace_reads(path: Path) -> int | None:
     parts = sorted(path.glob("invocations/engine=*/part-*.parquet"))
     if not (path / "kmesh_trace.json").is_file() or not parts or len({p.parent for p in parts}) != 1:
         return None
+    if not all(p.is_file() and not p.is_symlink() for p in parts):  # a FIFO would block the read: the trace reader
+        return None  # says what such a part is
     import pyarrow.parquet as pq
 
     reads = 0
