@@ -114,7 +114,7 @@ class Unstreamable(KmeshTraceError):
 def choose_path(path, options, *, remote: bool = False) -> str | None:
     """Why `headroom` should build the stream of `path` on disk (this module: `TOO_LARGE` or `LARGE`), or None
     for the in-memory path: see the module docstring. Only a default-shaped curve of one Mooncake JSONL file
-    is taken here."""
+    or one trace directory of one engine partition is taken here."""
     from kmesh_trace.oracle.headroom import EXACT_CURVE_BYTES_PER_ACCESS
 
     if path is None or remote or not options.wants_curve or options.capacities is not None:

@@ -177,9 +177,7 @@ static inline void tt_leaf(time_tree_t *tt, int64_t b)
 
 static inline tt_node tt_joined(const time_tree_t *tt, int64_t i)
 {
-    tt_node l = tt->node[2 * i], r = tt->node[2 * i + 1];
-    int32_t a = l.ms + r.sm;
-    return (tt_node){l.sm + r.sm, a < r.ms ? a : r.ms};
+    return join_nodes(tt->node[2 * i], tt->node[2 * i + 1]);
 }
 
 static inline void tt_join(time_tree_t *tt, int64_t i)
@@ -199,15 +197,8 @@ static inline void tt_up(time_tree_t *tt, int64_t i)
     }
 }
 
-static inline void tt_pull(time_tree_t *tt, int64_t j)
-{
-    int64_t b = j / BLK;
-    tt_leaf(tt, b);
-    tt_up(tt, (tt->nb + b) >> 1);
-}
-
-/* tt_pull of slots j and k together: their paths joined where they meet, so that changes that cancel
- * (a sum + 1 below one, - 1 below the other) stop there. */
+/* Slots j and k changed (j == k: one slot): their leaves and paths up, joined where they meet, so that changes
+ * that cancel (a sum + 1 below one, - 1 below the other) stop there. */
 static inline void tt_pull2(time_tree_t *tt, int64_t j, int64_t k)
 {
     int64_t a = j / BLK, b = k / BLK;
@@ -222,6 +213,11 @@ static inline void tt_pull2(time_tree_t *tt, int64_t j, int64_t k)
         ib >>= 1;
     }
     tt_up(tt, ia);
+}
+
+static inline void tt_pull(time_tree_t *tt, int64_t j)
+{
+    tt_pull2(tt, j, j);
 }
 
 static void tt_build(time_tree_t *tt)
@@ -337,6 +333,15 @@ typedef struct {
     int levels; /* lv[levels - 1] is the root (one value) */
 } cap_tree_t;
 
+/* The smallest of the FAN values at v (one cache line). */
+static inline int32_t line_min(const int32_t *v)
+{
+    int32_t m = v[0];
+    for (int k = 1; k < FAN; k++)
+        m = v[k] < m ? v[k] : m;
+    return m;
+}
+
 static void ct_free(cap_tree_t *ct)
 {
     for (int l = 0; l < ct->levels; l++)
@@ -361,12 +366,8 @@ static int ct_build(cap_tree_t *ct, int64_t size, const int32_t *times, int64_t 
                 v[c] = times[c];
         } else {
             const int32_t *below = ct->lv[ct->levels - 2];
-            for (int64_t g = 0; g < n; g++) {
-                int32_t m = NOT_CRITICAL;
-                for (int k = 0; k < FAN; k++)
-                    m = below[FAN * g + k] < m ? below[FAN * g + k] : m;
-                v[g] = m;
-            }
+            for (int64_t g = 0; g < n; g++)
+                v[g] = line_min(below + FAN * g);
         }
         if (n == 1)
             return 0;
@@ -397,10 +398,7 @@ static inline void set_critical(cap_tree_t *ct, int64_t c, int32_t when)
     ct->lv[0][c] = when;
     for (int l = 1; l < ct->levels; l++) {
         c /= FAN;
-        const int32_t *v = ct->lv[l - 1] + FAN * c;
-        int32_t m = v[0];
-        for (int k = 1; k < FAN; k++)
-            m = v[k] < m ? v[k] : m;
+        int32_t m = line_min(ct->lv[l - 1] + FAN * c);
         if (ct->lv[l][c] == m)
             return;
         ct->lv[l][c] = m;
