@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -291,10 +291,10 @@ class Twin:
                 rec.first_scheduled_s, rec.num_cached_tokens = self.clock, nr.num_computed_tokens
         rec_step, sampled = self._account(so)
         self.clock += rec_step.duration_s
-        ids = list(sampled)
+        ids = list(so.num_scheduled_tokens)  # every scheduled request; a partial prefill samples nothing
         s.update_from_output(so, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
-                                                   sampled_token_ids=[sampled[r] for r in ids]))
-        self._after(ids)
+                                                   sampled_token_ids=[sampled.get(r, []) for r in ids]))
+        self._after(list(sampled))
         self.steps.append(rec_step)
         return rec_step
 
@@ -364,7 +364,14 @@ def run_twin(requests: Sequence[TwinRequest], flags: EngineFlags, cost: StepCost
         if on_progress is not None and (now := i - len(twin.live)) > done:
             on_progress(now - done)
             done = now
-    return TwinResult(twin.records, twin.steps, flags, cost, f"vllm {vllm_version()}")
+    return TwinResult(twin.records, twin.steps, resolved_flags(twin.scheduler, flags), cost, f"vllm {vllm_version()}")
+
+
+def resolved_flags(scheduler, flags: EngineFlags) -> EngineFlags:
+    """`flags` with vLLM's defaults filled in as its scheduler resolved them (they depend on the platform)."""
+    sc = scheduler.scheduler_config
+    return replace(flags, max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
+                   chunked_prefill=bool(sc.enable_chunked_prefill))
 
 
 def result_dict(res: TwinResult) -> dict:
