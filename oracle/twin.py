@@ -153,7 +153,13 @@ def _vllm_config(flags: EngineFlags, model_dir: str):
 
 
 def _one_line(e: Exception) -> str:
-    """An exception's message on one line, pydantic's boilerplate (its docs link) left out."""
+    """An exception's message on one line: pydantic's messages without its boilerplate (input, docs link)."""
+    try:
+        found = [str(x.get("msg", "")).removeprefix("Value error, ") for x in e.errors()]  # pydantic's
+    except Exception:
+        found = []
+    if any(found):
+        return "; ".join(m for m in found if m).rstrip(".")[:400]
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and "errors.pydantic.dev" not in ln]
     text = " ".join(lines) or type(e).__name__
     return text.rstrip(".")[:400]
@@ -263,9 +269,10 @@ class Twin:
         self._hasher = get_request_block_hasher(self.flags.block_size, sha256)
         self._request, self._params = Request, SamplingParams
 
-    def add(self, q: TwinRequest) -> None:
-        """Give vLLM request `q` now (the clock's time is its arrival), or refuse it as vLLM's front end would."""
-        at = self.clock if q.arrival_s is None else q.arrival_s
+    def add(self, q: TwinRequest, by_concurrency: bool = False) -> None:
+        """Give vLLM request `q` now, or refuse it as vLLM's front end would; its arrival is its own, or now
+        (`by_concurrency`: it enters when a place is free)."""
+        at = self.clock if by_concurrency or q.arrival_s is None else q.arrival_s
         rec = RequestRecord(q.request_id, len(q.prompt), len(q.output), at)
         self.records.append(rec)
         if len(q.prompt) + len(q.output) > self.flags.max_model_len or not q.prompt:
@@ -350,7 +357,7 @@ def run_twin(requests: Sequence[TwinRequest], flags: EngineFlags, cost: StepCost
     i, n, done = 0, len(requests), 0
     while i < n or twin.live:
         while i < n and (len(twin.live) < concurrency if concurrency else requests[i].arrival_s <= twin.clock):
-            twin.add(requests[i])
+            twin.add(requests[i], bool(concurrency))
             i += 1
         if not twin.live:
             if i < n and not concurrency:
