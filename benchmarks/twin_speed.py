@@ -44,7 +44,7 @@ def main() -> None:
                 g.write(line)
         w = Workload.from_trace(read_directly(head))
     reqs = twin_requests(list(w.requests), w.block_size)
-    flags = EngineFlags(w.block_size, a.blocks, -(-max(len(q.prompt) + len(q.output) for q in reqs) // 512) * 512)
+    flags = EngineFlags(w.block_size, a.blocks, -(-max(q.num_prompt_tokens + q.num_output_tokens for q in reqs) // 512) * 512)
     t0 = time.perf_counter()
     sched = build_scheduler(flags)
     built = time.perf_counter() - t0

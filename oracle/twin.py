@@ -63,10 +63,29 @@ class EngineFlags:
 
 @dataclass
 class TwinRequest:
+    """One request for the twin: its prompt and the tokens the model runner samples, in order (at least one),
+    given, or derived from a trace request's block hashes when the twin asks (`tokens`), so that only the
+    requests in flight hold their ids."""
+
     request_id: str
-    prompt: list[int]
-    output: list[int]  # the tokens the model runner samples, in order (at least one)
+    prompt: list[int] | None
+    output: list[int] | None
     arrival_s: float | None  # None: enters when the concurrency allows (`run_twin(concurrency=...)`)
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    derived_from: tuple[RequestBlocks, int] | None = field(default=None, repr=False)  # (request, block size)
+
+    def __post_init__(self):
+        if self.prompt is not None:
+            self.num_prompt_tokens, self.num_output_tokens = len(self.prompt), len(self.output)
+
+    def tokens(self) -> tuple[list[int], list[int]]:
+        if self.derived_from is None:
+            return self.prompt, self.output
+        r, block_size = self.derived_from
+        seq = hash_tokens(list(r.prompt_hashes) + list(r.output_hashes), block_size,
+                          self.num_prompt_tokens + self.num_output_tokens, r.index)
+        return seq[:self.num_prompt_tokens], seq[self.num_prompt_tokens:]
 
 
 @dataclass
@@ -219,19 +238,16 @@ def twin_requests(requests: Sequence[RequestBlocks], block_size: int, arrivals_s
     out = []
     for k, r in enumerate(requests):
         n_out = max(r.num_output_tokens or 0, 1)  # vLLM samples at least one token
-        if r.prompt_token_ids is not None:
-            prompt = list(r.prompt_token_ids)
-            tail = list(r.output_token_ids or [])[:n_out]
-            output = tail + [UNIQUE_BASE + (r.index & _M30)] * (n_out - len(tail))
-        else:
-            seq = hash_tokens(list(r.prompt_hashes) + list(r.output_hashes), block_size,
-                              r.num_prompt_tokens + n_out, r.index)
-            prompt, output = seq[:r.num_prompt_tokens], seq[r.num_prompt_tokens:]
         if arrivals_s is not None:
             at = float(arrivals_s[k])
         else:
             at = None if r.arrival_ns is None else (r.arrival_ns - t0) / 1e9
-        out.append(TwinRequest(r.request_id, prompt, output, at))
+        if r.prompt_token_ids is not None:
+            tail = list(r.output_token_ids or [])[:n_out]
+            output = tail + [UNIQUE_BASE + (r.index & _M30)] * (n_out - len(tail))
+            out.append(TwinRequest(r.request_id, r.prompt_token_ids, output, at))
+        else:
+            out.append(TwinRequest(r.request_id, None, None, at, r.num_prompt_tokens, n_out, (r, block_size)))
     return out
 
 
@@ -273,15 +289,16 @@ class Twin:
         """Give vLLM request `q` now, or refuse it as vLLM's front end would; its arrival is its own, or now
         (`by_concurrency`: it enters when a place is free)."""
         at = self.clock if by_concurrency or q.arrival_s is None else q.arrival_s
-        rec = RequestRecord(q.request_id, len(q.prompt), len(q.output), at)
+        rec = RequestRecord(q.request_id, q.num_prompt_tokens, q.num_output_tokens, at)
         self.records.append(rec)
-        if len(q.prompt) + len(q.output) > self.flags.max_model_len or not q.prompt:
+        if q.num_prompt_tokens + q.num_output_tokens > self.flags.max_model_len or not q.num_prompt_tokens:
             rec.status = "refused"
             return
-        req = self._request(q.request_id, list(q.prompt), self._params(max_tokens=len(q.output), ignore_eos=True),
+        prompt, output = q.tokens()
+        req = self._request(q.request_id, list(prompt), self._params(max_tokens=len(output), ignore_eos=True),
                             None, block_hasher=self._hasher)
         self.scheduler.add_request(req)
-        self.live[q.request_id] = _Live(req, q.output, rec)
+        self.live[q.request_id] = _Live(req, output, rec)
 
     def step(self) -> StepRecord | None:
         """One scheduler step and its model runner output; None when the scheduler gave out nothing."""

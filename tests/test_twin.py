@@ -50,6 +50,22 @@ def test_sequential_twin_equals_the_vllm_pool_model():
         assert sum(r.num_preemptions for r in res.requests) == 0
 
 
+def test_hash_only_requests_get_the_hits_of_their_token_ids():
+    """The same workloads with their token ids dropped (as an import of block hashes has them): the ids derived
+    from the hashes give the pool model's hits too."""
+    from dataclasses import replace
+
+    rng = random.Random(77)
+    for _ in range(20):
+        sc = random_family_workload(rng)
+        rb, cap = sc.request_blocks(), _fits(sc)
+        model = simulate_pool(rb, block_size=sc.block_size, num_usable_blocks=cap, timed=False)
+        bare = [replace(r, prompt_token_ids=None, output_token_ids=None) for r in rb]
+        reqs = twin_requests(bare, sc.block_size, [1000.0 * i for i in range(len(rb))])
+        res = run_twin(reqs, EngineFlags(sc.block_size, cap, 1 << 16), StepCost())
+        assert [r.num_cached_tokens for r in res.requests] == model.hit_tokens
+
+
 def _overlapping(seed: int, n: int = 60) -> list[TwinRequest]:
     rng = random.Random(seed)
     system = [rng.randrange(1, 30000) for _ in range(64)]
@@ -84,7 +100,7 @@ def test_a_request_that_never_fits_is_aborted_and_the_rest_run():
 def test_a_request_longer_than_max_model_len_is_refused():
     reqs = _overlapping(7, 3)
     res = run_twin(reqs, EngineFlags(16, 48, 128), StepCost())
-    long = [len(q.prompt) + len(q.output) > 128 for q in reqs]
+    long = [q.num_prompt_tokens + q.num_output_tokens > 128 for q in reqs]
     assert [r.status == "refused" for r in res.requests] == long
 
 

@@ -86,7 +86,7 @@ def plan(requests: Sequence[RequestBlocks], block_size: int, usable: int | None,
     times, how = _arrivals(requests, o)
     reqs = twin_requests(requests, block_size, times)
     bs = o.block_size or block_size
-    longest = max(len(q.prompt) + len(q.output) for q in reqs)
+    longest = max(q.num_prompt_tokens + q.num_output_tokens for q in reqs)
     flags = EngineFlags(bs, blocks, o.max_model_len or -(-longest // bs) * bs, o.max_num_seqs,
                         o.max_num_batched_tokens, o.chunked_prefill)
     return flags, reqs, how
@@ -134,12 +134,13 @@ def _rows(requests: Sequence[RequestBlocks], reqs: Sequence[TwinRequest], res: T
     rows = []
     for k, (r, q, rec) in enumerate(zip(requests, reqs, res.requests)):
         finished = rec.status == "finished"
+        prompt, output = q.tokens() if finished or not hashes else (None, None)
         rows.append({
             "request_id": r.request_id, "seq": k, "family_id": r.family_id,
             "parent_id": None if r.parent_index is None else ids[r.parent_index],
-            "num_expected_children": r.num_expected_children, "num_prompt_tokens": len(q.prompt),
-            "num_output_tokens": len(q.output) if finished else None,
-            "prompt_token_ids": None if hashes else q.prompt, "output_token_ids": q.output if finished else None,
+            "num_expected_children": r.num_expected_children, "num_prompt_tokens": q.num_prompt_tokens,
+            "num_output_tokens": q.num_output_tokens if finished else None,
+            "prompt_token_ids": None if hashes else prompt, "output_token_ids": output if finished else None,
             "prompt_block_hashes": [h & ((1 << 64) - 1) for h in r.prompt_hashes] if hashes else None,
             "arrival_ns": _ns(rec.arrival_s), "first_scheduled_ns": _ns(rec.first_scheduled_s),
             "first_token_ns": _ns(rec.first_token_s), "finish_ns": _ns(rec.finish_s),
