@@ -279,7 +279,8 @@ class MetadataField:
 METADATA: dict[str, MetadataField] = {
     "engine_id": MetadataField(str, None, "Engine partition id: the `engine=` directory name of its parts."),
     "source": MetadataField(str, None, "capture (a live engine), kv-events:<engine> (the KV events an unmodified vLLM or SGLang published, "
-               "recorded by `kmesh-trace listen`) or import:<format> (a converted public trace)."),
+               "recorded by `kmesh-trace listen`), import:<format> (a converted public trace) or simulate:vllm (a run of "
+               "`kmesh-trace simulate`: vLLM's own scheduler in simulated time, no model)."),
     "schema_version": MetadataField(str, None, "Schema version the partition was written with."),
     "host": MetadataField(str, None, "Host name of the engine process."),
     "pid": MetadataField(int, None, "Process id of the engine process (a KV-events recording: the listener's, which wrote the partition).", minimum=0),
@@ -332,6 +333,11 @@ METADATA: dict[str, MetadataField] = {
                                         "before each prompt's last token and before a shared-prefix junction; a positive "
                                         "interval also before each interval's end; -1 (vLLM's none) every block.",
                                         minimum=-1),
+    "simulation": MetadataField(dict, None, "Simulated partitions (source simulate:vllm): what `kmesh-trace simulate` ran, "
+                   "`engine` (the vLLM whose scheduler ran), `flags` (block_size, num_gpu_blocks, max_model_len, "
+                   "max_num_seqs, max_num_batched_tokens, chunked_prefill), `step_cost` (the step-cost model's "
+                   "coefficients, seconds, and where they came from), `arrivals` (the trace's own, poisson:RATE or "
+                   "concurrency:N) and `input` (the source simulated)."),
     "kv_events": MetadataField(dict, None, "KV-events recordings: the publisher (`endpoint`, `replay_endpoint`, `topic`, `format`), "
                   "`hash_kind` (what `block_hash` holds), batches received and replayed, sequence gaps found, batches "
                   "recovered from the replay socket and `num_unrecovered_batches` (lost: the audit names them), "

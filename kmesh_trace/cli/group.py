@@ -49,6 +49,10 @@ COMMANDS = (
                                              "block-pool model; report the tradeoff"),
     ("tiers", "kmesh_trace.cli.tiers", "Simulate the trace through the GPU pool and host/SSD tiers; hits by tier, "
                                        "bytes read, seconds saved, TTFT"),
+    ("simulate", "kmesh_trace.cli.simulate", "Run the source's requests through vLLM's own scheduler and KV cache "
+                                             "manager in simulated time (no model, no GPU) and write the run as a "
+                                             "trace: hits, TTFT, throughput and preemptions under the engine flags "
+                                             "you give"),
     ("fleet", "kmesh_trace.cli.fleet", "Hit ratio, prefill tokens and load imbalance of each routing policy, and its "
                                        "gap to a global pool"),
     ("demo", "kmesh_trace.cli.demo", "Capture a real (tiny, CPU) vLLM engine running an agent workload, then analyse "
