@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +30,7 @@ class Job:
         self.result: subprocess.CompletedProcess | None = None
         self.error: BaseException | None = None
         self.proc: subprocess.Popen | None = None
+        self.started: float = 0.0  # time.monotonic() when its process started
 
     def run(self, root: Path) -> None:
         """Run the job unless it already started (here or on another thread)."""
@@ -46,6 +48,7 @@ class Job:
                     raise RuntimeError("the test session ended before this job started")
                 self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                              env=env)
+                self.started = time.monotonic()
             try:
                 stdout, stderr = self.proc.communicate(timeout=self.timeout)
             except subprocess.TimeoutExpired:
@@ -100,6 +103,11 @@ def finished(j: Job) -> tuple[Path, subprocess.CompletedProcess]:
     if j.error is not None:
         raise j.error
     return j.out, j.result
+
+
+def running() -> list[Job]:
+    """The jobs whose process runs now (named in the suite's heartbeat lines, tests/heartbeat.py)."""
+    return [j for j in JOBS if j.proc is not None and j.proc.poll() is None]
 
 
 def cleanup() -> None:
