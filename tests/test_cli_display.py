@@ -257,3 +257,20 @@ def test_help_has_no_list_type_labels_and_no_double_space_before_brackets(cli, w
     assert r.exit_code == 0
     assert "<list[" not in r.stdout
     assert not re.search(r"\S  \[(default|required)", r.stdout), r.stdout
+
+
+#: The commands whose prose (a table's title, its notes, a summary line) ran past 80 columns on a real capture.
+CAPTURE_COMMANDS = [["tiers", "--host", "256", "--ssd", "1024"], ["tiers", "--sweep-host", "0,256", "--sweep-ssd", "0,1024"],
+                    ["lineage"], ["pressure"], ["audit", "capture"]]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("args", CAPTURE_COMMANDS, ids=[" ".join(a) for a in CAPTURE_COMMANDS])
+def test_a_real_capture_prints_no_line_over_80_columns(cli, width, family_capture, args):
+    trace, _ = family_capture
+    width(80)
+    argv = args[:2] + [trace] + args[2:] if args[0] == "audit" else args[:1] + [trace] + args[1:]
+    r = cli(argv)
+    assert r.exit_code in (0, 3), r.stdout + r.stderr
+    long = [line for line in (r.stdout + r.stderr).splitlines() if len(line) > 80]
+    assert not long, long
