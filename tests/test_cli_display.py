@@ -257,6 +257,8 @@ def test_help_has_no_list_type_labels_and_no_double_space_before_brackets(cli, w
     assert r.exit_code == 0
     assert "<list[" not in r.stdout
     assert not re.search(r"\S  \[(default|required)", r.stdout), r.stdout
+    description = re.split(r"Exit codes|╭", r.stdout)[0]  # the docstring, wrapped: no runs of spaces inside
+    assert not re.search(r"\S {2,}\S", description), description
 
 
 #: The commands whose prose (a table's title, its notes, a summary line) ran past 80 columns on a real capture.
