@@ -276,3 +276,19 @@ def test_a_real_capture_prints_no_line_over_80_columns(cli, width, family_captur
     assert r.exit_code in (0, 3), r.stdout + r.stderr
     long = [line for line in (r.stdout + r.stderr).splitlines() if len(line) > 80]
     assert not long, long
+
+
+def test_a_captions_lines_print_as_lines_not_as_escapes():
+    """`audit`'s problems table lists first locations one per caption line; a newline there is the caption's
+    own, not data to show as `\\n` (a newline inside a cell still is)."""
+    import io
+
+    t = display.Table(title="problems")
+    t.add_column("what")
+    t.add_row("a\nb")
+    t.caption = "first locations:\nX at f.jsonl:3"
+    buf = io.StringIO()
+    display.SafeConsole(file=buf, width=80).print(t)
+    lines = buf.getvalue().splitlines()
+    assert lines[-2:] == ["first locations:", "X at f.jsonl:3"], lines
+    assert "a\\nb" in buf.getvalue()  # data: made visible

@@ -260,7 +260,8 @@ class Table:
                        f"a wider terminal, COLUMNS={need}, or --json shows it whole)", style="dim", no_wrap=False,
                        overflow="fold")
         if self.caption:
-            yield Text(visible(self.caption), style="dim", no_wrap=False, overflow="fold")
+            for line in str(self.caption).split("\n"):  # a caption's own lines; each one's data made visible
+                yield Text(visible(line), style="dim", no_wrap=False, overflow="fold")
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         from rich.measure import Measurement
