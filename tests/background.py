@@ -46,8 +46,10 @@ class Job:
             with _STARTING:  # no job starts once the session has ended (cleanup below)
                 if _ENDED.is_set():
                     raise RuntimeError("the test session ended before this job started")
+                # cwd: the repository, not wherever a test has moved the process to by now (test_golden chdirs
+                # into a folder it removes after its module)
                 self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                             env=env)
+                                             env=env, cwd=REPO)
                 self.started = time.monotonic()
             try:
                 stdout, stderr = self.proc.communicate(timeout=self.timeout)
@@ -62,6 +64,7 @@ class Job:
             self._done.set()
 
 
+REPO = Path(__file__).resolve().parents[1]
 JOBS: list[Job] = []
 _ROOT: list[Path] = []
 _STARTING = threading.Lock()
