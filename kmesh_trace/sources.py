@@ -357,14 +357,14 @@ def read_directly(path: str | Path, *, on_import: Callable[[str], None] | None =
 
 
 def _mooncake_in_memory(path: Path, engine_id: str):
-    from kmesh_trace.datasets.importers.mooncake import engine_metadata, read_mooncake  # deferred: as `importer`
+    from kmesh_trace.datasets.importers.mooncake import engine_metadata, read_mooncake_as_written  # deferred
 
-    cols, report = read_mooncake(path, engine_id=engine_id)
+    cols, report, block_size = read_mooncake_as_written(path, engine_id=engine_id)
     # Per-row columns as lists (the reader gives int64 arrays): the workload reads them row by row; the hashes
     # and offsets stay as they are (array('Q'), read by slices or numpy).
     per_row = [c.tolist() for c in (cols.num_prompt_tokens, cols.num_output_tokens, cols.arrival_ns)]
     invocations = InvocationColumns([str(i) for i in range(len(cols))], *per_row, cols.offsets, cols.hashes)
-    return PublicInput(path, "mooncake", {engine_id: engine_metadata(path)}, invocations), report
+    return PublicInput(path, "mooncake", {engine_id: engine_metadata(path, block_size)}, invocations), report
 
 
 def _bailian_in_memory(path: Path, engine_id: str):

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +30,7 @@ class Job:
         self.result: subprocess.CompletedProcess | None = None
         self.error: BaseException | None = None
         self.proc: subprocess.Popen | None = None
+        self.started: float = 0.0  # time.monotonic() when its process started
 
     def run(self, root: Path) -> None:
         """Run the job unless it already started (here or on another thread)."""
@@ -44,8 +46,11 @@ class Job:
             with _STARTING:  # no job starts once the session has ended (cleanup below)
                 if _ENDED.is_set():
                     raise RuntimeError("the test session ended before this job started")
+                # cwd: the repository, not wherever a test has moved the process to by now (test_golden chdirs
+                # into a folder it removes after its module)
                 self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                             env=env)
+                                             env=env, cwd=REPO)
+                self.started = time.monotonic()
             try:
                 stdout, stderr = self.proc.communicate(timeout=self.timeout)
             except subprocess.TimeoutExpired:
@@ -59,6 +64,7 @@ class Job:
             self._done.set()
 
 
+REPO = Path(__file__).resolve().parents[1]
 JOBS: list[Job] = []
 _ROOT: list[Path] = []
 _STARTING = threading.Lock()
@@ -100,6 +106,11 @@ def finished(j: Job) -> tuple[Path, subprocess.CompletedProcess]:
     if j.error is not None:
         raise j.error
     return j.out, j.result
+
+
+def running() -> list[Job]:
+    """The jobs whose process runs now (named in the suite's heartbeat lines, tests/heartbeat.py)."""
+    return [j for j in JOBS if j.proc is not None and j.proc.poll() is None]
 
 
 def cleanup() -> None:

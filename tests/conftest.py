@@ -26,6 +26,34 @@ settings.register_profile("thorough", max_examples=50, deadline=None)
 settings.load_profile(HYPOTHESIS_PROFILE)
 
 
+def pytest_configure(config):
+    """A line at least every 30 s while nothing else shows (tests/heartbeat.py)."""
+    from heartbeat import Heartbeat
+
+    config.pluginmanager.register(Heartbeat(config), "kmesh-heartbeat")
+
+
+def pytest_report_header(config):
+    d = datasets_dir()
+    if d.is_dir():
+        return f"public datasets: {d}"
+    return (f"public datasets: not found at {d}; the tests that read them skip. {DATASETS_HINT}")
+
+
+DATASETS_SKIP = "public datasets not found"
+DATASETS_HINT = ("To run them, set KMESH_DATASETS to a directory holding mooncake/, weka-claude-code/ and "
+                 "lmcache-agent-trace/ (README.md, 'Start here').")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """After the skip reasons: how many skipped for want of the public datasets, and how to run them."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if DATASETS_SKIP in str(r.longrepr)]
+    if skipped:
+        tests = "1 test" if len(skipped) == 1 else f"{len(skipped)} tests"
+        terminalreporter.write_line(f"{tests} skipped: {DATASETS_SKIP} at {datasets_dir()}. "
+                                    f"{DATASETS_HINT}", yellow=True)
+
+
 def pytest_collection_modifyitems(items):
     """Under the `ci` profile, a property test's own `@settings(max_examples=N)` is capped at CI_MAX_EXAMPLES."""
     if HYPOTHESIS_PROFILE != "ci":
@@ -66,7 +94,7 @@ def datasets_dir() -> Path:
 def shared_datasets() -> Path:
     d = datasets_dir()
     if not d.is_dir():
-        pytest.skip(f"public datasets not found at {d} (set KMESH_DATASETS to their directory)")
+        pytest.skip(f"{DATASETS_SKIP} at {d} (set KMESH_DATASETS to their directory)")
     return d
 
 

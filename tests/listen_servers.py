@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 import pytest
 
+from heartbeat import waiting
+
 
 START_TIMEOUT_S = 300
 
@@ -53,6 +55,11 @@ def start_captured_server(root: Path, model: Path, sock_dir: Path, num_gpu_block
 
 def wait_healthy(server: subprocess.Popen, url: str, tail) -> None:
     """Until the server answers /health; fails the test if it exits or takes longer than START_TIMEOUT_S."""
+    with waiting(f"the vLLM server at {url} to answer /health"):
+        _wait_healthy(server, url, tail)
+
+
+def _wait_healthy(server: subprocess.Popen, url: str, tail) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         if server.poll() is not None:

@@ -257,3 +257,38 @@ def test_help_has_no_list_type_labels_and_no_double_space_before_brackets(cli, w
     assert r.exit_code == 0
     assert "<list[" not in r.stdout
     assert not re.search(r"\S  \[(default|required)", r.stdout), r.stdout
+    description = re.split(r"Exit codes|╭", r.stdout)[0]  # the docstring, wrapped: no runs of spaces inside
+    assert not re.search(r"\S {2,}\S", description), description
+
+
+#: The commands whose prose (a table's title, its notes, a summary line) ran past 80 columns on a real capture.
+CAPTURE_COMMANDS = [["tiers", "--host", "256", "--ssd", "1024"], ["tiers", "--sweep-host", "0,256", "--sweep-ssd", "0,1024"],
+                    ["lineage"], ["pressure"], ["audit", "capture"]]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("args", CAPTURE_COMMANDS, ids=[" ".join(a) for a in CAPTURE_COMMANDS])
+def test_a_real_capture_prints_no_line_over_80_columns(cli, width, family_capture, args):
+    trace, _ = family_capture
+    width(80)
+    argv = args[:2] + [trace] + args[2:] if args[0] == "audit" else args[:1] + [trace] + args[1:]
+    r = cli(argv)
+    assert r.exit_code in (0, 3), r.stdout + r.stderr
+    long = [line for line in (r.stdout + r.stderr).splitlines() if len(line) > 80]
+    assert not long, long
+
+
+def test_a_captions_lines_print_as_lines_not_as_escapes():
+    """`audit`'s problems table lists first locations one per caption line; a newline there is the caption's
+    own, not data to show as `\\n` (a newline inside a cell still is)."""
+    import io
+
+    t = display.Table(title="problems")
+    t.add_column("what")
+    t.add_row("a\nb")
+    t.caption = "first locations:\nX at f.jsonl:3"
+    buf = io.StringIO()
+    display.SafeConsole(file=buf, width=80).print(t)
+    lines = buf.getvalue().splitlines()
+    assert lines[-2:] == ["first locations:", "X at f.jsonl:3"], lines
+    assert "a\\nb" in buf.getvalue()  # data: made visible

@@ -36,6 +36,11 @@ def test_demo_writes_every_artifact(demo):
         assert (out / name).is_file(), name
     assert (out / "headroom.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Headroom at the engine's" in proc.stdout and "Retention pressure" in proc.stdout
+    # The panel's pool size says how many blocks are usable, the count every table gives.
+    report = json.loads((out / "report.json").read_text())["workload"]
+    usable = f"{report['num_usable_blocks']} usable: vLLM keeps one as its null block"
+    assert report["num_usable_blocks"] == report["num_gpu_blocks"] - 1
+    assert usable in " ".join(proc.stdout.replace("│", " ").split()), proc.stdout[:2000]
 
 
 def test_capture_is_complete_and_matches_the_engine(demo):

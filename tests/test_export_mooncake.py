@@ -101,6 +101,19 @@ def test_capture_export_import_gives_the_same_headroom_at_the_block_size(tmp_pat
     assert before[("vllm", 8)] != before[("vllm", 64)]  # the capacities do differ: the test can fail
 
 
+def test_an_export_at_another_block_size_reads_back_as_it_is(tmp_path, cli):
+    """`headroom FILE` on an export at `--block-tokens 4` reads it at 4 tokens per hash id (inferred from the
+    lines' counts), as its import at `--block-size 4` does: no line is malformed."""
+    _capture(tmp_path / "cap", output_tokens=1)
+    assert cli(["export", "mooncake", tmp_path / "cap", "--out", tmp_path / "x.jsonl", "--block-tokens", "4"]
+               ).exit_code == 0
+    assert cli(["import", "mooncake", tmp_path / "x.jsonl", "--block-size", "4", "--out", tmp_path / "back"]).exit_code == 0
+    r = cli(["headroom", tmp_path / "x.jsonl", "--capacity-blocks", "8,64", "--json"])
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert "malformed" not in r.stderr
+    assert _headroom(cli, tmp_path / "x.jsonl") == _headroom(cli, tmp_path / "back")
+
+
 def test_output_blocks_are_what_the_format_cannot_carry(tmp_path, cli):
     """With 3-token outputs a request completes an output block that the capture's model holds in the pool and
     the Mooncake lines do not list: prompt-only policies still agree, LRU at a small capacity does not."""

@@ -45,13 +45,13 @@ def _install_torch(tmp_path: Path, *, local: bool, installed: str = "") -> tuple
 def test_a_local_wheel_is_installed_from_where_pip_finds_it(tmp_path):
     said, calls = _install_torch(tmp_path, local=True)
     assert said == "torch 2.13.0: installing the wheel pip finds locally (find-links)\n"
-    assert calls == ["install -q torch==2.13.0"]
+    assert calls == ["install --progress-bar off torch==2.13.0"]
 
 
 def test_without_a_local_wheel_the_cpu_build_comes_from_pytorchs_cpu_index(tmp_path):
     said, calls = _install_torch(tmp_path, local=False)
     assert said == "torch 2.13.0: no local wheel; installing the CPU build from https://download.pytorch.org/whl/cpu\n"
-    assert calls == ["install -q --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"]
+    assert calls == ["install --progress-bar off --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"]
 
 
 def test_an_installed_torch_of_that_version_is_kept(tmp_path):
@@ -62,7 +62,7 @@ def test_an_installed_torch_of_that_version_is_kept(tmp_path):
 
 def test_another_installed_version_is_replaced(tmp_path):
     said, calls = _install_torch(tmp_path, local=True, installed="2.12.1")
-    assert calls == ["install -q torch==2.13.0"]
+    assert calls == ["install --progress-bar off torch==2.13.0"]
 
 
 def test_the_makefile_installs_torch_through_the_script():

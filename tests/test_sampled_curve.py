@@ -189,7 +189,7 @@ def test_cli_sampled_result_is_labelled_in_json_and_for_humans(cli, jsonl):
     assert lines[2].startswith("  ") and lines[3].startswith("  ")  # the bound's stream, within 80 columns
     assert lines[4].startswith("infinite cache here: ")
     assert max(len(line) for line in lines[:5]) <= 80
-    assert "SAMPLED hit ratio by capacity" in r.stdout
+    assert "SAMPLED block hit ratio by capacity" in r.stdout
     r = cli(["headroom", jsonl, "--window", "last-half", "--sample", "0.1", "--csv"])
     assert r.exit_code == 0, r.output
     rows = r.stdout.splitlines()

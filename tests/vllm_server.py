@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from heartbeat import waiting
+
 START_TIMEOUT_S = 400  # three servers start at once on a loaded 2-core machine
 KMESH = str(Path(sys.executable).with_name("kmesh-trace"))
 
@@ -45,6 +47,10 @@ class Server:
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, deadline: float) -> None:
+        with waiting(f"the vLLM server in {self.root} to answer /health"):
+            self._wait_ready(deadline)
+
+    def _wait_ready(self, deadline: float) -> None:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 pytest.fail(f"the server exited with {self.proc.returncode}:\n{self.tail()}")

@@ -132,6 +132,44 @@ def read_mooncake(src: str | Path, *, engine_id: str = "import-mooncake", on_byt
     return cols, report
 
 
+def read_mooncake_as_written(src: str | Path, *, engine_id: str = "import-mooncake"
+                             ) -> tuple[MooncakeColumns, ImportReport, int]:
+    """`read_mooncake` at the tokens per hash id the file was written with: 512 (the published traces) unless
+    its lines' hash_ids counts fit only another size (an export at `--block-tokens 32`), which is then
+    inferred from them. (columns, report, block size)."""
+    cols, report = read_mooncake(src, engine_id=engine_id)
+    if not any("hash_ids has" in line for line in report.malformed_lines):
+        return cols, report, BLOCK_SIZE
+    block_size = fitting_block_size(Path(src))
+    if block_size is None or block_size == BLOCK_SIZE:
+        return cols, report, BLOCK_SIZE
+    cols2, report2 = read_mooncake(src, engine_id=engine_id, block_size=block_size)
+    if report2.num_malformed_lines >= report.num_malformed_lines:
+        return cols, report, BLOCK_SIZE
+    return cols2, report2, block_size
+
+
+def fitting_block_size(src: Path) -> int | None:
+    """The tokens per hash id that every line's counts fit (len(hash_ids) == ceil(input_length / size)): the
+    largest power of two among them, else the smallest; None when no size fits them all."""
+    lo, hi = 1, MAX_TOKENS
+    for _, raw in iter_lines(src, ImportReport(FORMAT, str(src), "", "")):
+        kind, obj = classify(raw)
+        if kind in (BLANK, MALFORMED) or not isinstance(obj, dict):
+            continue
+        n, hashes = obj.get("input_length"), obj.get("hash_ids")
+        if type(n) is not int or type(hashes) is not list or n < 1 or not hashes:
+            continue
+        k = len(hashes)
+        lo = max(lo, -(-n // k))
+        if k > 1:
+            hi = min(hi, (n - 1) // (k - 1))
+    if lo > hi:
+        return None
+    power = 1 << (hi.bit_length() - 1)
+    return power if power >= lo else lo
+
+
 def _record_values(rec: dict, block_size: int = BLOCK_SIZE) -> tuple[int, int, int, list]:
     """(arrival_ns, input tokens, output tokens, hash_ids) of a valid record; RecordError says what is wrong."""
     arrival_ns = require_time_ns(rec, "timestamp", 1_000_000)

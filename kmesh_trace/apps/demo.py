@@ -67,6 +67,7 @@ def run_demo(out_dir: str | os.PathLike, *, size: str = "full", progress: Progre
     from kmesh_trace.trace import open_trace
 
     trace = open_trace(trace_dir)
+    report["workload"]["num_usable_blocks"] = trace.num_usable_blocks  # vLLM keeps one block as its null block
     report["info"] = {"tables": trace.row_counts(), "engines": trace.engines}
     report["capture_check"] = _check_against_outputs(trace, run)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from kmesh_trace.cli.display import Table
+from kmesh_trace.cli.display import Table, prose
 
 from kmesh_trace.audit.findings import EXIT_CLEAN, Problem, summary
 from kmesh_trace.cli.common import (
@@ -140,7 +140,7 @@ def capture_cmd(
 
 def _render_capture(result) -> None:
     rows = ", ".join(f"{k} {v:,}" for k, v in result.rows.items())
-    out.print(f"trace {result.path}: engines {', '.join(result.engines) or 'none'}; rows: {rows}", markup=False, highlight=False)
+    prose(f"trace {result.path}: engines {', '.join(result.engines) or 'none'}; rows: {rows}")
     vt = Table(title="verdict", title_justify="left")
     for h in ("analysis", "qualified", "blocked by"):
         vt.add_column(h)

@@ -215,7 +215,7 @@ def output_options(*, csv: bool = False, blocking: str | None = None) -> Callabl
 
         wrapper.__signature__ = sig.replace(parameters=params + extra)
         wrapper.__annotations__ = {p.name: p.annotation for p in params + extra}
-        wrapper.__doc__ = f"{(fn.__doc__ or '').rstrip()}\n\n{exit_codes_help(blocking)}"
+        wrapper.__doc__ = f"{inspect.cleandoc(fn.__doc__ or '')}\n\n{exit_codes_help(blocking)}"
         return wrapper
 
     return decorate

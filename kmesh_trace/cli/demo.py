@@ -79,6 +79,12 @@ def _table(title: str, columns: list[str], rows: list[list], justify_from: int =
     return t
 
 
+def _usable(w: dict) -> str:
+    """The pool's usable blocks, the count every table gives: vLLM keeps one block as its null block."""
+    n = w.get("num_usable_blocks")
+    return "usable count not recorded" if n is None else f"{n} usable: vLLM keeps one as its null block"
+
+
 def render(report: dict) -> None:
     from rich.panel import Panel
 
@@ -86,7 +92,7 @@ def render(report: dict) -> None:
     out.print(Panel(
         f"{w['num_requests']} requests: {w['num_families']} families ({w['num_children']} children) and "
         f"{w['num_competitors']} competing requests; block size {w['block_size']}, "
-        f"{w['num_gpu_blocks']} KV blocks; {w['num_engine_steps']} engine steps.\n"
+        f"{w['num_gpu_blocks']} KV blocks ({_usable(w)}); {w['num_engine_steps']} engine steps.\n"
         f"Everything below is reproducible from {report['files']['trace']} with the kmesh-trace commands.",
         title="kmesh-trace demo"), soft_wrap=False)
     info = report["info"]

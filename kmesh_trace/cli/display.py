@@ -236,7 +236,7 @@ class Table:
         from rich.text import Text
 
         if self.title is not None:
-            yield Text(visible(self.title), style="italic")
+            yield Text(visible(self.title), style="italic", no_wrap=False, overflow="fold")  # wraps, as prose
         full = [c.header for c in self.columns]
         short = [c.short or c.header for c in self.columns]
         layouts = [(full, None)]
@@ -250,16 +250,18 @@ class Table:
             if t is not None:
                 yield t
                 if legend:
-                    yield Text(f"({legend})", style="dim")
+                    yield Text(f"({legend})", style="dim", no_wrap=False, overflow="fold")
                 break
         else:
             yield self._records(options.max_width)
             least = self._least(headers, [[_cell(r[i]).plain for r in self.rows] for i in range(len(self.columns))])
             need = sum(least) + 2 * (len(least) - 1)  # the compact layout's
             yield Text(f"(one record per row: the table needs {need} columns, the terminal has {options.max_width}; "
-                       f"a wider terminal, COLUMNS={need}, or --json shows it whole)", style="dim")
+                       f"a wider terminal, COLUMNS={need}, or --json shows it whole)", style="dim", no_wrap=False,
+                       overflow="fold")
         if self.caption:
-            yield Text(visible(self.caption), style="dim")
+            for line in str(self.caption).split("\n"):  # a caption's own lines; each one's data made visible
+                yield Text(visible(line), style="dim", no_wrap=False, overflow="fold")
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         from rich.measure import Measurement
@@ -272,6 +274,14 @@ def say(*parts: Any, console: Console | None = None, style: str | None = None) -
     from rich.text import Text
 
     (console or out).print(Text("".join(visible_line(p) for p in parts), style=style or ""))
+
+
+def prose(*parts: Any, console: Console | None = None) -> None:
+    """Print a sentence (parts joined by nothing, shown as text) wrapped between words at the terminal's width;
+    `say` keeps a line of data whole."""
+    from rich.text import Text
+
+    (console or out).print(Text("".join(visible_line(p) for p in parts)), soft_wrap=False)
 
 
 def error_line(message: str) -> str:

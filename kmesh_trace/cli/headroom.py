@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from kmesh_trace.cli.display import Table
+from kmesh_trace.cli.display import Table, prose
 
 from kmesh_trace.cli.common import (
     AllowIncompleteOption,
@@ -202,16 +202,25 @@ def render(res) -> None:
     (render_curve if isinstance(res, CurveResult) else render_capacities)(res)
 
 
+#: What a hit ratio in headroom's tables counts (`advise` and the stock line give token ratios).
+BLOCK_RATIO = "(hit ratio: hit blocks / prompt blocks looked up, a block ratio)"
+
+
 def render_capacities(res) -> None:
     """A `HeadroomResult`: each policy at each given capacity, the headroom, the bracket."""
     d = res.to_dict()
-    rt = Table(title=f"headroom ({d['block_size']}-token blocks)", title_justify="left")
+    rt = Table(title=f"headroom ({d['block_size']}-token blocks)", caption=BLOCK_RATIO, title_justify="left")
     for h in ("policy", "capacity", "hit_blocks", "hit_tokens", "prefill", "hit_ratio"):
         rt.add_column(h, justify="left" if h == "policy" else "right")
     for r in d["results"]:
         rt.add_row(r["policy"], f"{r['capacity_blocks']:,}", f"{r['hit_blocks']:,}", f"{r['hit_tokens']:,}",
                    f"{r['prefill_tokens']:,}", f"{r['hit_ratio']:.4f}")
     out.print(rt)
+    for r in d["results"]:
+        if r["policy"] == "stock" and r["hit_tokens"] + r["prefill_tokens"]:
+            share = r["hit_tokens"] / (r["hit_tokens"] + r["prefill_tokens"])
+            prose(f"stock reuses {share:.1%} of prompt tokens (hit_tokens / prompt tokens: the figure `advise` "
+                  f"gives), against a block hit_ratio of {r['hit_ratio']:.4f}")
     if d["headroom_tokens"] is not None:
         secs = f" = {d['headroom_seconds']:,.3f} prefill seconds" if "headroom_seconds" in d else ""
         out.print(f"headroom: {d['headroom_tokens']:,} prefill tokens{secs} at {d['headroom_capacity_blocks']:,} blocks "
@@ -273,8 +282,8 @@ def render_curve(res) -> None:
         for line in sampled_label(res.sampling):
             out.print(line, markup=False, highlight=False)
     kind = "" if res.sampling is None else ("SAMPLED " if res.sampling["method"] == "shards" else "MERGED ")
-    rt = Table(title=f"{kind}hit ratio by capacity ({block_size}-token blocks, window: {window}, "
-                         f"{res.num_requests:,} requests)", title_justify="left")
+    rt = Table(title=f"{kind}block hit ratio by capacity ({block_size}-token blocks, window: {window}, "
+                     f"{res.num_requests:,} requests)", caption=BLOCK_RATIO, title_justify="left")
     rt.add_column("capacity_blocks", justify="right", short="blocks")  # short: at 80 columns, with a legend
     for p in pols:
         rt.add_column(p, justify="right", short={"belady-prefix": "b-prefix"}.get(p))
@@ -301,7 +310,9 @@ def render_curve(res) -> None:
     out.print(ft)
     if res.stock is not None:
         s = res.stock
-        out.print(f"stock ({s['source']}) at {s['capacity_blocks']:,} blocks: {s['prefill_tokens']:,} prefill tokens")
+        total = s["hit_tokens"] + s["prefill_tokens"]
+        share = f" ({s['hit_tokens'] / total:.1%} of prompt tokens hit: the token ratio `advise` gives)" if total else ""
+        prose(f"stock ({s['source']}) at {s['capacity_blocks']:,} blocks: {s['prefill_tokens']:,} prefill tokens{share}")
     if res.ttft:
         tt = Table(title="estimated prefill seconds per request at the stock capacity (time to first token, "
                              "queueing excluded)", title_justify="left")

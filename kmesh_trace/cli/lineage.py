@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from kmesh_trace.cli.display import Table
+from kmesh_trace.cli.display import Table, prose
 
 from kmesh_trace.cli.common import Output, PartitionOption, approximate_tokens_note, check_plot_option, emit, err, handles_errors, out, output_options
 
@@ -75,8 +75,8 @@ def render(rep) -> None:
     d = rep.to_dict()
     edges_text = (f"{d['num_edges']:,} {d['edge_kind']} edges ({d['num_dangling_edges']:,} dangling)"
                   if d["edge_kind"] else "no lineage edges")
-    out.print(f"{d['num_requests']:,} requests, {d['num_families']:,} families, {d['num_singletons']:,} singletons; "
-              f"{edges_text}, {d['num_parents']:,} parents; block size {d['block_size']}", markup=False, highlight=False)
+    prose(f"{d['num_requests']:,} requests, {d['num_families']:,} families, {d['num_singletons']:,} singletons; "
+          f"{edges_text}, {d['num_parents']:,} parents; block size {d['block_size']}")
     dt = Table(title="distributions", title_justify="left")
     for h in ("what", "count", "min", "p50", "p90", "p99", "max", "mean"):
         dt.add_column(h, justify="left" if h == "what" else "right")
@@ -87,7 +87,7 @@ def render(rep) -> None:
         dt.add_row(label, f"{x['count']:,}", *(_fmt(x[q]) for q in ("min", "p50", "p90", "p99", "max", "mean")))
     out.print(dt)
     if d["num_negative_gaps"]:
-        out.print(f"{d['num_negative_gaps']:,} children arrived before their parent finished (negative gaps)")
+        prose(f"{d['num_negative_gaps']:,} children arrived before their parent finished (negative gaps)")
     ft = Table(title="families (largest first)", title_justify="left")
     short = {"requests": "reqs", "max fan-out": "fan-out", "shared p50": "shared"}  # at 80 columns, with a legend
     for h in ("family", "requests", "edges", "roots", "max fan-out", "depth", "gap p50 (s)", "shared p50", "agents"):

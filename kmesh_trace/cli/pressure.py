@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Optional
 
 import typer
-from kmesh_trace.cli.display import Table
+from kmesh_trace.cli.display import Table, prose
 
 from kmesh_trace.cli.common import (
     AllowIncompleteOption,
@@ -169,8 +169,8 @@ def render_result(res, *, per_request: bool = False) -> None:
         at.add_row(arm, *(f"{d['arms'][arm][c]:,}" for c in cols))
     out.print(at)
     fams = sorted(d["holds"], key=lambda f: (-abs(f["saved_child_tokens"]), f["parent_index"]))
-    out.print(f"{d['num_families']:,} families (as `lineage` counts them), {d['num_parents']:,} parents: one hold "
-              "per parent", markup=False, highlight=False)
+    prose(f"{d['num_families']:,} families (as `lineage` counts them), {d['num_parents']:,} parents: one hold "
+          "per parent")
     ft = Table(title="holds per parent (kids: children; stock, held: child hit tokens in each arm)",
                    title_justify="left")
     # child hits in tokens, stock then held; saved = held - stock
@@ -192,8 +192,8 @@ def render_result(res, *, per_request: bool = False) -> None:
                        f"{r['hit_tokens_held']:,}", f"{r['evictions_stock']:,}", f"{r['evictions_held']:,}")
         out.print(rt)
     secs = d["held_block_seconds"]
-    out.print(f"saved_child_tokens {d['saved_child_tokens']:,}  displaced_hit_tokens {d['displaced_hit_tokens']:,}  "
+    prose(f"saved_child_tokens {d['saved_child_tokens']:,}  displaced_hit_tokens {d['displaced_hit_tokens']:,}  "
               f"net_cached_tokens {d['net_cached_tokens']:,}")
-    out.print(f"holds {d['num_holds']:,}  unused {d['unused_holds']:,}  refused {d['refused_holds']:,}  "
+    prose(f"holds {d['num_holds']:,}  unused {d['unused_holds']:,}  refused {d['refused_holds']:,}  "
               f"held_block_steps {d['held_block_steps']:,}"
               + (f"  held_block_seconds {secs:,.3f}" if secs is not None else ""))

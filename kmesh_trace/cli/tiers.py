@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from kmesh_trace.cli.display import Table
+from kmesh_trace.cli.display import Table, prose
 
 from kmesh_trace.cli.common import (
     EngineOption,
@@ -194,7 +194,7 @@ def render(report) -> None:
         elif isinstance(item, Note):
             err.print(f"note: {item.text}")
         else:
-            out.print(item, markup=False, highlight=False)
+            prose(item)
 
 
 def _write_journal(result, path: Path, max_restores: int, source: str) -> dict:
