@@ -121,12 +121,9 @@ def _wrap(text: str, indent: str = "") -> str:
 
 
 def _size(nbytes) -> str:
-    if nbytes is None:
-        return "-"
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:,.1f} {unit}"
-    return f"{nbytes / 2**10:,.1f} KiB"
+    from kmesh_trace.apps.advise import size_words
+
+    return "-" if nbytes is None else size_words(nbytes)
 
 
 def _count(n: int) -> str:
@@ -163,7 +160,7 @@ def _model_error_lines(d: dict) -> list[str]:
 def lines(d: dict) -> list:
     """The human output, from the JSON: the verdict, the ladder, the recommendation, what the trace could not
     answer. Items are strings (lines) or a `Table`."""
-    from kmesh_trace.apps.advise import blocks
+    from kmesh_trace.apps.advise import blocks, unanswered_sentence
 
     items: list = [_wrap(d["verdict"]), ""]
     t = Table(title=f"ladder: {d['num_requests']:,} requests, {d['block_size']}-token blocks, pool "
@@ -189,7 +186,7 @@ def lines(d: dict) -> list:
                         f"the bound): {rec['label']}"), _wrap(rec["how"], "  ")]
     if d["unanswered"]:
         items += ["", "the trace could not answer:"]
-        items += [_wrap(f"- {u['what']}: {u['why']}; answer with {u['answer']}.", "    ").replace("    - ", "  - ", 1)
+        items += [_wrap(f"- {unanswered_sentence(u)}", "    ").replace("    - ", "  - ", 1)
                   for u in d["unanswered"]]
     items += ["", _wrap("tok_hit: hit prompt tokens / prompt tokens; prefill: prompt tokens computed. --json adds "
                         "the block hit ratio and each rung's reproducing command (key `command`).")]
