@@ -169,6 +169,7 @@ class Advice:
     unanswered: list[dict] = field(default_factory=list)  # {"what", "why", "answer"}
     recommendation: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    block_bytes: int | None = None  # one pool block's bytes (a hybrid engine's: its groups' pages)
 
     def rung(self, name: str) -> Rung | None:
         return next((r for r in self.rungs if r.rung == name), None)
@@ -176,7 +177,7 @@ class Advice:
     @property
     def pool_words(self) -> str:
         """The pool the ladder is at, and where its size comes from."""
-        return pool_words(self.capacity_blocks, self.block_size, self.kv_bytes_per_token, self.capacity_source)
+        return pool_words(self.capacity_blocks, self.block_bytes, self.capacity_source)
 
     @property
     def verdict(self) -> str:
@@ -194,6 +195,9 @@ class Advice:
             return head + f"; the smallest tier that gets within {self.within:g}% of it is {rec['label']}."
         if rec["reaches"]:
             return head + f"; {rec['label']} gets within {self.within:g}% of it."
+        if rec["tried"] == [base.rung]:
+            return head + (f"; the engine is not within {self.within:g}% of it, and the trace answers no other "
+                           "configuration (see what it could not answer).")
         if rec["rung"] == base.rung:
             return head + (f"; nothing tried gets within {self.within:g}% of it, and nothing tried beats the engine "
                            "as it is.")
@@ -228,7 +232,8 @@ class Advice:
         return {"source": self.source, "verdict": self.verdict, "block_size": self.block_size,
                 "num_requests": self.num_requests, "num_prompt_tokens": self.num_prompt_tokens,
                 "capacity_blocks": self.capacity_blocks, "capacity_source": self.capacity_source,
-                "pool": self.pool_words, "kv_bytes_per_token": self.kv_bytes_per_token, "within_pct": self.within,
+                "pool": self.pool_words, "kv_bytes_per_token": self.kv_bytes_per_token,
+                "block_bytes": self.block_bytes, "within_pct": self.within,
                 "prefill": self.prefill, "ladder": [r.to_dict() for r in self.rungs],
                 "recommendation": self.recommendation, "unanswered": self.unanswered, "notes": self.notes,
                 "model_error": MODEL_ERROR.to_dict()}
@@ -277,9 +282,9 @@ def capacity_words(num_blocks: int, block_bytes: int | None) -> str:
     return blocks(num_blocks) + (f" ({size_words(num_blocks * block_bytes)})" if block_bytes else "")
 
 
-def pool_words(capacity: int, block_size: int, kvbpt: int | None, source: str) -> str:
+def pool_words(capacity: int, block_bytes: int | None, source: str) -> str:
     """"Pool: N blocks (size), SOURCE", or, when no pool is recorded, "Pool assumed: ..." with the flags that set it."""
-    size = capacity_words(capacity, block_size * kvbpt if kvbpt else None)
+    size = capacity_words(capacity, block_bytes)
     if source.startswith("no pool size recorded"):
         return (f"Pool assumed: {size}, as {source.removeprefix('no pool size recorded: ')} (no pool size recorded; "
                 "give --capacity-blocks or --capacity)")
@@ -303,7 +308,7 @@ class _Context:
     options: AdviseOptions
     workload: Any
     capacity: int
-    kvbpt: int | None
+    block_bytes: int | None  # one pool block's bytes, when the KV geometry is known
     cost: Any  # PrefillCost or None
     error: float | None  # the fit's median relative error
     stock_measured_at: int | None = None  # the pool the engine's own hits were measured at, when it has them
@@ -315,7 +320,7 @@ class _Context:
         return f"kmesh-trace {name} {_quoted(self.source_arg)}{text}{engine} --json"
 
     def nbytes(self, blocks: int) -> int | None:
-        return blocks * self.workload.block_size * self.kvbpt if self.kvbpt else None
+        return blocks * self.block_bytes if self.block_bytes else None
 
     def seconds(self, rung: Rung) -> None:
         if self.cost is None or rung.hit_tokens_per_request is None:
@@ -344,6 +349,7 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
     w = Workload.from_trace(source, engine)
     meta = source.engines[engine] if engine is not None else source.metadata
     kvbpt, _ = tc.kv_bytes_per_token(meta, options.kv_bytes_per_token, options.model_config)
+    block_bytes = _block_bytes(w, kvbpt)
     unanswered: list[dict] = []
     notes: list[str] = []
     if meta.get("token_ids_approximate"):
@@ -357,7 +363,7 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
         unanswered.append({"what": "prefill seconds", "why": _why_no_seconds(prefill["why"]),
                            "answer": "--prefill-tokens-per-s R, --prefill-rate KEY (a measured rate), or a capture "
                                      "with timings (kmesh-trace capture)"})
-    ctx = _Context(source, source_arg, engine, options, w, capacity, kvbpt, cost,
+    ctx = _Context(source, source_arg, engine, options, w, capacity, block_bytes, cost,
                    prefill.get("median_relative_error") if prefill.get("source") == "fit" else None)
     step("headroom")
     rungs = _headroom_rungs(ctx)
@@ -374,14 +380,27 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
     else:
         unanswered.append({"what": "routing over several engines", "why": "the trace has one engine",
                            "answer": "--engines N"})
-    if kvbpt is None:
+    if block_bytes is None:
         unanswered.append({"what": "capacities in bytes", "why": "no KV bytes per token (the trace's engine "
-                           "metadata has no model geometry)", "answer": "--kv-bytes-per-token B or --model-config FILE"})
+                           "metadata has no model geometry" + (", and its KV cache groups state no page sizes)"
+                                                               if w.hybrid else ")"),
+                           "answer": "--kv-bytes-per-token B or --model-config FILE"})
     advice = Advice(source_arg, w.block_size, w.stream.num_requests, int(w.stream.num_prompt_tokens.sum()), capacity,
-                    pool_source, kvbpt, rungs, options.within, prefill, unanswered, notes=notes)
+                    pool_source, kvbpt, rungs, options.within, prefill, unanswered, notes=notes,
+                    block_bytes=block_bytes)
     advice.recommendation = _recommend(advice, ctx)
     _finish(advice, ctx)
     return advice
+
+
+def _block_bytes(w, kvbpt: int | None) -> int | None:
+    """One pool block's bytes: a hybrid engine's is its KV cache groups' largest page times its layers (as
+    `headroom --capacity` reads it), else block size x KV bytes per token."""
+    if w.hybrid:
+        from kmesh_trace.oracle.hybrid_pool import pool_block_bytes
+
+        return pool_block_bytes(w.groups)
+    return w.block_size * kvbpt if kvbpt else None
 
 
 def _finish(advice: Advice, ctx: _Context) -> None:
@@ -694,7 +713,8 @@ def _recommend(advice: Advice, ctx: _Context) -> dict:
         pick = _target_rung(advice, ctx, pick, target)
     settings, how = _settings(pick, ctx)
     label = "the engine as it is" if pick.rung in ("stock", "modelled") else pick.label
-    return {"rung": pick.rung, "label": label, "reaches": reaches, "within_pct": advice.within,
+    return {"rung": pick.rung, "label": label, "reaches": reaches, "tried": [r.rung for r in cands],
+            "within_pct": advice.within,
             "target_hit_tokens": int(np.ceil(target)),
             "target_token_hit_ratio": target / bound.num_prompt_tokens if bound.num_prompt_tokens else 0.0,
             "token_hit_ratio": pick.token_hit_ratio, "capacity_blocks": pick.capacity_blocks,
