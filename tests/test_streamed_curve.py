@@ -257,3 +257,9 @@ def test_refuses_rows_out_of_time_order_and_lines_it_cannot_read(tmp_path, event
     with pytest.raises(KmeshTraceError, match="not in the plain Mooncake shape"):
         DiskStream(odd, BLOCK, tmp_dir=str(tmp_path))
     assert not list(tmp_path.glob("kmesh-stream-*"))
+
+
+def test_a_memory_budget_beyond_any_machine_is_refused_in_one_sentence(cli, tmp_path):
+    """--memory-budget 1e300 (GiB) is finite but no machine has it: refused at parse time, not an OverflowError."""
+    r = cli(["headroom", tmp_path, "--memory-budget", "1e300"])
+    assert r.exit_code == 1 and "'1e300' is not a finite number above 0 and at most 1,048,576." in r.output

@@ -32,6 +32,7 @@ settings that realise it (`SETTINGS`: every vLLM flag and LMCache key named here
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -168,37 +169,132 @@ class Advice:
     unanswered: list[dict] = field(default_factory=list)  # {"what", "why", "answer"}
     recommendation: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    block_bytes: int | None = None  # one pool block's bytes (a hybrid engine's: its groups' pages)
 
     def rung(self, name: str) -> Rung | None:
         return next((r for r in self.rungs if r.rung == name), None)
 
     @property
+    def pool_words(self) -> str:
+        """The pool the ladder is at, and where its size comes from."""
+        return pool_words(self.capacity_blocks, self.block_bytes, self.capacity_source)
+
+    @property
     def verdict(self) -> str:
-        """The answer in one sentence."""
+        """The answer in one sentence, from the ladder's numbers and the recommendation: the pool first (assumed or
+        given), the base rung and the bound at that pool, then what `reaches` says."""
         rec = self.recommendation
         bound = self.rung("bound")
         base = self.rung("stock") or self.rung("modelled")
         what = "as captured" if base.rung == "stock" else "as modelled"
-        head = (f"The engine {what} reuses {base.token_hit_ratio:.1%} of prompt tokens; the bound at "
-                f"{blocks(self.capacity_blocks)} is {bound.token_hit_ratio:.1%}")
-        if rec["rung"] == base.rung or rec["rung"] in ("stock", "modelled"):
+        head = (f"{self.pool_words}. The engine {what} reuses {_pct(base.token_hit_ratio)} of prompt tokens; the "
+                f"bound at that pool is {_pct(bound.token_hit_ratio)}")
+        if rec["reaches"] and rec["rung"] == base.rung:
             return head + f": already within {self.within:g}% of it, so change nothing."
-        if not rec["reaches"]:
-            return head + f"; nothing tried gets within {self.within:g}% of it: the best is {rec['label']}."
-        return head + f"; adding {rec['label']} gets within {self.within:g}% of it."
+        if rec["reaches"] and rec["rung"].endswith("-target"):
+            return head + f"; the smallest tier that gets within {self.within:g}% of it is {rec['label']}."
+        if rec["reaches"]:
+            return head + f"; {rec['label']} gets within {self.within:g}% of it."
+        if rec["tried"] == [base.rung]:
+            return head + (f"; the engine is not within {self.within:g}% of it, and the trace answers no other "
+                           "configuration (see what it could not answer).")
+        if rec["rung"] == base.rung:
+            return head + (f"; nothing tried gets within {self.within:g}% of it, and nothing tried beats the engine "
+                           "as it is.")
+        return head + f"; nothing tried gets within {self.within:g}% of it: the best is {rec['label']}."
+
+    def violations(self) -> list[str]:
+        """The ladder's invariants, each broken one in words (none: the numbers can be read as they are): the
+        infinite cache >= the bound >= every rung at the pool; no rung above the infinite cache; the stock rung
+        only at the engine's own pool; a recommendation that reaches meets its target."""
+        bad: list[str] = []
+        inf, bound = self.rung("infinite"), self.rung("bound")
+        if inf.hit_tokens < bound.hit_tokens:
+            bad.append(f"the infinite cache hits {inf.hit_tokens:,} tokens, below the bound's {bound.hit_tokens:,}")
+        for r in self.rungs:
+            if r.rung in ("infinite", "bound") or r.rung.startswith("fleet"):
+                continue  # the fleet rungs route every engine's requests, not this engine's
+            if r.capacity_blocks == self.capacity_blocks and r.hit_tokens > bound.hit_tokens:
+                bad.append(f"{r.rung} hits {r.hit_tokens:,} tokens at the pool, above the bound's {bound.hit_tokens:,}")
+            if r.hit_tokens > inf.hit_tokens:
+                bad.append(f"{r.rung} hits {r.hit_tokens:,} tokens, above the infinite cache's {inf.hit_tokens:,}")
+            if r.capacity_blocks < self.capacity_blocks:
+                bad.append(f"{r.rung} is at {blocks(r.capacity_blocks)}, below the pool")
+        stock = self.rung("stock")
+        if stock is not None and stock.capacity_blocks != self.capacity_blocks:
+            bad.append(f"the stock rung is at {blocks(stock.capacity_blocks)}, not the pool")
+        rec = self.recommendation
+        if rec and rec["reaches"] != (self.rung(rec["rung"]).hit_tokens >= rec["target_hit_tokens"]):
+            bad.append(f"the recommendation says reaches={rec['reaches']} against its own target")
+        return bad
 
     def to_dict(self) -> dict:
         return {"source": self.source, "verdict": self.verdict, "block_size": self.block_size,
                 "num_requests": self.num_requests, "num_prompt_tokens": self.num_prompt_tokens,
                 "capacity_blocks": self.capacity_blocks, "capacity_source": self.capacity_source,
-                "kv_bytes_per_token": self.kv_bytes_per_token, "within_pct": self.within, "prefill": self.prefill,
-                "ladder": [r.to_dict() for r in self.rungs], "recommendation": self.recommendation,
-                "unanswered": self.unanswered, "notes": self.notes, "model_error": MODEL_ERROR.to_dict()}
+                "pool": self.pool_words, "kv_bytes_per_token": self.kv_bytes_per_token,
+                "block_bytes": self.block_bytes, "within_pct": self.within,
+                "prefill": self.prefill, "ladder": [r.to_dict() for r in self.rungs],
+                "recommendation": self.recommendation, "unanswered": self.unanswered, "notes": self.notes,
+                "model_error": MODEL_ERROR.to_dict()}
 
 
 def blocks(n: int) -> str:
     """`n` blocks, in words."""
     return f"{n:,} block" + ("" if n == 1 else "s")
+
+
+def _pct(ratio: float) -> str:
+    """A ratio as a percentage a reader can compare: one decimal, two below 1% (never "0.0%" for a non-zero one)."""
+    if 0 < ratio < 0.01:
+        return f"{ratio:.2%}" if ratio >= 0.0001 else "<0.01%"
+    return f"{ratio:.1%}"
+
+
+def round_up(x: float, digits: int = 3) -> float:
+    """`x` > 0 rounded up to `digits` significant figures (a size is never below what it sizes)."""
+    if x <= 0:
+        return 0.0
+    places = digits - 1 - math.floor(math.log10(x))
+    scale = 10.0 ** places
+    return math.ceil(round(x * scale, 6)) / scale
+
+
+def _figures(x: float, digits: int = 3) -> str:
+    """`x` rounded up to `digits` significant figures, without trailing zeros."""
+    v = round_up(x, digits)
+    places = max(digits - 1 - math.floor(math.log10(v)), 0) if v else 0
+    text = f"{v:,.{places}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def size_words(nbytes: int) -> str:
+    """A size in bytes as a buyer reads it: three significant figures (rounded up) in the largest binary unit it
+    fills; bytes below 1 KiB. Never "0.00 GiB"."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{_figures(nbytes / scale)} {unit}"
+    return f"{nbytes:,} B"
+
+
+def capacity_words(num_blocks: int, block_bytes: int | None) -> str:
+    """A capacity in blocks, and in bytes when the block's bytes are known: "80 blocks (1.25 MiB)"."""
+    return blocks(num_blocks) + (f" ({size_words(num_blocks * block_bytes)})" if block_bytes else "")
+
+
+def pool_words(capacity: int, block_bytes: int | None, source: str) -> str:
+    """"Pool: N blocks (size), SOURCE", or, when no pool is recorded, "Pool assumed: ..." with the flags that set it."""
+    size = capacity_words(capacity, block_bytes)
+    if source.startswith("no pool size recorded"):
+        return (f"Pool assumed: {size}, as {source.removeprefix('no pool size recorded: ')} (no pool size recorded; "
+                "give --capacity-blocks or --capacity)")
+    return f"Pool: {size}, {source}"
+
+
+def unanswered_sentence(u: dict) -> str:
+    """One "could not answer" entry in words: what, why, and the flag or input that answers it (when one does)."""
+    text = f"{u['what']}: {u['why']}"
+    return text + (f"; answer with {u['answer']}." if u.get("answer") else ".")
 
 
 # ---- the run -------------------------------------------------------------------------------------
@@ -212,16 +308,19 @@ class _Context:
     options: AdviseOptions
     workload: Any
     capacity: int
-    kvbpt: int | None
+    block_bytes: int | None  # one pool block's bytes, when the KV geometry is known
     cost: Any  # PrefillCost or None
     error: float | None  # the fit's median relative error
+    stock_measured_at: int | None = None  # the pool the engine's own hits were measured at, when it has them
+    tier_runs: dict = field(default_factory=dict)  # (host blocks, ssd blocks or None) -> (TierResult, options)
+    tier_gain: tuple[int, int] | None = None  # hit tokens of the pool alone, and with a tier holding everything
 
     def command(self, name: str, text: str) -> str:
         engine = f" --engine {self.engine}" if self.engine else ""
         return f"kmesh-trace {name} {_quoted(self.source_arg)}{text}{engine} --json"
 
     def nbytes(self, blocks: int) -> int | None:
-        return blocks * self.workload.block_size * self.kvbpt if self.kvbpt else None
+        return blocks * self.block_bytes if self.block_bytes else None
 
     def seconds(self, rung: Rung) -> None:
         if self.cost is None or rung.hit_tokens_per_request is None:
@@ -239,8 +338,9 @@ def _quoted(arg: str) -> str:
 
 
 def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | None = None,
-           progress: Callable[[str], None] | None = None) -> Advice:
-    """The ladder of `source` (an opened trace or a public trace read into memory) as `options` ask."""
+           progress: Callable[[str], None] | None = None, capacity_source: str | None = None) -> Advice:
+    """The ladder of `source` (an opened trace or a public trace read into memory) as `options` ask.
+    `capacity_source`: how the user gave `options.capacity_blocks` (default: "--capacity-blocks")."""
     from kmesh_trace.oracle import tier_costs as tc
     from kmesh_trace.oracle.workload import Workload
 
@@ -249,62 +349,102 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
     w = Workload.from_trace(source, engine)
     meta = source.engines[engine] if engine is not None else source.metadata
     kvbpt, _ = tc.kv_bytes_per_token(meta, options.kv_bytes_per_token, options.model_config)
+    block_bytes = _block_bytes(w, kvbpt)
     unanswered: list[dict] = []
     notes: list[str] = []
     if meta.get("token_ids_approximate"):
         notes.append(f"the token ids are approximate ({meta.get('tokenizer') or 'an importer'}'s, not the serving "
                      "model's): block counts and ratios are estimates")
-    capacity, capacity_source = _pool(w, options, step)
-    if options.capacity_blocks is None and not w.num_usable_blocks:
-        unanswered.append({"what": "the engine's pool size", "why": "the trace does not record usable blocks (an "
-                           f"import); the ladder uses {capacity:,} blocks ({capacity_source})",
-                           "answer": "--capacity-blocks N (or a capture: kmesh-trace capture)"})
+    capacity, pool_source = _pool(w, options, step)
+    if options.capacity_blocks is not None and capacity_source:
+        pool_source = capacity_source
     cost, prefill = _prefill(source, engine, options)
     if cost is None:
         unanswered.append({"what": "prefill seconds", "why": _why_no_seconds(prefill["why"]),
                            "answer": "--prefill-tokens-per-s R, --prefill-rate KEY (a measured rate), or a capture "
                                      "with timings (kmesh-trace capture)"})
-    ctx = _Context(source, source_arg, engine, options, w, capacity, kvbpt, cost,
+    ctx = _Context(source, source_arg, engine, options, w, capacity, block_bytes, cost,
                    prefill.get("median_relative_error") if prefill.get("source") == "fit" else None)
-    rungs: list[Rung] = []
     step("headroom")
-    rungs += _headroom_rungs(ctx)
-    if not any(r.rung == "stock" for r in rungs):
-        unanswered.append({"what": "the engine as captured (stock)", "why": "the trace has no engine hit counts "
-                           "(an import, or a recording without them)", "answer": "a capture (kmesh-trace capture)"})
-    step("pressure")
-    holds, why = _holds_rung(ctx)
-    if holds is not None:
-        rungs.append(holds)
-    else:
-        unanswered.append({"what": "family holds", "why": why,
-                           "answer": "requests that declare kmesh_parent/kmesh_children, captured (kmesh-trace capture)"})
-    step("tiers")
-    tiers, why = _tier_rungs(ctx)
-    rungs += tiers
-    if why:
-        notes.append(why)
+    rungs = _headroom_rungs(ctx)
+    unanswered += _stock_unanswered(ctx, rungs)
+    rungs += _refusable(ctx, "family holds", "pressure", _holds_rung, unanswered, step)
+    rungs += _refusable(ctx, "host and SSD tiers", "tiers", lambda c: _tier_rungs(c, notes), unanswered, step)
     n = options.engines or (len(source.engines) if len(source.engines) > 1 else None)
     if n is not None:
-        step("fleet")
-        rungs += _fleet_rungs(ctx, n)
+        rungs += _refusable(ctx, "routing over several engines", "fleet", lambda c: _fleet_rungs(c, n), unanswered,
+                            step)
         if len(source.engines) > 1:
             notes.append(f"the fleet rungs route every engine's requests ({len(source.engines)} engines); the other "
                          f"rungs are engine {engine}'s")
     else:
         unanswered.append({"what": "routing over several engines", "why": "the trace has one engine",
                            "answer": "--engines N"})
-    for r in rungs:
+    if block_bytes is None:
+        unanswered.append({"what": "capacities in bytes", "why": "no KV bytes per token (the trace's engine "
+                           "metadata has no model geometry" + (", and its KV cache groups state no page sizes)"
+                                                               if w.hybrid else ")"),
+                           "answer": "--kv-bytes-per-token B or --model-config FILE"})
+    advice = Advice(source_arg, w.block_size, w.stream.num_requests, int(w.stream.num_prompt_tokens.sum()), capacity,
+                    pool_source, kvbpt, rungs, options.within, prefill, unanswered, notes=notes,
+                    block_bytes=block_bytes)
+    advice.recommendation = _recommend(advice, ctx)
+    _finish(advice, ctx)
+    return advice
+
+
+def _block_bytes(w, kvbpt: int | None) -> int | None:
+    """One pool block's bytes: a hybrid engine's is its KV cache groups' largest page times its layers (as
+    `headroom --capacity` reads it), else block size x KV bytes per token."""
+    if w.hybrid:
+        from kmesh_trace.oracle.hybrid_pool import pool_block_bytes
+
+        return pool_block_bytes(w.groups)
+    return w.block_size * kvbpt if kvbpt else None
+
+
+def _finish(advice: Advice, ctx: _Context) -> None:
+    """Every rung's seconds and bytes; the invariants checked (a broken one is a bug: the words would contradict
+    the numbers)."""
+    for r in advice.rungs:
         ctx.seconds(r)
         if r.capacity_bytes is None:
             r.capacity_bytes = ctx.nbytes(r.capacity_blocks)
-    if kvbpt is None:
-        unanswered.append({"what": "capacities in bytes", "why": "no KV bytes per token (the trace's engine "
-                           "metadata has no model geometry)", "answer": "--kv-bytes-per-token B or --model-config FILE"})
-    advice = Advice(source_arg, w.block_size, w.stream.num_requests, int(w.stream.num_prompt_tokens.sum()), capacity,
-                    capacity_source, kvbpt, rungs, options.within, prefill, unanswered, notes=notes)
-    advice.recommendation = _recommend(advice, ctx)
-    return advice
+    advice.recommendation["capacity_bytes"] = advice.rung(advice.recommendation["rung"]).capacity_bytes
+    bad = advice.violations()
+    if bad:
+        raise AssertionError("advise: the ladder breaks its invariants: " + "; ".join(bad))
+
+
+def _stock_unanswered(ctx: _Context, rungs: list[Rung]) -> list[dict]:
+    """Why the ladder has no stock rung, when it has none."""
+    w = ctx.workload
+    if any(r.rung == "stock" for r in rungs):
+        return []
+    if ctx.stock_measured_at is not None:
+        return [{"what": f"the engine as captured at {blocks(ctx.capacity)} (stock)",
+                 "why": f"the engine's hits were measured at its own pool of {blocks(ctx.stock_measured_at)}, not "
+                        f"{blocks(ctx.capacity)}", "answer": "the ladder at the engine's pool (no --capacity-blocks)"}]
+    out = [{"what": "the engine as captured (stock)", "why": "the trace has no engine hit counts (an import, or a "
+            "recording without them)", "answer": "a capture (kmesh-trace capture)"}]
+    if not w.num_usable_blocks and ctx.options.capacity_blocks is None:
+        out.insert(0, {"what": "the engine's pool size", "why": "the trace does not record usable blocks (an import); "
+                       f"the ladder assumes {blocks(ctx.capacity)}", "answer": "--capacity-blocks N or --capacity "
+                       "SIZE (or a capture: kmesh-trace capture)"})
+    return out
+
+
+def _refusable(ctx: _Context, what: str, command: str, rungs_of, unanswered: list[dict], step) -> list[Rung]:
+    """The rungs `rungs_of(ctx)` gives, or none when the analysis `command` refuses the trace (or has nothing to
+    say): its reason, in its own words, under "could not answer"."""
+    step(command)
+    try:
+        rungs, why, answer = rungs_of(ctx)
+    except KmeshTraceError as e:
+        rungs, why, answer = [], f"kmesh-trace {command} refuses it: {str(e).rstrip('.')}", None
+    if why is not None:
+        unanswered.append({"what": what, "why": why, "answer": answer})
+    return rungs
 
 
 def _why_no_seconds(why: str | None) -> str:
@@ -364,7 +504,10 @@ def _headroom_rungs(ctx: _Context) -> list[Rung]:
     names = {"infinite": ("infinite", "infinite cache"), "belady": ("bound", "Belady bound at the pool"),
              "vllm": ("modelled", "vLLM pool model"), "stock": ("stock", "the engine as captured")}
     out = []
-    results = list(res.results) + ([res.stock] if res.stock_source == "capture" else [])
+    measured = res.stock_source == "capture"
+    if measured:
+        ctx.stock_measured_at = int(w.num_usable_blocks)
+    results = list(res.results) + ([res.stock] if measured and ctx.capacity == w.num_usable_blocks else [])
     for k, r in enumerate(results):
         rung, label = names[r.policy]
         cap = w.stream.num_objects if r.policy == "infinite" else ctx.capacity  # infinite: every distinct block
@@ -374,30 +517,30 @@ def _headroom_rungs(ctx: _Context) -> list[Rung]:
     return sorted(out, key=lambda r: order.index(r.rung))
 
 
-def _holds_rung(ctx: _Context) -> tuple[Rung | None, str | None]:
-    """`pressure`'s held arm at the pool, when the trace has families; else (None, why not)."""
+def _holds_rung(ctx: _Context) -> tuple[list[Rung], str | None, str | None]:
+    """`pressure`'s held arm at the pool, when the trace has families; else (no rung, why not, what answers it).
+    Raises what `pressure` raises on a trace it refuses."""
     from kmesh_trace.oracle import pressure as pr
 
     w = ctx.workload
-    try:
-        pr.check_has_requests(ctx.source, ctx.engine)
-    except KmeshTraceError as e:
-        return None, str(e)
+    pr.check_has_requests(ctx.source, ctx.engine)
+    w.refuse_hybrid("pressure")
     if any(r.parent_index is not None for r in w.requests):
         edges = pr.PressureEdges.declared
     elif pr.lineage_for(w, "inferred") or pr.infer_exact_prefix_edges(list(w.requests), w.block_size):
         edges = pr.PressureEdges.inferred
     else:
-        return None, ("the trace has no families: no declared parents, and no request's prompt extends an earlier "
-                      "request's whole prompt")
+        return [], ("the trace has no families: no declared parents, and no request's prompt extends an earlier "
+                    "request's whole prompt"), "requests that declare kmesh_parent/kmesh_children, captured " \
+                                               "(kmesh-trace capture)"
     opts = pr.PressureOptions(edges, (ctx.capacity,))
     res = pr.run(w, opts)
     held = res.held
     label = "family holds" + (" (inferred families)" if edges == pr.PressureEdges.inferred else "")
-    return Rung("holds", label, held.total_hit_tokens, int(sum(held.num_prompt_tokens)), held.total_hit_blocks,
-                int(w.stream.num_reads.sum()), ctx.capacity, ctx.command("pressure", flags(opts)), "arms.held",
-                np.asarray(held.hit_tokens, np.int64), np.asarray(held.num_prompt_tokens, np.int64),
-                detail={"net_cached_tokens": res.net_cached_tokens, "edges": edges.value}), None
+    return [Rung("holds", label, held.total_hit_tokens, int(sum(held.num_prompt_tokens)), held.total_hit_blocks,
+                 int(w.stream.num_reads.sum()), ctx.capacity, ctx.command("pressure", flags(opts)), "arms.held",
+                 np.asarray(held.hit_tokens, np.int64), np.asarray(held.num_prompt_tokens, np.int64),
+                 detail={"net_cached_tokens": res.net_cached_tokens, "edges": edges.value})], None, None
 
 
 def _tier_sizes(capacity: int, distinct: int) -> list[int]:
@@ -410,60 +553,90 @@ def _tier_sizes(capacity: int, distinct: int) -> list[int]:
     return sizes + [max(distinct, 1)]
 
 
-def _tier_rungs(ctx: _Context) -> tuple[list[Rung], str | None]:
+def _tier_run(ctx: _Context, host: int, ssd: int | None = None):
+    """`tiers` at one configuration (a host tier of `host` blocks, and an SSD tier of `ssd` below it): its
+    TierResult and options (the command reproduces it at `sweep.configurations[0]`). Runs are kept: the
+    bisections ask for a size again."""
     from kmesh_trace.oracle import tiers as tm
 
+    key = (host, ssd)
+    if key not in ctx.tier_runs:
+        o = ctx.options
+        opts = tm.TiersOptions(capacity_blocks=ctx.capacity, kv_bytes_per_token=o.kv_bytes_per_token,
+                               model_config=o.model_config, prefill_tokens_per_s=o.prefill_tokens_per_s,
+                               sweep_host=str(host), **({} if ssd is None else {"sweep_ssd": str(ssd)}))
+        res = tm.run(ctx.workload, opts, name=ctx.source_arg, engine=ctx.engine, trace=ctx.source).sweep
+        ctx.tier_runs[key] = (res.results[0][0], opts)
+    return ctx.tier_runs[key]
+
+
+def smallest(reaches: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The smallest size in (lo, hi] that reaches, by bisection: `lo` does not, `hi` does (sizes between grid
+    points are tried one at a time; hit tokens grow with a tier's size)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if reaches(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _sized(ctx: _Context, grid: list[int], hits_at: Callable[[int], int], goal: float) -> int:
+    """The smallest size reaching `goal` hit tokens: the first grid size that does, then bisection down to the
+    grid size below it (the last grid size when none does)."""
+    i = next((k for k, size in enumerate(grid) if hits_at(size) >= goal), None)
+    if i is None:
+        return grid[-1]
+    return grid[0] if i == 0 else smallest(lambda size: hits_at(size) >= goal, grid[i - 1], grid[i])
+
+
+def _tier_rungs(ctx: _Context, notes: list[str]) -> tuple[list[Rung], None, None]:
+    """The host-50/90/99 and ssd rungs: each the smallest tier size reaching its share of what lower tiers can add
+    (a doubling grid, then bisection between its points). Raises what `tiers` raises on a trace it refuses."""
     w = ctx.workload
-    o = ctx.options
-    sizes = _tier_sizes(ctx.capacity, w.stream.num_objects)
-    common = dict(capacity_blocks=ctx.capacity, kv_bytes_per_token=o.kv_bytes_per_token, model_config=o.model_config,
-                  prefill_tokens_per_s=o.prefill_tokens_per_s)
-    host_opts = tm.TiersOptions(**common, sweep_host=",".join(map(str, [0] + sizes)))
-    host = tm.run(w, host_opts, name=ctx.source_arg, engine=ctx.engine, trace=ctx.source).sweep
-    results = [row[0] for row in host.results]
-    h0, hmax = results[0].hit_tokens, results[-1].hit_tokens
+    w.refuse_hybrid("tiers")
+    grid = [0] + _tier_sizes(ctx.capacity, w.stream.num_objects)
+    host_hits = lambda size: _tier_run(ctx, size)[0].hit_tokens  # noqa: E731
+    h0, hmax = host_hits(0), host_hits(grid[-1])
     if hmax <= h0:
-        return [], (f"lower tiers add nothing at {blocks(ctx.capacity)}: a tier holding every block the trace "
-                    "reads hits no more than the pool alone")
-    reads = int(w.stream.num_reads.sum())
-    command = ctx.command("tiers", flags(host_opts))
-
-    def rung(name: str, label: str, r, cmd: str, at: str, host_blocks: int, ssd_blocks: int) -> Rung:
-        return Rung(name, label, r.hit_tokens, int(np.sum(r.pool.num_prompt_tokens)), int(r.hit_blocks.sum()),
-                    reads, ctx.capacity + host_blocks + ssd_blocks, cmd, at, r.hit_tokens_per_request,
-                    np.asarray(r.pool.num_prompt_tokens, np.int64),
-                    detail={"gpu_blocks": ctx.capacity, "host_blocks": host_blocks, "ssd_blocks": ssd_blocks,
-                            "share_of_tier_gain": (r.hit_tokens - h0) / (hmax - h0)})
-
-    out, h90 = [], None
+        notes.append(f"lower tiers add nothing at {blocks(ctx.capacity)}: a tier holding every block the trace "
+                     "reads hits no more than the pool alone")
+        return [], None, None
+    ctx.tier_gain = (h0, hmax)
+    out, sizes = [], {}
     for f in TIER_FRACTIONS:
-        i = next(k for k, r in enumerate(results) if r.hit_tokens >= h0 + f * (hmax - h0))
-        size = ([0] + sizes)[i]
-        if f == 0.9:
-            h90 = (i, size)
-        out.append(rung(f"host-{round(f * 100)}", f"a {_size(ctx, size)} host tier", results[i], command,
-                        f"sweep.configurations[{i}]", size, 0))
-    i90, size90 = h90
-    if results[i90].hit_tokens >= h0 + 0.99 * (hmax - h0):
-        return out, "no SSD rung: the 90% host tier already reaches 99% of what lower tiers can add"
-    ssd_opts = tm.TiersOptions(**common, sweep_host=str(size90), sweep_ssd=",".join(map(str, [0] + sizes)))
-    ssd = tm.run(w, ssd_opts, name=ctx.source_arg, engine=ctx.engine, trace=ctx.source).sweep
-    row = ssd.results[0]
-    j = next((k for k, r in enumerate(row) if r.hit_tokens >= h0 + 0.99 * (hmax - h0)), len(row) - 1)
-    ssd_size = ([0] + sizes)[j]
-    out.append(rung("ssd", f"a {_size(ctx, size90)} host + {_size(ctx, ssd_size)} SSD tier", row[j],
-                    ctx.command("tiers", flags(ssd_opts)), f"sweep.configurations[{j}]", size90, ssd_size))
-    return out, None
+        sizes[f] = _sized(ctx, grid, host_hits, h0 + f * (hmax - h0))
+        out.append(_tier_rung(ctx, f"host-{round(f * 100)}", sizes[f], None, (h0, hmax)))
+    if host_hits(sizes[0.9]) >= h0 + 0.99 * (hmax - h0):
+        notes.append("no SSD rung: the 90% host tier already reaches 99% of what lower tiers can add")
+        return out, None, None
+    ssd_hits = lambda size: _tier_run(ctx, sizes[0.9], size)[0].hit_tokens  # noqa: E731
+    ssd = _sized(ctx, grid, ssd_hits, h0 + 0.99 * (hmax - h0))
+    return out + [_tier_rung(ctx, "ssd", sizes[0.9], ssd, (h0, hmax))], None, None
+
+
+def _tier_rung(ctx: _Context, name: str, host: int, ssd: int | None, gain: tuple[int, int]) -> Rung:
+    """The rung of `tiers` at one configuration; `gain`: the hit tokens of the pool alone and of a tier holding
+    everything (for its share of what lower tiers can add)."""
+    r, opts = _tier_run(ctx, host, ssd)
+    h0, hmax = gain
+    label = f"a {_size(ctx, host)} host tier" + (f" + a {_size(ctx, ssd)} SSD tier" if ssd is not None else "")
+    return Rung(name, label, r.hit_tokens, int(np.sum(r.pool.num_prompt_tokens)), int(r.hit_blocks.sum()),
+                int(ctx.workload.stream.num_reads.sum()), ctx.capacity + host + (ssd or 0),
+                ctx.command("tiers", flags(opts)), "sweep.configurations[0]", r.hit_tokens_per_request,
+                np.asarray(r.pool.num_prompt_tokens, np.int64),
+                detail={"gpu_blocks": ctx.capacity, "host_blocks": host, "ssd_blocks": ssd or 0,
+                        "share_of_tier_gain": (r.hit_tokens - h0) / (hmax - h0)})
 
 
 def _size(ctx: _Context, num_blocks: int) -> str:
+    """A tier's size in words: bytes (with its blocks) when the KV geometry is known, else blocks."""
     b = ctx.nbytes(num_blocks)
-    if b is None:
-        return f"{num_blocks:,}-block"
-    return f"{b / 2**40:,.2f} TiB" if b >= 2**40 else f"{b / 2**30:,.2f} GiB"
+    return f"{num_blocks:,}-block" if b is None else f"{size_words(b)} ({blocks(num_blocks)})"
 
 
-def _fleet_rungs(ctx: _Context, n: int) -> list[Rung]:
+def _fleet_rungs(ctx: _Context, n: int) -> tuple[list[Rung], None, None]:
     from kmesh_trace.oracle import fleet
 
     opts = fleet.FleetOptions(None if ctx.options.engines is None else (n,), (ctx.capacity,))
@@ -481,15 +654,16 @@ def _fleet_rungs(ctx: _Context, n: int) -> list[Rung]:
         out.append(Rung(name, label, r["hit_tokens"], r["hit_tokens"] + r["prefill_tokens"], r["hit_blocks"],
                         num_reads, n * ctx.capacity, command, f"points[0].runs[{idx}]",
                         detail={"num_engines": n, "policy": r["policy"]}))
-    return out
+    return out, None, None
 
 
 # ---- the recommendation --------------------------------------------------------------------------
 
 
 def _gb(nbytes: int, unit: int) -> str:
-    """A size in `unit` bytes, rounded up to two decimals (never below what the ladder sized)."""
-    return f"{np.ceil(nbytes / unit * 100) / 100:.2f}"
+    """A size in `unit` bytes (GiB for vLLM's flag, GB for LMCache's keys), rounded up to three significant
+    figures: never below what the ladder sized, never 0."""
+    return _figures(nbytes / unit) if nbytes else "0"
 
 
 def _settings(rung: Rung, ctx: _Context) -> tuple[list[dict], str]:
@@ -524,7 +698,8 @@ def _settings(rung: Rung, ctx: _Context) -> tuple[list[dict], str]:
 
 
 def _recommend(advice: Advice, ctx: _Context) -> dict:
-    """The first candidate, cheapest first, within `within`% of the bound's hit tokens; else the best one."""
+    """The first candidate, cheapest first, within `within`% of the bound's hit tokens (a tier: the smallest size
+    that is, by bisection below the first rung that reaches); else the best one."""
     bound = advice.rung("bound")
     target = bound.hit_tokens * (1 - advice.within / 100)
     base = advice.rung("stock") or advice.rung("modelled")
@@ -534,10 +709,37 @@ def _recommend(advice: Advice, ctx: _Context) -> dict:
     reaches = pick is not None
     if pick is None:
         pick = max(cands, key=lambda r: (r.hit_tokens, -cands.index(r)))
+    elif pick.rung.startswith(("host-", "ssd")):
+        pick = _target_rung(advice, ctx, pick, target)
     settings, how = _settings(pick, ctx)
     label = "the engine as it is" if pick.rung in ("stock", "modelled") else pick.label
-    return {"rung": pick.rung, "label": label, "reaches": reaches, "within_pct": advice.within,
+    return {"rung": pick.rung, "label": label, "reaches": reaches, "tried": [r.rung for r in cands],
+            "within_pct": advice.within,
             "target_hit_tokens": int(np.ceil(target)),
             "target_token_hit_ratio": target / bound.num_prompt_tokens if bound.num_prompt_tokens else 0.0,
             "token_hit_ratio": pick.token_hit_ratio, "capacity_blocks": pick.capacity_blocks,
             "capacity_bytes": pick.capacity_bytes, "settings": settings, "how": how, "command": pick.command}
+
+
+def _target_rung(advice: Advice, ctx: _Context, pick: Rung, target: float) -> Rung:
+    """The smallest tier of `pick`'s kind that reaches `target` hit tokens: bisection between the largest size
+    tried that does not and `pick`'s (the host tier; for ssd, the SSD tier below the same host tier). A smaller
+    one is added to the ladder as `host-target` / `ssd-target`, before `pick`."""
+    host, ssd = pick.detail["host_blocks"], (pick.detail["ssd_blocks"] if pick.rung == "ssd" else None)
+
+    def hits(size: int) -> int:
+        return _tier_run(ctx, size, None)[0].hit_tokens if ssd is None else _tier_run(ctx, host, size)[0].hit_tokens
+
+    if ssd is None:
+        tried = [h for (h, s) in ctx.tier_runs if s is None]
+    else:
+        tried = [s for (h, s) in ctx.tier_runs if h == host and s is not None]
+    top = host if ssd is None else ssd
+    below = [size for size in tried if size < top and hits(size) < target]
+    size = smallest(lambda n: hits(n) >= target, max(below), top) if below else top
+    if size == top:
+        return pick
+    name = "host-target" if ssd is None else "ssd-target"
+    rung = _tier_rung(ctx, name, size if ssd is None else host, None if ssd is None else size, ctx.tier_gain)
+    advice.rungs.insert(advice.rungs.index(pick), rung)
+    return rung

@@ -228,7 +228,7 @@ def terms(*names: str) -> list[tuple[str, str]]:
 
 def advise_section(ctx: ReportContext) -> Section:
     """The answer first: the `advise` ladder of the trace with its verdict, a plot, and the recommendation."""
-    from kmesh_trace.apps.advise import AdviseOptions, advise
+    from kmesh_trace.apps.advise import AdviseOptions, advise, unanswered_sentence
     from kmesh_trace.apps.plots import plot_ladder
 
     options = AdviseOptions(capacity_blocks=ctx.capacities[0] if ctx.capacities else None)
@@ -256,7 +256,7 @@ def advise_section(ctx: ReportContext) -> Section:
                       f"(results in {e['results']}). Not measured: "
                       + "; ".join(f"{k}: {why}" for k, why in e["unmeasured"].items()) + "."),
             paragraph(f"Recommendation: {rec['label']}: {rec['how']}.")]
-    body += [paragraph(f"Not answered here: {u['what']}: {u['why']}; answer with {u['answer']}.")
+    body += [paragraph(f"Not answered here: {unanswered_sentence(u)}")
              for u in d["unanswered"]]
     flag = f" --capacity-blocks {options.capacity_blocks}" if options.capacity_blocks else ""
     return Section("Advice", f"kmesh-trace advise {ctx.trace_arg}{flag}{ctx.engine_flag()} --json", d, body)

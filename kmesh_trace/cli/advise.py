@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -13,10 +14,12 @@ from kmesh_trace.cli.common import (
     KvModelConfigOption,
     Output,
     Table,
+    capacities_of_input,
     check_plot_option,
     emit,
     err,
     handles_errors,
+    one_capacity_flag,
     open_input,
     out,
     output_options,
@@ -45,6 +48,9 @@ class AdviseFlags:
                                                   help="The engine's pool in blocks (default: the trace's usable "
                                                        "blocks; an import: where LRU reaches half the infinite "
                                                        "cache's hits).")
+    capacity: Optional[str] = typer.Option(None, "--capacity", help="The engine's pool as a size (40GiB: converted "
+                                           "with the KV bytes per token, or a hybrid engine's page sizes) or "
+                                           "blocks; instead of --capacity-blocks.")
     engines: Optional[int] = typer.Option(None, "--engines", parser=bounded_int(1, 4096),
                                           help="Add the fleet rungs for N engines of the pool's size (default: the "
                                                "trace's engines, when it has several).")
@@ -92,6 +98,7 @@ def advise_cmd(f: AdviseFlags, output: Output = None) -> None:
 
     options = options_of(AdviseOptions, f)
     options.check()
+    one_capacity_flag(f.capacity_blocks, f.capacity)
     check_plot_option(f.plot, [f.trace, f.model_config])
     advice = _advise(f, options)
     for note in advice.notes:
@@ -110,8 +117,14 @@ def _advise(f: AdviseFlags, options):
     from kmesh_trace.apps.advise import advise
 
     with open_input(f.trace, None, f.engine, False, direct=True, import_options=f.import_options()) as (t, _):
+        source = None
+        if f.capacity is not None:
+            caps = capacities_of_input(f.capacity, t, None, f.engine, f.kv_bytes_per_token, f.model_config)
+            if len(caps) != 1:
+                raise KmeshTraceError(f"--capacity takes one pool size, not {len(caps)}.")
+            options, source = replace(options, capacity_blocks=caps[0]), f"--capacity {f.capacity}"
         with err.status("advise") as status:
-            return advise(t, options, source_arg=str(f.trace), engine=f.engine,
+            return advise(t, options, source_arg=str(f.trace), engine=f.engine, capacity_source=source,
                           progress=lambda what: status.update(f"advise: {what}"))
 
 
@@ -121,12 +134,9 @@ def _wrap(text: str, indent: str = "") -> str:
 
 
 def _size(nbytes) -> str:
-    if nbytes is None:
-        return "-"
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:,.1f} {unit}"
-    return f"{nbytes / 2**10:,.1f} KiB"
+    from kmesh_trace.apps.advise import size_words
+
+    return "-" if nbytes is None else size_words(nbytes)
 
 
 def _count(n: int) -> str:
@@ -163,7 +173,7 @@ def _model_error_lines(d: dict) -> list[str]:
 def lines(d: dict) -> list:
     """The human output, from the JSON: the verdict, the ladder, the recommendation, what the trace could not
     answer. Items are strings (lines) or a `Table`."""
-    from kmesh_trace.apps.advise import blocks
+    from kmesh_trace.apps.advise import blocks, unanswered_sentence
 
     items: list = [_wrap(d["verdict"]), ""]
     t = Table(title=f"ladder: {d['num_requests']:,} requests, {d['block_size']}-token blocks, pool "
@@ -189,7 +199,7 @@ def lines(d: dict) -> list:
                         f"the bound): {rec['label']}"), _wrap(rec["how"], "  ")]
     if d["unanswered"]:
         items += ["", "the trace could not answer:"]
-        items += [_wrap(f"- {u['what']}: {u['why']}; answer with {u['answer']}.", "    ").replace("    - ", "  - ", 1)
+        items += [_wrap(f"- {unanswered_sentence(u)}", "    ").replace("    - ", "  - ", 1)
                   for u in d["unanswered"]]
     items += ["", _wrap("tok_hit: hit prompt tokens / prompt tokens; prefill: prompt tokens computed. --json adds "
                         "the block hit ratio and each rung's reproducing command (key `command`).")]

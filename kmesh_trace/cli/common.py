@@ -167,6 +167,10 @@ CsvOption = Annotated[bool, typer.Option("--csv", help="The result table as CSV 
 OutOption = Annotated[Optional[Path], typer.Option(
     "--out", help="Write the result to FILE instead of stdout: the --json document (or CSV with --csv), written "
                   "atomically; stdout stays empty.")]
+#: --out of a command without --csv: its help names only the JSON.
+JsonOutOption = Annotated[Optional[Path], typer.Option(
+    "--out", help="Write the result to FILE instead of stdout: the --json document, written atomically; stdout "
+                  "stays empty.")]
 
 
 def exit_codes_help(blocking: str | None = None) -> str:
@@ -199,7 +203,7 @@ def output_options(*, csv: bool = False, blocking: str | None = None) -> Callabl
         extra = [inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=JsonOption)]
         if csv:
             extra.append(inspect.Parameter("as_csv", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=CsvOption))
-        extra.append(inspect.Parameter("out_file", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=OutOption))
+        extra.append(inspect.Parameter("out_file", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=OutOption if csv else JsonOutOption))
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
                   else p for p in sig.parameters.values() if p.name != "output"]
 

@@ -83,7 +83,7 @@ class HeadroomFlags:
         None, "--partitions", parser=bounded_int(1, 4096), help="Curve from K partitions of the block ids, each a "
         "cache of C / K, merged (Ray tasks with --ray): exact for the infinite cache, error-bounded below.")
     memory_budget: Optional[float] = typer.Option(
-        None, "--memory-budget", parser=finite_float(0, lo_open=True), help="GiB the exact curves may take beyond "
+        None, "--memory-budget", parser=finite_float(0, 2**20, lo_open=True), help="GiB the exact curves may take beyond "
         "the stream; above it the curve is sampled, and says so (default: half the memory available).")
     ray: RayOption = None
 
