@@ -60,14 +60,38 @@ def rebuilt_rows(events: pl.DataFrame, block_size: int, engine: str) -> tuple[li
     tails: dict[int, list[int]] = {}  # last hash -> chains ending there, most recent last
     parent_of: dict[int, int | None] = {}
     chains: list[dict] = []
-    num_unreported = num_parent_cycles = 0
+    num_unreported = num_parent_cycles = num_retried = num_ambiguous = 0
+    last: dict | None = None  # the latest request start: its chain, batch, and whether it stored since
+
+    def retry_of(h: int, pseq: int) -> int | None:
+        """The chain a start at block `h` in batch `pseq` retries: vLLM re-announces a waiting request's hit
+        on every admission attempt, and a failed attempt ends its step's admissions, so the next start with
+        the same first block, in a later batch, before the reported chain stored anything, is that request
+        again (the hit the engine counts is the admitting attempt's)."""
+        nonlocal num_retried, num_ambiguous
+        if last is None or not last["open"] or chains[last["chain"]]["blocks"][0] != h:
+            return None
+        if pseq == last["pseq"]:  # the same step: the earlier one was admitted (a full hit); another request
+            num_ambiguous += 1
+            return None
+        num_retried += 1
+        num_ambiguous += pseq > last["pseq"] + 1  # steps passed between: a preemption, or another request
+        i = last["chain"]
+        for t in list(tails):
+            if i in tails[t]:
+                tails[t].remove(i)
+                if not tails[t]:
+                    del tails[t]
+        chains[i].update(blocks=[], hits=0)
+        return i
 
     def start(h: int, ts: int, seq: int, prefix: list[int]) -> None:
         chains.append({"blocks": prefix + [h], "hits": len(prefix), "ts": ts, "seq": seq})
         tails.setdefault(h, []).append(len(chains) - 1)
 
     cols = ("event", "block_hash", "parent_block_hash", "ts_ns", "seq")
-    for event, h, parent, ts, seq in zip(*(events.get_column(c).to_list() for c in cols)):
+    pseqs = events.get_column("publisher_seq" if "publisher_seq" in events.columns else "seq").to_list()
+    for (event, h, parent, ts, seq), pseq in zip(zip(*(events.get_column(c).to_list() for c in cols)), pseqs):
         if event == "cleared":
             tails.clear()
             continue
@@ -77,13 +101,22 @@ def rebuilt_rows(events: pl.DataFrame, block_size: int, engine: str) -> tuple[li
         if event == "cached":
             parent_of.setdefault(h, parent)
         if parent is None:
-            start(h, ts, seq, [])
+            i = retry_of(h, pseq)
+            if i is None:
+                start(h, ts, seq, [])
+                i = len(chains) - 1
+            else:
+                chains[i]["blocks"].append(h)
+                tails.setdefault(h, []).append(i)
+            last = {"chain": i, "pseq": pseq, "open": hit}
         elif tails.get(parent):
             i = tails[parent].pop()
             if not tails[parent]:
                 del tails[parent]
             chains[i]["blocks"].append(h)
             tails.setdefault(h, []).append(i)
+            if last is not None and last["chain"] == i and not hit:
+                last["open"] = False  # the reported request stored: it was admitted
         else:  # a prefix reused without a report (or recorded before the listener started)
             prefix, p, seen = [], parent, {h}
             while p is not None and p not in seen and len(prefix) < MAX_PREFIX_WALK:
@@ -101,7 +134,8 @@ def rebuilt_rows(events: pl.DataFrame, block_size: int, engine: str) -> tuple[li
              "num_output_tokens": 0, "prompt_block_hashes": c["blocks"], "arrival_ns": c["ts"],
              "num_cached_tokens": c["hits"] * block_size} for i, c in enumerate(chains)]
     return rows, {"num_chains": len(chains), "num_unreported_prefixes": num_unreported,
-                  "num_parent_cycles": num_parent_cycles}
+                  "num_parent_cycles": num_parent_cycles, "num_retried_reports": num_retried,
+                  "num_ambiguous_reports": num_ambiguous}
 
 
 def rebuilt_invocations(trace, engine: str) -> pl.DataFrame:
@@ -109,7 +143,7 @@ def rebuilt_invocations(trace, engine: str) -> pl.DataFrame:
     block_size = check_block_size(trace.engines[engine].get("block_size"))
     ev = (trace.scan("block_events").filter(pl.col("engine") == engine)
           .filter(pl.col("medium").is_null() | (pl.col("medium") == "GPU"))
-          .select("seq", "ts_ns", "event", "block_hash", "parent_block_hash").sort("seq").collect())
+          .select("seq", "ts_ns", "event", "block_hash", "parent_block_hash", "publisher_seq").sort("seq").collect())
     if ev.filter(pl.col("event") == "touched").height == 0:
         raise KmeshTraceError(no_hits_reason(engine))
     rows, _ = rebuilt_rows(ev, block_size, engine)

@@ -248,3 +248,31 @@ def test_parents_that_loop_back_end_the_prefix_walk():
     assert all(len(r["prompt_block_hashes"]) == len(set(r["prompt_block_hashes"])) for r in rows[1:])
     assert rows[1]["prompt_block_hashes"] == [2, 1, 1000]
     assert sum(len(r["prompt_block_hashes"]) for r in rows) == 3 + 600 * 3
+
+
+def _rebuild(events):
+    import polars as pl
+
+    from kmesh_trace.oracle.kv_stream import rebuilt_rows
+
+    df = pl.DataFrame({"event": [e[0] for e in events], "block_hash": [e[1] for e in events],
+                       "parent_block_hash": [e[2] for e in events], "publisher_seq": [e[3] for e in events],
+                       "ts_ns": list(range(len(events))), "seq": list(range(len(events)))},
+                      schema={"event": pl.String, "block_hash": pl.UInt64, "parent_block_hash": pl.UInt64,
+                              "publisher_seq": pl.Int64, "ts_ns": pl.Int64, "seq": pl.Int64})
+    return rebuilt_rows(df, 32, "e0")
+
+
+def test_admission_retries_are_one_request_with_the_admitting_hit():
+    """vLLM re-announces a waiting request's hit (parent None) on every admission attempt: three failed
+    attempts in batches 1-3, then the admitted one in batch 4 (its stores follow): one request, 2 hit blocks;
+    a second request with the same prefix after it is a request of its own."""
+    report = [("touched", 1, None), ("touched", 2, 1)]
+    events = [("cached", 1, None, 0), ("cached", 2, 1, 0), ("cached", 3, 2, 0)]
+    for b in (1, 2, 3, 4):
+        events += [(e, h, p, b) for e, h, p in report]
+    events += [("cached", 10, 2, 4), ("touched", 1, None, 5), ("touched", 2, 1, 5), ("cached", 20, 2, 5)]
+    rows, counts = _rebuild(events)
+    assert len(rows) == 3 and counts["num_retried_reports"] == 3 and counts["num_ambiguous_reports"] == 0
+    assert [r["num_cached_tokens"] for r in rows] == [0, 64, 64]
+    assert rows[1]["prompt_block_hashes"] == [1, 2, 10]
