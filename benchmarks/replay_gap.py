@@ -64,6 +64,16 @@ def timeline(route: HostRoute, arrays: list[np.ndarray]) -> dict:
             "restore_ms": statistics.median(total)}
 
 
+def report(out: dict) -> None:
+    print(f"depth {out['depth']}, workers {out['workers']}, {out['bytes'] / 2**20:.0f} MiB, "
+          f"chunk {out['chunk_bytes']} B; {out['host_facts']}")
+    for n, g in out["GBps"].items():
+        print(f"  {n:12s} {g:6.3f} GB/s  {out['ratio_to_fio'][n]:.3f}x fio")
+    for n, t in out["timeline"].items():
+        print(f"  {n:12s} restore {t['restore_ms']:.2f} ms, first completion {t['first_completion_ms']:.2f} ms, "
+              f"drain {t['drain_ms']:.2f} ms")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", type=Path, required=True)
@@ -116,12 +126,7 @@ def main() -> int:
            "host_facts": host_facts(sdir / files[0]), "huge_advised": huge, "timeline": tl, "samples_s": res,
            "GBps": {n: gb / statistics.median(v) for n, v in res.items()}}
     out["ratio_to_fio"] = {n: g / out["GBps"]["fio"] for n, g in out["GBps"].items()}
-    print(f"depth {a.depth}, workers {a.workers}, {s.num_bytes / 2**20:.0f} MiB, chunk {cb} B; {out['host_facts']}")
-    for n, g in out["GBps"].items():
-        print(f"  {n:12s} {g:6.3f} GB/s  {out['ratio_to_fio'][n]:.3f}x fio")
-    for n, t in tl.items():
-        print(f"  {n:12s} restore {t['restore_ms']:.2f} ms, first completion {t['first_completion_ms']:.2f} ms, "
-              f"drain {t['drain_ms']:.2f} ms")
+    report(out)
     if a.json:
         a.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0
