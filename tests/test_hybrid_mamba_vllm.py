@@ -87,8 +87,9 @@ class RealMamba:
         self.split = types.SimpleNamespace(  # the scheduler settings `_mamba_block_aligned_split` reads
             cache_config=types.SimpleNamespace(block_size=bs), block_size=bs, hash_block_size=bs,
             mamba_partial_cache_hit=False, use_eagle_block_drop=False, mamba_has_prefill_checkpoint_blocks=False,
-            mamba_prefill_checkpoint_alignment=None, max_num_scheduled_tokens=1 << 20,
-            scheduler_config=types.SimpleNamespace(long_prefill_token_threshold=0), mamba_shared_prefix_checkpoint=False)
+            mamba_prefill_checkpoint_alignment=None, max_num_scheduled_tokens=1 << 20, num_hash_lookahead_tokens=0,
+            scheduler_config=types.SimpleNamespace(long_prefill_token_threshold=0),
+            mamba_shared_prefix_checkpoint=False)  # num_hash_lookahead_tokens: vLLM 0.33 reads it
         self.hasher = get_request_block_hasher(bs, sha256)
         self.sc = sc
         n = len(sc.requests)
