@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Native replay on the lent H200 host: describe the host, install, probe every route, run host vs
-# host_fixed (pairs, warm-ups, corruption), the GPU tests, and the benchmark (baseline: fio). Writes
+# host_fixed (pairs, warm-ups, corruption), the GPU tests, the benchmark (baseline: fio) and the split of
+# the gap to fio (replay_gap.py). Writes
 # everything to $OUT (or ./h200-out). The figures in benchmarks/README.md ("Replay on the H200") come
 # from this. The host has no package mirror: without a system fio, build/fio-bundle.tar.xz (Debian's
 # fio and the libraries it links, packed on a machine that has it) is unpacked and used.
@@ -38,4 +39,8 @@ echo "== bench"
 python3 benchmarks/replay_bench.py --fio "$FIO" --dir "$W" --restores 8 --rounds 3 --gpu --json "$OUT/bench.json"
 python3 benchmarks/replay_bench.py --fio "$FIO" --dir "$W" --restores 8 --rounds 3 --depth 16 --json "$OUT/bench-depth16.json"
 python3 benchmarks/replay_bench.py --fio "$FIO" --dir "$W" --restores 8 --rounds 3 --workers 2 --json "$OUT/bench-workers2.json"
+echo "== gap to fio (huge vs 4 KiB pages, one streamed call, drain)"
+python3 benchmarks/replay_gap.py --fio "$FIO" --dir "$W" --restores 8 --rounds 3 --json "$OUT/gap.json"
+python3 benchmarks/replay_gap.py --fio "$FIO" --dir "$W" --restores 8 --rounds 3 --depth 16 --json "$OUT/gap-depth16.json"
+python3 benchmarks/replay_gap.py --fio "$FIO" --dir "$W" --restores 8 --rounds 3 --workers 2 --json "$OUT/gap-workers2.json"
 } 2>&1 | tee "$OUT/log"

@@ -132,7 +132,10 @@ def group_of_vllm(group: Any) -> KVCacheGroup | None:
 def num_skipped_tokens(group: KVCacheGroup, num_computed_tokens: int) -> int:
     """Leading tokens of a request's first `num_computed_tokens` that `group` no longer needs (vLLM's
     `get_num_skipped_tokens`): none for full attention and MLA; those before the window (sliding
-    window W: all but the last W - 1); those before the current chunk (chunked local)."""
+    window W: all but the last W - 1); those before the current chunk (chunked local); all but the last
+    (Mamba, whose state after the last token is all it needs)."""
+    if group.kind == MAMBA:
+        return max(0, num_computed_tokens - 1)
     if group.kind == SLIDING_WINDOW:
         return max(0, num_computed_tokens - group.sliding_window + 1)
     if group.kind == CHUNKED_LOCAL:

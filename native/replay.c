@@ -222,12 +222,24 @@ static inline int64_t now_ns(void) {
 
 int64_t kr_now_ns(void) { return now_ns(); }
 
+#ifndef IORING_SETUP_COOP_TASKRUN
+#define IORING_SETUP_COOP_TASKRUN (1U << 8)
+#endif
+
+/* A ring of `depth` entries. COOP_TASKRUN (Linux 5.19+; older kernels answer EINVAL and get a plain ring):
+ * completions are handed to this task when it next enters the kernel, as it always does to reap, rather
+ * than by interrupting it; the same setting fio's io_uring engine asks for. */
 static int ring_setup(struct ring *r, unsigned depth) {
     struct io_uring_params p;
     memset(&p, 0, sizeof p);
     memset(r, 0, sizeof *r);
     r->fd = -1;
+    p.flags = IORING_SETUP_COOP_TASKRUN;
     int fd = (int)syscall(__NR_io_uring_setup, depth, &p);
+    if (fd < 0 && errno == EINVAL) {
+        memset(&p, 0, sizeof p);
+        fd = (int)syscall(__NR_io_uring_setup, depth, &p);
+    }
     if (fd < 0) return -errno;
     r->fd = fd;
     r->depth = depth;

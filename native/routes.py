@@ -34,11 +34,12 @@ class HostRoute(Route):
 
     name = "host"
     host: HostArena | None = None
+    huge_pages = True  # the arena asks for transparent huge pages (HostArena)
 
     def __init__(self, max_bytes: int, depth: int = 8, num_workers: int = 1):
         try:
             super().__init__(max_bytes, depth, num_workers)
-            self.host = HostArena(max_bytes)
+            self.host = HostArena(max_bytes, self.huge_pages)
             self.ring.register_buffers([self.host.address], [max_bytes])
         except BaseException:
             self.close()

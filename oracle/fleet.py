@@ -42,7 +42,7 @@ from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.blockpool import PoolReplay, PoolResult, simulate_pool
 from kmesh_trace.oracle.executor import Executor, InProcess, Task
 from kmesh_trace.oracle.families import EDGE_MODES, families
-from kmesh_trace.oracle.hybrid_pool import HybridPoolReplay, simulate_hybrid_pool
+from kmesh_trace.oracle.hybrid_mamba import hybrid_replay, simulate_hybrid
 from kmesh_trace.oracle.options import option
 from kmesh_trace.oracle.stream import RequestBlocks, pool_capacity
 from kmesh_trace.oracle.tasks import workload_at
@@ -93,7 +93,7 @@ def _replay(workload: Workload, capacity_blocks: int):
     """One engine's step-by-step replay: the hybrid pool for a hybrid engine's workload (the groups are the
     trace's), else the single-group pool."""
     if workload.hybrid:
-        return HybridPoolReplay([], workload.groups, capacity_blocks, workload.timed, workload.retention_interval)
+        return hybrid_replay([], workload.groups, capacity_blocks, workload.timed, workload.retention_interval)
     return PoolReplay([], workload.block_size, capacity_blocks, None, workload.timed)
 
 
@@ -206,8 +206,8 @@ def simulate_run(workload: Workload, policy: str, num_engines: int, capacity_blo
         check_options([], [num_engines], [capacity_blocks], overload)
         reqs = workload.requests
         if workload.hybrid:
-            pools = [simulate_hybrid_pool(list(reqs), workload.groups, num_usable_blocks=num_engines * capacity_blocks,
-                                          timed=workload.timed, retention_interval=workload.retention_interval)]
+            pools = [simulate_hybrid(list(reqs), workload.groups, num_usable_blocks=num_engines * capacity_blocks,
+                                     timed=workload.timed, retention_interval=workload.retention_interval)]
         else:
             pools = [simulate_pool(list(reqs), block_size=workload.block_size,
                                    num_usable_blocks=num_engines * capacity_blocks, timed=workload.timed)]  # compiled

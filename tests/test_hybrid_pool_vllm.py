@@ -267,9 +267,8 @@ def test_window_keeps_only_its_blocks():
         assert replay.evicted_blocks == evicted
 
 
-def test_mamba_and_mixed_block_sizes_are_refused():
-    with pytest.raises(KmeshTraceError, match="Mamba"):
-        simulate_hybrid_pool([], (KVCacheGroup("full_attention", 16), KVCacheGroup("mamba", 16)), num_usable_blocks=8)
+def test_mixed_block_sizes_are_refused():
+    """(Mamba groups: tests/test_hybrid_mamba_vllm.py.)"""
     with pytest.raises(KmeshTraceError, match="block sizes"):
         simulate_hybrid_pool([], (KVCacheGroup("full_attention", 16), KVCacheGroup("sliding_window", 32,
                                                                                    sliding_window=64)),

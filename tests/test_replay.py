@@ -66,6 +66,31 @@ def test_native_reads_match_pread_with_several_workers_and_short_queue(ddir):
         os.close(plain)
 
 
+def test_huge_page_arena_is_aligned_and_reads_match_pread(ddir):
+    """An arena of 2 MiB or more starts on a huge-page boundary (asked MADV_HUGEPAGE); reads into it at
+    offsets that straddle the boundary land exactly, as into plain pages."""
+    s = small_store(ddir, restores=1, chunks=4, chunk_bytes=64 * KIB)
+    path = ddir / "s" / s.restores[0][0].file
+    fd, plain = os.open(path, os.O_RDONLY | os.O_DIRECT), os.open(path, os.O_RDONLY)
+    big, small = HostArena(4 << 20), HostArena(4 << 20, huge=False)
+    try:
+        assert big.address % (2 << 20) == 0 and small.address % 4096 == 0 and not small.huge
+        assert not HostArena(64 * KIB).huge  # under a huge page: plain pages, no padding
+        for arena in (big, small):
+            arena.array[:] = 0xA5
+            dest = [(2 << 20) - 96 * KIB, 0, (4 << 20) - 64 * KIB, (2 << 20) - 32 * KIB]
+            chunks = np.array([(fd, 0, k * 64 * KIB, 64 * KIB, d) for k, d in enumerate(dest)], dtype=CHUNK_DTYPE)
+            with Ring(depth=4) as ring:
+                ring.register_buffers([arena.address], [4 << 20])
+                samples, _ = ring.restore(chunks)
+                assert ring.ownership().drained
+            assert samples["result"].tolist() == [64 * KIB] * 4
+            for k, d in enumerate(dest):
+                assert arena.array[d: d + 64 * KIB].tobytes() == os.pread(plain, 64 * KIB, k * 64 * KIB)
+    finally:
+        big.close(), small.close(), os.close(fd), os.close(plain)
+
+
 def test_read_past_end_of_file_is_reported_not_hidden(ddir):
     s = small_store(ddir, restores=1, chunks=2, chunk_bytes=4 * KIB)
     fd = os.open(ddir / "s" / s.restores[0][0].file, os.O_RDONLY | os.O_DIRECT)

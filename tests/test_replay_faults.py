@@ -177,8 +177,8 @@ def test_ring_failure_with_reads_in_flight_refuses_later_restores():
 class _SpyArena(HostArena):
     made: list = []
 
-    def __init__(self, n):
-        super().__init__(n)
+    def __init__(self, n, *huge):
+        super().__init__(n, *huge)
         _SpyArena.made.append(self)
 
 

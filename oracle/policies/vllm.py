@@ -14,7 +14,7 @@ import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.blockpool import pool_hits
-from kmesh_trace.oracle.hybrid_pool import simulate_hybrid_pool
+from kmesh_trace.oracle.hybrid_mamba import simulate_hybrid
 from kmesh_trace.oracle.policies.base import PolicyResult, Workload, result_of
 
 
@@ -31,8 +31,8 @@ class VLLM:
         if workload.hybrid:
             if workload.requests is None:
                 raise KmeshTraceError("the hybrid vllm pool model replays requests; build the workload with them.")
-            res = simulate_hybrid_pool(list(workload.requests), workload.groups, num_usable_blocks=int(capacity_blocks),
-                                       timed=workload.timed, retention_interval=workload.retention_interval)
+            res = simulate_hybrid(list(workload.requests), workload.groups, num_usable_blocks=int(capacity_blocks),
+                                  timed=workload.timed, retention_interval=workload.retention_interval)
             return result_of(self.name, capacity_blocks, workload.stream, np.asarray(res.hit_blocks, np.int64),
                              res.total_evictions)
         hits, evictions = pool_hits(workload.requests, block_size=workload.block_size,
