@@ -80,6 +80,8 @@ class TiersFlags:
     children: int = typer.Option(5, "--children", parser=bounded_int(1, 1 << 20), help="family-burst: number of children.")
     ancestor_mib: float = typer.Option(48, "--ancestor-mib", parser=finite_float(0, 1 << 30, lo_open=True), help="family-burst: ancestor size in MiB.")
     chunks: int = typer.Option(16, "--chunks", parser=bounded_int(1, 1 << 20), help="family-burst: chunks per ancestor.")
+    lmcache: Optional[str] = typer.Option(None, "--lmcache", help="Model LMCache's server instead: chunk_size=256,l1_size_gb=1,eviction_policy=LRU[,fs=DIR] (its lmcache server flags); stores, loads and external hits beside the capture's.")
+    lmcache_peer: Optional[Path] = typer.Option(None, "--lmcache-peer", help="With --lmcache: the capture of another engine sharing that LMCache server.")
     engine: EngineOption = None
     ray: ray_option(" With a sweep: one task per configuration.") = None
 
@@ -112,8 +114,9 @@ def _tiers(f: TiersFlags, options):
     from kmesh_trace.oracle.executor import InProcess, OnRay
 
     executor = InProcess() if f.ray is None else OnRay(f.ray)
-    with _input(f.trace, f.scenario, direct=f.ray is None) as (source, name), _sweep_progress(executor):
-        report = tm.run(source, options, executor, name=name, engine=f.engine)
+    with (_input(f.trace, f.scenario, direct=f.ray is None) as (source, name), _peer(f.lmcache_peer) as peer,
+          _sweep_progress(executor)):
+        report = tm.run(source, options, executor, name=name, engine=f.engine, peer=peer)
     for note in report.notes:
         err.print(f"note: {note}")
     if f.plot is not None:
@@ -136,6 +139,8 @@ def _check_outputs(trace, scenario, options, ray, plot, journal) -> None:
         raise KmeshTraceError("--plot draws a host x SSD sweep; add --sweep-host and/or --sweep-ssd.")
     check_plot_option(plot, [trace, options.restore_results, options.model_config])
     check_ray_option(ray)
+    if journal is not None and options.lmcache is not None:
+        raise KmeshTraceError("--journal writes the SSD tier's reads; the LMCache model (--lmcache) has none.")
     if journal is not None:
         check_out_dir(journal, "--journal")
         check_out_not_in_input(journal, [trace, options.restore_results, options.model_config], "--journal")
@@ -157,6 +162,18 @@ def _input(trace: Optional[Path], scenario, *, direct: bool):
 
     with open_as_trace(trace, on_import=err.print, until_exit=True) as t:  # a public trace: imported first
         yield t, str(trace)
+
+
+@contextmanager
+def _peer(path: Optional[Path]):
+    """(the opened peer capture, its name) for --lmcache-peer, or None."""
+    if path is None:
+        yield None
+        return
+    from kmesh_trace.sources import open_as_trace
+
+    with open_as_trace(path, on_import=err.print) as t:
+        yield t, str(path)
 
 
 @contextmanager
