@@ -1,6 +1,6 @@
 """Chat messages as vLLM reads them before its chat template: a port of vLLM's chat utils
 (`vllm/renderers/chat_utils`, 0.32 and 0.33), tested equal to `parse_chat_messages` on random
-conversations (tests/test_chat_messages_vllm.py).
+conversations (the vLLM comparison test).
 
 vLLM's rules, for a text-only model:
 - the template's *content format* is detected from its syntax tree: "openai" when the template loops over a
