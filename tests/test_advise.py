@@ -391,6 +391,28 @@ def test_a_hybrid_trace_refuses_the_rungs_its_commands_refuse(cli, tmp_path):
     assert "change nothing" not in d["verdict"] or d["recommendation"]["reaches"]
 
 
+
+def test_a_hybrid_engines_bytes_are_its_groups_pages_as_headroom_reads_them(cli, tmp_path):
+    """A hybrid pool block is its KV cache groups' largest page times its layers: --capacity is the pool headroom
+    --capacity gives, a --kv-bytes-per-token sizes nothing (a note says so), and without page sizes "could not
+    answer" does not ask for the flag just given (it did: "no KV bytes per token ... answer with
+    --kv-bytes-per-token B")."""
+    from kmesh_trace.kv_groups import KVCacheGroup
+
+    trace = write_hybrid(tmp_path / "h")  # pages of 2,048 bytes x 2 layers
+    pool = _json(cli, ["headroom", trace, "--capacity", "1MiB", "--json"])["results"][0]["capacity_blocks"]
+    d = _json(cli, ["advise", trace, "--capacity", "1MiB", "--kv-bytes-per-token", "64", "--json"])
+    assert (d["capacity_blocks"], d["block_bytes"], d["kv_bytes_per_token"]) == (pool, 4096, None) == (256, 4096, None)
+    assert d["verdict"].startswith("Pool: 256 blocks (1 MiB), --capacity 1MiB. ")
+    assert any(n.startswith("--kv-bytes-per-token not used: a hybrid engine's pool block") for n in d["notes"])
+    bare = write_hybrid(tmp_path / "bare", groups=(KVCacheGroup("sliding_window", 16, sliding_window=48),
+                                                   KVCacheGroup("full_attention", 16)))
+    d = _json(cli, ["advise", bare, "--kv-bytes-per-token", "4096", "--json"])
+    (u,) = [u for u in d["unanswered"] if u["what"] == "capacities in bytes"]
+    assert "--kv-bytes-per-token" not in u["answer"] and "page sizes" in u["why"]
+    assert d["block_bytes"] is None and d["kv_bytes_per_token"] is None
+
+
 # ---- the property: over random traces and flags, the invariants hold and the words agree with the JSON -------
 # (the words are read here from the JSON alone, not from the code that wrote them)
 

@@ -349,9 +349,9 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
     w = Workload.from_trace(source, engine)
     meta = source.engines[engine] if engine is not None else source.metadata
     kvbpt, _ = tc.kv_bytes_per_token(meta, options.kv_bytes_per_token, options.model_config)
-    block_bytes = _block_bytes(w, kvbpt)
     unanswered: list[dict] = []
     notes: list[str] = []
+    kvbpt, block_bytes = _kv_geometry(w, kvbpt, options, notes)
     if meta.get("token_ids_approximate"):
         notes.append(f"the token ids are approximate ({meta.get('tokenizer') or 'an importer'}'s, not the serving "
                      "model's): block counts and ratios are estimates")
@@ -381,10 +381,7 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
         unanswered.append({"what": "routing over several engines", "why": "the trace has one engine",
                            "answer": "--engines N"})
     if block_bytes is None:
-        unanswered.append({"what": "capacities in bytes", "why": "no KV bytes per token (the trace's engine "
-                           "metadata has no model geometry" + (", and its KV cache groups state no page sizes)"
-                                                               if w.hybrid else ")"),
-                           "answer": "--kv-bytes-per-token B or --model-config FILE"})
+        unanswered.append(_no_bytes(w))
     advice = Advice(source_arg, w.block_size, w.stream.num_requests, int(w.stream.num_prompt_tokens.sum()), capacity,
                     pool_source, kvbpt, rungs, options.within, prefill, unanswered, notes=notes,
                     block_bytes=block_bytes)
@@ -393,14 +390,30 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
     return advice
 
 
-def _block_bytes(w, kvbpt: int | None) -> int | None:
-    """One pool block's bytes: a hybrid engine's is its KV cache groups' largest page times its layers (as
-    `headroom --capacity` reads it), else block size x KV bytes per token."""
-    if w.hybrid:
-        from kmesh_trace.oracle.hybrid_pool import pool_block_bytes
+def _kv_geometry(w, kvbpt: int | None, options: AdviseOptions, notes: list[str]) -> tuple[int | None, int | None]:
+    """(KV bytes per token, one pool block's bytes). A hybrid engine's block is its KV cache groups' largest page
+    times its layers, as `headroom --capacity` reads it: it has no one KV bytes per token, and a flag giving one
+    sizes nothing (said in a note); any other engine's block is block size x KV bytes per token."""
+    if not w.hybrid:
+        return kvbpt, (w.block_size * kvbpt if kvbpt else None)
+    from kmesh_trace.oracle.hybrid_pool import pool_block_bytes
 
-        return pool_block_bytes(w.groups)
-    return w.block_size * kvbpt if kvbpt else None
+    given = [flag for flag, v in (("--kv-bytes-per-token", options.kv_bytes_per_token),
+                                  ("--model-config", options.model_config)) if v is not None]
+    if given:
+        notes.append(f"{' and '.join(given)} not used: a hybrid engine's pool block is its KV cache groups' "
+                     "largest page times its layers (as headroom --capacity reads it)")
+    return None, pool_block_bytes(w.groups)
+
+
+def _no_bytes(w) -> dict:
+    """The "could not answer" entry for sizes in bytes: what would give them."""
+    if w.hybrid:
+        return {"what": "capacities in bytes", "why": "the engine's KV cache groups do not state their page sizes "
+                "and layers (a hybrid engine's pool block is their largest page times its layers)",
+                "answer": "a capture of the engine, whose metadata records its KV cache groups (kmesh-trace capture)"}
+    return {"what": "capacities in bytes", "why": "no KV bytes per token (the trace's engine metadata has no model "
+            "geometry)", "answer": "--kv-bytes-per-token B or --model-config FILE"}
 
 
 def _finish(advice: Advice, ctx: _Context) -> None:
