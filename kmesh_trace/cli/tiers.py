@@ -32,7 +32,8 @@ from kmesh_trace.cli.flags import aliased, flags, hidden_alias, options_of, take
 from kmesh_trace.distributed import check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.schema import TierConnector, TierLookup, TierWrite
-from kmesh_trace.values import MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, MAX_SECONDS, bounded_int, finite_float
+from kmesh_trace.values import (MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, MAX_SECONDS, MAX_TOKENS_PER_S, bounded_int,
+                                finite_float)
 
 
 def register(app: typer.Typer) -> None:
@@ -70,7 +71,7 @@ class TiersFlags:
     ssd_gbps: Optional[float] = typer.Option(None, "--ssd-gbps", parser=finite_float(0, 1e6, lo_open=True), help="SSD tier restore throughput, GB/s.")
     host_latency_ms: float = typer.Option(0.0, "--host-latency-ms", parser=finite_float(0, MAX_SECONDS), help="Host tier latency per request's reads, ms.")
     ssd_latency_ms: float = typer.Option(0.0, "--ssd-latency-ms", parser=finite_float(0, MAX_SECONDS), help="SSD tier latency per request's reads, ms.")
-    prefill_tokens_per_s: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True), help="Prefill throughput (default: fitted on the capture's measured prefills).")
+    prefill_tokens_per_s: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", parser=finite_float(0, MAX_TOKENS_PER_S, lo_open=True), help="Prefill throughput (default: fitted on the capture's measured prefills).")
     sweep_host: Optional[str] = typer.Option(None, "--sweep-host", help="Host capacities to sweep, comma-separated (0: absent).")
     sweep_ssd: Optional[str] = typer.Option(None, "--sweep-ssd", help="SSD capacities to sweep, comma-separated (0: absent).")
     within: float = typer.Option(5.0, "--within", parser=finite_float(0, 100), help="With a sweep: report the smallest configuration within this percent of the best.")
