@@ -46,7 +46,8 @@ VLLM_LATEST_TESTS := tests/test_capture_scheduler.py tests/test_capture_recorder
 	tests/test_capture_hold_rules.py tests/test_capture_rows.py tests/test_capture_wrappers.py \
 	tests/test_capture_attach.py tests/test_blockpool_vllm.py tests/test_blockpool_admission_vllm.py \
 	tests/test_hybrid_pool_vllm.py tests/test_hybrid_mamba_vllm.py \
-	tests/test_tiers_vllm.py tests/test_listen_fields.py tests/test_listen_offload.py tests/test_twin.py
+	tests/test_tiers_vllm.py tests/test_listen_fields.py tests/test_listen_offload.py tests/test_twin.py \
+	tests/test_listen_pressure.py
 
 $(VLLM_LATEST_DIR)/.installed:
 	rm -rf $(VLLM_LATEST_DIR)
