@@ -36,8 +36,8 @@ from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.curves import HitCurve
 from kmesh_trace.oracle.stream import NEVER, AccessStream
 
-__all__ = ["MEASURED_ERROR", "SPACE", "Share", "error_bound", "merged_curve", "object_buckets", "rate_share",
-           "scaled_curve", "sub_stream"]
+__all__ = ["MEASURED_ERROR", "SPACE", "Share", "adjusted_curve", "error_bound", "hash_buckets", "merged_curve",
+           "object_buckets", "rate_share", "scaled_curve", "sub_stream"]
 
 #: Buckets of the object hash: a rate is kept to 1 / 2^24.
 SPACE = 1 << 24
@@ -92,12 +92,28 @@ def object_buckets(num_objects: int) -> np.ndarray:
     splitmix64 seeded with 0 (the finaliser of (id + 1) * 0x9E3779B97F4A7C15)."""
     out = np.empty(num_objects, np.uint32)
     for lo in range(0, num_objects, _CHUNK):
-        z = np.arange(lo + 1, min(lo + _CHUNK, num_objects) + 1, dtype=np.uint64) * _GOLDEN
+        out[lo:min(lo + _CHUNK, num_objects)] = _buckets(np.arange(lo, min(lo + _CHUNK, num_objects), dtype=np.uint64))
+    return out
+
+
+def hash_buckets(hashes: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Each block hash's bucket as the sample taken at read time draws it (native/kernels/shards.c): the bucket
+    `object_buckets` gives the id `hash ^ seed` (hashes as their 64-bit patterns)."""
+    h = np.ascontiguousarray(hashes)
+    h = h.view(np.uint64) if h.dtype.itemsize == 8 else h.astype(np.uint64)
+    out = np.empty(len(h), np.uint32)
+    for lo in range(0, len(h), _CHUNK):
+        out[lo:lo + _CHUNK] = _buckets(h[lo:lo + _CHUNK] ^ np.uint64(seed))
+    return out
+
+
+def _buckets(ids: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = (ids + np.uint64(1)) * _GOLDEN
         z = (z ^ (z >> np.uint64(30))) * _M1
         z = (z ^ (z >> np.uint64(27))) * _M2
-        z ^= z >> np.uint64(31)
-        out[lo:lo + len(z)] = z >> np.uint64(40)
-    return out
+    z ^= z >> np.uint64(31)
+    return (z >> np.uint64(40)).astype(np.uint32)
 
 
 def sub_stream(stream: AccessStream, share: Share, buckets: np.ndarray | None = None) -> AccessStream:
@@ -150,6 +166,24 @@ def scaled_curve(sample: HitCurve, rate: float, factor: float) -> HitCurve:
     count, possum = scale(sample.count), scale(sample.position_sum)
     count[0] = possum[0] = 0
     return HitCurve(sample.policy, sample.block_size, count, possum, sample.num_reads, sample.num_prompt_tokens)
+
+
+def adjusted_curve(sample: HitCurve, delta: int) -> HitCurve:
+    """SHARDS-adj (Waldspurger et al., FAST'15, section 4.2): the sample's curve with `delta` reads (the
+    eligible reads a sample at its nominal rate would have, E * R, less those it has, E_s) added to its
+    smallest capacity, so that scaled by 1 / R its denominator is the whole stream's. A negative `delta` takes
+    hits off from the smallest capacities up (never below none); the position sums follow the counts."""
+    count = sample.count.astype(np.int64)
+    if len(count) < 2:
+        count = np.zeros(2, np.int64)
+    cum = np.maximum(np.cumsum(count) + int(delta), 0)
+    cum[0] = 0
+    new = np.diff(cum, prepend=0)
+    possum = np.zeros(len(new), np.int64)
+    old = sample.position_sum[:len(new)]
+    had = count[:len(old)] > 0
+    possum[:len(old)][had] = np.rint(old[had] * (new[:len(old)][had] / count[:len(old)][had])).astype(np.int64)
+    return HitCurve(sample.policy, sample.block_size, new, possum, sample.num_reads, sample.num_prompt_tokens)
 
 
 def merged_curve(parts: list[HitCurve]) -> HitCurve:
