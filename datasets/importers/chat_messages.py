@@ -1,6 +1,6 @@
 """Chat messages as vLLM reads them before its chat template: a port of vLLM's chat utils
 (`vllm/renderers/chat_utils`, 0.32 and 0.33), tested equal to `parse_chat_messages` on random
-conversations (the vLLM comparison test).
+conversations (tests/test_chat_messages_vllm.py).
 
 vLLM's rules, for a text-only model:
 - the template's *content format* is detected from its syntax tree: "openai" when the template loops over a
@@ -138,7 +138,7 @@ def _joined(parts: _Parts, content_format: str, placeholders: dict[str, str]) ->
 
 def _part(part: Any, i: int, wrap: bool, parts: _Parts) -> None:
     if isinstance(part, str):
-        parts.items.append({"type": "text", "text": part} if wrap else part)
+        _add(parts, {"type": "text", "text": part} if wrap else part)
         return
     if not isinstance(part, dict):
         raise MessageError(f"message {i} has a content part that is not an object")
@@ -149,16 +149,21 @@ def _part(part: Any, i: int, wrap: bool, parts: _Parts) -> None:
             return  # vLLM skips a text part without text
         if not isinstance(text, str):
             raise MessageError(f"message {i} has a {kind} part whose text is not a string")
-        parts.items.append(({"type": "text", "text": text} | _extra(part)) if wrap else text)
+        _add(parts, ({"type": "text", "text": text} | _extra(part)) if wrap else text)
     elif kind == "tool_reference":
         name = part.get("name")
-        parts.items.append({"type": "tool_reference", "name": name} if wrap else name)
+        _add(parts, {"type": "tool_reference", "name": name} if wrap else name)
     elif kind in MEDIA_PART_TYPES:
         parts.media.append(MEDIA_PART_TYPES[kind])
         if wrap:
             parts.items.append({"type": MEDIA_PART_TYPES[kind]} | _extra(part))
     else:
         raise MessageError(f"message {i} has a content part of unsupported type {str(kind)[:40]!r}")
+
+
+def _add(parts: _Parts, item: Any) -> None:
+    if item:  # vLLM keeps only truthy parts: an empty text is dropped in the string format
+        parts.items.append(item)
 
 
 def _part_type(part: dict, i: int) -> str:

@@ -19,6 +19,7 @@ from kmesh_trace.cli.common import (
     EngineOption,
     Output,
     RayOption,
+    RequestDatasetFlags,
     ScenarioOption,
     TraceOrScenarioArgument,
     approximate_tokens_note,
@@ -98,6 +99,7 @@ class HeadroomFlags:
         SampleCorrection.ratio, "--sample-correction", help="How a sample's hits scale to the stream's: ratio (the stream's counted "
         "reads over the sample's), adj (SHARDS-adj) or none (1 / rate).")
     ray: RayOption = None
+    dataset: RequestDatasetFlags = RequestDatasetFlags()
 
     def options(self):
         """The analysis' options (capacities in bytes are converted once the input is open), checked with the
@@ -109,6 +111,7 @@ class HeadroomFlags:
         if (self.trace is None) == (self.scenario is None):
             raise KmeshTraceError("give either a TRACE directory or --scenario, not both and not neither.")
         self.sizes.check_once(self.capacity_blocks)
+        self.dataset.import_options(self.trace)  # --tokenizer on any other input: refused before anything is read
         if self.curve and self.sizes.capacity is not None:  # capacities in bytes: known once the trace is open
             raise KmeshTraceError("--curve covers every capacity; drop --capacity (or --curve).")
         options = HeadroomOptions(None if caps is None else tuple(caps), names, self.curve, self.window.value,
@@ -230,7 +233,8 @@ def _workload(f: HeadroomFlags, options):
     of the input the flags name; the input is closed after: what the replays read is in the workload."""
     from kmesh_trace.oracle.workload import Workload
 
-    with open_input(f.trace, f.scenario, f.engine, f.allow_incomplete, direct=f.ray is None) as (t, w):  # Ray tasks read a trace
+    with open_input(f.trace, f.scenario, f.engine, f.allow_incomplete, direct=f.ray is None,  # Ray tasks read a trace
+                    import_options=f.dataset.import_options(f.trace)) as (t, w):
         if f.sizes.capacity is not None:
             options = replace(options, capacities=f.sizes.in_blocks(t, w, f.engine))
         w = w or Workload.from_trace(t, f.engine, requests=options.needs_requests)  # its refusals come first
