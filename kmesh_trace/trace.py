@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import duckdb
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -226,6 +225,8 @@ class Trace(EngineMetadata):
     def scan(self, name: str) -> pl.LazyFrame:
         """A polars LazyFrame over one table, with the Hive partition column `engine`; `engines` is the
         engine-metadata view (see `engines_table`)."""
+        import polars as pl
+
         if name == schema.ENGINES_VIEW:
             return pl.from_arrow(self.engines_table()).lazy()
         schema.table(name)
@@ -239,6 +240,8 @@ class Trace(EngineMetadata):
 
     @staticmethod
     def _polars_schema(name: str) -> pl.Schema:
+        import polars as pl
+
         return pl.from_arrow(schema.table(name).arrow_schema().empty_table()).schema
 
     def _lacks_columns(self, name: str) -> bool:
@@ -297,6 +300,8 @@ class Trace(EngineMetadata):
 
     def sql(self, query: str, *, read_only: bool = True, timeout_s: float | None = None) -> pl.DataFrame:
         """Run SQL against the trace's views (tables: invocations, lineage, block_events, transfers, engines)."""
+        import polars as pl
+
         batches = list(self.sql_batches(query, read_only=read_only, timeout_s=timeout_s))
         if not batches:
             return pl.DataFrame()
@@ -393,6 +398,8 @@ def _column(values: list) -> pa.Array:
 
 def _to_polars(data: pa.RecordBatch | pa.Table) -> pl.DataFrame:
     """A DuckDB result as polars; a column polars cannot import (an INTERVAL, for one) comes as text."""
+    import polars as pl
+
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     cols = {}
@@ -421,6 +428,8 @@ def _narrow_wide_ints(df: pl.DataFrame) -> pl.DataFrame:
     """DuckDB sums integers into 128 bits (HUGEINT, reaching polars as Int128 or Decimal(38, 0)); a
     column whose values fit 64 bits comes back as Int64 (JSON and CSV writers and most tools handle
     128-bit integers as text)."""
+    import polars as pl
+
     for name, dtype in df.schema.items():
         if dtype == pl.Int128 or (isinstance(dtype, pl.Decimal) and dtype.scale == 0):
             try:

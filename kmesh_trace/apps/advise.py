@@ -349,15 +349,16 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
     w = Workload.from_trace(source, engine)
     meta = source.engines[engine] if engine is not None else source.metadata
     kvbpt, _ = tc.kv_bytes_per_token(meta, options.kv_bytes_per_token, options.model_config)
-    block_bytes = _block_bytes(w, kvbpt)
     unanswered: list[dict] = []
     notes: list[str] = []
+    kvbpt, block_bytes = _kv_geometry(w, kvbpt, options, notes)
     if meta.get("token_ids_approximate"):
         notes.append(f"the token ids are approximate ({meta.get('tokenizer') or 'an importer'}'s, not the serving "
                      "model's): block counts and ratios are estimates")
     capacity, pool_source = _pool(w, options, step)
     if options.capacity_blocks is not None and capacity_source:
         pool_source = capacity_source
+    notes += [n for n in [_small_pool_note(w, capacity)] if n]
     cost, prefill = _prefill(source, engine, options)
     if cost is None:
         unanswered.append({"what": "prefill seconds", "why": _why_no_seconds(prefill["why"]),
@@ -381,10 +382,7 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
         unanswered.append({"what": "routing over several engines", "why": "the trace has one engine",
                            "answer": "--engines N"})
     if block_bytes is None:
-        unanswered.append({"what": "capacities in bytes", "why": "no KV bytes per token (the trace's engine "
-                           "metadata has no model geometry" + (", and its KV cache groups state no page sizes)"
-                                                               if w.hybrid else ")"),
-                           "answer": "--kv-bytes-per-token B or --model-config FILE"})
+        unanswered.append(_no_bytes(w))
     advice = Advice(source_arg, w.block_size, w.stream.num_requests, int(w.stream.num_prompt_tokens.sum()), capacity,
                     pool_source, kvbpt, rungs, options.within, prefill, unanswered, notes=notes,
                     block_bytes=block_bytes)
@@ -393,14 +391,30 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
     return advice
 
 
-def _block_bytes(w, kvbpt: int | None) -> int | None:
-    """One pool block's bytes: a hybrid engine's is its KV cache groups' largest page times its layers (as
-    `headroom --capacity` reads it), else block size x KV bytes per token."""
-    if w.hybrid:
-        from kmesh_trace.oracle.hybrid_pool import pool_block_bytes
+def _kv_geometry(w, kvbpt: int | None, options: AdviseOptions, notes: list[str]) -> tuple[int | None, int | None]:
+    """(KV bytes per token, one pool block's bytes). A hybrid engine's block is its KV cache groups' largest page
+    times its layers, as `headroom --capacity` reads it: it has no one KV bytes per token, and a flag giving one
+    sizes nothing (said in a note); any other engine's block is block size x KV bytes per token."""
+    if not w.hybrid:
+        return kvbpt, (w.block_size * kvbpt if kvbpt else None)
+    from kmesh_trace.oracle.hybrid_pool import pool_block_bytes
 
-        return pool_block_bytes(w.groups)
-    return w.block_size * kvbpt if kvbpt else None
+    given = [flag for flag, v in (("--kv-bytes-per-token", options.kv_bytes_per_token),
+                                  ("--model-config", options.model_config)) if v is not None]
+    if given:
+        notes.append(f"{' and '.join(given)} not used: a hybrid engine's pool block is its KV cache groups' "
+                     "largest page times its layers (as headroom --capacity reads it)")
+    return None, pool_block_bytes(w.groups)
+
+
+def _no_bytes(w) -> dict:
+    """The "could not answer" entry for sizes in bytes: what would give them."""
+    if w.hybrid:
+        return {"what": "capacities in bytes", "why": "the engine's KV cache groups do not state their page sizes "
+                "and layers (a hybrid engine's pool block is their largest page times its layers)",
+                "answer": "a capture of the engine, whose metadata records its KV cache groups (kmesh-trace capture)"}
+    return {"what": "capacities in bytes", "why": "no KV bytes per token (the trace's engine metadata has no model "
+            "geometry)", "answer": "--kv-bytes-per-token B or --model-config FILE"}
 
 
 def _finish(advice: Advice, ctx: _Context) -> None:
@@ -467,11 +481,26 @@ def _pool(w, options: AdviseOptions, step) -> tuple[int, str]:
     step("choosing a pool size")
     curve = headroom_curve(Workload(w.block_size, w.requests), policies=["lru"])
     half = curve.capacity_for_fraction()["lru"]["0.5"] or 0  # 0: nothing repeats, so no cache size helps
-    bs = w.block_size
-    longest = max(-(-(r.num_prompt_tokens + (r.num_output_tokens or 0)) // bs) for r in w.requests)
+    longest = _longest_blocks(w)
     if longest >= half:
         return int(longest), "no pool size recorded: the blocks of the longest request (prompt + output)"
     return int(half), "no pool size recorded: the capacity at which LRU reaches half the infinite cache's hits"
+
+
+def _longest_blocks(w) -> int:
+    """The blocks of the trace's longest request, prompt + output: the smallest pool an engine serves it in."""
+    bs = w.block_size
+    return max(-(-(r.num_prompt_tokens + (r.num_output_tokens or 0)) // bs) for r in w.requests)
+
+
+def _small_pool_note(w, capacity: int) -> str | None:
+    """Said when the pool cannot hold the longest request: no engine of that pool serves the trace as it is."""
+    longest = _longest_blocks(w)
+    if capacity >= longest:
+        return None
+    return (f"the pool ({blocks(capacity)}) is smaller than the longest request ({blocks(longest)}, prompt + "
+            "output): vLLM serves only requests that fit its pool, so no engine of this pool serves the trace as it "
+            "is; its rungs at the pool are the models' figures, not a configuration to run")
 
 
 def _prefill(source, engine, options: AdviseOptions):
