@@ -38,8 +38,8 @@ def sock_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-# seed: (requests, engine hit tokens, preemptions) on vLLM 0.32's scheduler
-@pytest.mark.parametrize("seed", [0, 2, 4])
+
+@pytest.mark.parametrize("seed", [0, 1, 3, 4, 8])  # all of 0-9 are equal; these preempt most (and 4 not at all)
 def test_requests_and_hits_are_the_engines_under_pressure(seed, model_dir, sock_dir, tmp_path):
     eng = vllm_events.record(model_dir, sock_dir, tmp_path / "t", vllm_events.pressured_workload(seed), num_blocks=40)
     with open_trace(tmp_path / "t") as t:
