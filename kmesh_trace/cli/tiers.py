@@ -13,6 +13,7 @@ from kmesh_trace.cli.common import (
     EngineOption,
     KvModelConfigOption,
     Output,
+    RequestDatasetFlags,
     ScenarioOption,
     TraceOrScenarioArgument,
     build_scenario,
@@ -83,12 +84,14 @@ class TiersFlags:
     chunks: int = typer.Option(16, "--chunks", parser=bounded_int(1, 1 << 20), help="family-burst: chunks per ancestor.")
     engine: EngineOption = None
     ray: ray_option(" With a sweep: one task per configuration.") = None
+    dataset: RequestDatasetFlags = RequestDatasetFlags()
 
     def options(self):
         """The analysis' options (`TiersOptions`), the capacity from --capacity-blocks or its old name."""
         from kmesh_trace.oracle.tiers import TiersOptions
 
         capacity, flag = aliased(self.capacity_blocks, "--capacity-blocks", self.gpu_blocks, "--gpu-blocks")
+        self.dataset.import_options(self.trace)  # --tokenizer on any other input: refused before anything is read
         return options_of(TiersOptions, self, capacity_blocks=capacity, capacity_flag=flag)
 
 
@@ -113,7 +116,7 @@ def _tiers(f: TiersFlags, options):
     from kmesh_trace.oracle.executor import InProcess, OnRay
 
     executor = InProcess() if f.ray is None else OnRay(f.ray)
-    with _input(f.trace, f.scenario, direct=f.ray is None) as (source, name), _sweep_progress(executor):
+    with _input(f.trace, f.scenario, direct=f.ray is None, import_options=f.dataset.import_options(f.trace)) as (source, name), _sweep_progress(executor):
         report = tm.run(source, options, executor, name=name, engine=f.engine)
     for note in report.notes:
         err.print(f"note: {note}")
@@ -143,7 +146,7 @@ def _check_outputs(trace, scenario, options, ray, plot, journal) -> None:
 
 
 @contextmanager
-def _input(trace: Optional[Path], scenario, *, direct: bool):
+def _input(trace: Optional[Path], scenario, *, direct: bool, import_options: dict | None = None):
     """(the run's input, its name in the output): a trace (kept open: the prefill fit reads it), a public
     trace read as it is (`direct`: not for Ray tasks, which read a trace directory), or a built-in workload."""
     if scenario is not None:  # any built-in workload but family-burst: a stream with no capture metadata
@@ -156,7 +159,7 @@ def _input(trace: Optional[Path], scenario, *, direct: bool):
         yield public, str(trace)
         return
 
-    with open_as_trace(trace, on_import=err.print, until_exit=True) as t:  # a public trace: imported first
+    with open_as_trace(trace, on_import=err.print, until_exit=True, import_options=import_options) as t:  # imported first
         yield t, str(trace)
 
 
