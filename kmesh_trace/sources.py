@@ -237,6 +237,8 @@ def _first_record(path: Path) -> tuple[object, set[str] | None]:
             return _LONG, _record_keys(head)
         try:
             return json.loads(head), None
+        except RecursionError:  # nested too deep to read whole: what its head shows (the import reads it by parts)
+            return _LONG, _record_keys(head)
         except ValueError:
             return None, None
     start = len(head) - len(head.lstrip(b" \t\r\n"))
@@ -251,6 +253,8 @@ def _first_record(path: Path) -> tuple[object, set[str] | None]:
         return None, None
     try:
         return json.loads(line.lstrip(b"\xef\xbb\xbf")), None
+    except RecursionError:
+        return _LONG, _record_keys(line)
     except ValueError:
         return None, None
 

@@ -25,13 +25,14 @@ from kmesh_trace.oracle.headroom_curve import WINDOWS, CurveResult, PolicyCurve,
 from kmesh_trace.oracle.interruptible import run_all_interruptible
 from kmesh_trace.oracle.policies import POLICIES
 from kmesh_trace.oracle.policies.infinite import infinite_hits
-from kmesh_trace.oracle.sampling import (Share, error_bound, measured_eligible, merged_curve, partition_shares,
+from kmesh_trace.oracle.sampling import (Share, adjusted_curve, error_bound, measured_eligible, merged_curve, partition_shares,
                                          rate_share, scaled_curve, sub_stream)
 from kmesh_trace.oracle.stream import AccessStream
 from kmesh_trace.oracle.tasks import stream_at, task_source
 from kmesh_trace.oracle.workload import Workload
 
-__all__ = ["SAMPLED_POLICIES", "partitioned_curve", "partition_levels", "sampled_curve"]
+__all__ = ["CORRECTIONS", "SAMPLED_POLICIES", "curve_of_sample", "partitioned_curve", "partition_levels",
+           "sampled_curve"]
 
 SAMPLED_POLICIES = ("lru", "belady-prefix", "belady")
 
@@ -53,14 +54,19 @@ def _start(stream: AccessStream, window: str) -> int:
 
 
 def _result(stream: AccessStream, start: int, window: str, curves: dict[str, PolicyCurve], grid: list[int],
-            num_usable_blocks: int | None, sampling: dict) -> CurveResult:
-    inf = int(infinite_hits(stream)[start:].sum())
+            num_usable_blocks: int | None, sampling: dict, exact_inf: int | None) -> CurveResult:
+    """The result over `stream`'s requests (a sample's carry the whole stream's per-request columns);
+    `exact_inf`: the whole stream's infinite-cache hits, None where it was never held (a sample taken at read)."""
     res = CurveResult(stream.block_size, window, stream.num_requests - start, int(stream.num_reads[start:].sum()),
-                      int(stream.num_prompt_tokens[start:].sum()), inf, grid, curves, None)
-    exact_ratio = inf / res.num_reads if res.num_reads else 0.0
-    sampling["infinite_check"] = {"exact_hit_ratio": exact_ratio, "sampled_hit_ratio": sampling.pop("_inf") / max(
-        res.num_reads, 1)}
-    sampling["infinite_check"]["delta"] = sampling["infinite_check"]["sampled_hit_ratio"] - exact_ratio
+                      int(stream.num_prompt_tokens[start:].sum()), exact_inf, grid, curves, None)
+    sampled_ratio = sampling.pop("_inf") / max(res.num_reads, 1)
+    if exact_inf is None:
+        res.infinite_hit_blocks = round(sampled_ratio * res.num_reads)
+        sampling["infinite_check"] = {"exact_hit_ratio": None, "sampled_hit_ratio": sampled_ratio, "delta": None}
+    else:
+        exact_ratio = exact_inf / res.num_reads if res.num_reads else 0.0
+        sampling["infinite_check"] = {"exact_hit_ratio": exact_ratio, "sampled_hit_ratio": sampled_ratio,
+                                      "delta": sampled_ratio - exact_ratio}
     res.sampling = sampling
     if num_usable_blocks:
         res.notes.append("a sampled curve has no stock: the vllm pool model is not sampled.")
@@ -81,31 +87,66 @@ def _grid(curves: dict[str, PolicyCurve], stream: AccessStream, fixed, extra) ->
 
 def sampled_curve(stream: AccessStream, rate: float, *, policies: Sequence[str] | None = None, window: str = "all",
                   num_usable_blocks: int | None = None, grid: Sequence[int] | None = None,
-                  workers: int | None = None) -> CurveResult:
+                  workers: int | None = None, correction: str = "ratio", extra: dict | None = None) -> CurveResult:
     """The curve of `stream` from its spatial sample at `rate` (SHARDS; `belady-prefix` by mini-simulation),
     labelled with the measured error bound; rate 1 is the exact curve (the same numbers)."""
-    names = _names(policies)
     start = _start(stream, window)
     share = rate_share(rate)
     sample = stream if share.fraction == 1 else sub_stream(stream, share)
-    e, e_s = measured_eligible(stream, start), measured_eligible(sample, start)
+    return curve_of_sample(sample, share.fraction, measured_eligible(stream, start), window=window,
+                           policies=policies, num_usable_blocks=num_usable_blocks, grid=grid, workers=workers,
+                           correction=correction, num_accesses=len(stream), nominal_rate=rate,
+                           exact_inf=int(infinite_hits(stream)[start:].sum()), extra=extra)
+
+
+#: How a sample's hits are scaled to the whole stream's: by E / E_s, the whole stream's eligible reads over
+#: the sample's ("ratio"); SHARDS-adj ("adj": E * R - E_s reads added to the smallest capacity, then 1 / R);
+#: or 1 / R alone ("none").
+CORRECTIONS = ("ratio", "adj", "none")
+
+
+def curve_of_sample(sample: AccessStream, fraction: float, eligible: int, *, window: str = "all",
+                    policies: Sequence[str] | None = None, num_usable_blocks: int | None = None,
+                    grid: Sequence[int] | None = None, workers: int | None = None, correction: str = "ratio",
+                    num_accesses: int | None = None, nominal_rate: float | None = None,
+                    exact_inf: int | None = None, extra: dict | None = None) -> CurveResult:
+    """The whole stream's curve from `sample`, the accesses of the objects whose bucket is below `fraction` *
+    SPACE (with the whole stream's per-request columns), however it was taken (after the stream was built:
+    `sampled_curve`; while the input was read: oracle/shards.py); `eligible`: the whole stream's eligible reads
+    over the measured window."""
+    if correction not in CORRECTIONS:
+        raise KmeshTraceError(f"unknown sample correction {correction!r}; the corrections are {', '.join(CORRECTIONS)}.")
+    names = _names(policies)
+    start = _start(sample, window)
+    e, e_s = eligible, measured_eligible(sample, start)
     if e_s == 0 and e > 0:
-        raise KmeshTraceError(f"the sample at rate {rate} kept none of the {e:,} counted reads; use a larger rate.")
-    factor = e / e_s if e_s else 0.0
-    one_pass = [n for n in names if n in CURVES]
-    made = run_all_interruptible([partial(CURVES[n], sample, start) for n in one_pass], workers)
-    curves = {n: _step_curve(scaled_curve(c, share.fraction, factor) if share.fraction < 1 else c)
-              for n, c in zip(one_pass, made)}
-    grid_caps = _grid(curves, stream, grid, [num_usable_blocks or 0])
+        raise KmeshTraceError(f"the sample at rate {fraction:g} kept none of the {e:,} counted reads; use a larger rate.")
+    factor = (e / e_s if e_s else 0.0) if correction == "ratio" else 1 / fraction
+    delta = round(e * fraction) - e_s if correction == "adj" else 0
+    curves = _stack_curves(sample, start, names, fraction, factor, delta, workers)
+    grid_caps = _grid(curves, sample, grid, [num_usable_blocks or 0])
     w = Workload.of_stream(sample)
     for n in names:
         if n not in CURVES:
-            hits = mini_simulation(n, w, start, [c * share.fraction for c in grid_caps])
-            curves[n] = PolicyCurve(n, False, np.asarray(grid_caps, np.int64), np.rint(hits * factor).astype(np.int64))
+            hits = mini_simulation(n, w, start, [c * fraction for c in grid_caps]) + delta * (np.asarray(grid_caps) > 0)
+            curves[n] = PolicyCurve(n, False, np.asarray(grid_caps, np.int64),
+                                    np.rint(np.maximum(hits, 0) * factor).astype(np.int64))
+    rate = fraction if nominal_rate is None else nominal_rate
     sampling = {"method": "shards", "rate": rate, "num_sampled_accesses": len(sample),
-                "num_accesses": len(stream), "scale": factor, "error_bound": error_bound("shards", rate),
-                "_inf": round(int(infinite_hits(sample)[start:].sum()) * factor)}
-    return _result(stream, start, window, {n: curves[n] for n in names}, grid_caps, num_usable_blocks, sampling)
+                "num_accesses": num_accesses, "scale": factor, "correction": correction,
+                "error_bound": error_bound("shards", fraction),
+                "_inf": round(max(int(infinite_hits(sample)[start:].sum()) + delta, 0) * factor), **(extra or {})}
+    return _result(sample, start, window, {n: curves[n] for n in names}, grid_caps, num_usable_blocks, sampling,
+                   exact_inf)
+
+
+def _stack_curves(sample, start, names, fraction, factor, delta, workers) -> dict[str, PolicyCurve]:
+    """The stack curves (one pass each) of the sample, SHARDS-adj's `delta` added, scaled to the whole stream."""
+    one_pass = [n for n in names if n in CURVES]
+    made = run_all_interruptible([partial(CURVES[n], sample, start) for n in one_pass], workers)
+    if delta:
+        made = [adjusted_curve(c, delta) for c in made]
+    return {n: _step_curve(scaled_curve(c, fraction, factor) if fraction < 1 else c) for n, c in zip(one_pass, made)}
 
 
 def mini_simulation(name: str, workload: Workload, start: int, capacities: Sequence[float]) -> np.ndarray:
@@ -167,4 +208,4 @@ def partitioned_curve(workload: Workload, k: int, *, policies: Sequence[str] | N
     sampling = {"method": "partitions", "partitions": k, "rate": 1.0 / k, "error_bound": error_bound("partitions", k),
                 "_inf": sum(i for _, _, i in parts)}
     return _result(stream, start, window, {n: curves[n] for n in names}, grid_caps, workload.num_usable_blocks,
-                   sampling)
+                   sampling, int(infinite_hits(stream)[start:].sum()))

@@ -36,8 +36,9 @@ from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.curves import HitCurve
 from kmesh_trace.oracle.stream import NEVER, AccessStream
 
-__all__ = ["MEASURED_ERROR", "SPACE", "Share", "error_bound", "merged_curve", "object_buckets", "rate_share",
-           "scaled_curve", "sub_stream"]
+__all__ = ["MEASURED_ERROR", "SPACE", "Share", "adjusted_curve", "error_bound", "hash_buckets", "merged_curve",
+           "object_buckets", "rate_share", "scaled_curve", "sub_stream", "accesses_for_bytes", "bounded_rate",
+           "SAMPLE_BYTES_PER_ACCESS"]
 
 #: Buckets of the object hash: a rate is kept to 1 / 2^24.
 SPACE = 1 << 24
@@ -55,6 +56,14 @@ MEASURED_ERROR: dict[str, dict[float, dict[str, float | str]]] = {
     "partitions": {2: {"lru": 0.0068, "belady-prefix": 0.0004, "belady": 0.0010, "stream": _STREAM},
                    4: {"lru": 0.0112, "belady-prefix": 0.0009, "belady": 0.0018, "stream": _STREAM}},
 }
+
+
+#: What one kept access costs through the curve, for a fixed-size sample's bound: held while reading (its
+#: hash, flag and bucket: 13 B), the sample's stream (ids, flags, next uses: 13 B, with the build's hash
+#: table) and the curve kernels' state (16 B at most, the in-memory path's `EXACT_CURVE_BYTES_PER_ACCESS`), rounded up.
+SAMPLE_BYTES_PER_ACCESS = 48
+#: What a sampled run holds besides (the interpreter, the libraries, the piece being read).
+SAMPLE_FIXED_BYTES = 160 << 20
 
 
 @dataclass(frozen=True)
@@ -92,12 +101,28 @@ def object_buckets(num_objects: int) -> np.ndarray:
     splitmix64 seeded with 0 (the finaliser of (id + 1) * 0x9E3779B97F4A7C15)."""
     out = np.empty(num_objects, np.uint32)
     for lo in range(0, num_objects, _CHUNK):
-        z = np.arange(lo + 1, min(lo + _CHUNK, num_objects) + 1, dtype=np.uint64) * _GOLDEN
+        out[lo:min(lo + _CHUNK, num_objects)] = _buckets(np.arange(lo, min(lo + _CHUNK, num_objects), dtype=np.uint64))
+    return out
+
+
+def hash_buckets(hashes: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Each block hash's bucket as the sample taken at read time draws it (native/kernels/shards.c): the bucket
+    `object_buckets` gives the id `hash ^ seed` (hashes as their 64-bit patterns)."""
+    h = np.ascontiguousarray(hashes)
+    h = h.view(np.uint64) if h.dtype.itemsize == 8 else h.astype(np.uint64)
+    out = np.empty(len(h), np.uint32)
+    for lo in range(0, len(h), _CHUNK):
+        out[lo:lo + _CHUNK] = _buckets(h[lo:lo + _CHUNK] ^ np.uint64(seed))
+    return out
+
+
+def _buckets(ids: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = (ids + np.uint64(1)) * _GOLDEN
         z = (z ^ (z >> np.uint64(30))) * _M1
         z = (z ^ (z >> np.uint64(27))) * _M2
-        z ^= z >> np.uint64(31)
-        out[lo:lo + len(z)] = z >> np.uint64(40)
-    return out
+    z ^= z >> np.uint64(31)
+    return (z >> np.uint64(40)).astype(np.uint32)
 
 
 def sub_stream(stream: AccessStream, share: Share, buckets: np.ndarray | None = None) -> AccessStream:
@@ -152,6 +177,24 @@ def scaled_curve(sample: HitCurve, rate: float, factor: float) -> HitCurve:
     return HitCurve(sample.policy, sample.block_size, count, possum, sample.num_reads, sample.num_prompt_tokens)
 
 
+def adjusted_curve(sample: HitCurve, delta: int) -> HitCurve:
+    """SHARDS-adj (Waldspurger et al., FAST'15, section 4.2): the sample's curve with `delta` reads (the
+    eligible reads a sample at its nominal rate would have, E * R, less those it has, E_s) added to its
+    smallest capacity, so that scaled by 1 / R its denominator is the whole stream's. A negative `delta` takes
+    hits off from the smallest capacities up (never below none); the position sums follow the counts."""
+    count = sample.count.astype(np.int64)
+    if len(count) < 2:
+        count = np.zeros(2, np.int64)
+    cum = np.maximum(np.cumsum(count) + int(delta), 0)
+    cum[0] = 0
+    new = np.diff(cum, prepend=0)
+    possum = np.zeros(len(new), np.int64)
+    old = sample.position_sum[:len(new)]
+    had = count[:len(old)] > 0
+    possum[:len(old)][had] = np.rint(old[had] * (new[:len(old)][had] / count[:len(old)][had])).astype(np.int64)
+    return HitCurve(sample.policy, sample.block_size, new, possum, sample.num_reads, sample.num_prompt_tokens)
+
+
 def merged_curve(parts: list[HitCurve]) -> HitCurve:
     """The whole stream's curve from its k partitions' exact curves (see the module docstring): share p's
     level l stands for capacity l * k, its hits spread over (l - 1) * k, l * k] as `scaled_curve` spreads a
@@ -180,3 +223,23 @@ def error_bound(method: str, rate: float) -> dict | None:
         near = [k for k in table if k >= rate]
         key = min(near) if near else None
     return None if key is None else {"rate" if method == "shards" else "partitions": key, **table[key]}
+
+
+def accesses_for_bytes(budget_bytes: int) -> int:
+    """The kept accesses a fixed-size sample may hold within `budget_bytes` (the run's whole peak, about)."""
+    room = int(budget_bytes) - SAMPLE_FIXED_BYTES
+    if room < SAMPLE_BYTES_PER_ACCESS * 1024:
+        raise KmeshTraceError(f"a sample's memory of {budget_bytes / 2**20:,.0f} MiB leaves no room for a sample "
+                              f"beside the {SAMPLE_FIXED_BYTES >> 20} MiB a run takes anyway; give at least "
+                              f"{(SAMPLE_FIXED_BYTES >> 20) + 64} MiB.")
+    return room // SAMPLE_BYTES_PER_ACCESS
+
+
+def bounded_rate(stream: AccessStream, max_accesses: int) -> float:
+    """The rate of the largest sample of `stream` (by `object_buckets`) that keeps at most `max_accesses`
+    accesses: the fixed-size sample of a stream already built (the read-time one: oracle/shards.py)."""
+    if len(stream) <= max_accesses:
+        return 1.0
+    per_bucket = np.bincount(object_buckets(stream.num_objects)[stream.obj], minlength=SPACE)
+    within = int(np.searchsorted(np.cumsum(per_bucket), max_accesses, side="right"))
+    return max(within, 1) / SPACE

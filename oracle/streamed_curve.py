@@ -4,9 +4,9 @@ piece by piece onto disk, and the curve kernels read it from there, so the memor
 kernels' own (per object and per capacity), not the stream's 13 bytes an access.
 
 - Input: the file is read in pieces of `CHUNK_BYTES` by the compiled line reader
-  (datasets/importers/mooncake.py), never whole; a line it does not take (anything but the plain shape)
+  (datasets/importers/mooncake.py, through oracle/stream_pieces.py, which the sample at read time shares), never whole; a line it does not take (anything but the plain shape)
   stops the path with an error that names `--sample`, the way that reads any file. A trace is read record
-  batch by record batch (`TRACE_BATCH_ROWS` rows of its Parquet parts, each part's row group read whole by
+  batch by record batch (`stream_pieces.TRACE_BATCH_ROWS` rows of its Parquet parts, each part's row group read whole by
   pyarrow); only a hash-only one (an import: no token ids, measured hits, finish times, usable blocks or KV
   cache groups), its rows stored in seq order, is taken.
 - Ids: each hash gets a dense int32 id at its first sighting, from a hash table that lives across pieces
@@ -47,10 +47,10 @@ from pathlib import Path
 import numpy as np
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.kv_groups import groups_from_metadata, is_hybrid
 from kmesh_trace.native.kernels import I64, P, check, declare, ptr
 from kmesh_trace.oracle.stream import AccessStream, kept_and_eligible
 from kmesh_trace.oracle.stream_index import NEVER
+from kmesh_trace.oracle.stream_pieces import Unstreamable, jsonl_pieces, trace_pieces
 from kmesh_trace.oracle.workload import RequestColumns, Workload
 
 #: Bytes of the file read at a time (and the largest piece of the stream held in memory, about).
@@ -59,10 +59,6 @@ CHUNK_BYTES = 16 << 20
 NEXT_USE_PIECE = 1 << 23
 #: Seconds between two drops of the mapped stream pages the kernels have read.
 DROP_INTERVAL_S = 0.2
-#: Rows per record batch read from a trace's invocations, and the columns read.
-TRACE_BATCH_ROWS = 1 << 16
-TRACE_COLUMNS = ["request_id", "seq", "num_prompt_tokens", "num_output_tokens", "prompt_block_hashes", "arrival_ns",
-                 "prompt_token_ids", "finish_ns", "num_cached_tokens"]
 #: Bytes of the file's head read to estimate its block reads per byte.
 SNIFF_BYTES = 4 << 20
 #: What this path holds, per block read (the kernels' per-object and per-capacity state, the grid's hits per
@@ -106,11 +102,6 @@ LARGE = "at this length the disk path takes about the in-memory path's time and 
 STREAMED_FROM_READS = 1 << 26
 
 
-class Unstreamable(KmeshTraceError):
-    """The file cannot be read by this path (lines out of time order or of another shape, too many accesses
-    or blocks, too little disk); the in-memory path may read it."""
-
-
 def choose_path(path, options, *, remote: bool = False) -> str | None:
     """Why `headroom` should build the stream of `path` on disk (this module: `TOO_LARGE` or `LARGE`), or None
     for the in-memory path: see the module docstring. Only a default-shaped curve of one Mooncake JSONL file
@@ -119,7 +110,7 @@ def choose_path(path, options, *, remote: bool = False) -> str | None:
 
     if path is None or remote or not options.wants_curve or options.capacities is not None:
         return None
-    if options.partitions is not None or options.sample not in (None, 1):
+    if options.partitions is not None or options.sample not in (None, 1) or options.sample_memory_mib is not None:
         return None
     path = Path(path)
     if "://" in str(path):
@@ -250,7 +241,8 @@ class DiskStream:
         cols: dict[str, list[np.ndarray]] = {k: [] for k in ("tokens", "reads", "full", "out", "arrival")}
         last_arrival = None
         self.num_objects = 0
-        pieces = self._jsonl_pieces(chunk_bytes) if self.trace is None else self._trace_pieces()
+        pieces = (jsonl_pieces(self.path, self.block_size, chunk_bytes) if self.trace is None
+                  else trace_pieces(self.trace))
         try:
             with open(self.dir / "obj", "wb") as fo, open(self.dir / "eligible", "wb") as fe:
                 for offsets, hashes, tokens, n_out, arrival in pieces:
@@ -266,82 +258,6 @@ class DiskStream:
         if not cols["tokens"]:
             raise KmeshTraceError(f"{self.path.name} holds no request.")
         return tuple(np.concatenate(cols[k]) for k in ("tokens", "reads", "full", "out", "arrival"))
-
-    def _jsonl_pieces(self, chunk_bytes: int):
-        """(hash offsets, hashes, prompt tokens, output tokens, arrival) of each piece of the JSONL file, read
-        `chunk_bytes` at a time by the importer's compiled parse (views, valid until the next piece)."""
-        from kmesh_trace.datasets.importers.mooncake import REFUSED, PlainPieces, ReadBuffer
-
-        with open(self.path, "rb") as f, ReadBuffer(chunk_bytes) as buf:
-            lines = PlainPieces(buf.size, self.block_size)
-            have = 0
-            while True:
-                if have == buf.size:  # one line longer than the buffer
-                    buf.grow()
-                    lines = PlainPieces(buf.size, self.block_size, lines)
-                got = f.readinto(buf.view[have:])
-                length, at_end = have + got, got == 0
-                used = lines.parse(buf.array, length, at_end)
-                if used < 0:
-                    raise Unstreamable(
-                        f"{self.path.name}: a line is not in the plain Mooncake shape (four integer fields and a flat "
-                        "list), which the bounded-memory curve reads; give --sample RATE for a sampled curve."
-                        if used == REFUSED else f"{self.path.name} changed while it was read.")
-                rows = int(lines.counts[0])
-                if rows:
-                    yield (lines.offsets[:rows + 1], lines._hash_view, lines.num_prompt_tokens[:rows],
-                           lines.num_output_tokens[:rows], lines.arrival_ns[:rows])
-                    lines.counts[0] = lines.counts[1] = 0  # the next piece's rows and hashes from 0
-                if at_end:
-                    return
-                buf.array[:length - used] = buf.array[used:length]
-                have = length - used
-
-    def _trace_pieces(self):
-        """The same of each record batch of the trace's invocations, its parts in order: rows that `headroom`
-        would read in another order (seq not rising), or as more than hashes (token ids, the engine's measured
-        hits, finish times: a capture's), stop this path (`Unstreamable`)."""
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-        import polars as pl
-
-        if len(self.trace.engines) != 1:
-            raise Unstreamable(f"{self.path.name} has {len(self.trace.engines)} engine partitions.")
-        (meta,) = self.trace.engines.values()
-        if meta.get("num_usable_blocks") or is_hybrid(groups_from_metadata(meta)):
-            raise Unstreamable(f"{self.path.name} is a capture (its pool's usable blocks, or its KV cache groups), "
-                               "which the in-memory path reads.")
-        last_seq, ids, all_cached = -1, [], True
-        for part in self.trace.parts["invocations"]:
-            f = pq.ParquetFile(part)
-            if not set(TRACE_COLUMNS) <= set(f.schema_arrow.names):
-                raise Unstreamable(f"{part.name} predates columns of the contract, which the in-memory path fills in.")
-            for b in f.iter_batches(batch_size=TRACE_BATCH_ROWS, columns=TRACE_COLUMNS):
-                if b.num_rows == 0:
-                    continue
-                c = dict(zip(b.schema.names, b.columns))
-                if c["prompt_token_ids"].null_count < b.num_rows or c["finish_ns"].null_count < b.num_rows:
-                    raise Unstreamable(f"{self.path.name} holds token ids or finish times (a capture's), which the "
-                                       "in-memory path reads.")
-                if c["prompt_block_hashes"].null_count or c["arrival_ns"].null_count:
-                    raise Unstreamable(f"{self.path.name} has rows without block hashes or arrival times.")
-                seq = c["seq"].to_numpy()
-                if seq[0] <= last_seq or (np.diff(seq) <= 0).any():
-                    raise Unstreamable(f"{self.path.name}: its rows are not stored in seq order.")
-                last_seq = int(seq[-1])
-                all_cached = all_cached and c["num_cached_tokens"].null_count == 0
-                ids.append(pl.from_arrow(c["request_id"]).hash(seed=0).to_numpy())
-                lists = c["prompt_block_hashes"]
-                offsets = lists.offsets.to_numpy()
-                yield (offsets - offsets[0], lists.values.to_numpy()[offsets[0]:offsets[-1]],
-                       c["num_prompt_tokens"].to_numpy(), pc.fill_null(c["num_output_tokens"], 0).to_numpy(),
-                       c["arrival_ns"].to_numpy())
-        if all_cached and ids:
-            raise Unstreamable(f"{self.path.name} has the engine's measured hits of every request (a capture's), "
-                               "which the in-memory path reads.")
-        hashed = np.sort(np.concatenate(ids)) if ids else np.zeros(0, np.uint64)
-        if (hashed[1:] == hashed[:-1]).any():  # a repeat, or (rarely) two ids of one hash: the in-memory path judges
-            raise Unstreamable(f"{self.path.name}: a request id may appear twice, which the in-memory path checks.")
 
     def _piece(self, off, hashes, tokens, n_out, arrival, table, cols, fo, fe, leading_flags) -> None:
         rows = len(tokens)

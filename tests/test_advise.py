@@ -337,6 +337,19 @@ def test_below_the_target_it_never_says_change_nothing(cli, tmp_path):
     assert "is not within 5%" in d["verdict"] or "nothing tried gets within 5%" in d["verdict"]
 
 
+
+def test_a_pool_below_the_longest_request_says_no_engine_of_it_serves_the_trace(cli, tmp_path):
+    """At a 1-block pool the ladder is the models' figures, not a configuration vLLM runs (it serves only requests
+    that fit its pool): a note says so; an import's assumed pool (at least its longest request) gets none."""
+    trace = _mooncake(tmp_path / "m.jsonl", 3)
+    longest = max(-(-(r["input_length"] + r["output_length"]) // BLOCK)
+                  for r in map(json.loads, trace.read_text().splitlines()))
+    d = _json(cli, ["advise", trace, "--capacity-blocks", "1", "--json"])
+    (note,) = [n for n in d["notes"] if n.startswith("the pool (1 block) is smaller than the longest request")]
+    assert f"({longest:,} blocks, prompt + output)" in note
+    assert not any("smaller than the longest request" in n for n in _json(cli, ["advise", trace, "--json"])["notes"])
+
+
 def test_the_stock_rung_only_at_the_pool_it_was_measured_at(cli, tmp_path):
     trace = write_trace(tmp_path / "t")  # the engine measured its hits at 8 usable blocks
     d = _json(cli, ["advise", trace, "--capacity-blocks", "4", "--json"])
@@ -422,16 +435,33 @@ ZERO_SIZE = re.compile(r"(?<![\d.])0(\.0+)? ?(B|KiB|MiB|GiB|TiB)\b")
 
 flag_sets = st.fixed_dictionaries({
     "--capacity-blocks": st.one_of(st.none(), st.sampled_from([1, 8, 96]), st.integers(1, 300)),
+    "--capacity": st.one_of(st.none(), st.none(), st.sampled_from(["3", "96", "64KiB", "1MiB", "40GiB"])),
     "--within": st.one_of(st.none(), st.sampled_from([0, 5, 20, 60, 99.5])),
     "--kv-bytes-per-token": st.one_of(st.none(), st.sampled_from([1, 64, 4096, 131072])),
     "--engines": st.one_of(st.none(), st.just(2)),
 })
 
 
-def _input(kind: str, seed: int, n: int, where: Path) -> tuple[Path, int | None]:
+def _chat(path: Path, seed: int, n: int) -> Path:
+    """A request dataset (OpenAI-compatible JSONL): a shared system prompt, users asking a few questions again."""
+    rng = random.Random(seed)
+    system = "You are terse. " * rng.randrange(0, 40)
+    rows = [{"messages": [{"role": "system", "content": system},
+                          {"role": "user", "content": f"question {rng.randrange(4)} " * rng.randrange(1, 60)}],
+             "max_tokens": rng.randrange(1, 100)} for _ in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _input(cli, kind: str, seed: int, n: int, where: Path) -> tuple[Path, int | None]:
     """A trace of `kind` and the pool its engine measured its own hits at (None: it measured none)."""
     if kind == "mooncake":
         return _mooncake(where / "m.jsonl", seed, n), None
+    if kind == "import":  # an imported trace directory: no pool recorded
+        assert cli(["import", "mooncake", _mooncake(where / "m.jsonl", seed, n), "--out", where / "i"]).exit_code == 0
+        return where / "i", None
+    if kind == "requests":
+        return _chat(where / "chat.jsonl", seed, n), None
     if kind == "hybrid":
         return write_hybrid(where / "h"), None
     return write_trace(where / "c"), META["num_usable_blocks"]
@@ -489,14 +519,22 @@ def check_words(d: dict) -> None:
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kind=st.sampled_from(["mooncake", "mooncake", "capture", "hybrid"]), seed=st.integers(0, 10**6),
+@given(kind=st.sampled_from(["mooncake", "import", "requests", "capture", "hybrid"]), seed=st.integers(0, 10**6),
        n=st.integers(3, 40), flags=flag_sets)
 def test_advise_says_what_its_numbers_say(cli, kind, seed, n, flags):
+    if flags["--capacity"] is not None:
+        flags["--capacity-blocks"] = None  # one pool flag
     with tempfile.TemporaryDirectory() as tmp:
-        trace, measured_at = _input(kind, seed, n, Path(tmp))
+        trace, measured_at = _input(cli, kind, seed, n, Path(tmp))
         argv = ["advise", trace, "--json"] + [x for k, v in flags.items() if v is not None for x in (k, v)]
         r = cli(argv)
+        if r.exit_code == 1 and (flags["--capacity"] or "").endswith("B"):  # a size without the bytes to convert it
+            assert re.search(r"^Error: --capacity (is given in bytes|must give capacities of at least one block)",
+                             r.stderr, re.M), r.stderr
+            return
         assert r.exit_code == 0, (argv, r.stdout[-2000:], r.stderr[-2000:])
         d = json.loads(r.stdout)
         check_invariants(d, measured_at)
         check_words(d)
+        no_pool = kind in ("mooncake", "import", "requests") and not (flags["--capacity"] or flags["--capacity-blocks"])
+        assert d["verdict"].startswith("Pool assumed: ") == no_pool, d["verdict"]  # said before any ratio

@@ -54,6 +54,7 @@ FLOORS = {
     "kmesh_trace.oracle.pressure": ANALYSES,
     "kmesh_trace.oracle.residency": ANALYSES,
     "kmesh_trace.oracle.sampled_curve": ANALYSES,
+    "kmesh_trace.oracle.shards": ANALYSES,
     "kmesh_trace.oracle.streamed_curve": ANALYSES,
     "kmesh_trace.oracle.tiers": ANALYSES,  # the package: `run`, its report and the family-burst arms
     "kmesh_trace.oracle.tiers.compiled": MODEL,

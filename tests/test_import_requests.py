@@ -151,6 +151,32 @@ def test_every_command_reads_a_request_file_and_advise_takes_the_tokenizer(cli, 
     assert d["num_prompt_tokens"] == want
 
 
+def test_headroom_tiers_and_report_take_the_tokenizer_too(cli, tmp_path, tokdir):
+    """--tokenizer and --block-size (one shared block of flags) in every command that reads a request dataset."""
+    src = _write(tmp_path / "chat.jsonl", CHAT)
+    want = sum(len(_encode(tokdir, t)) for t in (
+        "<s><|system|>\nYou are terse.</s>\n<|user|>\nSummarise the cache design.</s>\n<|assistant|>\n",
+        "<s><|system|>\nYou are terse.</s>\n<|user|>\nSummarise the cache design.</s>\n<|assistant|>\n"
+        "Blocks are hashed and reused.</s>\n<|user|>\nShorter.</s>\n<|assistant|>\n", "Caches reuse blocks"))
+    r = cli(["headroom", src, "--tokenizer", tokdir, "--capacity-blocks", "4", "--json"])
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["block_size"] == 16 and "approximate" not in r.stderr
+    r = cli(["tiers", src, "--tokenizer", tokdir, "--block-size", "8", "--capacity-blocks", "4", "--json"])
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["block_size"] == 8 and "approximate" not in r.stderr
+    r = cli(["report", src, "--tokenizer", tokdir, "--out", tmp_path / "r.html", "--json"])
+    assert r.exit_code == 0, r.stderr
+    advise = json.loads(r.stdout)["advise"]
+    assert advise["num_prompt_tokens"] == want and advise["block_size"] == 16
+    trace = tmp_path / "t"
+    assert cli(["import", "requests", src, "--out", trace]).exit_code == 0
+    for command in (["headroom", trace], ["tiers", trace, "--capacity-blocks", "4"], ["report", trace, "--out",
+                                                                                       tmp_path / "r2.html"]):
+        r = cli([*command, "--tokenizer", tokdir])
+        assert (r.exit_code, r.stderr) == (1, "Error: --tokenizer and --block-size apply to a request dataset "
+                                              "(OpenAI-compatible JSONL, ShareGPT, vllm bench custom).\n"), command
+
+
 def test_bad_tokenizers_are_one_sentence(cli, tmp_path, tokdir):
     src = _write(tmp_path / "chat.jsonl", CHAT)
     r = cli(["import", "requests", src, "--out", tmp_path / "t", "--tokenizer", tmp_path / "missing.json"])

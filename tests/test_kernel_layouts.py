@@ -13,10 +13,10 @@ import pytest
 
 from kmesh_trace.native import kernels
 from kmesh_trace.native.binding import LayoutMismatchError, Ptr, Struct, layout_problems, structs_in
-from kmesh_trace.oracle import blockpool_compiled, curves, hybrid_pool_compiled, kernel_ids, stream_index
+from kmesh_trace.oracle import blockpool_compiled, curves, hybrid_pool_compiled, kernel_ids, shards, stream_index
 from kmesh_trace.oracle.tiers import compiled as tiers_compiled
 
-CALLERS = (blockpool_compiled, curves, hybrid_pool_compiled, kernel_ids, stream_index, tiers_compiled)
+CALLERS = (blockpool_compiled, curves, hybrid_pool_compiled, kernel_ids, shards, stream_index, tiers_compiled)
 
 
 def project_mirrors() -> dict[str, type[Struct]]:

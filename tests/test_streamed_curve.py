@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.oracle import streamed_curve
+from kmesh_trace.oracle import stream_pieces, streamed_curve
 from kmesh_trace.oracle.headroom import HeadroomOptions
 from kmesh_trace.oracle.stream import next_uses
 from kmesh_trace.oracle.streamed_curve import DiskStream, choose_path, estimated_reads
@@ -64,7 +64,7 @@ def small_pieces(monkeypatch):
     """Pieces of 4 KiB of text, 37 rows of a trace and 777 accesses: thousands of boundaries on the test stream."""
     monkeypatch.setattr(streamed_curve, "CHUNK_BYTES", 4096)
     monkeypatch.setattr(streamed_curve, "NEXT_USE_PIECE", 777)
-    monkeypatch.setattr(streamed_curve, "TRACE_BATCH_ROWS", 37)
+    monkeypatch.setattr(stream_pieces, "TRACE_BATCH_ROWS", 37)
 
 
 def in_memory_stream(path):

@@ -82,6 +82,10 @@ class FileTokenizer:
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, np.int32)
 
+    def added_tokens(self) -> set[str]:
+        """The tokenizer's added (special and control) tokens."""
+        return {t.content for t in self._tok.get_added_tokens_decoder().values()}
+
 
 def text_of(value: Any) -> str:
     """The text a value stands for: a string as it is, nothing for null, anything else as canonical JSON."""

@@ -11,11 +11,13 @@ Three shapes, recognised per record:
   request per human turn, its messages every turn before it (earlier replies as assistant messages), its
   output the gpt reply that follows, its family the conversation.
 
-Tokens: with a tokenizer (`tokenizer.json`, or the directory holding it and `tokenizer_config.json`), chat
-messages are rendered with the model's chat template as vLLM renders them (Hugging Face's Jinja2 rules:
-a sandboxed environment with trim_blocks and lstrip_blocks, `raise_exception`, `tojson`, the special tokens
-of tokenizer_config.json, the generation prompt added) and the rendered text is tokenized without adding
-special tokens again (the template wrote them); a completion prompt is tokenized as it is. Those are the
+Tokens: with a tokenizer (`tokenizer.json`, or the directory holding it and its chat template in any layout
+transformers writes), chat messages are read as vLLM's chat utils read them and rendered with the model's chat
+template as vLLM renders them, each render bounded in time and output (chat_template.py), and the rendered
+text is tokenized without adding special tokens again (the template wrote them); a completion prompt is
+tokenized as it is. A record vLLM would refuse (a message that is not an object, an image part for a model
+without an image placeholder, a template that refuses it or runs past a bound), a timestamp past 2^62 ns or
+an output length past 2^24 tokens is a malformed record, counted with its `file:line`. Those are the
 engine's own prompt ids. Without a tokenizer, text becomes UTF-8 bytes (one token per byte, chat messages as
 "role: content" lines): the metadata marks the ids approximate and every report says so. Lineage is not
 declared: the analyses infer exact-prefix edges from the ids. Arrival: the records' timestamps, else none
@@ -24,17 +26,19 @@ declared: the analyses infer exact-prefix edges from the ids. Arrival: the recor
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
-from kmesh_trace.datasets.importers.common import ImportReport, iter_records
+from kmesh_trace.datasets.importers.chat_messages import parse_messages, placeholders_of
+from kmesh_trace.datasets.importers.chat_template import ChatTemplate
+from kmesh_trace.datasets.importers.common import ImportReport, RecordError, iter_records
 from kmesh_trace.datasets.importers.request_shapes import is_sharegpt
+from kmesh_trace.datasets.importers.sharegpt_file import Unparsed, load_conversations
 from kmesh_trace.datasets.importers.lmcache_agent import (BYTES_BLOCK_SIZE, TOKENIZER_BLOCK_SIZE, ByteTokenizer,
                                                           FileTokenizer)
 from kmesh_trace.errors import InputFormatError
@@ -46,49 +50,12 @@ SESSION_KEYS = ("session_id", "conversation_id")
 #: Keys that give a record's output length, in order.
 OUTPUT_KEYS = ("output_tokens", "max_completion_tokens", "max_tokens")
 #: ShareGPT speakers -> chat roles.
+#: The largest output length a record may declare: far beyond any model's context (2^24 tokens).
+MAX_OUTPUT_TOKENS = 1 << 24
+#: The latest arrival a record may declare, in Unix nanoseconds (2^62: the year 2116).
+MAX_ARRIVAL_NS = 1 << 62
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
                   "bing": "assistant", "bard": "assistant", "system": "system"}
-
-
-class ChatTemplate:
-    """A tokenizer directory's chat template, rendered as Hugging Face transformers (and so vLLM) renders it."""
-
-    def __init__(self, config_path: Path):
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        try:
-            config = json.loads(config_path.read_text())
-        except (OSError, ValueError) as e:
-            raise InputFormatError(f"{config_path} is not a readable tokenizer_config.json ({e}).") from None
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: the default one
-            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
-        if not isinstance(template, str):
-            raise InputFormatError(f"{config_path} has no chat_template; chat requests need one to be rendered.")
-
-        def raise_exception(message):
-            raise jinja2.exceptions.TemplateError(message)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False, separators=None, sort_keys=False: json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-        env.globals["raise_exception"] = raise_exception
-        try:
-            self._template = env.from_string(template)
-        except jinja2.exceptions.TemplateError as e:
-            raise InputFormatError(f"the chat template of {config_path} does not compile ({e}).") from None
-        self._special = {k: (v.get("content") if isinstance(v, dict) else v) for k, v in config.items()
-                         if k.endswith("_token") and isinstance(v, (str, dict))}
-        self.sha = hashlib.sha256(template.encode()).hexdigest()[:16]
-
-    def render(self, messages: list[dict]) -> str:
-        import jinja2
-
-        try:
-            return self._template.render(messages=messages, add_generation_prompt=True, **self._special)
-        except jinja2.exceptions.TemplateError as e:
-            raise InputFormatError(f"the chat template refused a request: {e}.") from None
 
 
 class NoChatTemplate(InputFormatError):
@@ -108,32 +75,39 @@ class Renderer:
         if path.is_dir():
             if not (path / "tokenizer.json").is_file():
                 raise InputFormatError(f"{path} holds no tokenizer.json.")
-            config = path / "tokenizer_config.json"
-            self.template = ChatTemplate(config) if config.is_file() else None
-            path = path / "tokenizer.json"
-        self.tok, self.approximate = FileTokenizer(path), False
+            directory, path = path, path / "tokenizer.json"
+            self.tok, self.approximate = FileTokenizer(path), False
+            self.template = ChatTemplate.load(directory, placeholders_of(self.tok.added_tokens()))
+        else:
+            self.tok, self.approximate = FileTokenizer(path), False
         self.name = self.tok.name + (f" chat_template sha256:{self.template.sha}" if self.template else "")
 
-    def chat(self, messages: list[dict]) -> np.ndarray:
+    def chat(self, messages: list, media: dict[str, int] | None = None) -> np.ndarray:
         if self.template is None:
             if not self.approximate:
                 raise NoChatTemplate("chat requests need the model's chat template: give the tokenizer's directory "
-                                       "(tokenizer.json beside tokenizer_config.json with its chat_template).")
-            return self.tok.encode("".join(f"{m.get('role')}: {_text(m.get('content'))}\n" for m in messages)
+                                     "(tokenizer.json beside chat_template.jinja or tokenizer_config.json with its "
+                                     "chat_template).")
+            parsed = parse_messages(messages, "string", {})  # vLLM's reading of the messages, then role: text lines
+            return self.tok.encode("".join(f"{m['role']}: {m['content']}\n" for m in parsed.conversation)
                                    + "assistant: ")
-        return self.tok.encode(self.template.render(messages))
+        return self.tok.encode(self.template.render(messages, media))
 
     def text(self, text: str) -> np.ndarray:
         return self.tok.encode(text)
 
 
-def _text(content: Any) -> str:
-    """A message's content as text: a string, or the text parts of a content list."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return "" if content is None else str(content)
+def _text(value: Any, where: str) -> str:
+    """A ShareGPT turn's value: a string, or nothing for null."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise RecordError(f"{where} has a value that is not a string")
+
+
+def _speaker(turn: Any) -> str | None:
+    """The chat role of a ShareGPT turn, or None for an unknown (or non-string) speaker."""
+    speaker = turn.get("from") if isinstance(turn, dict) else None
+    return SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
 
 
 @dataclass
@@ -143,6 +117,8 @@ class RequestsReport(ImportReport):
     token_ids_approximate: bool = True
     num_without_timestamp: int = 0
     num_without_output_length: int = 0
+    num_media_placeholders: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     SUMMARY_KEYS: ClassVar[tuple[str, ...]] = ("num_lines", "num_blank_lines", "num_invocations",
                                                "num_without_timestamp", "num_without_output_length",
@@ -160,15 +136,25 @@ class _Row:
 
 
 def _arrival_ns(v: Any) -> int | None:
+    """A record's timestamp (seconds, or milliseconds when above 1e11) in nanoseconds; None for none or a
+    negative one; RecordError for one past MAX_ARRIVAL_NS (year 2116) or not finite."""
     if type(v) not in (int, float) or v < 0:
         return None
-    return int(v * 1e6) if v > 1e11 else int(v * 1e9)  # milliseconds, else seconds
+    scale = 10**6 if v > 1e11 else 10**9  # milliseconds, else seconds
+    if type(v) is float and not math.isfinite(v):
+        raise RecordError("field timestamp is not finite")
+    ns = v * scale if type(v) is int else round(v * scale)
+    if ns > MAX_ARRIVAL_NS:
+        raise RecordError(f"field timestamp is out of range (past {MAX_ARRIVAL_NS:,} ns)")
+    return ns
 
 
 def _output_length(obj: dict) -> int | None:
     for k in OUTPUT_KEYS:
         v = obj.get(k)
         if type(v) is int and v >= 0:
+            if v > MAX_OUTPUT_TOKENS:
+                raise RecordError(f"field {k} is out of range (above {MAX_OUTPUT_TOKENS:,} tokens)")
             return v
     return None
 
@@ -176,62 +162,70 @@ def _output_length(obj: dict) -> int | None:
 def _jsonl_rows(path: Path, r: Renderer, report: RequestsReport, on_bytes) -> list[_Row]:
     rows = []
     for lineno, obj in iter_records(path, report, on_bytes):
-        body = obj["body"] if isinstance(obj.get("body"), dict) else obj
         try:
-            if isinstance(body.get("messages"), list):
-                prompt = r.chat([m for m in body["messages"] if isinstance(m, dict)])
-            elif isinstance(body.get("prompt"), str):
-                custom = "output_tokens" in body  # vllm bench serve's custom dataset: one user message, templated
-                prompt = (r.chat([{"role": "user", "content": body["prompt"]}]) if custom and r.template is not None
-                          else r.text(body["prompt"]))
-            else:
-                report.malformed(f"{path.name}:{lineno}", "no messages list or prompt string")
-                continue
+            rows.append(_jsonl_row(obj, lineno, r, report))
         except NoChatTemplate:
             raise
-        except InputFormatError as e:
+        except (InputFormatError, RecordError) as e:  # the record's error: counted, the import goes on
             report.malformed(f"{path.name}:{lineno}", str(e))
-            continue
-        out = _output_length(body)
-        report.num_without_output_length += out is None
-        arrival = _arrival_ns(obj.get("timestamp", body.get("timestamp")))
-        report.num_without_timestamp += arrival is None
-        family = next((str(obj[k]) for k in SESSION_KEYS if obj.get(k) is not None), None)
-        rid = str(obj.get("custom_id") or obj.get("request_id") or f"line-{lineno}")
-        rows.append(_Row(rid, family, prompt, None, out or 0, arrival))
     return rows
+
+
+def _jsonl_row(obj: dict, lineno: int, r: Renderer, report: RequestsReport) -> _Row:
+    body = obj["body"] if isinstance(obj.get("body"), dict) else obj
+    out = _output_length(body)
+    arrival = _arrival_ns(obj.get("timestamp", body.get("timestamp")))
+    if isinstance(body.get("messages"), list):
+        prompt = r.chat(body["messages"], report.num_media_placeholders)
+    elif isinstance(body.get("prompt"), str):
+        custom = "output_tokens" in body  # vllm bench serve's custom dataset: one user message, templated
+        prompt = (r.chat([{"role": "user", "content": body["prompt"]}]) if custom and r.template is not None
+                  else r.text(body["prompt"]))
+    else:
+        raise RecordError("no messages list or prompt string")
+    report.num_without_output_length += out is None
+    report.num_without_timestamp += arrival is None
+    family = next((str(obj[k]) for k in SESSION_KEYS if obj.get(k) is not None), None)
+    rid = str(obj.get("custom_id") or obj.get("request_id") or f"line-{lineno}")
+    return _Row(rid, family, prompt, None, out or 0, arrival)
 
 
 def _sharegpt_rows(path: Path, data: list, r: Renderer, report: RequestsReport) -> list[_Row]:
     rows = []
     for k, conv in enumerate(data):
         report.num_lines += 1
+        if isinstance(conv, Unparsed):
+            report.malformed(f"{path.name}[{k}]", conv.reason)
+            continue
         turns = conv.get("conversations") if isinstance(conv, dict) else None
         if not isinstance(turns, list):
             report.malformed(f"{path.name}[{k}]", "no conversations list")
             continue
-        cid = str(conv.get("id", k))
-        messages: list[dict] = []
-        for t, turn in enumerate(turns):
-            role = SHAREGPT_ROLES.get(turn.get("from")) if isinstance(turn, dict) else None
-            if role is None:
-                report.malformed(f"{path.name}[{k}].conversations[{t}]", "unknown speaker")
-                break
-            messages.append({"role": role, "content": _text(turn.get("value"))})
-            if role != "user":
-                continue
-            reply = turns[t + 1] if t + 1 < len(turns) and isinstance(turns[t + 1], dict) else None
-            output = r.text(_text(reply.get("value"))) if reply and SHAREGPT_ROLES.get(reply.get("from")) == "assistant" \
-                else None
-            try:
-                prompt = r.chat(list(messages))
-            except NoChatTemplate:
-                raise
-            except InputFormatError as e:
-                report.malformed(f"{path.name}[{k}]", str(e))
-                break
-            report.num_without_timestamp += 1
-            rows.append(_Row(f"{cid}:{t}", cid, prompt, output, 0 if output is None else len(output), None))
+        try:
+            rows.extend(_conversation_rows(conv, turns, k, path.name, r, report))
+        except NoChatTemplate:
+            raise
+        except (InputFormatError, RecordError) as e:
+            report.malformed(f"{path.name}[{k}]", str(e))
+    return rows
+
+
+def _conversation_rows(conv: dict, turns: list, k: int, name: str, r: Renderer, report: RequestsReport) -> list[_Row]:
+    """One request per human turn of ShareGPT conversation `k` (module docstring); RecordError on a bad turn."""
+    cid = str(conv.get("id", k))
+    rows, messages = [], []
+    for t, turn in enumerate(turns):
+        role = _speaker(turn)
+        if role is None:
+            raise RecordError(f"conversations[{t}] has an unknown speaker")
+        messages.append({"role": role, "content": _text(turn.get("value"), f"conversations[{t}]")})
+        if role != "user":
+            continue
+        reply = turns[t + 1] if t + 1 < len(turns) and _speaker(turns[t + 1]) == "assistant" else None
+        output = None if reply is None else r.text(_text(reply.get("value"), f"conversations[{t + 1}]"))
+        prompt = r.chat(list(messages), report.num_media_placeholders)
+        report.num_without_timestamp += 1
+        rows.append(_Row(f"{cid}:{t}", cid, prompt, output, 0 if output is None else len(output), None))
     return rows
 
 
@@ -249,7 +243,7 @@ def import_requests(src: str | Path, out: str | Path, *, engine_id: str = "impor
     data = None
     if src.suffix.lower() == ".json":
         try:
-            data = json.loads(src.read_bytes())
+            data = load_conversations(src.read_bytes())
         except ValueError as e:
             raise InputFormatError(f"{src} is not JSON ({e}).") from None
         if on_bytes is not None:
@@ -264,8 +258,19 @@ def import_requests(src: str | Path, out: str | Path, *, engine_id: str = "impor
         if rows:
             writer.write("invocations", _table(rows))
         report.num_invocations = len(rows)
-        writer.update_metadata(num_malformed_lines=report.num_malformed_lines, malformed_lines=report.malformed_lines)
+        report.notes = _media_notes(report.num_media_placeholders)
+        writer.update_metadata(num_malformed_lines=report.num_malformed_lines, malformed_lines=report.malformed_lines,
+                               num_media_placeholders=report.num_media_placeholders, import_notes=report.notes)
     return report
+
+
+def _media_notes(media: dict[str, int]) -> list[str]:
+    """What a reader of prompt lengths must know about media parts replaced by placeholders."""
+    if not media:
+        return []
+    parts = ", ".join(f"{n:,} {m}" for m, n in sorted(media.items()))
+    return [f"{parts} part(s) became the model's placeholder token, once each: the engine expands each into the "
+            "item's feature tokens, which a request dataset does not tell, so those prompts are longer in service."]
 
 
 def _table(rows: list[_Row]) -> pa.Table:

@@ -13,6 +13,7 @@ from kmesh_trace.cli.common import (
     EngineOption,
     KvModelConfigOption,
     Output,
+    RequestDatasetFlags,
     Table,
     capacities_of_input,
     check_plot_option,
@@ -27,7 +28,7 @@ from kmesh_trace.cli.common import (
 )
 from kmesh_trace.cli.flags import flags, options_of, takes_flags
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.values import MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, bounded_int, finite_float
+from kmesh_trace.values import MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, MAX_TOKENS_PER_S, bounded_int, finite_float
 
 #: The human output's width: one screen of a terminal.
 WIDTH = 80
@@ -57,7 +58,7 @@ class AdviseFlags:
     within: float = typer.Option(5.0, "--within", parser=finite_float(0, 100),
                                  help="Recommend the smallest configuration within this percent of the bound.")
     prefill_tokens_per_s: Optional[float] = typer.Option(
-        None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True),
+        None, "--prefill-tokens-per-s", parser=finite_float(0, MAX_TOKENS_PER_S, lo_open=True),
         help="Prefill throughput, for seconds (default: fitted to a capture's measured prefills).")
     prefill_rate: Optional[str] = typer.Option(None, "--prefill-rate",
                                                help="A measured prefill rate by its key, for seconds: "
@@ -67,25 +68,9 @@ class AdviseFlags:
         None, "--kv-bytes-per-token", parser=bounded_int(1, MAX_KV_BYTES_PER_TOKEN),
         help="KV bytes per token, for sizes in bytes (default: the capture's engine metadata).")
     model_config: KvModelConfigOption = None
-    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="A request dataset's tokenizer: tokenizer.json, or "
-                                             "its directory with tokenizer_config.json and the chat template (default: "
-                                             "UTF-8 bytes, approximate).")
-    block_size: Optional[int] = typer.Option(None, "--block-size", parser=bounded_int(1, MAX_BLOCKS),
-                                             help="A request dataset's tokens per block (default 16 with --tokenizer, "
-                                                  "64 for UTF-8 bytes).")
+    dataset: RequestDatasetFlags = RequestDatasetFlags()
     engine: EngineOption = None
     plot: plot_option("Also draw the ladder to FILE.png or FILE.svg.") = None
-
-    def import_options(self) -> dict | None:
-        """A request dataset's tokenizer and block size, for its import (refused for any other input)."""
-        if self.tokenizer is None and self.block_size is None:
-            return None
-        from kmesh_trace.sources import sniff
-
-        if sniff(self.trace) != "requests":
-            raise KmeshTraceError("--tokenizer and --block-size apply to a request dataset (OpenAI-compatible JSONL, "
-                                  "ShareGPT, vllm bench custom).")
-        return {"tokenizer": self.tokenizer, "block_size": self.block_size}
 
 
 @handles_errors
@@ -116,7 +101,8 @@ def _advise(f: AdviseFlags, options):
     """The analysis on the input the flags name, with a status line on stderr."""
     from kmesh_trace.apps.advise import advise
 
-    with open_input(f.trace, None, f.engine, False, direct=True, import_options=f.import_options()) as (t, _):
+    options_in = f.dataset.import_options(f.trace)
+    with open_input(f.trace, None, f.engine, False, direct=True, import_options=options_in) as (t, _):
         source = None
         if f.capacity is not None:
             caps = capacities_of_input(f.capacity, t, None, f.engine, f.kv_bytes_per_token, f.model_config)

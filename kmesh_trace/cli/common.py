@@ -51,7 +51,7 @@ import typer
 from kmesh_trace.cli.display import Table, err, out  # noqa: F401  (the one output layer, re-exported)
 from kmesh_trace.cli.flags import flags
 from kmesh_trace.errors import KmeshTraceError, NeedsParameterError
-from kmesh_trace.values import MAX_KV_BYTES_PER_TOKEN, bounded_int, json_text
+from kmesh_trace.values import MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, bounded_int, json_text
 from kmesh_trace.paths import check_out_dir, check_out_file, check_out_not_in_input  # noqa: F401  (re-exported)
 
 
@@ -329,6 +329,31 @@ class CapacityBytesFlags:
     def in_blocks(self, trace, workload, engine: str | None) -> tuple[int, ...]:
         """--capacity in blocks with the geometry of an analysis' input (`capacities_of_input`)."""
         return capacities_of_input(self.capacity, trace, workload, engine, self.kv_bytes, self.model_config)
+
+
+@flags
+class RequestDatasetFlags:
+    """A request dataset's tokenizer and tokens per block (`--tokenizer`, `--block-size`), for its import on the
+    way into an analysis; refused for any other input. One block, named by every command that reads one."""
+
+    tokenizer: Optional[Path] = typer.Option(
+        None, "--tokenizer", help="A request dataset's tokenizer: tokenizer.json, or its directory with "
+        "tokenizer_config.json and the chat template, e.g. your own model directory, the one `vllm serve` loads "
+        "(default: UTF-8 bytes, approximate).")
+    block_size: Optional[int] = typer.Option(
+        None, "--block-size", parser=bounded_int(1, MAX_BLOCKS),
+        help="A request dataset's tokens per block (default 16 with --tokenizer, 64 for UTF-8 bytes).")
+
+    def import_options(self, trace) -> dict | None:
+        """The importer's options for input `trace` (None when neither flag is given)."""
+        if self.tokenizer is None and self.block_size is None:
+            return None
+        from kmesh_trace.sources import sniff
+
+        if trace is None or sniff(trace) != "requests":
+            raise KmeshTraceError("--tokenizer and --block-size apply to a request dataset (OpenAI-compatible JSONL, "
+                                  "ShareGPT, vllm bench custom).")
+        return {"tokenizer": self.tokenizer, "block_size": self.block_size}
 
 
 def capacities_in_blocks(text: str, block_size: int, meta: dict, kv_bytes: int | None, model_config) -> tuple[int, ...]:

@@ -132,6 +132,8 @@ def _render(report, summary: dict, title: str) -> None:
     out.print(rt)
     if summary.get("num_duplicate_records"):
         err.print(f"{summary['num_duplicate_records']} exact duplicate record(s) imported once; listed in the trace metadata.")
+    for note in summary.get("notes") or ():
+        err.print(f"Note: {note}", markup=False, highlight=False)
     if report.num_malformed_lines:
         err.print(f"{report.num_malformed_lines} malformed line(s) or entries skipped and recorded in the trace metadata; first:")
         for loc in report.malformed_lines[:10]:

@@ -13,6 +13,7 @@ from kmesh_trace.cli.common import (
     EngineOption,
     KvModelConfigOption,
     Output,
+    RequestDatasetFlags,
     ScenarioOption,
     TraceOrScenarioArgument,
     build_scenario,
@@ -32,7 +33,8 @@ from kmesh_trace.cli.flags import aliased, flags, hidden_alias, options_of, take
 from kmesh_trace.distributed import check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.schema import TierConnector, TierLookup, TierWrite
-from kmesh_trace.values import MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, MAX_SECONDS, bounded_int, finite_float
+from kmesh_trace.values import (MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, MAX_SECONDS, MAX_TOKENS_PER_S, bounded_int,
+                                finite_float)
 
 
 def register(app: typer.Typer) -> None:
@@ -70,7 +72,7 @@ class TiersFlags:
     ssd_gbps: Optional[float] = typer.Option(None, "--ssd-gbps", parser=finite_float(0, 1e6, lo_open=True), help="SSD tier restore throughput, GB/s.")
     host_latency_ms: float = typer.Option(0.0, "--host-latency-ms", parser=finite_float(0, MAX_SECONDS), help="Host tier latency per request's reads, ms.")
     ssd_latency_ms: float = typer.Option(0.0, "--ssd-latency-ms", parser=finite_float(0, MAX_SECONDS), help="SSD tier latency per request's reads, ms.")
-    prefill_tokens_per_s: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True), help="Prefill throughput (default: fitted on the capture's measured prefills).")
+    prefill_tokens_per_s: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", parser=finite_float(0, MAX_TOKENS_PER_S, lo_open=True), help="Prefill throughput (default: fitted on the capture's measured prefills).")
     sweep_host: Optional[str] = typer.Option(None, "--sweep-host", help="Host capacities to sweep, comma-separated (0: absent).")
     sweep_ssd: Optional[str] = typer.Option(None, "--sweep-ssd", help="SSD capacities to sweep, comma-separated (0: absent).")
     within: float = typer.Option(5.0, "--within", parser=finite_float(0, 100), help="With a sweep: report the smallest configuration within this percent of the best.")
@@ -84,12 +86,14 @@ class TiersFlags:
     lmcache_peer: Optional[Path] = typer.Option(None, "--lmcache-peer", help="With --lmcache: the capture of another engine sharing that LMCache server.")
     engine: EngineOption = None
     ray: ray_option(" With a sweep: one task per configuration.") = None
+    dataset: RequestDatasetFlags = RequestDatasetFlags()
 
     def options(self):
         """The analysis' options (`TiersOptions`), the capacity from --capacity-blocks or its old name."""
         from kmesh_trace.oracle.tiers import TiersOptions
 
         capacity, flag = aliased(self.capacity_blocks, "--capacity-blocks", self.gpu_blocks, "--gpu-blocks")
+        self.dataset.import_options(self.trace)  # --tokenizer on any other input: refused before anything is read
         return options_of(TiersOptions, self, capacity_blocks=capacity, capacity_flag=flag)
 
 
@@ -114,8 +118,8 @@ def _tiers(f: TiersFlags, options):
     from kmesh_trace.oracle.executor import InProcess, OnRay
 
     executor = InProcess() if f.ray is None else OnRay(f.ray)
-    with (_input(f.trace, f.scenario, direct=f.ray is None) as (source, name), _peer(f.lmcache_peer) as peer,
-          _sweep_progress(executor)):
+    with (_input(f.trace, f.scenario, direct=f.ray is None, import_options=f.dataset.import_options(f.trace))
+          as (source, name), _peer(f.lmcache_peer) as peer, _sweep_progress(executor)):
         report = tm.run(source, options, executor, name=name, engine=f.engine, peer=peer)
     for note in report.notes:
         err.print(f"note: {note}")
@@ -147,7 +151,7 @@ def _check_outputs(trace, scenario, options, ray, plot, journal) -> None:
 
 
 @contextmanager
-def _input(trace: Optional[Path], scenario, *, direct: bool):
+def _input(trace: Optional[Path], scenario, *, direct: bool, import_options: dict | None = None):
     """(the run's input, its name in the output): a trace (kept open: the prefill fit reads it), a public
     trace read as it is (`direct`: not for Ray tasks, which read a trace directory), or a built-in workload."""
     if scenario is not None:  # any built-in workload but family-burst: a stream with no capture metadata
@@ -160,7 +164,7 @@ def _input(trace: Optional[Path], scenario, *, direct: bool):
         yield public, str(trace)
         return
 
-    with open_as_trace(trace, on_import=err.print, until_exit=True) as t:  # a public trace: imported first
+    with open_as_trace(trace, on_import=err.print, until_exit=True, import_options=import_options) as t:  # imported first
         yield t, str(trace)
 
 

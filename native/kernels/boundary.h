@@ -160,4 +160,27 @@ typedef struct ks_hybrid_pool_out {
     int64_t free_queue_len, num_deferred;
 } ks_hybrid_pool_out;
 
+/* ---- a spatial sample taken at read time (shards.c) ---------------------------------------------------- */
+
+/* One piece of the input: row r lists hashes[offsets[r]:offsets[r + 1]], of which the first n_keep[r] are
+ * accesses and the first n_elig[r] of those eligible (num_rows rows). An access is kept when its hash's
+ * bucket (the top 24 bits of splitmix64's finaliser of ((hash ^ seed) + 1) * golden) is below threshold. */
+typedef struct ks_shards_in {
+    const uint64_t *hashes;
+    const int64_t *offsets, *n_keep, *n_elig;
+    int64_t num_rows;
+    uint64_t seed;
+    int64_t threshold;
+} ks_shards_in;
+
+/* The kept accesses in order (room for every access of the piece): their hashes, eligible flags and
+ * buckets (bucket NULL: not wanted); the kept accesses per row; how many were kept. */
+typedef struct ks_shards_out {
+    uint64_t *kept;
+    uint8_t *eligible;
+    uint32_t *bucket;
+    int64_t *row_kept;
+    int64_t num_kept;
+} ks_shards_out;
+
 #endif

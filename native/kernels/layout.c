@@ -82,6 +82,15 @@ static const layout_row ks_layout_rows[] = {
     KS_FIELD(ks_hybrid_pool_out, admitted), KS_FIELD(ks_hybrid_pool_out, stalled),
     KS_FIELD(ks_hybrid_pool_out, free_queue), KS_FIELD(ks_hybrid_pool_out, free_queue_len),
     KS_FIELD(ks_hybrid_pool_out, num_deferred),
+
+    KS_TYPE(ks_shards_in),
+    KS_FIELD(ks_shards_in, hashes), KS_FIELD(ks_shards_in, offsets), KS_FIELD(ks_shards_in, n_keep),
+    KS_FIELD(ks_shards_in, n_elig), KS_FIELD(ks_shards_in, num_rows), KS_FIELD(ks_shards_in, seed),
+    KS_FIELD(ks_shards_in, threshold),
+
+    KS_TYPE(ks_shards_out),
+    KS_FIELD(ks_shards_out, kept), KS_FIELD(ks_shards_out, eligible), KS_FIELD(ks_shards_out, bucket),
+    KS_FIELD(ks_shards_out, row_kept), KS_FIELD(ks_shards_out, num_kept),
 };
 
 /* Row i of the layout table: 0, or -1 past its end. */
