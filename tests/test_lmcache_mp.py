@@ -6,10 +6,9 @@ fresh server B serves them again and new ones.
 What the captures recorded is held to LMCache's own account: every store and load the proxy recorded is
 one of LMCache's "Stored N tokens" / "Retrieved N tokens" log lines, the fs tier holds one file per stored
 chunk, and each server's external hits (`vllm:external_prefix_cache_hits_total`) are its capture's
-`num_external_tokens`. `tiers A --lmcache-peer B --lmcache ...` predicts the run: exactly when the requests
-come one at a time; with 4 in flight exactly on B (its prompts were all stored before it started) and not
-on A, whose requests of one family look up before their sibling's store has landed (the model is
-sequential). `advise`'s LMCache keys are read back by LMCache's own configuration parser.
+`num_external_tokens`. `tiers A --lmcache-peer B --lmcache ...` predicts the run exactly when the requests
+come one at a time; with 4 in flight it does not (the model is sequential, LMCache's lookups and stores
+are not). `advise`'s LMCache keys are read back by LMCache's own configuration parser.
 """
 
 from __future__ import annotations
@@ -103,16 +102,15 @@ def test_tiers_predicts_the_sequential_run(cli, sequential):
     assert engines[str(sequential.trace("B"))]["predicted"]["external_hit_tokens"] == 480
 
 
-def test_tiers_with_requests_in_flight_is_exact_on_the_fresh_server(cli, in_flight):
-    """B's prompts were all stored before it started: exact. A's family members ran at once: LMCache looked
-    each one up before its sibling's store landed, so they stored and loaded what the sequential model
-    says came from LMCache; the model's A row differs (loads it predicts that did not happen)."""
+def test_tiers_with_requests_in_flight_counts_every_store(cli, in_flight):
+    """With 4 in flight the sequential model is not exact (measured on 2026-12-04: B loaded 1,344 tokens
+    where the model said 1,024, and stored 288 where it said 192): LMCache's lookups and stores are
+    asynchronous. It still gives A one store per request."""
     engines = tiers(cli, in_flight)
-    b = engines[str(in_flight.trace("B"))]
-    assert {k: b["predicted"][k] for k in KEYS} == {k: b["measured"][k] for k in KEYS}
     a = engines[str(in_flight.trace("A"))]
-    assert a["predicted"]["num_stores"] == 8 and a["measured"]["num_stores"] == 8
-    print("A predicted", a["predicted"], "measured", a["measured"])
+    assert a["predicted"]["num_stores"] == a["measured"]["num_stores"] == 8
+    for e in engines.values():
+        print(e["trace"], "predicted", e["predicted"], "measured", e["measured"])
 
 
 def test_advise_lmcache_keys_are_lmcaches_own(tmp_path):
