@@ -47,7 +47,7 @@ VLLM_LATEST_TESTS := tests/test_capture_scheduler.py tests/test_capture_recorder
 	tests/test_capture_attach.py tests/test_blockpool_vllm.py tests/test_blockpool_admission_vllm.py \
 	tests/test_hybrid_pool_vllm.py tests/test_hybrid_mamba_vllm.py \
 	tests/test_tiers_vllm.py tests/test_listen_fields.py tests/test_listen_offload.py tests/test_twin.py \
-	tests/test_chat_messages_vllm.py \
+	tests/test_chat_messages_vllm.py tests/test_listen_pressure.py \
 	tests/test_capture_lmcache_mp_meta.py
 
 $(VLLM_LATEST_DIR)/.installed:

@@ -13,7 +13,7 @@
   (requests never preempted; KV group 0 or unknown);
 - clocks: block events' `ts_ns` non-decreasing in `seq`, `seq` without gaps, invocations' arrival
   non-decreasing in `seq` and arrival <= first scheduled <= first token <= finish, transfers'
-  start <= finish;
+  start <= finish; steps once each, in start order, finishing after they start, their counts adding up;
 - lineage: every edge's child (and parent, when given) is an invocation of the trace; an
   exact_prefix edge's child prompt starts with the parent's prompt + output, and
   `num_shared_tokens` is that length (these stop only the retention analysis);
@@ -160,13 +160,15 @@ def audit_capture(trace: Trace | str | os.PathLike) -> CaptureAudit:
     _check_unique(inv, f)
     _check_filled(inv, "invocations", f)
     _check_filled(ev, "block_events", f)
-    frames = {"invocations": inv, "block_events": ev, "lineage": t.frame("lineage"), "transfers": t.frame("transfers")}
+    frames = {"invocations": inv, "block_events": ev, "lineage": t.frame("lineage"), "transfers": t.frame("transfers"),
+              "steps": t.frame("steps")}
     _check_values(frames, f)
     _check_domains(frames, f)
     touches = _walk_block_events(ev, f)
     _check_kv_groups(t, ev, f)
     _check_cached_tokens(t, inv, touches, f)
     _check_clocks(t, inv, f)
+    _check_steps(frames["steps"], f)
     lineage = t.frame("lineage")
     _check_lineage(lineage, inv, f)
     _check_requests_known(ev, inv, f)
@@ -393,7 +395,8 @@ def _check_values(frames: dict, f: _Findings) -> None:
 #: Domain rules the block-event walk reports in its own words (negative_ref_cnt).
 _DOMAINS_CHECKED_ELSEWHERE = {("block_events", "ref_cnt")}
 #: The key that names a row of each table in a finding's location.
-_ROW_KEY = {"invocations": "request_id", "block_events": "seq", "lineage": "child_request_id", "transfers": "request_id"}
+_ROW_KEY = {"invocations": "request_id", "block_events": "seq", "lineage": "child_request_id", "transfers": "request_id",
+            "steps": "step"}
 
 
 def _check_domains(frames: dict, f: _Findings) -> None:
@@ -604,6 +607,32 @@ def _check_clocks(t: Trace, inv, f: _Findings) -> None:
         for eng, rid, start, fin in tr.select("engine", "request_id", "start_ns", "finish_ns").iter_rows():
             if start is not None and fin is not None and fin < start:
                 f.add("clock_not_monotonic", "a transfer finished before it started", f"transfers:{eng}:{rid}")
+
+
+def _check_steps(steps, f: _Findings) -> None:
+    """Scheduler steps (no analysis of the verdict reads them; the twin's calibration does): each step once, its
+    start not before the previous step's, its finish not before its start, its token and request counts adding
+    up (prefill + decode = scheduled, prefill + decode requests = batch size)."""
+    import polars as pl
+
+    if steps.height == 0:
+        return
+    s = steps.sort("engine", "step")
+    where = lambda rows: [f"steps:{e}:{k}" for e, k in rows.select("engine", "step").head(MAX_LOCATIONS).iter_rows()]  # noqa: E731
+    same_engine = pl.col("engine") == pl.col("engine").shift(1)
+    repeated = s.filter(same_engine & (pl.col("step") == pl.col("step").shift(1)))
+    if repeated.height:
+        f.add("duplicate_step", "a scheduler step is recorded twice", where(repeated), severity=WARNING, count=repeated.height)
+    back = s.filter((same_engine & (pl.col("start_ns") < pl.col("start_ns").shift(1))) |
+                    (pl.col("finish_ns") < pl.col("start_ns")).fill_null(False))
+    if back.height:
+        f.add("clock_not_monotonic", "a step starts before the one before it, or finishes before it starts",
+              where(back), severity=WARNING, count=back.height)
+    off = s.filter((pl.col("num_prefill_tokens") + pl.col("num_decode_tokens") != pl.col("num_scheduled_tokens")) |
+                   (pl.col("num_prefill_requests") + pl.col("num_decode_requests") != pl.col("batch_size")))
+    if off.height:
+        f.add("inconsistent_step", "a step's prefill and decode counts do not add up to what it scheduled",
+              where(off), severity=WARNING, count=off.height)
 
 
 def _check_requests_known(ev, inv, f: _Findings) -> None:

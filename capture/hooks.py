@@ -47,7 +47,27 @@ def engine_metadata(scheduler) -> dict[str, Any]:
         **model_geometry(scheduler.kv_cache_config, cfg.cache_config),
         **kv_cache_groups(scheduler.kv_cache_config),
         "prefix_cache_retention_interval": retention_interval(scheduler.kv_cache_config),
+        "scheduler_config": scheduler_config(scheduler),
     }
+
+
+def scheduler_config(scheduler) -> dict[str, Any]:
+    """The scheduler's configuration as the engine resolved it (METADATA["scheduler_config"]); a field this
+    vLLM does not have is null."""
+    cfg = scheduler.vllm_config
+    sc, cc = getattr(cfg, "scheduler_config", None), getattr(cfg, "cache_config", None)
+
+    def get(obj, name, kind=int):
+        v = getattr(obj, name, None)
+        return None if v is None else kind(v) if kind is not str else str(getattr(v, "value", v))
+
+    return {"max_num_seqs": get(sc, "max_num_seqs"), "max_num_batched_tokens": get(sc, "max_num_batched_tokens"),
+            "max_model_len": get(getattr(cfg, "model_config", None), "max_model_len"),
+            "chunked_prefill": get(sc, "enable_chunked_prefill", bool),
+            "long_prefill_token_threshold": get(sc, "long_prefill_token_threshold"),
+            "async_scheduling": get(sc, "async_scheduling", bool), "policy": get(sc, "policy", str),
+            "block_size": get(cc, "block_size"), "num_gpu_blocks": int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks),
+            "prefix_caching": get(cc, "enable_prefix_caching", bool)}
 
 
 def retention_interval(kv_cache_config) -> int:

@@ -56,7 +56,8 @@ class Recorder:
                                       conversions=BLOCK_EVENT_CONVERSIONS)
         self.invocations = RowBuffer("invocations", int(self.config["max_buffered_requests"]), LAYOUTS["invocations"])
         self.transfers = RowBuffer("transfers", cap_events, LAYOUTS["transfers"])
-        self._buffers = (self.invocations, self.block_events, self.transfers)
+        self.steps = RowBuffer("steps", cap_events, LAYOUTS["steps"])
+        self._buffers = (self.invocations, self.block_events, self.transfers, self.steps)
         self.block_expander = BlockEventExpander()  # the pool wrappers install one that knows their pool
         self.num_lineage_dropped = 0
         self.num_bad_declarations = 0  # requests whose kmesh_children is not a count (capture/rows.py)
@@ -186,10 +187,11 @@ class Recorder:
                     self.block_events.num_events_out += sum(map(expander.events_in, batch)) - len(batch)
                     rows = expander.expand(batch)
                     self._write("block_events", partial(self.block_events.to_columns, rows), len(rows))
-                batch = self.transfers.drain()
-                if batch:
-                    wrote = True
-                    self._write("transfers", partial(self.transfers.to_columns, batch), len(batch))
+                for buf in (self.transfers, self.steps):
+                    batch = buf.drain()
+                    if batch:
+                        wrote = True
+                        self._write(buf.table, partial(buf.to_columns, batch), len(batch))
             finally:
                 self._update_dropped(num_arrivals if wrote else None)
 

@@ -24,7 +24,11 @@ BLOCK_EVENT_LAYOUT = ("seq", "ts_ns", "step", "event", "block_id", "ref_cnt", "b
                       "request_id", "num_free_blocks", "kv_group")
 TRANSFER_LAYOUT = ("request_id", "direction", "num_tokens", "num_blocks", "num_bytes", "start_ns", "finish_ns", "status",
                    "connector")
-LAYOUTS = {"invocations": INVOCATION_LAYOUT, "block_events": BLOCK_EVENT_LAYOUT, "transfers": TRANSFER_LAYOUT}
+STEP_LAYOUT = ("step", "start_ns", "finish_ns", "num_scheduled_tokens", "num_prefill_tokens", "num_decode_tokens",
+               "batch_size", "num_prefill_requests", "num_decode_requests", "num_context_tokens", "num_preempted",
+               "num_waiting")
+LAYOUTS = {"invocations": INVOCATION_LAYOUT, "block_events": BLOCK_EVENT_LAYOUT, "transfers": TRANSFER_LAYOUT,
+           "steps": STEP_LAYOUT}
 
 
 def _check_layouts() -> None:
@@ -156,6 +160,33 @@ class BlockEventExpander:
                     s += 1
             self.next_seq = s
         return out
+
+
+# ---- scheduler steps (engine thread) -------------------------------------------------------------
+
+def step_counts(scheduler_output, requests: dict) -> tuple[int, int, int, int, int, int, int]:
+    """(scheduled, prefill tokens, decode tokens, batch size, prefill requests, decode requests, context
+    tokens) of one step, read when vLLM's `schedule()` returns (it has advanced each scheduled request's
+    `num_computed_tokens` past the step). A request decodes when everything before the step covered its
+    prompt and it computes one token (plus its speculative ones); anything else is a prefill (a prompt
+    chunk, or a preempted request's recomputation)."""
+    scheduled = scheduler_output.num_scheduled_tokens
+    spec = scheduler_output.scheduled_spec_decode_tokens
+    prefill = decode = num_decode = context = 0
+    for rid, n in scheduled.items():
+        req = requests.get(rid)
+        if req is None:
+            prefill += n
+            continue
+        done = req.num_computed_tokens
+        context += done
+        if n == 1 + (len(spec.get(rid, ())) if spec else 0) and done - n >= req.num_prompt_tokens:
+            decode += n
+            num_decode += 1
+        else:
+            prefill += n
+    batch = len(scheduled)
+    return prefill + decode, prefill, decode, batch, batch - num_decode, num_decode, context
 
 
 # ---- what the caller declared -------------------------------------------------------------------

@@ -24,6 +24,7 @@ from kmesh_trace.capture.rows import (
     caller_id_of,
     group_of,
     invocation_row,
+    step_counts,
 )
 
 log = logging.getLogger("kmesh_trace.capture")
@@ -251,10 +252,16 @@ def install_scheduler(rec: Recorder, scheduler, close) -> None:
                                 request.request_id, problem)
         return orig_add(request)
 
+    steps = StepRecorder(rec, scheduler)
+
     def schedule(*args, **kwargs):
-        if not rec.closed:
-            rec.step += 1
-        return orig_schedule(*args, **kwargs)
+        if rec.closed:
+            return orig_schedule(*args, **kwargs)
+        rec.step += 1
+        start = mono()
+        out = orig_schedule(*args, **kwargs)
+        steps.scheduled(out, start)
+        return out
 
     def update_from_output(scheduler_output, model_runner_output):
         if rec.closed:
@@ -263,6 +270,7 @@ def install_scheduler(rec: Recorder, scheduler, close) -> None:
         # The step's output time, read before vLLM handles the output: a request that stops on its
         # first token (max_tokens=1) is freed inside this call, and its row must already carry it.
         now = rec.output_ns = mono() if waiting else 0
+        steps.finished(scheduler_output, now or mono())
         try:
             out = orig_update(scheduler_output, model_runner_output)
         finally:
@@ -309,3 +317,50 @@ def install_scheduler(rec: Recorder, scheduler, close) -> None:
     rec.attachments.attach(scheduler, {"add_request": add_request, "schedule": schedule,
                                        "update_from_output": update_from_output, "_free_request": _free_request,
                                        "shutdown": shutdown})
+
+
+class StepRecorder:
+    """The steps rows of one scheduler: counted when `schedule()` returns (`rows.step_counts`), kept until the
+    step's output reaches `update_from_output` (one step under sync scheduling, two under async), then
+    buffered. A step that scheduled nothing is not recorded; a step whose output never came is buffered
+    with no finish when more than `MAX_PENDING` are waiting, or when the capture closes."""
+
+    MAX_PENDING = 16
+
+    def __init__(self, rec: Recorder, scheduler):
+        self.rec = rec
+        self.scheduler = scheduler
+        self.pending: list[tuple[object, tuple]] = []  # (scheduler output, row without its finish)
+        rec.on_close(self.close)
+
+    def scheduled(self, out, start_ns: int) -> None:
+        if not getattr(out, "total_num_scheduled_tokens", 0):
+            return
+        try:
+            counts = step_counts(out, self.scheduler.requests)
+            preempted = getattr(out, "preempted_req_ids", None)
+            row = (self.rec.step, start_ns, None, *counts, len(preempted) if preempted is not None else None,
+                   len(self.scheduler.waiting))
+        except Exception:  # another vLLM's output layout: counted, never raised into the engine
+            self.rec.steps.num_dropped += 1
+            return
+        pending = self.pending
+        pending.append((out, row))
+        if len(pending) > self.MAX_PENDING:
+            self.rec.steps.append(pending.pop(0)[1])
+
+    def finished(self, out, now_ns: int) -> None:
+        pending = self.pending
+        for k, (o, _) in enumerate(pending):
+            if o is out:
+                for _, row in pending[:k]:  # outputs that never came (dropped by the engine)
+                    self.rec.steps.append(row)
+                row = pending[k][1]
+                del pending[:k + 1]
+                self.rec.steps.append(row[:2] + (now_ns,) + row[3:])
+                return
+
+    def close(self) -> None:
+        for _, row in self.pending:
+            self.rec.steps.append(row)
+        self.pending.clear()

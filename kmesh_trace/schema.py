@@ -262,7 +262,32 @@ TRANSFERS = Table(
     ),
 )
 
-TABLES: dict[str, Table] = {t.name: t for t in (INVOCATIONS, LINEAGE, BLOCK_EVENTS, TRANSFERS)}
+STEPS = Table(
+    "steps",
+    "One row per scheduler step that scheduled tokens, recorded by the capture (and written by `kmesh-trace "
+    "simulate`): what the step computed and how long it took, the input of the twin's step-cost model. Counts are "
+    "read from vLLM's SchedulerOutput when `schedule()` returns; the step ends when its model output reaches "
+    "`update_from_output`.",
+    (
+        _c("step", "int64", None, False, "Scheduler iteration number (the `step` of the block events it caused)."),
+        _c("start_ns", "int64", "ns", False, "When `schedule()` was called (monotonic clock)."),
+        _c("finish_ns", "int64", "ns", True, "When the step's model output reached the scheduler; null for a step "
+           "still running when the capture ended."),
+        _c("num_scheduled_tokens", "int64", "tokens", False, "Tokens the step computed (prefill plus decode)."),
+        _c("num_prefill_tokens", "int64", "tokens", False, "Prompt tokens computed (or recomputed after a preemption)."),
+        _c("num_decode_tokens", "int64", "tokens", False, "Tokens computed for requests that are generating "
+           "(one each, plus speculative tokens)."),
+        _c("batch_size", "int64", "requests", False, "Requests scheduled in the step."),
+        _c("num_prefill_requests", "int64", "requests", False, "Scheduled requests computing prompt tokens."),
+        _c("num_decode_requests", "int64", "requests", False, "Scheduled requests generating."),
+        _c("num_context_tokens", "int64", "tokens", False, "Tokens the scheduled requests attend over: their "
+           "computed tokens after the step, summed."),
+        _c("num_preempted", "int64", "requests", True, "Requests the step preempted."),
+        _c("num_waiting", "int64", "requests", True, "Requests left waiting when the step was scheduled."),
+    ),
+)
+
+TABLES: dict[str, Table] = {t.name: t for t in (INVOCATIONS, LINEAGE, BLOCK_EVENTS, TRANSFERS, STEPS)}
 
 @dataclass(frozen=True)
 class MetadataField:
@@ -333,6 +358,10 @@ METADATA: dict[str, MetadataField] = {
                                         "before each prompt's last token and before a shared-prefix junction; a positive "
                                         "interval also before each interval's end; -1 (vLLM's none) every block.",
                                         minimum=-1),
+    "scheduler_config": MetadataField(dict, None, "Captures: the scheduler's configuration as the engine resolved it: "
+                         "`max_num_seqs`, `max_num_batched_tokens`, `max_model_len`, `chunked_prefill`, "
+                         "`long_prefill_token_threshold`, `async_scheduling`, `policy`, `block_size`, `num_gpu_blocks` "
+                         "(with the null block) and `prefix_caching` (what the twin needs to run the same engine)."),
     "simulation": MetadataField(dict, None, "Simulated partitions (source simulate:vllm): what `kmesh-trace simulate` ran, "
                    "`engine` (the vLLM whose scheduler ran), `flags` (block_size, num_gpu_blocks, max_model_len, "
                    "max_num_seqs, max_num_batched_tokens, chunked_prefill), `step_cost` (the step-cost model's "
@@ -464,6 +493,16 @@ DOMAINS: dict[tuple[str, str], Domain] = {
     ("transfers", "num_tokens"): Domain(),
     ("transfers", "num_blocks"): Domain(),
     ("transfers", "num_bytes"): Domain(),
+    ("steps", "step"): Domain(),
+    ("steps", "num_scheduled_tokens"): Domain(),
+    ("steps", "num_prefill_tokens"): Domain(),
+    ("steps", "num_decode_tokens"): Domain(),
+    ("steps", "batch_size"): Domain(),
+    ("steps", "num_prefill_requests"): Domain(),
+    ("steps", "num_decode_requests"): Domain(),
+    ("steps", "num_context_tokens"): Domain(),
+    ("steps", "num_preempted"): Domain(),
+    ("steps", "num_waiting"): Domain(),
 }
 
 

@@ -32,7 +32,8 @@ from kmesh_trace.oracle.options import option
 from kmesh_trace.oracle.policies import PolicyResult, get_policy, replay_point
 from kmesh_trace.oracle.policies.base import result_of
 from kmesh_trace.oracle.prefill_cost import PrefillCost, usable_fit
-from kmesh_trace.oracle.sampled_curve import SAMPLED_POLICIES, partitioned_curve, sampled_curve
+from kmesh_trace.oracle.sampled_curve import CORRECTIONS, SAMPLED_POLICIES, partitioned_curve, sampled_curve
+from kmesh_trace.oracle.sampling import accesses_for_bytes, bounded_rate
 from kmesh_trace.oracle.stream import RequestBlocks, check_block_size, pool_capacity
 from kmesh_trace.oracle.tasks import task_source, workload_at
 from kmesh_trace.oracle.workload import Workload
@@ -177,10 +178,12 @@ class HeadroomOptions:
     sample: float | None = option("--sample")  # a spatial sample of the block ids (oracle/sampled_curve.py)
     partitions: int | None = option("--partitions")  # k partitions of the block ids, simulated apart and merged
     memory_budget_gib: float | None = option("--memory-budget")  # what the exact curves may take (None: half the room)
+    sample_memory_mib: float | None = option("--sample-memory")  # a fixed-size sample within this many MiB
+    sample_correction: str = option("--sample-correction", "ratio")  # how a sample's hits scale (CORRECTIONS)
 
     @property
     def sampled(self) -> bool:
-        return self.sample is not None or self.partitions is not None
+        return self.sample is not None or self.partitions is not None or self.sample_memory_mib is not None
 
     @property
     def wants_curve(self) -> bool:
@@ -199,6 +202,10 @@ class HeadroomOptions:
             raise KmeshTraceError("--curve covers every capacity; drop --capacity-blocks (or --curve).")
         if self.sample is not None and self.partitions is not None:
             raise KmeshTraceError("--sample and --partitions are two ways of splitting the block ids; give one.")
+        if self.sample_memory_mib is not None and (self.partitions is not None or self.sample == 1):
+            raise KmeshTraceError("--sample-memory bounds a sample; drop --partitions or --sample 1.")
+        if self.sample_correction not in CORRECTIONS:
+            raise KmeshTraceError(f"--sample-correction is one of {', '.join(CORRECTIONS)}, not {self.sample_correction!r}.")
         if self.sampled and not self.wants_curve:
             raise KmeshTraceError("--sample and --partitions make a curve; drop --capacity-blocks or add --window.")
         if self.capacities is None:
@@ -318,8 +325,14 @@ def _sampled(workload: Workload, options: HeadroomOptions, names, caps, executor
         res = partitioned_curve(workload, options.partitions, policies=names, window=options.window, grid=caps,
                                 executor=executor)
     else:
-        res = sampled_curve(workload.stream, options.sample, policies=names, window=options.window,
-                            num_usable_blocks=workload.num_usable_blocks, grid=caps)
+        rate, extra = options.sample, None
+        if options.sample_memory_mib is not None:  # the fixed-size sample of the built stream
+            bound = accesses_for_bytes(int(options.sample_memory_mib * 2**20))
+            rate = min(bounded_rate(workload.stream, bound), options.sample or 1.0)
+            extra = {"max_sampled_accesses": bound, "rate_asked": options.sample or 1.0}
+        res = sampled_curve(workload.stream, rate, policies=names, window=options.window,
+                            num_usable_blocks=workload.num_usable_blocks, grid=caps,
+                            correction=options.sample_correction, extra=extra)
     if auto:
         need = len(workload.stream) * EXACT_CURVE_BYTES_PER_ACCESS
         res.sampling["why"] = (f"the exact curves of {len(workload.stream):,} accesses would take about "

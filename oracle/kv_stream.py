@@ -3,10 +3,13 @@
 A recording of an engine's published events has no request rows: it holds stores (`cached`),
 re-announced hits (`touched`: what vLLM publishes for requests sent with kv_cache_report_mode
 "full"), removals and clears. The simulators read invocations, so each partition's GPU events are
-regrouped into *chains*, one per request as far as the events tell:
-- a store or a hit report whose first block has no parent starts a chain;
-- a block whose parent is the last block of a chain extends the most recent such chain (the rest
-  of a request's prompt after its hit, then the full blocks generation completes);
+regrouped into *chains*, one per request as the engine counted them (`kv_rebuild.py`: the step order of
+vLLM's batches tells an admission from the re-announced hit of a retried admission attempt or of a
+re-admission after preemption; those are counted, not made requests):
+- a hit report (or a store without parent) at an admission starts a chain, unless it is such a retry or
+  re-admission;
+- a store continuing a chain's last block extends it (the rest of a prompt after its hit, then the full
+  blocks generation completes);
 - a store whose parent ends no chain is a request that reused a prefix without reporting it: its
   chain is that prefix (walked back through the recorded parents) followed by the new blocks, and
   the prefix counts as its hit (`num_unreported_prefixes` says how many). A walk ends where the
@@ -30,10 +33,10 @@ import pyarrow as pa
 
 from kmesh_trace import schema
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.oracle.kv_rebuild import Rebuild
 from kmesh_trace.oracle.stream import check_block_size
 from kmesh_trace.writer import to_contract
 
-MAX_PREFIX_WALK = 1 << 16  # blocks of one rebuilt prefix (a cycle in bad data must end)
 
 
 def kv_event_engines(trace, engine: str | None = None) -> list[str]:
@@ -56,86 +59,18 @@ def refuse_without_requests(trace, engine: str | None, analysis: str) -> None:
 
 
 def rebuilt_rows(events: pl.DataFrame, block_size: int, engine: str) -> tuple[list[dict], dict]:
-    """Invocation rows (contract columns) from one partition's block events sorted by seq, and counts."""
-    tails: dict[int, list[int]] = {}  # last hash -> chains ending there, most recent last
-    parent_of: dict[int, int | None] = {}
-    chains: list[dict] = []
-    num_unreported = num_parent_cycles = num_retried = num_ambiguous = 0
-    last: dict | None = None  # the latest request start: its chain, batch, and whether it stored since
-
-    def retry_of(h: int, pseq: int) -> int | None:
-        """The chain a start at block `h` in batch `pseq` retries: vLLM re-announces a waiting request's hit
-        on every admission attempt, and a failed attempt ends its step's admissions, so the next start with
-        the same first block, in a later batch, before the reported chain stored anything, is that request
-        again (the hit the engine counts is the admitting attempt's)."""
-        nonlocal num_retried, num_ambiguous
-        if last is None or not last["open"] or chains[last["chain"]]["blocks"][0] != h:
-            return None
-        if pseq == last["pseq"]:  # the same step: the earlier one was admitted (a full hit); another request
-            num_ambiguous += 1
-            return None
-        num_retried += 1
-        num_ambiguous += pseq > last["pseq"] + 1  # steps passed between: a preemption, or another request
-        i = last["chain"]
-        for t in list(tails):
-            if i in tails[t]:
-                tails[t].remove(i)
-                if not tails[t]:
-                    del tails[t]
-        chains[i].update(blocks=[], hits=0)
-        return i
-
-    def start(h: int, ts: int, seq: int, prefix: list[int]) -> None:
-        chains.append({"blocks": prefix + [h], "hits": len(prefix), "ts": ts, "seq": seq})
-        tails.setdefault(h, []).append(len(chains) - 1)
-
+    """Invocation rows (contract columns) from one partition's block events sorted by seq, and counts
+    (`kv_rebuild.py`: one request per admission, however often the engine re-announced its hit)."""
+    rebuild = Rebuild()
     cols = ("event", "block_hash", "parent_block_hash", "ts_ns", "seq")
-    pseqs = events.get_column("publisher_seq" if "publisher_seq" in events.columns else "seq").to_list()
+    pseqs = events.get_column("publisher_seq").to_list() if "publisher_seq" in events.columns else [None] * events.height
     for (event, h, parent, ts, seq), pseq in zip(zip(*(events.get_column(c).to_list() for c in cols)), pseqs):
-        if event == "cleared":
-            tails.clear()
-            continue
-        if event not in ("cached", "touched") or h is None:
-            continue
-        hit = event == "touched"
-        if event == "cached":
-            parent_of.setdefault(h, parent)
-        if parent is None:
-            i = retry_of(h, pseq)
-            if i is None:
-                start(h, ts, seq, [])
-                i = len(chains) - 1
-            else:
-                chains[i]["blocks"].append(h)
-                tails.setdefault(h, []).append(i)
-            last = {"chain": i, "pseq": pseq, "open": hit}
-        elif tails.get(parent):
-            i = tails[parent].pop()
-            if not tails[parent]:
-                del tails[parent]
-            chains[i]["blocks"].append(h)
-            tails.setdefault(h, []).append(i)
-            if last is not None and last["chain"] == i and not hit:
-                last["open"] = False  # the reported request stored: it was admitted
-        else:  # a prefix reused without a report (or recorded before the listener started)
-            prefix, p, seen = [], parent, {h}
-            while p is not None and p not in seen and len(prefix) < MAX_PREFIX_WALK:
-                prefix.append(p)
-                seen.add(p)
-                p = parent_of.get(p)
-            num_parent_cycles += p is not None and p in seen  # bad data: a block is its own ancestor
-            prefix.reverse()
-            num_unreported += 1
-            start(h, ts, seq, prefix)
-            hit = False
-        if hit:
-            chains[tails[h][-1]]["hits"] += 1
+        rebuild.row(event, h, parent, ts, seq, pseq)
+    chains = rebuild.finish()
     rows = [{"request_id": f"{engine}:{c['seq']}", "seq": i, "num_prompt_tokens": len(c["blocks"]) * block_size + 1,
              "num_output_tokens": 0, "prompt_block_hashes": c["blocks"], "arrival_ns": c["ts"],
              "num_cached_tokens": c["hits"] * block_size} for i, c in enumerate(chains)]
-    return rows, {"num_chains": len(chains), "num_unreported_prefixes": num_unreported,
-                  "num_parent_cycles": num_parent_cycles, "num_retried_reports": num_retried,
-                  "num_ambiguous_reports": num_ambiguous}
+    return rows, {"num_chains": len(chains), **rebuild.counts}
 
 
 def rebuilt_invocations(trace, engine: str) -> pl.DataFrame:

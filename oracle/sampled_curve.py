@@ -87,7 +87,7 @@ def _grid(curves: dict[str, PolicyCurve], stream: AccessStream, fixed, extra) ->
 
 def sampled_curve(stream: AccessStream, rate: float, *, policies: Sequence[str] | None = None, window: str = "all",
                   num_usable_blocks: int | None = None, grid: Sequence[int] | None = None,
-                  workers: int | None = None, correction: str = "ratio") -> CurveResult:
+                  workers: int | None = None, correction: str = "ratio", extra: dict | None = None) -> CurveResult:
     """The curve of `stream` from its spatial sample at `rate` (SHARDS; `belady-prefix` by mini-simulation),
     labelled with the measured error bound; rate 1 is the exact curve (the same numbers)."""
     start = _start(stream, window)
@@ -96,7 +96,7 @@ def sampled_curve(stream: AccessStream, rate: float, *, policies: Sequence[str] 
     return curve_of_sample(sample, share.fraction, measured_eligible(stream, start), window=window,
                            policies=policies, num_usable_blocks=num_usable_blocks, grid=grid, workers=workers,
                            correction=correction, num_accesses=len(stream), nominal_rate=rate,
-                           exact_inf=int(infinite_hits(stream)[start:].sum()))
+                           exact_inf=int(infinite_hits(stream)[start:].sum()), extra=extra)
 
 
 #: How a sample's hits are scaled to the whole stream's: by E / E_s, the whole stream's eligible reads over

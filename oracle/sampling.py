@@ -37,7 +37,8 @@ from kmesh_trace.oracle.curves import HitCurve
 from kmesh_trace.oracle.stream import NEVER, AccessStream
 
 __all__ = ["MEASURED_ERROR", "SPACE", "Share", "adjusted_curve", "error_bound", "hash_buckets", "merged_curve",
-           "object_buckets", "rate_share", "scaled_curve", "sub_stream"]
+           "object_buckets", "rate_share", "scaled_curve", "sub_stream", "accesses_for_bytes", "bounded_rate",
+           "SAMPLE_BYTES_PER_ACCESS"]
 
 #: Buckets of the object hash: a rate is kept to 1 / 2^24.
 SPACE = 1 << 24
@@ -55,6 +56,14 @@ MEASURED_ERROR: dict[str, dict[float, dict[str, float | str]]] = {
     "partitions": {2: {"lru": 0.0068, "belady-prefix": 0.0004, "belady": 0.0010, "stream": _STREAM},
                    4: {"lru": 0.0112, "belady-prefix": 0.0009, "belady": 0.0018, "stream": _STREAM}},
 }
+
+
+#: What one kept access costs through the curve, for a fixed-size sample's bound: held while reading (its
+#: hash, flag and bucket: 13 B), the sample's stream (ids, flags, next uses: 13 B, with the build's hash
+#: table) and the curve kernels' state (16 B at most, the in-memory path's `EXACT_CURVE_BYTES_PER_ACCESS`), rounded up.
+SAMPLE_BYTES_PER_ACCESS = 48
+#: What a sampled run holds besides (the interpreter, the libraries, the piece being read).
+SAMPLE_FIXED_BYTES = 160 << 20
 
 
 @dataclass(frozen=True)
@@ -214,3 +223,23 @@ def error_bound(method: str, rate: float) -> dict | None:
         near = [k for k in table if k >= rate]
         key = min(near) if near else None
     return None if key is None else {"rate" if method == "shards" else "partitions": key, **table[key]}
+
+
+def accesses_for_bytes(budget_bytes: int) -> int:
+    """The kept accesses a fixed-size sample may hold within `budget_bytes` (the run's whole peak, about)."""
+    room = int(budget_bytes) - SAMPLE_FIXED_BYTES
+    if room < SAMPLE_BYTES_PER_ACCESS * 1024:
+        raise KmeshTraceError(f"a sample's memory of {budget_bytes / 2**20:,.0f} MiB leaves no room for a sample "
+                              f"beside the {SAMPLE_FIXED_BYTES >> 20} MiB a run takes anyway; give at least "
+                              f"{(SAMPLE_FIXED_BYTES >> 20) + 64} MiB.")
+    return room // SAMPLE_BYTES_PER_ACCESS
+
+
+def bounded_rate(stream: AccessStream, max_accesses: int) -> float:
+    """The rate of the largest sample of `stream` (by `object_buckets`) that keeps at most `max_accesses`
+    accesses: the fixed-size sample of a stream already built (the read-time one: oracle/shards.py)."""
+    if len(stream) <= max_accesses:
+        return 1.0
+    per_bucket = np.bincount(object_buckets(stream.num_objects)[stream.obj], minlength=SPACE)
+    within = int(np.searchsorted(np.cumsum(per_bucket), max_accesses, side="right"))
+    return max(within, 1) / SPACE

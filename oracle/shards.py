@@ -40,19 +40,10 @@ from kmesh_trace.oracle.sampling import SPACE, hash_buckets, rate_share, sub_str
 from kmesh_trace.oracle.stream import AccessStream, kept_and_eligible
 from kmesh_trace.oracle.stream_pieces import Unstreamable, jsonl_pieces, trace_pieces
 
-__all__ = ["SAMPLE_BYTES_PER_ACCESS", "ReadSample", "accesses_for_bytes", "read_sample", "sample_after_build",
-           "sample_at_read"]
+__all__ = ["ReadSample", "read_sample", "sample_after_build", "sample_at_read"]
 
 #: Bytes of the input read at a time.
 CHUNK_BYTES = 16 << 20
-#: What one kept access costs through the curve, for a fixed-size sample's bound: held while reading (its
-#: hash, flag and bucket: 13 B), the sample's stream (ids, flags, next uses: 13 B, with the build's hash
-#: table) and the curve kernels' state (16 B at most, `headroom.EXACT_CURVE_BYTES_PER_ACCESS`), rounded up.
-SAMPLE_BYTES_PER_ACCESS = 48
-#: What a sampled run holds besides (the interpreter, the libraries, the piece being read).
-SAMPLE_FIXED_BYTES = 160 << 20
-
-
 class _SampleIn(Struct):
     """struct ks_shards_in (native/kernels/boundary.h)."""
 
@@ -70,16 +61,6 @@ class _SampleOut(Struct):
 
 
 _sample = declare("ks_shards_sample", [ctypes.POINTER(_SampleIn), ctypes.POINTER(_SampleOut)], I64)
-
-
-def accesses_for_bytes(budget_bytes: int) -> int:
-    """The kept accesses a fixed-size sample may hold within `budget_bytes` (the run's whole peak, about)."""
-    room = int(budget_bytes) - SAMPLE_FIXED_BYTES
-    if room < SAMPLE_BYTES_PER_ACCESS * 1024:
-        raise KmeshTraceError(f"a sample's memory of {budget_bytes / 2**20:,.0f} MiB leaves no room for a sample "
-                              f"beside the {SAMPLE_FIXED_BYTES >> 20} MiB a run takes anyway; give at least "
-                              f"{(SAMPLE_FIXED_BYTES >> 20) + 64} MiB.")
-    return room // SAMPLE_BYTES_PER_ACCESS
 
 
 @dataclass
@@ -221,4 +202,61 @@ def sample_at_read(source, block_size: int, *, rate: float = 1.0, max_accesses: 
         extra.update(max_sampled_accesses=max_accesses, held_at_most=s.max_held, rate_asked=rate)
     return curve_of_sample(s.stream, s.fraction, int(s.eligible_per_request[start:].sum()), window=window,
                            policies=policies, grid=grid, workers=workers, correction=correction,
-                           num_accesses=s.num_accesses, extra=extra)
+                           num_accesses=s.num_accesses, nominal_rate=rate if max_accesses is None else None,
+                           extra=extra)
+
+
+# ---- when `headroom` samples at read time ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AtRead:
+    """How `headroom` samples an input while reading it: at `rate`, or within `max_accesses` (fixed size,
+    from `rate` down); `why` says why the curve is sampled when nobody asked (the memory budget)."""
+
+    rate: float
+    max_accesses: int | None = None
+    why: str | None = None
+
+
+def at_read_plan(path, options, *, remote: bool = False) -> AtRead | None:
+    """The sample `headroom` takes while reading `path` (one Mooncake JSONL file or one trace directory), or
+    None for the other paths: asked for (`--sample RATE` below 1, `--sample-memory`), or chosen because neither
+    the in-memory exact curve nor the bounded-memory one fits the memory budget (the rate `auto_sample_rate`
+    picks, as the in-memory path would after building the whole stream)."""
+    from kmesh_trace.oracle.headroom import EXACT_CURVE_BYTES_PER_ACCESS, auto_sample_rate
+    from kmesh_trace.oracle.sampling import accesses_for_bytes
+    from kmesh_trace.oracle.streamed_curve import _budget, _is_mooncake, estimated_reads, streamed_bytes, trace_reads
+
+    if path is None or remote or not options.wants_curve or options.partitions is not None or options.sample == 1:
+        return None
+    path = Path(path)
+    if "://" in str(path) or not (path.is_dir() or (path.is_file() and _is_mooncake(path))):
+        return None
+    if options.sample_memory_mib is not None:
+        return AtRead(options.sample or 1.0, accesses_for_bytes(int(options.sample_memory_mib * 2**20)))
+    if options.sample is not None:
+        return AtRead(options.sample)
+    reads = trace_reads(path) if path.is_dir() else estimated_reads(path)
+    budget = _budget(options.memory_budget_gib)
+    if reads is None or budget is None or reads * EXACT_CURVE_BYTES_PER_ACCESS <= budget or streamed_bytes(reads) <= budget:
+        return None
+    rate = auto_sample_rate(reads, budget)
+    return AtRead(rate, why=f"the exact curves of about {reads:,} accesses would take about "
+                            f"{reads * EXACT_CURVE_BYTES_PER_ACCESS / 2**30:,.1f} GiB in memory and "
+                            f"{streamed_bytes(reads) / 2**30:,.1f} GiB with the stream on disk, over the memory "
+                            "budget; --sample 1 forces them")
+
+
+def run_at_read(source, block_size: int, options, plan: AtRead, note: str | None = None) -> CurveResult:
+    """`headroom`'s curve of `source` (a path or an opened trace) from its sample taken at read time."""
+    from kmesh_trace.oracle.sampled_curve import SAMPLED_POLICIES
+
+    names = list(options.policies) if options.policies is not None else None
+    if plan.why is not None:  # policies the sample cannot replay are left out, as the in-memory path does
+        names = [n for n in names or SAMPLED_POLICIES if n in SAMPLED_POLICIES]
+    res = sample_at_read(source, block_size, rate=plan.rate, max_accesses=plan.max_accesses, policies=names,
+                         window=options.window, grid=options.capacities, correction=options.sample_correction)
+    if plan.why is not None:
+        res.sampling["why"] = plan.why
+    res.note = note
+    return res

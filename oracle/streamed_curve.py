@@ -110,7 +110,7 @@ def choose_path(path, options, *, remote: bool = False) -> str | None:
 
     if path is None or remote or not options.wants_curve or options.capacities is not None:
         return None
-    if options.partitions is not None or options.sample not in (None, 1):
+    if options.partitions is not None or options.sample not in (None, 1) or options.sample_memory_mib is not None:
         return None
     path = Path(path)
     if "://" in str(path):

@@ -96,3 +96,17 @@ def http_server(routes: dict[str, object]):
         srv.server_close()
 
 
+
+
+def rebuild_rows(events):
+    """`kv_stream.rebuilt_rows` (block size 32) of (event, hash, parent, publisher seq) rows."""
+    import polars as pl
+
+    from kmesh_trace.oracle.kv_stream import rebuilt_rows
+
+    df = pl.DataFrame({"event": [e[0] for e in events], "block_hash": [e[1] for e in events],
+                       "parent_block_hash": [e[2] for e in events], "publisher_seq": [e[3] for e in events],
+                       "ts_ns": list(range(len(events))), "seq": list(range(len(events)))},
+                      schema={"event": pl.String, "block_hash": pl.UInt64, "parent_block_hash": pl.UInt64,
+                              "publisher_seq": pl.Int64, "ts_ns": pl.Int64, "seq": pl.Int64})
+    return rebuilt_rows(df, 32, "e0")

@@ -337,6 +337,19 @@ def test_below_the_target_it_never_says_change_nothing(cli, tmp_path):
     assert "is not within 5%" in d["verdict"] or "nothing tried gets within 5%" in d["verdict"]
 
 
+
+def test_a_pool_below_the_longest_request_says_no_engine_of_it_serves_the_trace(cli, tmp_path):
+    """At a 1-block pool the ladder is the models' figures, not a configuration vLLM runs (it serves only requests
+    that fit its pool): a note says so; an import's assumed pool (at least its longest request) gets none."""
+    trace = _mooncake(tmp_path / "m.jsonl", 3)
+    longest = max(-(-(r["input_length"] + r["output_length"]) // BLOCK)
+                  for r in map(json.loads, trace.read_text().splitlines()))
+    d = _json(cli, ["advise", trace, "--capacity-blocks", "1", "--json"])
+    (note,) = [n for n in d["notes"] if n.startswith("the pool (1 block) is smaller than the longest request")]
+    assert f"({longest:,} blocks, prompt + output)" in note
+    assert not any("smaller than the longest request" in n for n in _json(cli, ["advise", trace, "--json"])["notes"])
+
+
 def test_the_stock_rung_only_at_the_pool_it_was_measured_at(cli, tmp_path):
     trace = write_trace(tmp_path / "t")  # the engine measured its hits at 8 usable blocks
     d = _json(cli, ["advise", trace, "--capacity-blocks", "4", "--json"])

@@ -22,7 +22,7 @@ def test_clean_trace_has_no_findings(tmp_path):
     assert r.exit_code == 0
     assert r.verdict == {"headroom": {"qualified": True, "blocked_by": []},
                          "retention_pressure": {"qualified": True, "blocked_by": []}}
-    assert r.rows == {"invocations": 3, "lineage": 2, "block_events": 18, "transfers": 0}
+    assert r.rows == {"invocations": 3, "lineage": 2, "block_events": 18, "transfers": 0, "steps": 0}
     d = r.to_dict()
     assert d["engines"] == ["e0"] and d["problems"] == []
 

@@ -158,6 +158,25 @@ def test_invocations_hold_exact_tokens_times_and_hits(family_run):
     assert meta["engine"].startswith("vllm ") and meta["source"] == "capture"
 
 
+def test_a_real_engines_steps_are_recorded(family_run):
+    """Every step of the real engine core that scheduled tokens: prefills and decodes, each computed token of
+    the run counted once (the prompts' uncached tokens plus one per generated token but the first, sampled by
+    the prefill), with a duration."""
+    trace = family_run[0]
+    steps = trace.frame("steps")
+    inv = trace.frame("invocations")
+    assert steps.height > 0 and steps["finish_ns"].null_count() == 0
+    assert (steps["finish_ns"] >= steps["start_ns"]).all()
+    assert steps["num_prefill_tokens"].sum() > 0 and steps["num_decode_requests"].sum() > 0
+    assert (steps["num_prefill_tokens"] + steps["num_decode_tokens"] == steps["num_scheduled_tokens"]).all()
+    sc = trace.metadata["scheduler_config"]
+    assert sc["block_size"] == BLOCK and sc["num_gpu_blocks"] == NUM_BLOCKS and sc["max_num_seqs"] > 0
+    preempted = inv["num_preemptions"].sum()
+    if not preempted:  # recomputation after a preemption computes tokens twice
+        fresh = (inv["num_prompt_tokens"] - inv["num_cached_tokens"]).sum()
+        assert steps["num_prefill_tokens"].sum() == fresh
+
+
 def test_terminal_statuses(family_run):
     trace, _, _, (stopped, grown) = family_run
     rows = _by_caller(trace)

@@ -71,7 +71,7 @@ def test_a_failed_table_write_counts_its_rows_and_the_other_tables_are_written(t
     rec.transfers.append(_transfer("a"))
     rec.flush()
     meta = json.loads(rec.writer.metadata_path.read_text())
-    assert meta["num_dropped_events"] == {"invocations": 2, "lineage": 0, "block_events": 3, "transfers": 0}
+    assert meta["num_dropped_events"] == {"invocations": 2, "lineage": 0, "block_events": 3, "transfers": 0, "steps": 0}
     rec.invocations.append(_invocation("c", 2, [1, 2, 3, 4, 5, 6, 7, 8], [9]))  # child of b
     rec.block_events.append(_block_row(3))
     rec.block_events.append(_block_row(4))
@@ -79,7 +79,7 @@ def test_a_failed_table_write_counts_its_rows_and_the_other_tables_are_written(t
     rec.close()  # the final flush: invocations and block_events fail, the rest is written, the partition completes
     meta = json.loads(rec.writer.metadata_path.read_text())
     assert meta["complete"] is True
-    assert meta["num_dropped_events"] == {"invocations": 3, "lineage": 0, "block_events": 5, "transfers": 0}
+    assert meta["num_dropped_events"] == {"invocations": 3, "lineage": 0, "block_events": 5, "transfers": 0, "steps": 0}
 
     def rows(table):
         return pq.read_table(rec.writer.partition_dir(table)).to_pylist()
@@ -113,7 +113,7 @@ def test_a_lineage_inference_failure_still_writes_the_invocations_and_counts_the
     rec.close()
     meta = json.loads(rec.writer.metadata_path.read_text())
     assert meta["complete"] is True
-    assert meta["num_dropped_events"] == {"invocations": 0, "lineage": 1, "block_events": 0, "transfers": 0}
+    assert meta["num_dropped_events"] == {"invocations": 0, "lineage": 1, "block_events": 0, "transfers": 0, "steps": 0}
     assert [r["request_id"] for r in pq.read_table(rec.writer.partition_dir("invocations")).to_pylist()] == ["a", "b", "c"]
     assert [(r["child_request_id"], r["parent_request_id"], r["num_shared_tokens"])
             for r in pq.read_table(rec.writer.partition_dir("lineage")).to_pylist()] == [("c", "a", 5)]
@@ -137,7 +137,7 @@ def test_close_counts_an_unfinished_request_it_cannot_record_and_still_completes
         "kmesh-trace: could not record unfinished request bad (AttributeError: no _kmesh); counted as dropped"]
     meta = json.loads(rec.writer.metadata_path.read_text())
     assert meta["complete"] is True and rec.live == {}
-    assert meta["num_dropped_events"] == {"invocations": 1, "lineage": 0, "block_events": 0, "transfers": 0}
+    assert meta["num_dropped_events"] == {"invocations": 1, "lineage": 0, "block_events": 0, "transfers": 0, "steps": 0}
     assert [r["request_id"] for r in pq.read_table(rec.writer.partition_dir("invocations")).to_pylist()] == ["ok"]
     assert [r["seq"] for r in pq.read_table(rec.writer.partition_dir("block_events")).to_pylist()] == [0]
 

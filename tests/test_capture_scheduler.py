@@ -66,10 +66,11 @@ class Events:
 class CapturedScheduler:
     """A real vLLM scheduler over `num_blocks` physical blocks (one is the null block), captured into `out`."""
 
-    def __init__(self, model_dir, out, num_blocks: int = 24, scheduler_cls=vllm_sched.Scheduler, specs=None):
+    def __init__(self, model_dir, out, num_blocks: int = 24, scheduler_cls=vllm_sched.Scheduler, specs=None,
+                 config=None, max_num_batched_tokens: int = MAX_LEN):
         mc = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=MAX_LEN, dtype="float32", seed=0)
-        sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=MAX_LEN, max_model_len=MAX_LEN,
-                             is_encoder_decoder=False)
+        sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_num_batched_tokens, max_model_len=MAX_LEN,
+                             is_encoder_decoder=False, enable_chunked_prefill=True)
         cc = CacheConfig(block_size=BS, enable_prefix_caching=True)
         cc.num_gpu_blocks = num_blocks
         vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
@@ -81,10 +82,11 @@ class CapturedScheduler:
                                structured_output_manager=StructuredOutputManager(vc))
         self.published = Events()
         self.s.kv_event_publisher = self.published
-        self.rec = hooks.install(self.s, str(out))  # what the plugin does when an engine core builds its scheduler
+        self.rec = hooks.install(self.s, str(out), config)  # what the plugin does when an engine core builds its scheduler
         self.hasher = get_request_block_hasher(BS, sha256)
         self.reqs: dict[str, Request] = {}
         self.hit_tokens: dict[str, int] = {}  # what the scheduler reported when it first scheduled each request
+        self.steps: list[tuple] = []  # per step that scheduled tokens: this test's own count (see `step`)
 
     def add(self, rid: str, prompt: list[int], max_tokens: int) -> None:
         req = Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True), None,
@@ -93,18 +95,35 @@ class CapturedScheduler:
         self.s.add_request(req)
 
     def step(self) -> None:
+        before = {rid: (r.num_computed_tokens, r.num_prompt_tokens) for rid, r in self.reqs.items()}
         out = self.s.schedule()
+        self._count(out, before)
         for r in out.scheduled_new_reqs:
             self.hit_tokens.setdefault(r.req_id, r.num_computed_tokens)
         ids = list(out.num_scheduled_tokens)
         sampled = []
         for rid in ids:
             req = self.reqs[rid]
-            # The prompt is fully computed after this step: the model samples one token.
-            done = req.num_computed_tokens + out.num_scheduled_tokens[rid] >= req.num_prompt_tokens
+            # The prompt is fully computed after this step (vLLM advanced num_computed_tokens when it scheduled
+            # the step): the model samples one token; a prompt chunk before the last samples none.
+            done = req.num_computed_tokens >= req.num_prompt_tokens
             sampled.append([900 + len(req.output_token_ids)] if done else [])
         self.s.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={k: i for i, k in enumerate(ids)},
                                                          sampled_token_ids=sampled))
+
+    def _count(self, out, before) -> None:
+        """(scheduled, prefill tokens, decode tokens, batch, prefill requests, decode requests, context) of the
+        step, from what each request had computed before it: a request whose prompt was computed decodes."""
+        if not out.total_num_scheduled_tokens:
+            return
+        for nr in out.scheduled_new_reqs:  # a new request starts from its prefix-cache hit
+            before[nr.req_id] = (nr.num_computed_tokens, before[nr.req_id][1])
+        decode = {rid: n for rid, n in out.num_scheduled_tokens.items() if before[rid][0] >= before[rid][1]}
+        prefill = sum(out.num_scheduled_tokens.values()) - sum(decode.values())
+        batch = len(out.num_scheduled_tokens)
+        context = sum(before[rid][0] + n for rid, n in out.num_scheduled_tokens.items())
+        self.steps.append((out.total_num_scheduled_tokens, prefill, sum(decode.values()), batch, batch - len(decode),
+                           len(decode), context))
 
     def run(self, max_steps: int = 500) -> None:
         for _ in range(max_steps):
@@ -294,3 +313,54 @@ def test_the_capture_records_which_vllm_it_ran_on(model_dir, tmp_path):
     e.shutdown()
     (meta,) = [json.loads(p.read_text()) for p in (tmp_path / "t" / "engines").glob("*.json")]
     assert meta["engine"] == f"vllm {vllm.__version__}" and meta["complete"] is True
+
+
+STEP_COUNTS = ("num_scheduled_tokens", "num_prefill_tokens", "num_decode_tokens", "batch_size", "num_prefill_requests",
+               "num_decode_requests", "num_context_tokens")
+
+
+@pytest.mark.parametrize("kind", SCHEDULERS)
+def test_each_step_is_recorded_with_the_schedulers_counts_and_its_duration(model_dir, tmp_path, cli, kind):
+    """Chunked prefill (96 tokens a step) mixed with decodes: one steps row per step that scheduled tokens,
+    its counts what the scheduler scheduled, start before finish, in order; the scheduler's config is in the
+    metadata and the audit passes."""
+    from kmesh_trace.trace import open_trace
+
+    e = CapturedScheduler(model_dir, tmp_path / "t", num_blocks=40, scheduler_cls=SCHEDULERS[kind],
+                          max_num_batched_tokens=96)
+    e.add("a", list(range(1, 201)), 6)
+    e.add("b", list(range(300, 340)), 4)
+    e.step()
+    e.add("c", list(range(1, 161)) + [9] * 150, 3)  # a prefix hit on a's blocks, then two chunks
+    e.run()
+    e.shutdown()
+    with open_trace(tmp_path / "t") as t:
+        rows = t.frame("steps").sort("step").to_dicts()
+        meta = t.metadata
+    assert [tuple(r[c] for c in STEP_COUNTS) for r in rows] == e.steps
+    assert any(r["num_prefill_requests"] and r["num_decode_requests"] for r in rows)  # a mixed step
+    assert max(r["num_scheduled_tokens"] for r in rows) == 96
+    assert all(r["start_ns"] <= r["finish_ns"] for r in rows)
+    assert [r["step"] for r in rows] == sorted({r["step"] for r in rows})
+    assert all(r["num_waiting"] is not None and r["num_preempted"] == 0 for r in rows)
+    sc = meta["scheduler_config"]
+    assert (sc["max_num_batched_tokens"], sc["max_num_seqs"], sc["block_size"], sc["chunked_prefill"]) == (96, 16, BS, True)
+    assert sc["num_gpu_blocks"] == 40 and sc["prefix_caching"] is True
+    assert meta["num_dropped_events"]["steps"] == 0
+    audit = _audit(cli, tmp_path / "t")
+    assert audit["exit_code"] == 0, audit["problems"]
+
+
+def test_steps_beyond_the_buffer_are_counted_as_dropped_never_blocking(model_dir, tmp_path):
+    """A buffer of 8 events and no flush until the end: the engine runs on; the steps that found the buffer
+    full are counted in num_dropped_events.steps, and written plus dropped is every step."""
+    from kmesh_trace.trace import open_trace
+
+    e = CapturedScheduler(model_dir, tmp_path / "t", config={"max_buffered_events": 8, "flush_interval_s": 3600.0})
+    e.add("long", list(range(1, 40)), 30)
+    e.run()
+    e.shutdown()
+    with open_trace(tmp_path / "t") as t:
+        written = t.frame("steps").height
+        dropped = t.metadata["num_dropped_events"]["steps"]
+    assert written == 8 and dropped > 0 and written + dropped == len(e.steps) == 30

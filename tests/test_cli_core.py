@@ -40,7 +40,8 @@ def test_info_json(tmp_path, cli):
     assert r.exit_code == 0
     info = json.loads(r.stdout)
     assert info["tables"] == {"invocations": {"rows": 2, "parts": 1}, "lineage": {"rows": 0, "parts": 0},
-                              "block_events": {"rows": 0, "parts": 0}, "transfers": {"rows": 0, "parts": 0}}
+                              "block_events": {"rows": 0, "parts": 0}, "transfers": {"rows": 0, "parts": 0},
+                              "steps": {"rows": 0, "parts": 0}}
     assert info["engines"]["e0"]["block_size"] == 16
     assert info["engines"]["e0"]["complete"] is True
 

@@ -185,10 +185,11 @@ def test_cli_sampled_result_is_labelled_in_json_and_for_humans(cli, jsonl):
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert lines[0].startswith("sampled: 0.1 of the block ids (SHARDS;")
-    assert lines[1].startswith("error: max |delta hit ratio| measured at rate 0.1: lru ")
-    assert lines[2].startswith("  ") and lines[3].startswith("  ")  # the bound's stream, within 80 columns
-    assert lines[4].startswith("infinite cache here: ")
-    assert max(len(line) for line in lines[:5]) <= 80
+    assert lines[1] == "  the input was read"  # a Mooncake file is sampled while it is read (oracle/shards.py)
+    assert lines[2].startswith("error: max |delta hit ratio| measured at rate 0.1: lru ")
+    assert lines[3].startswith("  ") and lines[4].startswith("  ")  # the bound's stream, within 80 columns
+    assert lines[5].startswith("infinite cache here: ")
+    assert max(len(line) for line in lines[:7]) <= 80
     assert "SAMPLED block hit ratio by capacity" in r.stdout
     r = cli(["headroom", jsonl, "--window", "last-half", "--sample", "0.1", "--csv"])
     assert r.exit_code == 0, r.output

@@ -12,7 +12,7 @@ from kmesh_trace.writer import TraceWriter
 
 
 def test_every_table_of_the_contract_is_declared():
-    assert set(schema.TABLES) == {"invocations", "lineage", "block_events", "transfers"}
+    assert set(schema.TABLES) == {"invocations", "lineage", "block_events", "transfers", "steps"}
 
 
 def test_every_column_has_type_nullability_and_a_sentence():
@@ -39,7 +39,7 @@ def test_invocations_hold_token_ids_and_block_hashes():
 def test_json_form_shape():
     d = json.loads(json.dumps(schema.as_dict()))
     assert d["schema_version"] == schema.SCHEMA_VERSION
-    assert list(d["tables"]) == ["invocations", "lineage", "block_events", "transfers"]
+    assert list(d["tables"]) == ["invocations", "lineage", "block_events", "transfers", "steps"]
     cols = {c["name"]: c for c in d["tables"]["block_events"]["columns"]}
     assert cols["block_hash"] == {
         "name": "block_hash", "type": "uint64", "unit": None, "nullable": True,

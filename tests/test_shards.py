@@ -6,14 +6,16 @@ curve."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from agentic_streams import BLOCK, agentic_rows, object_hashes, write_mooncake
 from kmesh_trace.oracle.sampled_curve import curve_of_sample, sampled_curve
-from kmesh_trace.oracle.sampling import adjusted_curve, hash_buckets, measured_eligible, object_buckets
-from kmesh_trace.oracle.shards import (_Held, _sample_piece, accesses_for_bytes, read_sample, sample_after_build,
-                                       sample_at_read)
+from kmesh_trace.oracle.sampling import (Share, accesses_for_bytes, adjusted_curve, bounded_rate, hash_buckets,
+                                         measured_eligible, object_buckets, rate_share, sub_stream)
+from kmesh_trace.oracle.shards import _Held, _sample_piece, read_sample, sample_after_build, sample_at_read
 from kmesh_trace.oracle.curves import HitCurve
 from kmesh_trace.oracle.workload import Workload
 
@@ -120,3 +122,55 @@ def test_shards_adj_and_the_ratio_estimator_agree_where_the_sample_has_its_share
     a, b = ratio.curves["lru"], adj.curves["lru"]
     caps = np.union1d(a.capacities, b.capacities)
     assert np.abs(a.at(caps) - b.at(caps)).max() / ratio.num_reads < 0.1
+
+
+# ---- the CLI: `headroom --sample RATE` and `--sample-memory SIZE` sample a file while reading it ---------
+
+
+def test_cli_samples_a_file_while_reading_it(cli, jsonl):
+    r = cli(["headroom", jsonl, "--window", "last-half", "--sample", "0.1", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    want = sample_at_read(jsonl, BLOCK, rate=0.1, window="last-half").to_dict()
+    assert d["curves"] == want["curves"] and d["sampled"]["taken"] == "at read"
+    assert d["sampled"]["infinite_check"]["exact_hit_ratio"] is None
+    human = cli(["headroom", jsonl, "--window", "last-half", "--sample", "0.1"])
+    assert "taken while" in human.stdout and "from the sample (taken while reading" in human.stdout
+
+
+def test_cli_sample_memory_is_a_fixed_size_sample(cli, jsonl, whole):
+    r = cli(["headroom", jsonl, "--sample-memory", "161MiB", "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)["sampled"]
+    assert s["max_sampled_accesses"] == accesses_for_bytes(161 << 20) < len(whole)
+    assert s["held_at_most"] <= s["max_sampled_accesses"] and s["rate"] < 1
+    plain = cli(["headroom", jsonl, "--sample-memory", "161", "--json"])  # a plain number: MiB
+    assert json.loads(plain.stdout) == json.loads(r.stdout)
+    human = cli(["headroom", jsonl, "--sample-memory", "161MiB"])
+    assert "fixed size: at most" in human.stdout
+    bad = cli(["headroom", jsonl, "--sample-memory", "100MiB"])
+    assert bad.exit_code != 0 and "no room" in bad.output
+
+
+def test_cli_samples_after_the_build_what_it_cannot_read_in_one_pass(cli, rows, tmp_path):
+    late = write_mooncake(tmp_path / "late.jsonl", [rows[1], rows[0], *rows[2:]])  # a timestamp goes back
+    r = cli(["headroom", late, "--sample", "0.1", "--json"])
+    assert r.exit_code == 0, r.output
+    assert "the sample at read time stopped" in r.stderr
+    s = json.loads(r.stdout)["sampled"]
+    assert "taken" not in s and s["infinite_check"]["exact_hit_ratio"] is not None
+
+
+def test_a_built_stream_takes_its_fixed_size_sample_by_the_same_rule(whole):
+    for bound in (100, 3_000, len(whole)):
+        rate = bounded_rate(whole, bound)
+        assert len(sub_stream(whole, rate_share(rate))) <= bound
+        if rate < 1:  # one bucket more would pass the bound
+            assert len(sub_stream(whole, Share(0, rate_share(rate).hi + 1))) > bound
+
+
+def test_cli_sample_correction(cli, jsonl):
+    r = cli(["headroom", jsonl, "--sample", "0.1", "--sample-correction", "adj", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["sampled"]["correction"] == "adj"
+    assert cli(["headroom", jsonl, "--sample", "0.1", "--sample-correction", "more"]).exit_code != 0

@@ -41,7 +41,7 @@ def test_layout_is_hive_partitioned(tmp_path):
 
 def test_trace_api_frames_and_sql(tmp_path):
     t = open_trace(small_trace(tmp_path / "t"))
-    assert t.row_counts() == {"invocations": 3, "lineage": 0, "block_events": 2, "transfers": 0}
+    assert t.row_counts() == {"invocations": 3, "lineage": 0, "block_events": 2, "transfers": 0, "steps": 0}
     inv = t.frame("invocations").sort("seq")
     assert inv["request_id"].to_list() == ["r0", "r1", "r2"]
     assert inv["engine"].unique().to_list() == ["e0"]

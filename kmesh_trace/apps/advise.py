@@ -358,6 +358,7 @@ def advise(source, options: AdviseOptions, *, source_arg: str, engine: str | Non
     capacity, pool_source = _pool(w, options, step)
     if options.capacity_blocks is not None and capacity_source:
         pool_source = capacity_source
+    notes += [n for n in [_small_pool_note(w, capacity)] if n]
     cost, prefill = _prefill(source, engine, options)
     if cost is None:
         unanswered.append({"what": "prefill seconds", "why": _why_no_seconds(prefill["why"]),
@@ -480,11 +481,26 @@ def _pool(w, options: AdviseOptions, step) -> tuple[int, str]:
     step("choosing a pool size")
     curve = headroom_curve(Workload(w.block_size, w.requests), policies=["lru"])
     half = curve.capacity_for_fraction()["lru"]["0.5"] or 0  # 0: nothing repeats, so no cache size helps
-    bs = w.block_size
-    longest = max(-(-(r.num_prompt_tokens + (r.num_output_tokens or 0)) // bs) for r in w.requests)
+    longest = _longest_blocks(w)
     if longest >= half:
         return int(longest), "no pool size recorded: the blocks of the longest request (prompt + output)"
     return int(half), "no pool size recorded: the capacity at which LRU reaches half the infinite cache's hits"
+
+
+def _longest_blocks(w) -> int:
+    """The blocks of the trace's longest request, prompt + output: the smallest pool an engine serves it in."""
+    bs = w.block_size
+    return max(-(-(r.num_prompt_tokens + (r.num_output_tokens or 0)) // bs) for r in w.requests)
+
+
+def _small_pool_note(w, capacity: int) -> str | None:
+    """Said when the pool cannot hold the longest request: no engine of that pool serves the trace as it is."""
+    longest = _longest_blocks(w)
+    if capacity >= longest:
+        return None
+    return (f"the pool ({blocks(capacity)}) is smaller than the longest request ({blocks(longest)}, prompt + "
+            "output): vLLM serves only requests that fit its pool, so no engine of this pool serves the trace as it "
+            "is; its rungs at the pool are the models' figures, not a configuration to run")
 
 
 def _prefill(source, engine, options: AdviseOptions):

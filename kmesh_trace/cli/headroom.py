@@ -38,12 +38,18 @@ from kmesh_trace.cli.flags import flags, takes_flags
 from kmesh_trace.distributed import check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.executor import executor_for
-from kmesh_trace.values import bounded_int, finite_float
+from kmesh_trace.values import MAX_FACTOR, MAX_TOKENS_PER_S, bounded_int, finite_float
 
 
 class Window(str, Enum):
     all = "all"
     last_half = "last-half"
+
+
+class SampleCorrection(str, Enum):
+    ratio = "ratio"
+    adj = "adj"
+    none = "none"
 
 
 def register(app: typer.Typer) -> None:
@@ -66,10 +72,10 @@ class HeadroomFlags:
                                   "(the first half warms the cache); with --capacity-blocks, the curve at those "
                                   "capacities.")
     tokens_per_s: Optional[float] = typer.Option(
-        None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True), help="Prefill throughput at position 0, for seconds (default: fitted to a "
+        None, "--prefill-tokens-per-s", parser=finite_float(0, MAX_TOKENS_PER_S, lo_open=True), help="Prefill throughput at position 0, for seconds (default: fitted to a "
                                              "capture's measured prefills).")
     attention_factor: float = typer.Option(
-        0.0, "--attention-factor", parser=finite_float(0), help="With --prefill-tokens-per-s: extra cost of a token per earlier position, as a "
+        0.0, "--attention-factor", parser=finite_float(0, MAX_FACTOR), help="With --prefill-tokens-per-s: extra cost of a token per earlier position, as a "
                                         "fraction of its position-0 cost.")
     processes: Optional[int] = typer.Option(None, "--processes", parser=bounded_int(1, 4096), help="Worker processes for grid replays "
                                             "(threads for a policy whose kernel is C; default: the cores).")
@@ -86,6 +92,12 @@ class HeadroomFlags:
     memory_budget: Optional[float] = typer.Option(
         None, "--memory-budget", parser=finite_float(0, 2**20, lo_open=True), help="GiB the exact curves may take beyond "
         "the stream; above it the curve is sampled, and says so (default: half the memory available).")
+    sample_memory: Optional[str] = typer.Option(
+        None, "--sample-memory", help="Curve from a fixed-size sample within SIZE (512MiB, 2GB; a plain number: MiB): "
+        "the sampling rate (--sample, default 1) falls as the sample fills.")
+    sample_correction: SampleCorrection = typer.Option(
+        SampleCorrection.ratio, "--sample-correction", help="How a sample's hits scale to the stream's: ratio (the stream's counted "
+        "reads over the sample's), adj (SHARDS-adj) or none (1 / rate).")
     ray: RayOption = None
     dataset: RequestDatasetFlags = RequestDatasetFlags()
 
@@ -103,11 +115,27 @@ class HeadroomFlags:
         if self.curve and self.sizes.capacity is not None:  # capacities in bytes: known once the trace is open
             raise KmeshTraceError("--curve covers every capacity; drop --capacity (or --curve).")
         options = HeadroomOptions(None if caps is None else tuple(caps), names, self.curve, self.window.value,
-                                  self.tokens_per_s, self.attention_factor, self.sample, self.partitions, self.memory_budget)
+                                  self.tokens_per_s, self.attention_factor, self.sample, self.partitions, self.memory_budget,
+                                  _mib(self.sample_memory), self.sample_correction.value)
         check_plot_option(self.plot, [self.trace, self.sizes.model_config])  # before the replays, not after them
         check_ray_option(self.ray)
         options.check()
         return options
+
+
+def _mib(text: str | None) -> float | None:
+    """--sample-memory in MiB: a plain number is MiB, else a size with a unit."""
+    if text is None:
+        return None
+    try:
+        mib = float(text)
+    except ValueError:
+        from kmesh_trace.cli.core import parse_bytes
+
+        return parse_bytes(text, "--sample-memory") / 2**20
+    if not (1 <= mib <= 2**40):
+        raise KmeshTraceError(f"--sample-memory must be at least 1 MiB such as 512MiB or 2GB (got {text!r}).")
+    return mib
 
 
 @handles_errors
@@ -118,7 +146,7 @@ def headroom_cmd(f: HeadroomFlags, output: Output = None) -> None:
     would have: at the given capacities, or along the whole capacity axis."""
     options = f.options()
     executor = executor_for(f.processes, f.ray)
-    res = _on_disk(f, options, executor) or _in_memory(f, options, executor)
+    res = _at_read(f, options) or _on_disk(f, options, executor) or _in_memory(f, options, executor)
     if f.plot is not None:
         from kmesh_trace.apps.plots import plot_headroom, plot_headroom_curve
         from kmesh_trace.oracle.headroom_curve import CurveResult
@@ -154,6 +182,34 @@ def _on_disk(f: HeadroomFlags, options, executor):
             raise
         err.print(f"note: the bounded-memory path stopped ({e}); the in-memory path reads the input instead.",
                   markup=False, highlight=False)
+        return None
+
+
+def _at_read(f: HeadroomFlags, options):
+    """The curve of a Mooncake file or an imported trace from a sample taken while it is read
+    (`oracle.shards.at_read_plan` says when); None otherwise, or when that path cannot read the input (the
+    in-memory path reads it then and samples after, and a note says why)."""
+    from kmesh_trace.oracle.shards import at_read_plan, run_at_read
+    from kmesh_trace.oracle.stream_pieces import Unstreamable
+
+    if f.scenario is not None or f.sizes.capacity is not None or f.engine is not None:
+        return None
+    plan = at_read_plan(f.trace, options, remote=f.ray is not None)
+    if plan is None:
+        return None
+    try:
+        with err.status("replaying: sampling while reading"):
+            if Path(f.trace).is_dir():
+                from kmesh_trace.oracle.stream import engine_geometry
+
+                with open_input(f.trace, None, None, f.allow_incomplete) as (t, _):
+                    return run_at_read(t, engine_geometry(t)[0], options, plan, approximate_tokens_note(t))
+            from kmesh_trace.datasets.importers.mooncake import engine_metadata
+
+            return run_at_read(f.trace, engine_metadata(Path(f.trace))["block_size"], options, plan)
+    except Unstreamable as e:
+        err.print(f"note: the sample at read time stopped ({e}); the in-memory path reads the input and samples it "
+                  "instead.", markup=False, highlight=False)
         return None
 
 
@@ -269,8 +325,18 @@ def sampled_label(sampling: dict) -> list[str]:
         err_line = (f"error: max |delta hit ratio| measured at {at}: lru {bound['lru']:.4f}, belady "
                     f"{bound['belady']:.4f}, belady-prefix {bound['belady-prefix']:.4f}, on {bound['stream']}")
     inf = sampling["infinite_check"]
-    lines = [how, err_line, f"infinite cache here: {inf['sampled_hit_ratio']:.4f} against {inf['exact_hit_ratio']:.4f} "
-                            f"exact (delta {inf['delta']:+.4f})"]
+    if sampling.get("taken") == "at read":
+        how += ", taken while the input was read"
+    if "max_sampled_accesses" in sampling:
+        how += (f"; fixed size: at most {sampling['max_sampled_accesses']:,} accesses, the rate fallen from "
+                f"{sampling['rate_asked']:.3g}")
+    if inf["exact_hit_ratio"] is None:
+        check = (f"infinite cache here: {inf['sampled_hit_ratio']:.4f} from the sample (taken while reading: the "
+                 "exact one is not known)")
+    else:
+        check = (f"infinite cache here: {inf['sampled_hit_ratio']:.4f} against {inf['exact_hit_ratio']:.4f} exact "
+                 f"(delta {inf['delta']:+.4f})")
+    lines = [how, err_line, check]
     if "why" in sampling:
         lines.insert(0, sampling["why"])
     return [part for line in lines for part in textwrap.wrap(line, 80, subsequent_indent="  ")]  # 80 columns
