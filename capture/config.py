@@ -45,6 +45,10 @@ HOLD_ENV_NAMES = {"max_held_blocks": ENV_HOLD_MAX_BLOCKS, "max_families": ENV_HO
                   "expiry_s": ENV_HOLD_EXPIRY_S}
 
 
+#: The longest interval a seconds knob may give (about 31 years): a wait beyond it overflows the clock.
+MAX_KNOB_SECONDS = 1e9
+
+
 def check_knob(key: str, value: Any, name: str) -> None:
     """Raise KmeshTraceError unless `value` is valid for knob `key`; `name` is how the user set it.
 
@@ -54,8 +58,8 @@ def check_knob(key: str, value: Any, name: str) -> None:
     if key in _SECONDS:
         zero_ok = key in _ZERO_OK  # no shutdown grace is allowed; a zero flush interval would spin
         ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-              and (value >= 0 if zero_ok else value > 0))
-        need = f"a number of seconds {'>= 0' if zero_ok else '> 0'}"
+              and (value >= 0 if zero_ok else value > 0) and value <= MAX_KNOB_SECONDS)
+        need = f"a number of seconds {'>= 0' if zero_ok else '> 0'} and at most {MAX_KNOB_SECONDS:,.0f}"
     else:
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
         need = "an integer >= 1"

@@ -143,6 +143,25 @@ def _opt_str(value: Any, name: str) -> str | None:
     return value
 
 
+#: The longest value an enumerated string field (medium, locality, ownership, spec kind, origin) may have.
+MAX_ENUM_CHARS = 256
+#: A store's origin: the only values it has.
+ORIGINS = ("NEW", "REUSED")
+
+
+def _enum_str(value: Any, name: str, allowed: tuple[str, ...] = ()) -> str | None:
+    """An enumerated string field: printable, at most MAX_ENUM_CHARS, one of `allowed` (any case) when given.
+    Anything else makes the event malformed, so no terminal escape or megabyte string reaches a recording."""
+    value = _opt_str(value, name)
+    if value is None:
+        return None
+    if len(value) > MAX_ENUM_CHARS or not value.isprintable():
+        raise ValueError(f"{name} is not a printable name of at most {MAX_ENUM_CHARS} characters")
+    if allowed and value.upper() not in allowed:
+        raise ValueError(f"{name} is {value[:40]!r}, not one of {', '.join(allowed)}")
+    return value.upper() if allowed else value
+
+
 def _fields(raw: Any) -> tuple[str, dict, str]:
     """(kind, fields, the format this encoding shows)."""
     if isinstance(raw, dict):
@@ -173,8 +192,8 @@ def decode_event(raw: Any) -> tuple[Event, str]:
     values = [_hash(h) for h in hashes]
     if any(isinstance(h, int) and not isinstance(h, bool) and h < 0 for h in hashes):
         fmt = fmt or "sglang"  # vLLM's hashes are unsigned
-    ev = Event(kind, values, medium=_opt_str(f.get("medium"), "medium"), group=_opt_int(f.get("group_idx"), "group_idx"),
-               locality=_opt_str(f.get("locality"), "locality"), ownership=_opt_str(f.get("ownership"), "ownership"))
+    ev = Event(kind, values, medium=_enum_str(f.get("medium"), "medium"), group=_opt_int(f.get("group_idx"), "group_idx"),
+               locality=_enum_str(f.get("locality"), "locality"), ownership=_enum_str(f.get("ownership"), "ownership"))
     if kind == STORED:
         parent = f.get("parent_block_hash")
         ev.parent = None if parent is None else _hash(parent)
@@ -185,8 +204,8 @@ def decode_event(raw: Any) -> tuple[Event, str]:
         ev.num_tokens = None if tokens is None else len(tokens)
         ev.session_id = _opt_str(f.get("session_id"), "session_id")
         ev.cache_salt = _opt_str(f.get("cache_salt"), "cache_salt")
-        ev.origin = _opt_str(f.get("origin"), "origin")
-        ev.spec_kind = _opt_str(f.get("kv_cache_spec_kind"), "kv_cache_spec_kind")
+        ev.origin = _enum_str(f.get("origin"), "origin", ORIGINS)
+        ev.spec_kind = _enum_str(f.get("kv_cache_spec_kind"), "kv_cache_spec_kind")
         window = _opt_int(f.get("kv_cache_spec_sliding_window"), "kv_cache_spec_sliding_window")
         if window is not None and window < 1:
             raise ValueError(f"kv_cache_spec_sliding_window {window} is not a window in tokens")

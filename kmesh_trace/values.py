@@ -35,14 +35,10 @@ def _refuse(text: str) -> Exception:
     return FlagRefusal(text)
 
 
-def finite_float(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-                 hi_open: bool = False) -> Callable[[Any], float]:
-    """A parser of finite floats in [lo, hi] (an open end excludes its bound); NaN and infinities are refused."""
-    bounds = []
-    if lo is not None:
-        bounds.append(f"{'above' if lo_open else 'at least'} {_num(lo)}")
-    if hi is not None:
-        bounds.append(f"{'below' if hi_open else 'at most'} {_num(hi)}")
+def finite_float(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Callable[[Any], float]:
+    """A parser of finite floats in [lo, hi] (an open end excludes its bound); NaN and infinities are refused.
+    Both bounds are required: a finite float is not yet a sane one (1e300 overflows whatever it sizes)."""
+    bounds = [f"{'above' if lo_open else 'at least'} {_num(lo)}", f"{'below' if hi_open else 'at most'} {_num(hi)}"]
     want = "a finite number" + (f" {' and '.join(bounds)}" if bounds else "")
 
     def parse(value: Any) -> float:
@@ -50,11 +46,11 @@ def finite_float(lo: float | None = None, hi: float | None = None, *, lo_open: b
             v = float(value)
         except (TypeError, ValueError):
             v = math.nan
-        if not math.isfinite(v) or (lo is not None and (v <= lo if lo_open else v < lo)) \
-                or (hi is not None and (v >= hi if hi_open else v > hi)):
+        if not math.isfinite(v) or (v <= lo if lo_open else v < lo) or (v >= hi if hi_open else v > hi):
             raise _refuse(f"{value!r} is not {want}.")
         return v
 
+    parse.bounds = (lo, hi)  # what tests/test_cli_float_bounds.py checks every float flag for
     return parse
 
 
@@ -111,6 +107,10 @@ def identifier(value: Any) -> str:
 #: Longest duration (seconds) that still fits an int64 nanosecond column: every flag given in seconds
 #: that becomes nanoseconds is bounded by it.
 MAX_SECONDS = MAX_INT64 // 10**9
+#: The largest prefill throughput a flag may give (tokens per second): far beyond any accelerator.
+MAX_TOKENS_PER_S = 1e12
+#: The largest multiple or factor a flag may give.
+MAX_FACTOR = 1e6
 #: Block counts and ids are int32 in the contract.
 MAX_BLOCKS = (1 << 31) - 1
 #: Most KV bytes one token may occupy (1 TiB, over a million times a large model's): the flag, a model's

@@ -22,7 +22,8 @@ that the next group is not had been admitted (a prompt whose every full block wa
 block). A report whose blocks are an earlier request's first blocks and whose stores are that request's
 next blocks, or, ahead of the pending requests (a preempted request goes back in front of them), one
 that covers all of an earlier request's blocks and stores nothing, is that request's re-admission after
-a preemption. Counted: `num_retried_reports`, `num_readmissions`, and `num_ambiguous_reports` where the
+a preemption; re-admissions come first in a batch (no waiting request is admitted ahead of a preempted
+one). Counted: `num_retried_reports`, `num_readmissions`, and `num_ambiguous_reports` where the
 events fit two readings (a store-less re-admission, which a new request sharing every block of an
 earlier one would also publish; a pending request whose first block was evicted, whose attempt may have
 failed without a report).
@@ -41,11 +42,12 @@ class Rebuild:
         self.cursor: dict[int, list[int]] = {}  # block -> chains whose next store continues from it
         self.holders: dict[int, list[int]] = {}  # block -> chains holding it
         self.parent_of: dict[int, int | None] = {}
-        self.stored_at: dict[int, int] = {}  # block -> the batch (count) of its latest store
+        self.stored_at: dict[int, int] = {}  # block -> the row seq of its latest store
         self.counts = dict.fromkeys(("num_unreported_prefixes", "num_parent_cycles", "num_retried_reports",
                                      "num_readmissions", "num_ambiguous_reports"), 0)
-        self.pending: list[dict] = []  # {"chain", "readmit", "report", "batch", "evicted"}, queue order
+        self.pending: list[dict] = []  # {"chain", "readmit", "report", "since", "evicted", "covers"}, queue order
         self.taken = 0  # pending requests this batch's admission groups went past
+        self.front = True  # no waiting request was admitted yet this batch (re-admissions come first)
         self.group: dict | None = None  # the admission group being read
         self.last_group: dict | None = None
         self.pseq = None
@@ -72,7 +74,7 @@ class Rebuild:
             return
         if event == "cached":
             self.parent_of.setdefault(h, parent)
-            self.stored_at[h] = self.num_batches
+            self.stored_at[h] = seq
         g = self.group
         if g is not None and parent is not None and parent == self.prev_hash and \
                 (event == "cached" or not g["stores"]):
@@ -171,6 +173,7 @@ class Rebuild:
             if self._is_retry(p, g):
                 self.taken += 1
                 self._retry(p, g)
+                self.front = self.front and bool(g.get("readmit"))
                 return
             if self.taken == 0 and (self._readmit(g) or self._tentative(g) or self._ahead(g)):
                 return  # a preempted request goes back in front of the waiting ones
@@ -180,6 +183,7 @@ class Rebuild:
         if not (self._readmit(g) or self._tentative(g)):
             g.update(chain=self._new_chain(g["report"] + g["stores"], len(g["report"]), g["ts"], g["seq"]),
                      readmit=False)
+            self.front = False
 
     def _tentative(self, g: dict) -> bool:
         """A store-less report covering an earlier request's every block: a new chain, until its admission
@@ -231,7 +235,7 @@ class Rebuild:
             return False
         if len(r) <= len(old):  # fewer only where the first block it no longer reports was evicted
             return r == old[:len(r)] and (len(r) == len(old) or old[len(r)] in p["evicted"])
-        return r[:len(old)] == old and all(self.stored_at.get(h, -1) >= p["batch"] for h in r[len(old):])
+        return r[:len(old)] == old and all(self.stored_at.get(h, -1) > p["since"] for h in r[len(old):])
 
     def _retry(self, p: dict, g: dict) -> None:
         i = p["chain"]
@@ -253,7 +257,7 @@ class Rebuild:
 
     def _readmit(self, g: dict) -> bool:
         """Whether `g` re-admits an earlier request (after a preemption); if so it continues that request."""
-        i = self._recomputed(g)
+        i = self._recomputed(g) if self.front else None
         if i is None:
             return False
         self.counts["num_readmissions"] += 1
@@ -289,9 +293,10 @@ class Rebuild:
             rest = self.pending[self.taken:]
             if g["report"] and not g["stores"]:
                 rest = [{"chain": g["chain"], "readmit": g["readmit"], "report": list(g["report"]),
-                         "batch": self.num_batches, "evicted": set(), "covers": g.get("covers")}] + rest
+                         "since": g["seq"], "evicted": set(), "covers": g.get("covers")}] + rest
             self.pending = rest
         self.taken = 0
+        self.front = True
         self.last_group = None
         self.prev_hash = None
         self.num_batches += 1

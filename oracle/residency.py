@@ -90,6 +90,8 @@ def run(trace, options: ResidencyOptions, engine: str | None = None) -> Residenc
 
 #: The shortest eviction-rate bucket, and the most buckets one recording is cut into.
 MIN_BUCKET_S = 1e-3
+#: The longest bucket (seconds, about 31 years): a finite number is not yet a sane one.
+MAX_BUCKET_S = 1e9
 MAX_BUCKETS = 1_000_000
 
 
@@ -103,9 +105,9 @@ def residency(trace, engine: str | None = None, bucket_s: float | None = None) -
     if not kv:
         raise KmeshTraceError("residency reads KV-events recordings (`kmesh-trace listen`); this trace has none "
                               f"({', '.join(engines)} {'is' if len(engines) == 1 else 'are'} not).")
-    if bucket_s is not None and not MIN_BUCKET_S <= bucket_s < float("inf"):  # NaN fails too
-        raise KmeshTraceError(f"--bucket-s must be a finite number of seconds, at least {MIN_BUCKET_S:g}, "
-                              f"not {bucket_s:g}.")
+    if bucket_s is not None and not MIN_BUCKET_S <= bucket_s <= MAX_BUCKET_S:  # NaN fails too
+        raise KmeshTraceError(f"--bucket-s must be a finite number of seconds, at least {MIN_BUCKET_S:g}, at most "
+                              f"{MAX_BUCKET_S:,.0f}, not {bucket_s:g}.")
     cols = ("seq", "event", "block_hash", "kv_group", "medium", "wall_publish_ns", "ts_ns")
     frames = (trace.scan("block_events").filter(pl.col("engine").is_in(kv)).select("engine", *cols)
               .sort("engine", "seq").collect())

@@ -11,8 +11,8 @@ from kmesh_trace.errors import KmeshTraceError
 
 
 @pytest.mark.parametrize("env, value, line", [
-    ("KMESH_TRACE_FLUSH_S", "0", "KMESH_TRACE_FLUSH_S must be a number of seconds > 0, not 0.0."),
-    ("KMESH_TRACE_FLUSH_S", "soon", "KMESH_TRACE_FLUSH_S must be a number of seconds > 0, not 'soon'."),
+    ("KMESH_TRACE_FLUSH_S", "0", "KMESH_TRACE_FLUSH_S must be a number of seconds > 0 and at most 1,000,000,000, not 0.0."),
+    ("KMESH_TRACE_FLUSH_S", "soon", "KMESH_TRACE_FLUSH_S must be a number of seconds > 0 and at most 1,000,000,000, not 'soon'."),
     ("KMESH_TRACE_MAX_BUFFERED_EVENTS", "-5", "KMESH_TRACE_MAX_BUFFERED_EVENTS must be an integer >= 1, not -5."),
     ("KMESH_TRACE_MAX_BUFFERED_REQUESTS", "0", "KMESH_TRACE_MAX_BUFFERED_REQUESTS must be an integer >= 1, not 0."),
     ("KMESH_TRACE_LINEAGE_WINDOW", "0", "KMESH_TRACE_LINEAGE_WINDOW must be an integer >= 1, not 0."),
@@ -42,7 +42,7 @@ def test_knobs_are_checked_where_they_are_given(tmp_path):
 
     with pytest.raises(KmeshTraceError, match=r"^max_buffered_events must be an integer >= 1, not 0\.$"):
         Recorder(tmp_path / "r", config={"max_buffered_events": 0})
-    with (pytest.raises(KmeshTraceError, match=r"^flush_interval_s must be a number of seconds > 0, not -0\.5\.$"),
+    with (pytest.raises(KmeshTraceError, match=r"^flush_interval_s must be a number of seconds > 0 and at most 1,000,000,000, not -0\.5\.$"),
           capture_in_process(tmp_path / "s", flush_interval_s=-0.5)):
         pass
     assert not (tmp_path / "r").exists() and not (tmp_path / "s").exists()

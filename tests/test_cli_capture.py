@@ -43,8 +43,8 @@ def test_cli_capture_names_the_servers_own_error_when_no_engine_started(tmp_path
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--flush-s", "0"], "Error: --flush-s must be a number of seconds > 0, not 0.0."),
-    (["--flush-s", "-1"], "Error: --flush-s must be a number of seconds > 0, not -1.0."),
+    (["--flush-s", "0"], "Error: --flush-s must be a number of seconds > 0 and at most 1,000,000,000, not 0.0."),
+    (["--flush-s", "-1"], "Error: --flush-s must be a number of seconds > 0 and at most 1,000,000,000, not -1.0."),
     (["--max-buffered-events", "0"], "Error: --max-buffered-events must be an integer >= 1, not 0."),
 ])
 def test_cli_capture_refuses_a_bad_knob_before_running_the_command(tmp_path, cli, args, line):
@@ -80,5 +80,5 @@ def test_cli_capture_passes_exported_knobs_through_and_options_win(tmp_path, cli
     assert seen.read_text().split() == ["2.0", "4096"]
     monkeypatch.setenv("KMESH_TRACE_FLUSH_S", "0")
     r = cli(["capture", "--out", tmp_path / "t3", "--", "sh", "-c", show])
-    assert (r.exit_code, r.stderr.strip()) == (1, "Error: KMESH_TRACE_FLUSH_S must be a number of seconds > 0, not 0.0.")
+    assert (r.exit_code, r.stderr.strip()) == (1, "Error: KMESH_TRACE_FLUSH_S must be a number of seconds > 0 and at most 1,000,000,000, not 0.0.")
 

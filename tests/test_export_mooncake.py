@@ -144,6 +144,7 @@ def test_token_ids_need_a_capture(tmp_path, cli):
     assert r.exit_code == 1
     assert "Error: the trace has no prompt token ids (only block hashes); give --vocab-size" in r.stdout + r.stderr
     assert not (tmp_path / "x.jsonl").exists()
+    assert [p.name for p in tmp_path.iterdir() if "x.jsonl" in p.name] == []  # no OUT.tmp left behind
 
 
 def test_token_ids_synthesised_from_hash_ids_share_exactly_the_shared_blocks(tmp_path, cli):

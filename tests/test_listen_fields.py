@@ -153,3 +153,21 @@ def test_a_033_store_with_lookahead_tokens_decodes(vllm_events):
     store["lookahead_token_ids"] = [[1, 2, 3]]
     f = decode_frames([b"kv", (0).to_bytes(8, "big"), msgspec.msgpack.encode([1.0, [store], 0])])
     assert f.error is None and [(e.kind, e.hashes, e.group) for e in f.events] == [("BlockStored", [4], 0)]
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("origin", "MAYBE", "origin is 'MAYBE', not one of NEW, REUSED"),
+    ("origin", "\x1b[2J", "origin is not a printable name"),
+    ("locality", "x" * 300_000, "locality is not a printable name of at most 256 characters"),
+    ("locality", "LOCAL\x1b]0;owned\x07", "locality is not a printable name"),
+    ("ownership", "\n", "ownership is not a printable name"),
+    ("medium", "G" * 257, "medium is not a printable name"),
+])
+def test_enumerated_fields_keep_to_their_values_and_lengths(vllm_events, field, value, says):
+    v = vllm_events
+    good = msgspec.to_builtins(v.BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[0] * 32,
+                                             block_size=32, lora_id=None, medium="GPU", lora_name=None, group_idx=0))
+    batch = [3.0, [{**good, field: value}, {**good, "origin": "reused", "locality": "LOCAL"}], 0]
+    f = decode_frames([b"kv", (0).to_bytes(8, "big"), msgspec.msgpack.encode(batch)])
+    assert f.num_bad_events == 1 and says in f.error and len(f.error) < 400
+    assert [(e.origin, e.locality) for e in f.events] == [("REUSED", "LOCAL")]

@@ -218,7 +218,8 @@ def test_endpoints_that_read_alike_keep_their_own_partitions_also_resumed(sock_d
     assert [m["kv_events"]["num_resumes"] for m in metas] == [2, 2]
 
 
-@pytest.mark.parametrize("bucket, says", [("1e-320", "at least 0.001, not 9.99989e-321"), ("inf", "not inf"),
+@pytest.mark.parametrize("bucket, says", [("1e-320", "at least 0.001, at most 1,000,000,000, not 9.99989e-321"),
+                                          ("1e300", "at most 1,000,000,000, not 1e+300"), ("inf", "not inf"),
                                           ("nan", "not nan"), ("0.001", "more than 1,000,000 buckets")])
 def test_residency_refuses_a_bucket_it_cannot_use_in_one_sentence(bucket, says, sock_dir, tmp_path, cli):
     out = tmp_path / "trace"

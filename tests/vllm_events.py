@@ -128,10 +128,17 @@ class PressuredScheduler:
         self.s.shutdown()
 
 
-def record(model_dir, sock_dir: Path, out: Path, w: Workload, num_blocks: int) -> PressuredScheduler:
-    """Runs `w` on a real scheduler while a real Listener records its published events into `out`."""
+def record(model_dir, sock_dir: Path, out: Path, w: Workload, num_blocks: int,
+           capture: Path | None = None) -> PressuredScheduler:
+    """Runs `w` on a real scheduler while a real Listener records its published events into `out` (and,
+    with `capture`, the plugin's recorder, attached as the plugin attaches it, captures the same run)."""
     eng = PressuredScheduler(model_dir, sock_dir, num_blocks)
-    listener = Listener(out, [PublisherSpec(eng.endpoint, eng.replay, "kv", block_size=BS)], replay_timeout_s=3)
+    if capture is not None:
+        from kmesh_trace.capture import hooks
+
+        hooks.install(eng.s, str(capture))
+    spec = PublisherSpec(eng.endpoint, eng.replay, "kv", block_size=BS, num_usable_blocks=num_blocks - 1)
+    listener = Listener(out, [spec], replay_timeout_s=3)
     t = threading.Thread(target=listener.run, daemon=True)
     t.start()
     time.sleep(0.3)  # the subscription joins; anything it missed comes back from the replay socket

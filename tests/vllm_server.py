@@ -20,6 +20,8 @@ from heartbeat import waiting
 
 START_TIMEOUT_S = 400  # three servers start at once on a loaded 2-core machine
 KMESH = str(Path(sys.executable).with_name("kmesh-trace"))
+# An environment without the console script (LMCache's, over .venv's packages) runs the CLI as a module.
+CAPTURE = [KMESH] if Path(KMESH).exists() else [sys.executable, "-m", "kmesh_trace.cli"]
 
 
 def _free_port() -> int:
@@ -31,17 +33,18 @@ def _free_port() -> int:
 class Server:
     """An OpenAI API server under `kmesh-trace capture`, in its own session (so a group signal is local)."""
 
-    def __init__(self, root: Path, model: Path):
+    def __init__(self, root: Path, model: Path, extra_args: tuple[str, ...] = (), env: dict | None = None):
+        """`extra_args` go to the server after the defaults; `env` adds to the environment."""
         self.root, self.model, self.port = root, model, _free_port()
         root.mkdir(parents=True, exist_ok=True)
-        cmd = [KMESH, "capture", "--out", str(root / "trace"), "--summary", str(root / "summary.json"), "--",
+        cmd = [*CAPTURE, "capture", "--out", str(root / "trace"), "--summary", str(root / "summary.json"), "--",
                sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--load-format", "dummy", "--skip-tokenizer-init", "--block-size", "32", "--enable-prefix-caching",
                "--max-model-len", "512", "--num-gpu-blocks-override", "64", "--kv-cache-memory-bytes", str(64 << 20),
                "--enforce-eager", "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(self.port),
-               "--enable-request-id-headers", "--enable-prompt-tokens-details"]
+               "--enable-request-id-headers", "--enable-prompt-tokens-details", *extra_args]
         env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1",
-               "KMESH_TRACE_FLUSH_S": "0.5"}
+               "KMESH_TRACE_FLUSH_S": "0.5", **(env or {})}
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's own default: an engine-core process
         self.log = open(root / "server.log", "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)

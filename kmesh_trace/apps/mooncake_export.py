@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from kmesh_trace.errors import KmeshTraceError
+from kmesh_trace.writer import atomic_output
 from kmesh_trace.oracle.stream import RequestBlocks, chain_block_hashes
 
 #: The block size of the Mooncake format (and aiperf's default `--isl-block-size`).
@@ -177,11 +178,9 @@ def export_mooncake(trace, out: str | Path, *, engine: str | None = None, block_
     if not token_ids and summary.hash_source == "tokens" and w.block_size != block_tokens:
         summary.notes.append(f"hash ids cover {block_tokens} tokens; the trace's engine used blocks of {w.block_size}: "
                              f"replay with aiperf's --isl-block-size {block_tokens}.")
-    tmp = Path(out).with_name(Path(out).name + ".tmp")
-    with open(tmp, "w") as f:
+    with atomic_output(out) as tmp, open(tmp, "w") as f:  # a failure part-way leaves neither OUT nor a temporary
         for rec in mooncake_records(reqs, w.block_size, block_tokens=block_tokens, sessions=sessions,
                                     token_ids=token_ids, vocab_size=vocab_size, ignore_eos=ignore_eos,
                                     summary=summary):
             f.write(json.dumps(rec) + "\n")
-    tmp.replace(out)
     return summary

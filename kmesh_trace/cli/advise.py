@@ -28,7 +28,7 @@ from kmesh_trace.cli.common import (
 )
 from kmesh_trace.cli.flags import flags, options_of, takes_flags
 from kmesh_trace.errors import KmeshTraceError
-from kmesh_trace.values import MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, bounded_int, finite_float
+from kmesh_trace.values import MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, MAX_TOKENS_PER_S, bounded_int, finite_float
 
 #: The human output's width: one screen of a terminal.
 WIDTH = 80
@@ -58,7 +58,7 @@ class AdviseFlags:
     within: float = typer.Option(5.0, "--within", parser=finite_float(0, 100),
                                  help="Recommend the smallest configuration within this percent of the bound.")
     prefill_tokens_per_s: Optional[float] = typer.Option(
-        None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True),
+        None, "--prefill-tokens-per-s", parser=finite_float(0, MAX_TOKENS_PER_S, lo_open=True),
         help="Prefill throughput, for seconds (default: fitted to a capture's measured prefills).")
     prefill_rate: Optional[str] = typer.Option(None, "--prefill-rate",
                                                help="A measured prefill rate by its key, for seconds: "

@@ -254,6 +254,7 @@ def _refusing_plainly(parser):
             raise typer.BadParameter(_CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", str(e))) from None
 
     parse.refuses_plainly = True
+    parse.__wrapped__ = parser
     return parse
 
 

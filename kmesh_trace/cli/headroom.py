@@ -38,7 +38,7 @@ from kmesh_trace.cli.flags import flags, takes_flags
 from kmesh_trace.distributed import check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.oracle.executor import executor_for
-from kmesh_trace.values import bounded_int, finite_float
+from kmesh_trace.values import MAX_FACTOR, MAX_TOKENS_PER_S, bounded_int, finite_float
 
 
 class Window(str, Enum):
@@ -72,10 +72,10 @@ class HeadroomFlags:
                                   "(the first half warms the cache); with --capacity-blocks, the curve at those "
                                   "capacities.")
     tokens_per_s: Optional[float] = typer.Option(
-        None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True), help="Prefill throughput at position 0, for seconds (default: fitted to a "
+        None, "--prefill-tokens-per-s", parser=finite_float(0, MAX_TOKENS_PER_S, lo_open=True), help="Prefill throughput at position 0, for seconds (default: fitted to a "
                                              "capture's measured prefills).")
     attention_factor: float = typer.Option(
-        0.0, "--attention-factor", parser=finite_float(0), help="With --prefill-tokens-per-s: extra cost of a token per earlier position, as a "
+        0.0, "--attention-factor", parser=finite_float(0, MAX_FACTOR), help="With --prefill-tokens-per-s: extra cost of a token per earlier position, as a "
                                         "fraction of its position-0 cost.")
     processes: Optional[int] = typer.Option(None, "--processes", parser=bounded_int(1, 4096), help="Worker processes for grid replays "
                                             "(threads for a policy whose kernel is C; default: the cores).")

@@ -17,6 +17,10 @@ import typer
 from kmesh_trace.cli.common import check_out_dir, err, fail, handles_errors, print_json
 from kmesh_trace.cli.flags import flags, takes_flags
 from kmesh_trace.schema import MAX_BLOCK_SIZE
+from kmesh_trace.values import finite_float
+
+#: The longest interval or duration a flag may give (seconds, about 31 years).
+MAX_WAIT_S = 1e9
 
 FORMAT_CHOICES = ("auto", "vllm-map", "vllm-array", "sglang")
 
@@ -80,12 +84,12 @@ class ListenFlags:
                               "given a concrete address (tcp://HOST:PORT), which then connect to the listener.")
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Connect to publishers a server on a loopback URL "
                                       "announces on other hosts (refused by default).")
-    flush_s: float = typer.Option(1.0, "--flush-s", help="Write a Parquet part at least this often (seconds, > 0).")
+    flush_s: float = typer.Option(1.0, "--flush-s", parser=finite_float(0, MAX_WAIT_S, lo_open=True), help="Write a Parquet part at least this often (seconds, > 0).")
     max_buffered_events: int = typer.Option(524288, "--max-buffered-events", min=1,
                                             help="Block events held between writes per publisher; more are counted as dropped.")
     live: bool = typer.Option(False, "--live", help="Redraw a table of rates and hit ratios on stderr.")
-    live_s: float = typer.Option(3.0, "--live-interval", help="Seconds between --live redraws (> 0).")
-    duration_s: float = typer.Option(None, "--duration", help="Stop after this many seconds (default: until SIGINT/SIGTERM).")
+    live_s: float = typer.Option(3.0, "--live-interval", parser=finite_float(0, MAX_WAIT_S, lo_open=True), help="Seconds between --live redraws (> 0).")
+    duration_s: float = typer.Option(None, "--duration", parser=finite_float(0, MAX_WAIT_S, lo_open=True), help="Stop after this many seconds (default: until SIGINT/SIGTERM).")
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout when the recording ends.")
 
     def check(self) -> None:

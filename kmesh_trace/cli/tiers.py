@@ -33,7 +33,8 @@ from kmesh_trace.cli.flags import aliased, flags, hidden_alias, options_of, take
 from kmesh_trace.distributed import check_ray_option
 from kmesh_trace.errors import KmeshTraceError
 from kmesh_trace.schema import TierConnector, TierLookup, TierWrite
-from kmesh_trace.values import MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, MAX_SECONDS, bounded_int, finite_float
+from kmesh_trace.values import (MAX_BLOCKS, MAX_KV_BYTES_PER_TOKEN, MAX_SECONDS, MAX_TOKENS_PER_S, bounded_int,
+                                finite_float)
 
 
 def register(app: typer.Typer) -> None:
@@ -71,7 +72,7 @@ class TiersFlags:
     ssd_gbps: Optional[float] = typer.Option(None, "--ssd-gbps", parser=finite_float(0, 1e6, lo_open=True), help="SSD tier restore throughput, GB/s.")
     host_latency_ms: float = typer.Option(0.0, "--host-latency-ms", parser=finite_float(0, MAX_SECONDS), help="Host tier latency per request's reads, ms.")
     ssd_latency_ms: float = typer.Option(0.0, "--ssd-latency-ms", parser=finite_float(0, MAX_SECONDS), help="SSD tier latency per request's reads, ms.")
-    prefill_tokens_per_s: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", parser=finite_float(0, lo_open=True), help="Prefill throughput (default: fitted on the capture's measured prefills).")
+    prefill_tokens_per_s: Optional[float] = typer.Option(None, "--prefill-tokens-per-s", parser=finite_float(0, MAX_TOKENS_PER_S, lo_open=True), help="Prefill throughput (default: fitted on the capture's measured prefills).")
     sweep_host: Optional[str] = typer.Option(None, "--sweep-host", help="Host capacities to sweep, comma-separated (0: absent).")
     sweep_ssd: Optional[str] = typer.Option(None, "--sweep-ssd", help="SSD capacities to sweep, comma-separated (0: absent).")
     within: float = typer.Option(5.0, "--within", parser=finite_float(0, 100), help="With a sweep: report the smallest configuration within this percent of the best.")
@@ -81,6 +82,8 @@ class TiersFlags:
     children: int = typer.Option(5, "--children", parser=bounded_int(1, 1 << 20), help="family-burst: number of children.")
     ancestor_mib: float = typer.Option(48, "--ancestor-mib", parser=finite_float(0, 1 << 30, lo_open=True), help="family-burst: ancestor size in MiB.")
     chunks: int = typer.Option(16, "--chunks", parser=bounded_int(1, 1 << 20), help="family-burst: chunks per ancestor.")
+    lmcache: Optional[str] = typer.Option(None, "--lmcache", help="Model LMCache's server instead: chunk_size=256,l1_size_gb=1,eviction_policy=LRU[,fs=DIR] (its lmcache server flags); stores, loads and external hits beside the capture's.")
+    lmcache_peer: Optional[Path] = typer.Option(None, "--lmcache-peer", help="With --lmcache: the capture of another engine sharing that LMCache server.")
     engine: EngineOption = None
     ray: ray_option(" With a sweep: one task per configuration.") = None
     dataset: RequestDatasetFlags = RequestDatasetFlags()
@@ -115,8 +118,9 @@ def _tiers(f: TiersFlags, options):
     from kmesh_trace.oracle.executor import InProcess, OnRay
 
     executor = InProcess() if f.ray is None else OnRay(f.ray)
-    with _input(f.trace, f.scenario, direct=f.ray is None, import_options=f.dataset.import_options(f.trace)) as (source, name), _sweep_progress(executor):
-        report = tm.run(source, options, executor, name=name, engine=f.engine)
+    with (_input(f.trace, f.scenario, direct=f.ray is None, import_options=f.dataset.import_options(f.trace))
+          as (source, name), _peer(f.lmcache_peer) as peer, _sweep_progress(executor)):
+        report = tm.run(source, options, executor, name=name, engine=f.engine, peer=peer)
     for note in report.notes:
         err.print(f"note: {note}")
     if f.plot is not None:
@@ -139,6 +143,8 @@ def _check_outputs(trace, scenario, options, ray, plot, journal) -> None:
         raise KmeshTraceError("--plot draws a host x SSD sweep; add --sweep-host and/or --sweep-ssd.")
     check_plot_option(plot, [trace, options.restore_results, options.model_config])
     check_ray_option(ray)
+    if journal is not None and options.lmcache is not None:
+        raise KmeshTraceError("--journal writes the SSD tier's reads; the LMCache model (--lmcache) has none.")
     if journal is not None:
         check_out_dir(journal, "--journal")
         check_out_not_in_input(journal, [trace, options.restore_results, options.model_config], "--journal")
@@ -160,6 +166,18 @@ def _input(trace: Optional[Path], scenario, *, direct: bool, import_options: dic
 
     with open_as_trace(trace, on_import=err.print, until_exit=True, import_options=import_options) as t:  # imported first
         yield t, str(trace)
+
+
+@contextmanager
+def _peer(path: Optional[Path]):
+    """(the opened peer capture, its name) for --lmcache-peer, or None."""
+    if path is None:
+        yield None
+        return
+    from kmesh_trace.sources import open_as_trace
+
+    with open_as_trace(path, on_import=err.print) as t:
+        yield t, str(path)
 
 
 @contextmanager

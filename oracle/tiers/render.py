@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["TableRows", "Note", "configuration_lines", "sweep_lines", "arms_lines"]
+__all__ = ["TableRows", "Note", "configuration_lines", "sweep_lines", "arms_lines", "lmcache_lines"]
 
 
 @dataclass
@@ -108,4 +108,28 @@ def arms_lines(d: dict) -> list:
     if not d["costs"]:
         items.append(Note("no restore costs given (--restore-results or --ssd-gbps/--host-gbps): waits are not "
                           "estimated"))
+    return items
+
+
+def _pair(predicted, measured) -> str:
+    return f"{predicted:,}" if measured is None else f"{predicted:,} / {measured:,}"
+
+
+def lmcache_lines(d: dict) -> list:
+    """The human rendering: one row per engine, predicted / measured."""
+    s, server = d["lmcache"], d["server"]
+    fs = f", fs tier {s['fs']}" if s["fs"] else ""
+    items: list = [f"LMCache: chunks of {s['chunk_size']} tokens ({d['chunk_bytes']:,} bytes), L1 {s['l1_size_gb']} GiB "
+                   f"= {server['l1_capacity_chunks']:,} chunks ({s['eviction_policy']}){fs}; KV {d['kv_bytes_per_token']:,} "
+                   f"bytes/token ({d['kv_bytes_source']})"]
+    table = TableRows("tiers --lmcache: predicted / measured",
+                      _columns(("engine", "stores", "stored_tokens", "loads", "loaded_tokens", "external_hits")))
+    for e in d["engines"]:
+        p, m = e["predicted"], e["measured"] or {}
+        table.rows.append([e["trace"]] + [_pair(p[k], m.get(k)) for k in (
+            "num_stores", "stored_tokens", "num_loads", "loaded_tokens", "external_hit_tokens")])
+    items.append(table)
+    items.append(f"LMCache predicted: {len(server['stored_tokens']):,} stores, {len(server['retrieved_tokens']):,} "
+                 f"retrieves, {server['l1_evictions']:,} L1 evictions"
+                 + (f", {server['fs_chunks']:,} chunks in the fs tier" if s["fs"] else ""))
     return items

@@ -64,6 +64,10 @@ class TiersOptions:
     sweep_host: str | None = option("--sweep-host", None)
     sweep_ssd: str | None = option("--sweep-ssd", None)
     within: float = option("--within", 5.0)
+    # LMCache's own server instead of the tiers above (`kmesh_trace.oracle.tiers.lmcache`): its configuration,
+    # chunk_size=..,l1_size_gb=..,eviction_policy=LRU,fs=DIR, and the capture of another engine sharing it.
+    lmcache: str | None = option("--lmcache", None)
+    lmcache_peer: Path | None = option("--lmcache-peer", None)
     # The family-burst scenario.
     children: int = option("--children", 5)
     ancestor_mib: float = option("--ancestor-mib", 48)
@@ -154,13 +158,17 @@ def run_family_burst(options: TiersOptions) -> ArmsReport:
 
 
 def run(source, options: TiersOptions, executor=None, *, name: str, engine: str | None = None,
-        trace=None) -> TiersReport:
+        trace=None, peer: tuple | None = None):
     """`options` over `source`: an opened trace (`kmesh_trace.sources.TraceSource`), whose engine partition
     `engine` (None: the only one) is read here; or a `Workload` already built, of `trace` (the opened trace it
     was read from: its engine metadata, prefill timings and transfers) or of none (a built-in workload).
     `name` is how the output names the input (the user's path, or scenario:NAME). A sweep runs one task per
     configuration through `executor` (`kmesh_trace.oracle.executor`; default in this process), whose
-    `on_start`/`on_done` follow it; a remote executor's tasks read a trace on disk themselves."""
+    `on_start`/`on_done` follow it; a remote executor's tasks read a trace on disk themselves.
+    With `options.lmcache`, the LMCache model over `source` and `peer` (the opened peer trace and its name):
+    an `LMCacheReport` (`kmesh_trace.oracle.tiers.lmcache_run`)."""
+    if options.lmcache is not None or peer is not None:
+        return _run_lmcache(source, options, name, engine, peer)
     if isinstance(source, Workload):
         w, location = source, None
     else:
@@ -227,6 +235,17 @@ def run(source, options: TiersOptions, executor=None, *, name: str, engine: str 
                      f"{measured['num_loads']:,} loads (the capture's transfers); modelled: {modelled:,} lower-tier "
                      f"hit blocks; difference {modelled - measured['num_blocks']:+,} blocks")
     return TiersReport(head, results, None, notes)
+
+
+def _run_lmcache(source, options: TiersOptions, name: str, engine: str | None, peer: tuple | None):
+    from kmesh_trace.oracle.tiers.lmcache_run import run_lmcache
+
+    if options.lmcache is None:
+        raise KmeshTraceError("--lmcache-peer names another engine sharing LMCache; give --lmcache too.")
+    if isinstance(source, Workload):
+        raise KmeshTraceError("--lmcache reads captures (a trace directory), not a built-in workload.")
+    inputs = [(source, name, engine)] + ([(peer[0], peer[1], None)] if peer is not None else [])
+    return run_lmcache(inputs, options, workload_of=workload_of)
 
 
 def measured_loads(t, engine: str | None) -> dict | None:
