@@ -60,6 +60,19 @@ def write_slice(out: Path, n: int, max_input: int, max_output: int) -> list[dict
 def build_tokenizer(model_dir: Path, hf_home: Path) -> None:
     """A 1,000-token byte-level BPE (ids 0 and 1 are the model's bos and eos), saved in the model
     directory and as a Hugging Face cache entry for REPO."""
+    write_tokenizer(model_dir)
+    repo = hf_home / "hub" / f"models--{REPO.replace('/', '--')}"
+    snap = repo / "snapshots" / REVISION
+    snap.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        shutil.copy(model_dir / name, snap / name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(REVISION)
+
+
+def write_tokenizer(model_dir: Path) -> None:
+    """The model directory's tokenizer (tokenizer.json, tokenizer_config.json): a 1,000-token byte-level BPE
+    trained on the repository's docs, ids 0 and 1 the bos and eos."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -72,13 +85,6 @@ def build_tokenizer(model_dir: Path, hf_home: Path) -> None:
     (model_dir / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
         "model_max_length": 16384}))
-    repo = hf_home / "hub" / f"models--{REPO.replace('/', '--')}"
-    snap = repo / "snapshots" / REVISION
-    snap.mkdir(parents=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
-        shutil.copy(model_dir / name, snap / name)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(REVISION)
 
 
 def free_port() -> int:

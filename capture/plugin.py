@@ -75,6 +75,7 @@ def register() -> bool:
     Request.from_engine_core_request = from_engine_core_request
     if os.environ.get(ENV_DIR):
         _give_engine_cores_time_to_close()
+        _stop_output_handler_first()
         _close_before_teardown()
         _record_engine_death()
     _installed = True
@@ -114,6 +115,48 @@ def _give_engine_cores_time_to_close() -> None:
 
     shutdown._kmesh_grace = True
     engine_utils.shutdown = shutdown
+
+
+def _stop_output_handler_first() -> None:
+    """In a front end (AsyncLLM): at shutdown, stop its output handler before the engine cores are stopped.
+
+    vLLM's `AsyncLLM.shutdown` stops the engine cores first (with a capture: until each has closed its
+    partition) and cancels the task that reads their outputs last. Meanwhile that task sees the engine
+    core gone and logs `AsyncLLM output_handler failed` with an `EngineDeadError` traceback after a plain
+    Ctrl-C. Here the task is cancelled first and each request still open is failed with the same
+    `EngineDeadError` it would have got (none is left waiting for an output that cannot come); then vLLM's
+    own shutdown runs as before."""
+    try:
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.exceptions import EngineDeadError
+    except Exception:  # noqa: BLE001 (another vLLM layout: its shutdown runs as it is)
+        return
+    orig = getattr(AsyncLLM, "shutdown", None)
+    if orig is None or getattr(orig, "_kmesh_quiet", False):
+        return
+
+    @functools.wraps(orig)
+    def shutdown(self, *args, **kwargs):
+        try:
+            _cancel_output_handler(self, EngineDeadError)
+        except Exception:  # noqa: BLE001 (vLLM's own shutdown must run whatever happens here)
+            log.exception("kmesh-trace: could not stop the output handler before the engine cores")
+        return orig(self, *args, **kwargs)
+
+    shutdown._kmesh_quiet = True
+    AsyncLLM.shutdown = shutdown
+
+
+def _cancel_output_handler(llm, dead_error: type[Exception]) -> None:
+    from vllm.utils.async_utils import cancel_task_threadsafe
+
+    handler = getattr(llm, "output_handler", None)
+    if handler is None or handler.done():
+        return
+    cancel_task_threadsafe(handler)
+    processor = getattr(llm, "output_processor", None)
+    if processor is not None:
+        processor.propagate_error(dead_error())
 
 
 #: Seconds between two looks at the engine cores' partitions while a front end waits for them to close.

