@@ -189,7 +189,9 @@ def test_the_twin_calibrates_on_a_real_engines_steps(family_run, tmp_path, cli):
     cal = d["calibration"]
     assert cal["held_out"]["num_steps"] >= 4 and cal["train"]["num_steps"] >= 4 * cal["held_out"]["num_steps"] - 4
     assert all(d["step_cost"][k] >= 0 for k in ("base_s", "prefill_token_s", "decode_seq_s", "context_token_s"))
-    assert d["step_cost"]["source"].startswith("calibrated on ") and d["step_cost"]["base_s"] > 0
+    # Non-negative least squares may zero any one coefficient on a noisy (shared) CPU; the fit still costs time.
+    assert d["step_cost"]["source"].startswith("calibrated on ")
+    assert sum(d["step_cost"][k] for k in ("base_s", "prefill_token_s", "decode_seq_s", "context_token_s")) > 0
     assert 0 <= cal["held_out"]["median_rel_error"] < 10
     (meta,) = [json.loads(p.read_text()) for p in (tmp_path / "sim" / "engines").glob("*.json")]
     assert meta["simulation"]["calibration"]["held_out"] == cal["held_out"]
