@@ -22,12 +22,14 @@ kernels' own (per object and per capacity), not the stream's 13 bytes an access.
   maps it again), so the resident part of the stream stays what the kernels read in that interval.
 
 `choose_path` picks the path before anything is read, from the file's size and the block reads per byte of
-its first `SNIFF_BYTES` (a trace: the block hashes its Parquet footers count): this path from
+`SNIFF_BYTES` read in windows from its head to its end (a trace: the block hashes its Parquet footers count): this path from
 `STREAMED_FROM_READS` block reads on (there it takes about the in-memory path's time and about half its
 memory), and below that when the in-memory curves do not fit the memory budget (`--memory-budget`,
 default half the memory available) but this path's own needs do; else the in-memory path, whose sampled
 curve says why. `--sample 1` (the exact curve, whatever the budget) takes this path when the in-memory one
-does not fit. Rows must come in arrival order (timestamps not decreasing), as a recorded trace does; what
+does not fit. The disk it takes is checked against the free space of the temporary directory before the
+first pass (from the estimate) and after it (from the exact count); a disk that fills meanwhile stops the
+path as the other refusals do. Rows must come in arrival order (timestamps not decreasing), as a recorded trace does; what
 this path cannot read raises `Unstreamable`, which the CLI turns into the in-memory path (with a note), or,
 where the exact curve was asked for and memory cannot hold it, into the error with the way round it
 (`--sample`).
@@ -35,6 +37,7 @@ where the exact curve was asked for and memory cannot hold it, into the error wi
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import shutil
@@ -59,8 +62,11 @@ CHUNK_BYTES = 16 << 20
 NEXT_USE_PIECE = 1 << 23
 #: Seconds between two drops of the mapped stream pages the kernels have read.
 DROP_INTERVAL_S = 0.2
-#: Bytes of the file's head read to estimate its block reads per byte.
+#: Bytes of the file read to estimate its block reads per byte, in `SNIFF_WINDOWS` windows from head to end.
 SNIFF_BYTES = 4 << 20
+SNIFF_WINDOWS = 16
+#: The fewest bytes a block read takes in a Mooncake line (a one-digit id and its comma).
+MIN_BYTES_PER_READ = 2
 #: What this path holds, per block read (the kernels' per-object and per-capacity state, the grid's hits per
 #: request: 7.9 B a read in all at 10^8 reads of the agentic stream of benchmarks/billion_reads_bench.py) and
 #: beside them (the interpreter, libraries and the pieces in flight).
@@ -79,17 +85,37 @@ _ETOOMANY = -75
 # ---- which path ------------------------------------------------------------------------------------------
 
 def estimated_reads(path: Path) -> int:
-    """Block reads of Mooncake JSONL `path`, estimated from its size and the hash ids per byte of its head
-    (the whole file when it is no longer)."""
+    """Block reads of Mooncake JSONL `path`: counted in the whole file when it is at most `SNIFF_BYTES` long,
+    else estimated from the hash ids per byte of `SNIFF_WINDOWS` windows spread from its head to its end (whole
+    record lines only; blank lines list none). Where no window holds a record, the most the file's bytes can
+    list (`MIN_BYTES_PER_READ` each): an estimate that errs high sends a long file to the bounded paths, never
+    into memory."""
     size = path.stat().st_size
+    if size <= SNIFF_BYTES:
+        with open(path, "rb") as f:
+            return _ids_in(f.read())[0]
+    width = SNIFF_BYTES // SNIFF_WINDOWS
+    ids = seen = records = 0
     with open(path, "rb") as f:
-        head = f.read(SNIFF_BYTES)
-    if len(head) < size:  # whole lines only
-        head = head[:head.rfind(b"\n") + 1] or head
-    lines = head.count(b"\n") + (not head.endswith(b"\n"))
-    # Per line, 3 commas separate the 4 fields and k - 1 the k ids.
-    ids = max(head.count(b",") - 2 * lines, 0)
-    return int(ids * size / max(len(head), 1))
+        for k in range(SNIFF_WINDOWS):
+            at = (size - width) * k // (SNIFF_WINDOWS - 1)
+            f.seek(at)
+            window = f.read(width)
+            if at > 0:  # from the first line that starts in the window
+                window = window[window.find(b"\n") + 1:] if b"\n" in window else b""
+            window = window[:window.rfind(b"\n") + 1]
+            got, lines = _ids_in(window)
+            ids, seen, records = ids + got, seen + len(window), records + lines
+    if not records:
+        return size // MIN_BYTES_PER_READ
+    return int(ids * size / max(seen, 1))
+
+
+def _ids_in(text: bytes) -> tuple[int, int]:
+    """(hash ids listed, record lines) in whole lines `text`: per record line, 3 commas separate the 4 fields
+    and k - 1 the k ids."""
+    lines = [line for line in text.split(b"\n") if line.strip()]
+    return sum(max(line.count(b",") - 2, 0) for line in lines), len(lines)
 
 
 #: Why a curve's stream is built on disk (`choose_path`), as its note says it.
@@ -206,21 +232,40 @@ class DiskStream:
             self.close()
             raise
 
-    def _check_disk(self) -> None:
-        need = (estimated_reads(self.path) if self.trace is None else trace_reads(self.path)) * DISK_BYTES_PER_ACCESS
+    def _check_disk(self, reads: int | None = None, *, written: int = 0) -> None:
+        """Refuse (`Unstreamable`) a stream whose files would not fit the temporary directory's free space:
+        `reads` block reads in all (the estimate before the first pass, the count after it), of which the
+        files hold `written` bytes already."""
+        if reads is None:
+            reads = estimated_reads(self.path) if self.trace is None else trace_reads(self.path)
+        need = (reads or 0) * DISK_BYTES_PER_ACCESS - written
         free = shutil.disk_usage(self.dir).free
         if need > free:
-            raise Unstreamable(f"the stream of {self.path.name} takes about {need / 2**30:,.1f} GiB on disk and "
-                               f"{self.dir.parent} has {free / 2**30:,.1f} GiB free; point TMPDIR elsewhere, or "
-                               "give --sample RATE.")
+            raise Unstreamable(f"the stream of {self.path.name} takes about {need / 2**30:,.1f} GiB more on disk "
+                               f"and {self.dir.parent} has {free / 2**30:,.1f} GiB free; point TMPDIR elsewhere, "
+                               "or give --sample RATE.")
+
+    @contextmanager
+    def _disk_full_is_a_refusal(self):
+        """A write that finds the temporary directory full stops this path in one sentence (`Unstreamable`)."""
+        try:
+            yield
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise Unstreamable(f"{self.dir.parent} filled up while the stream of {self.path.name} was written "
+                               "there; point TMPDIR elsewhere, or give --sample RATE.") from None
 
     def _build(self, chunk_bytes: int, piece: int) -> None:
-        per_request = self._ids_and_flags(chunk_bytes)
+        with self._disk_full_is_a_refusal():
+            per_request = self._ids_and_flags(chunk_bytes)
         tokens, num_reads, n_full, n_out, arrival = per_request
         n = int(n_full.sum())
         if n >= 2**30:  # the belady curve's times are int32 (oracle/curves.py)
             raise Unstreamable(f"the exact curves handle up to 2^30 block accesses, not {n:,}; give --sample RATE.")
-        self._next_uses(n, piece)
+        self._check_disk(n, written=5 * n)  # the next uses still to come: the estimate may have been low
+        with self._disk_full_is_a_refusal():
+            self._next_uses(n, piece)
         req_start = np.zeros(len(tokens) + 1, np.int64)
         np.cumsum(n_full, out=req_start[1:])
         obj, eligible, next_use = (self._map(name, dtype, n) for name, dtype in
@@ -275,8 +320,8 @@ class DiskStream:
         if got == _ETOOMANY:
             raise Unstreamable(f"{self.path.name} has more than 2^31 - 1 distinct blocks; give --sample RATE.")
         self.num_objects = check(got, "the stream's ids")
-        ids.tofile(fo)
-        leading_flags(starts, n_elig).tofile(fe)
+        fo.write(ids.data)  # file writes, not ndarray.tofile: a full disk is an OSError with its errno
+        fe.write(leading_flags(starts, n_elig).data)
         for k, v in (("tokens", tokens), ("reads", num_reads), ("full", n_full),
                      ("out", np.array(n_out, np.int64)), ("arrival", np.array(arrival, np.int64))):
             cols[k].append(v)

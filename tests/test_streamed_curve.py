@@ -263,3 +263,122 @@ def test_a_memory_budget_beyond_any_machine_is_refused_in_one_sentence(cli, tmp_
     """--memory-budget 1e300 (GiB) is finite but no machine has it: refused at parse time, not an OverflowError."""
     r = cli(["headroom", tmp_path, "--memory-budget", "1e300"])
     assert r.exit_code == 1 and "'1e300' is not a finite number above 0 and at most 1,048,576." in r.output
+
+
+# ---- what the disk path estimates and what it does when the disk runs out -----------------------------------
+
+def _prepend(path, text: str, events):
+    with open(path, "w") as f:
+        f.write(text)
+    with open(path, "a") as f:
+        for ts, n_in, n_out, ids in events:
+            f.write(json.dumps({"timestamp": ts, "input_length": n_in, "output_length": n_out, "hash_ids": ids}) + "\n")
+    return path
+
+
+def test_the_estimate_reads_record_lines_from_head_to_end(tmp_path, events, monkeypatch):
+    """The reads of a long file are estimated from windows spread over it, record lines only: a head of blank
+    lines (the head-only estimate: 0 reads) or of one-block requests before long ones (about a tenth) is
+    estimated within a small factor; a file whose windows hold no record errs high, never at 0."""
+    monkeypatch.setattr(streamed_curve, "SNIFF_BYTES", 64 << 10)
+    reads = sum(len(e[3]) for e in events)
+    blank = _prepend(tmp_path / "blank.jsonl", "\n" * (1 << 20), events)
+    assert 0.7 < estimated_reads(blank) / reads < 1.4
+    thin = [(0, 100, 1, [7 + i]) for i in range(20_000)]
+    thin_head = tmp_path / "thin.jsonl"
+    write_jsonl(thin_head, thin + [(e[0] + 1, *e[1:]) for e in events])
+    assert 0.6 < estimated_reads(thin_head) / (reads + len(thin)) < 1.6
+    only_blank = tmp_path / "nothing.jsonl"
+    only_blank.write_text("\n" * (1 << 20))
+    assert estimated_reads(only_blank) == (1 << 20) // streamed_curve.MIN_BYTES_PER_READ
+
+
+def test_a_blank_head_under_a_tiny_budget_is_sampled_while_read(cli, tmp_path, events, monkeypatch):
+    """The head-only estimate said 0 reads, and a long file went whole into memory under any budget."""
+    monkeypatch.setattr(streamed_curve, "SNIFF_BYTES", 64 << 10)
+    blank = _prepend(tmp_path / "blank.jsonl", "\n" * (1 << 20), events)
+    r = cli(["headroom", blank, "--window", "last-half", "--memory-budget", "0.001", "--json"])
+    assert r.exit_code == 0, r.output
+    sampled = json.loads(r.stdout)["sampled"]
+    assert sampled["taken"] == "at read" and "over the memory budget" in sampled["why"]
+
+
+def test_a_low_estimate_is_checked_against_the_disk_when_the_first_pass_ends(jsonl, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    stream, _ = in_memory_stream(jsonl)
+    n = int(stream.num_reads.sum())
+    monkeypatch.setattr(streamed_curve, "estimated_reads", lambda path: 0)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, 6 * n))  # the next uses, 8 B a read, do not fit
+    with pytest.raises(stream_pieces.Unstreamable, match="more on disk"):
+        DiskStream(jsonl, BLOCK, tmp_dir=str(tmp_path))
+    assert not list(tmp_path.glob("kmesh-stream-*"))
+
+
+@pytest.fixture
+def full_disk(tmp_path, monkeypatch):
+    """The stream's files are the kernel's full device (/dev/full: every write fails with ENOSPC)."""
+    import tempfile
+
+    def mkdtemp(prefix="", dir=None):
+        d = tmp_path / "full"
+        d.mkdir()
+        for name in ("obj", "eligible"):  # pass 1's files (next_use is truncated to size first, which a device refuses)
+            (d / name).symlink_to("/dev/full")
+        return str(d)
+
+    if not __import__("os").path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    return tmp_path
+
+
+def test_a_full_temporary_directory_stops_the_path_in_one_sentence(jsonl, full_disk):
+    with pytest.raises(stream_pieces.Unstreamable, match="filled up while the stream"):
+        DiskStream(jsonl, BLOCK, chunk_bytes=4096, tmp_dir=str(full_disk))
+    assert not (full_disk / "full").exists()
+
+
+def test_a_full_temporary_directory_falls_back_to_memory_or_says_so(cli, jsonl, full_disk, monkeypatch):
+    args = ["headroom", jsonl, "--window", "last-half", "--json"]
+    monkeypatch.setattr(streamed_curve, "STREAMED_FROM_READS", 1)  # chosen for the length: memory holds it
+    long = cli(args)
+    assert long.exit_code == 0, long.output
+    assert "the bounded-memory path stopped" in long.stderr and "filled up" in long.stderr
+    forced = cli([*args, "--sample", "1", "--memory-budget", "0.0001"])  # memory cannot hold it: one sentence
+    assert forced.exit_code == 1 and "filled up while the stream" in forced.stderr and "unexpected" not in forced.stderr
+
+
+@pytest.mark.parametrize("when", ["first pass", "curves"])
+def test_ctrl_c_on_the_disk_path_exits_130_and_leaves_nothing(tmp_path, when):
+    """SIGINT while the stream is written (its directory exists) or while the curves read it (the next uses are
+    written): exit 130, one line, the temporary directory gone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    big = tmp_path / "big.jsonl"
+    with open(big, "w") as f:
+        for i in range(60_000):
+            ids = ",".join(map(str, [*range(i % 40 * 100, i % 40 * 100 + 30), *range(10**6 + 30 * i, 10**6 + 30 * i + 30)]))
+            f.write(f'{{"timestamp": {i}, "input_length": 30720, "output_length": 8, "hash_ids": [{ids}]}}\n')
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    exe = [sys.executable, "-m", "kmesh_trace.cli", "headroom", str(big), "--sample", "1", "--memory-budget", "0.01",
+           "--json"]
+    p = subprocess.Popen(exe, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    mark = "kmesh-stream-*" if when == "first pass" else "kmesh-stream-*/next_use"
+    deadline = time.monotonic() + 120
+    while not list(tmp.glob(mark)) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert p.poll() is None, "the run ended before it could be interrupted: make the file longer"
+    p.send_signal(signal.SIGINT)
+    _, stderr = p.communicate(timeout=120)
+    assert p.returncode == 130, stderr.decode()
+    assert stderr.decode().strip().endswith("Error: interrupted.") and "Traceback" not in stderr.decode()
+    assert not list(tmp.iterdir())
