@@ -538,3 +538,19 @@ def test_advise_says_what_its_numbers_say(cli, kind, seed, n, flags):
         check_words(d)
         no_pool = kind in ("mooncake", "import", "requests") and not (flags["--capacity"] or flags["--capacity-blocks"])
         assert d["verdict"].startswith("Pool assumed: ") == no_pool, d["verdict"]  # said before any ratio
+
+
+def test_a_stock_above_the_bound_is_a_measurement_with_a_note_not_a_crash(cli, tmp_path):
+    """An engine warm before the recording (r2 hits 4 tokens the trace never stores): its measured stock is
+    above every model; advise says why instead of breaking its invariants ("This is a bug")."""
+    from capture_traces import clean_invocations
+
+    inv = clean_invocations()
+    inv[2]["num_cached_tokens"] = 4
+    r = cli(["advise", write_trace(tmp_path / "t", invocations=inv), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    rung = {x["rung"]: x for x in d["ladder"]}
+    assert rung["stock"]["hit_tokens"] == 12 and rung["bound"]["hit_tokens"] == 8
+    assert any("measured 12 hit tokens, above the infinite cache's 8" in n for n in d["notes"])
+    assert d["recommendation"]["reaches"] and "change nothing" in d["verdict"]
