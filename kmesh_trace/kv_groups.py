@@ -97,7 +97,20 @@ def groups_from_metadata(meta: dict) -> tuple[KVCacheGroup, ...]:
             out.append(KVCacheGroup(**known))
         except KmeshTraceError as e:
             raise KmeshTraceError(f"kv_cache_groups[{i}] in the engine metadata: {e}") from None
+    _check_block_sizes(out, meta.get("block_size"))
     return tuple(out)
+
+
+def _check_block_sizes(groups: list[KVCacheGroup], block_size: Any) -> None:
+    """Every attention group has the partition's block size: block_events and hits count in those blocks, and a
+    group of other blocks would be modelled at the wrong size (Mamba groups keep their own, state blocks)."""
+    if not isinstance(block_size, int) or isinstance(block_size, bool):
+        return
+    for i, g in enumerate(groups):
+        if g.kind != MAMBA and g.block_size != block_size:
+            raise KmeshTraceError(f"kv_cache_groups[{i}] in the engine metadata has blocks of {g.block_size} tokens "
+                                  f"but the partition's block_size is {block_size}; the pool model takes one block "
+                                  "size for every attention group.")
 
 
 def is_hybrid(groups: tuple[KVCacheGroup, ...]) -> bool:

@@ -25,6 +25,8 @@ def test_groups_round_trip_through_metadata():
     [{"kind": "full_attention", "block_size": 0}],            # no tokens
     [{"kind": "full_attention", "block_size": 16, "num_layers": -1}],
     [{"kind": "attention", "block_size": 16}],                # unknown kind
+    [{"kind": "full_attention", "block_size": 16}, {"kind": "sliding_window", "block_size": 32,
+                                                    "sliding_window": 64}],  # another block size than the partition's
     ["full_attention"],
 ])
 def test_bad_groups_are_one_sentence(bad):
