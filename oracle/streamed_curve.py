@@ -226,19 +226,16 @@ class DiskStream:
         self.columns: RequestColumns | None = None
         self._maps: list = []
         try:
-            self._check_disk()
+            estimate = estimated_reads(self.path) if self.trace is None else trace_reads(self.path)
+            self._check_disk((estimate or 0) * DISK_BYTES_PER_ACCESS)
             self._build(chunk_bytes, piece)
         except BaseException:
             self.close()
             raise
 
-    def _check_disk(self, reads: int | None = None, *, written: int = 0) -> None:
-        """Refuse (`Unstreamable`) a stream whose files would not fit the temporary directory's free space:
-        `reads` block reads in all (the estimate before the first pass, the count after it), of which the
-        files hold `written` bytes already."""
-        if reads is None:
-            reads = estimated_reads(self.path) if self.trace is None else trace_reads(self.path)
-        need = (reads or 0) * DISK_BYTES_PER_ACCESS - written
+    def _check_disk(self, need: int) -> None:
+        """Refuse (`Unstreamable`) `need` bytes more of the stream's files where the temporary directory has
+        less free."""
         free = shutil.disk_usage(self.dir).free
         if need > free:
             raise Unstreamable(f"the stream of {self.path.name} takes about {need / 2**30:,.1f} GiB more on disk "
@@ -258,13 +255,11 @@ class DiskStream:
 
     def _build(self, chunk_bytes: int, piece: int) -> None:
         with self._disk_full_is_a_refusal():
-            per_request = self._ids_and_flags(chunk_bytes)
-        tokens, num_reads, n_full, n_out, arrival = per_request
-        n = int(n_full.sum())
-        if n >= 2**30:  # the belady curve's times are int32 (oracle/curves.py)
-            raise Unstreamable(f"the exact curves handle up to 2^30 block accesses, not {n:,}; give --sample RATE.")
-        self._check_disk(n, written=5 * n)  # the next uses still to come: the estimate may have been low
-        with self._disk_full_is_a_refusal():
+            tokens, num_reads, n_full, n_out, arrival = self._ids_and_flags(chunk_bytes)
+            n = int(n_full.sum())
+            if n >= 2**30:  # the belady curve's times are int32 (oracle/curves.py)
+                raise Unstreamable(f"the exact curves handle up to 2^30 block accesses, not {n:,}; give --sample RATE.")
+            self._check_disk(8 * n)  # the int64 next uses still to come: the estimate may have been low
             self._next_uses(n, piece)
         req_start = np.zeros(len(tokens) + 1, np.int64)
         np.cumsum(n_full, out=req_start[1:])

@@ -438,9 +438,9 @@ def _stock_note(rungs: list[Rung]) -> str | None:
     stock, bound, inf = by.get("stock"), by.get("bound"), by.get("infinite")
     if stock is None or bound is None or stock.hit_tokens <= bound.hit_tokens:
         return None
-    over = "the infinite cache's" if inf is not None and stock.hit_tokens > inf.hit_tokens else "the bound's"
-    top = inf.hit_tokens if over == "the infinite cache's" else bound.hit_tokens
-    return (f"the engine measured {stock.hit_tokens:,} hit tokens, above {over} {top:,}: it hit blocks the trace "
+    over, top = ("the infinite cache's", inf) if inf is not None and stock.hit_tokens > inf.hit_tokens else \
+        ("the bound's", bound)
+    return (f"the engine measured {stock.hit_tokens:,} hit tokens, above {over} {top.hit_tokens:,}: it hit blocks the trace "
             "never shows being stored (a cache already warm when the recording began, or a KV connector's loads); "
             "the modelled rungs start from an empty cache")
 
